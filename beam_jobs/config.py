@@ -1,0 +1,94 @@
+"""Typed, validated settings that the job passes down to its pure functions and DoFns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from beam_jobs.example import ENCODINGS, FORMAT_NAMES
+from beam_jobs.preprocess import RESIZE_MODES
+
+__all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """How each image is checked, preprocessed and encoded.
+
+    Attributes:
+      width, height: output size in pixels.
+      channels: 3 (RGB) or 1 (grayscale).
+      resize_mode: "crop" (shorter side, then centre crop), "pad" or "stretch".
+      encoding: "jpeg", "png" or "raw" (uint8 pixels).
+      jpeg_quality: 1-100, used when encoding is "jpeg".
+      max_pixels: images whose header claims more pixels are refused before decoding.
+      max_file_bytes: larger files are refused before they are read.
+    """
+
+    width: int = 224
+    height: int = 224
+    channels: int = 3
+    resize_mode: str = "crop"
+    encoding: str = "jpeg"
+    jpeg_quality: int = 95
+    max_pixels: int = 100_000_000
+    max_file_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
+            raise ValueError(f"image size must be 1..65535 pixels a side (got {self.width}x{self.height})")
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3 (got {self.channels!r})")
+        if self.resize_mode not in RESIZE_MODES:
+            raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {self.resize_mode!r})")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS} (got {self.encoding!r})")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be 1..100 (got {self.jpeg_quality!r})")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive (got {self.max_pixels!r})")
+        if self.max_file_bytes < 1:
+            raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height), the order Pillow uses."""
+        return self.width, self.height
+
+    @property
+    def format_name(self) -> str:
+        return FORMAT_NAMES[self.encoding]
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "image_size": [self.height, self.width]}
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    """Parses "224" or "256x192" (WIDTHxHEIGHT) into (width, height)."""
+    parts = str(text).lower().replace(" ", "").split("x")
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 1:
+        raise ValueError(f"--image_size must look like 224 or 256x192 (WIDTHxHEIGHT) (got {text!r})")
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def parse_splits(text: str) -> dict[str, float]:
+    """Parses "train=0.9,validation=0.1" into {"train": 0.9, "validation": 0.1}; they must sum to 1."""
+    splits: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not sep or not name or not 0.0 < fraction <= 1.0 or not name.replace("_", "").isalnum():
+            raise ValueError(f"--splits items must look like train=0.9 (got {item!r} in {text!r})")
+        if name in splits:
+            raise ValueError(f"--splits names {name!r} twice (in {text!r})")
+        splits[name] = fraction
+    if not splits or abs(sum(splits.values()) - 1.0) > 1e-6:
+        raise ValueError(f"--splits fractions must sum to 1 (got {text!r})")
+    return splits

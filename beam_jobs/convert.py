@@ -1,0 +1,204 @@
+"""Converting one planned shard: read, decode, preprocess and encode each input, write atomically."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import _TFRecordUtil
+from apache_beam.metrics import Metrics
+
+from beam_jobs.config import ImageConfig
+from beam_jobs.decode import decode_image
+from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.example import ExampleFields, encode_pixels, serialize_example, source_id_for
+from beam_jobs.plan import ShardPlan
+from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
+from beam_jobs.records import DeadLetter, InputFile, ShardResult
+
+__all__ = ["DEAD_LETTERS", "METRICS_NAMESPACE", "ConvertShardFn", "convert_image", "temp_shard_name"]
+
+DEAD_LETTERS = "dead_letters"
+METRICS_NAMESPACE = "images_to_tfrecords"
+_LOG = logging.getLogger(__name__)
+
+
+def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str]]:
+    """The whole per-image transformation, pure: source bytes to serialized Example bytes.
+
+    Returns (serialized example, events worth counting). Raises BadInputError for unusable input.
+    """
+    decoded = decode_image(
+        data,
+        max_pixels=config.max_pixels,
+        draft_size_for=partial(required_source_size, target=config.size, resize_mode=config.resize_mode),
+    )
+    image = normalize_mode(decoded.image, channels=config.channels)
+    image = resize_image(image, config.size, config.resize_mode)
+    encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+    example = serialize_example(
+        ExampleFields(
+            encoded=encoded,
+            format=config.format_name,
+            height=config.height,
+            width=config.width,
+            channels=config.channels,
+            label=input_file.label_id,
+            label_text=input_file.label,
+            filename=input_file.filename,
+            sha256=hashlib.sha256(data).hexdigest(),
+            source_id=source_id_for(input_file.filename),
+        )
+    )
+    return example, decoded.events
+
+
+def temp_shard_name(file_name: str) -> str:
+    """A unique, hidden name for a shard being written; never a final shard name."""
+    return f".tmp-{uuid.uuid4().hex}-{file_name}"
+
+
+def _read_source(input_file: InputFile, max_file_bytes: int) -> bytes:
+    """Reads a source file, refusing it before (or while) reading when it is too large."""
+    if input_file.size is not None and input_file.size > max_file_bytes:
+        raise BadInputError(
+            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over the limit of {max_file_bytes}"
+        )
+    try:
+        # UNCOMPRESSED: Beam would otherwise gunzip a file that happens to end in .gz.
+        with FileSystems.open(input_file.uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            data = handle.read(max_file_bytes + 1)
+    except Exception as error:
+        raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
+    if len(data) > max_file_bytes:
+        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE, f"more than {max_file_bytes} bytes")
+    if not data:
+        raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
+    return data
+
+
+def _read_ahead(items: Iterable, read: Callable, *, pool: concurrent.futures.Executor, window: int) -> Iterator:
+    """Yields (item, read(item) or the BadInputError it raised) in order, reading up to ``window``
+    items ahead on ``pool`` so that remote storage latency overlaps with decoding."""
+
+    def safe_read(item):
+        try:
+            return read(item)
+        except BadInputError as error:
+            return error
+
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append((item, pool.submit(safe_read, item)))
+        if len(pending) >= window:
+            head, future = pending.popleft()
+            yield head, future.result()
+    while pending:
+        head, future = pending.popleft()
+        yield head, future.result()
+
+
+class _HashingWriter:
+    """Counts and hashes the bytes of a shard while they are written, so the manifest's size and
+    sha256 cost no second read."""
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self._handle.write(data)
+        self.sha256.update(data)
+        self.bytes += len(data)
+
+
+class ConvertShardFn(beam.DoFn):
+    """Converts one ShardPlan into one complete shard file.
+
+    The shard is written under a temporary hidden name and renamed to its final name only once it
+    is complete, so a killed or retried worker never leaves a partial file under a final name; a
+    retry rewrites the same bytes. Unusable inputs go to the DEAD_LETTERS output.
+    """
+
+    def __init__(self, config: ImageConfig, output_dir: str, *, read_threads: int = 4) -> None:
+        self._config = config
+        self._output_dir = output_dir
+        self._read_threads = read_threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        counter = partial(Metrics.counter, METRICS_NAMESPACE)
+        self._images_read = counter("images_read")
+        self._images_written = counter("images_written")
+        self._images_failed = counter("images_failed")
+        self._bytes_read = counter("bytes_read")
+        self._bytes_written = counter("bytes_written")
+        self._shards_written = counter("shards_written")
+
+    def setup(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="read-source")
+
+    def teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def process(self, shard: ShardPlan):
+        # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
+        final_path = FileSystems.join(self._output_dir, shard.file_name)
+        temp_path = FileSystems.join(self._output_dir, temp_shard_name(shard.file_name))
+        dead_letters: list[DeadLetter] = []
+        num_examples = 0
+        read = partial(_read_source, max_file_bytes=self._config.max_file_bytes)
+        handle = FileSystems.create(temp_path, mime_type="application/octet-stream",
+                                    compression_type=CompressionTypes.UNCOMPRESSED)
+        try:
+            writer = _HashingWriter(handle)
+            for input_file, data in _read_ahead(shard.inputs, read, pool=self._pool, window=2 * self._read_threads):
+                try:
+                    if isinstance(data, BadInputError):
+                        raise data
+                    self._images_read.inc()
+                    self._bytes_read.inc(len(data))
+                    record, events = convert_image(data, input_file, self._config)
+                except BadInputError as error:
+                    dead_letters.append(DeadLetter(input_file.uri, error.stage, error.reason, error.detail))
+                    self._images_failed.inc()
+                    Metrics.counter(METRICS_NAMESPACE, f"failed_{error.reason}").inc()
+                    continue
+                for event in events:
+                    Metrics.counter(METRICS_NAMESPACE, f"event_{event}").inc()
+                # Beam's own TFRecord framing (length, masked CRC32C via google-crc32c, data, CRC),
+                # the same code WriteToTFRecord uses, so shards can go to any Beam filesystem.
+                _TFRecordUtil.write_record(writer, record)
+                num_examples += 1
+            handle.close()
+        except BaseException:
+            handle.close()
+            FileSystems.delete([temp_path])
+            raise
+        FileSystems.rename([temp_path], [final_path])
+        self._images_written.inc(num_examples)
+        self._bytes_written.inc(writer.bytes)
+        self._shards_written.inc()
+        _LOG.info(
+            "wrote %s: %d examples, %.1f MB, %d dead letters",
+            shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
+        )
+        for dead in dead_letters:
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dead)
+        yield ShardResult(
+            split=shard.split,
+            index=shard.index,
+            num_shards=shard.num_shards,
+            file=shard.file_name,
+            num_examples=num_examples,
+            bytes=writer.bytes,
+            sha256=writer.sha256.hexdigest(),
+        )

@@ -1,0 +1,135 @@
+"""Safe image decoding with Pillow: an allowlist of formats, header-time size checks, first frame, draft."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass, field
+
+from PIL import Image, ImageOps
+
+from beam_jobs.errors import BadInputError, Reason, Stage
+
+__all__ = ["ALLOWED_FORMATS", "DecodedImage", "decode_image", "sniff_format"]
+
+# Only these decoders may ever see input bytes. Pillow would otherwise also try formats such as
+# EPS (which starts Ghostscript), PSD or FITS on whatever bytes arrive with a .jpg name.
+ALLOWED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")
+
+_EXIF_ORIENTATION = 0x0112
+# Orientations 5-8 swap width and height when applied.
+_TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})
+
+
+@dataclass
+class DecodedImage:
+    """A fully loaded first frame, already upright, plus what happened on the way.
+
+    ``events`` names recoverable oddities (such as malformed EXIF) that were ignored, so that the
+    job can count them.
+    """
+
+    image: Image.Image
+    source_format: str
+    source_size: tuple[int, int]
+    events: list[str] = field(default_factory=list)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """Names the format of ``data`` by Pillow's own header checks, without decoding anything."""
+    Image.init()
+    prefix = data[:64]
+    for name, (_, accept) in Image.OPEN.items():
+        try:
+            if accept is not None and accept(prefix):
+                return name
+        except Exception:  # A plugin's sniffer must never break error reporting.
+            continue
+    return None
+
+
+def _open_allowed(data: bytes, *, max_pixels: int) -> Image.Image:
+    if not data:
+        raise BadInputError(Stage.DECODE, Reason.EMPTY_FILE, "the file is empty")
+    try:
+        with warnings.catch_warnings():
+            # The pixel limit is ours (max_pixels); Pillow's own warning would only add noise.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+    except Image.DecompressionBombError as error:
+        raise BadInputError(Stage.DECODE, Reason.TOO_MANY_PIXELS, str(error)) from None
+    except Image.UnidentifiedImageError:
+        sniffed = sniff_format(data)
+        if sniffed is not None and sniffed not in ALLOWED_FORMATS:
+            raise BadInputError(
+                Stage.DECODE,
+                Reason.FORMAT_NOT_ALLOWED,
+                f"looks like {sniffed}; allowed formats are {', '.join(ALLOWED_FORMATS)}",
+            ) from None
+        raise BadInputError(
+            Stage.DECODE, Reason.NOT_AN_IMAGE, f"not a recognised image (starts with {data[:16]!r})"
+        ) from None
+    except Exception as error:  # A corrupt header can raise almost anything inside a plugin.
+        raise BadInputError(Stage.DECODE, Reason.DECODE_ERROR, f"{type(error).__name__}: {error}") from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise BadInputError(Stage.DECODE, Reason.DECODE_ERROR, f"the header gives size {width}x{height}")
+    if width * height > max_pixels:
+        raise BadInputError(
+            Stage.DECODE,
+            Reason.TOO_MANY_PIXELS,
+            f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels}",
+        )
+    return image
+
+
+def _read_orientation(image: Image.Image, events: list[str]) -> int:
+    try:
+        orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # Malformed APP1 segments are common in the wild; the pixels are still fine.
+        events.append("exif_malformed")
+        return 1
+    if orientation not in range(1, 9):
+        events.append("exif_orientation_unknown")
+        return 1
+    return int(orientation)
+
+
+def decode_image(
+    data: bytes,
+    *,
+    max_pixels: int,
+    draft_size_for=None,
+) -> DecodedImage:
+    """Decodes the first frame of ``data`` and applies its EXIF orientation.
+
+    ``draft_size_for`` maps the upright source size (width, height) to the smallest upright size
+    the preprocessing needs. For JPEGs at least twice that size, Pillow's draft mode then decodes
+    at 1/2, 1/4 or 1/8 scale in the DCT domain, which is several times faster than a full decode.
+
+    Raises BadInputError for anything that cannot become a clean image. Truncated files are never
+    padded with grey (Pillow's LOAD_TRUNCATED_IMAGES stays off).
+    """
+    image = _open_allowed(data, max_pixels=max_pixels)
+    events: list[str] = []
+    source_format = image.format or "UNKNOWN"
+    source_size = image.size
+    orientation = _read_orientation(image, events)
+    if draft_size_for is not None and source_format == "JPEG":
+        swap = orientation in _TRANSPOSING_ORIENTATIONS
+        upright = (source_size[1], source_size[0]) if swap else source_size
+        need_w, need_h = draft_size_for(upright)
+        image.draft(image.mode, (need_h, need_w) if swap else (need_w, need_h))
+    try:
+        image.seek(0)  # Animated and multi-page files: always the first frame.
+        image.load()
+    except Exception as error:
+        message = f"{type(error).__name__}: {error}"
+        reason = Reason.TRUNCATED if "truncat" in message.lower() else Reason.DECODE_ERROR
+        raise BadInputError(Stage.DECODE, reason, message) from None
+    if orientation != 1:
+        try:
+            image = ImageOps.exif_transpose(image)
+        except Exception:
+            events.append("exif_malformed")
+    return DecodedImage(image=image, source_format=source_format, source_size=source_size, events=events)

@@ -1,0 +1,41 @@
+"""Reasons an input can be refused, and the error that carries one to the dead letters."""
+
+from __future__ import annotations
+
+__all__ = ["BadInputError", "Reason", "Stage"]
+
+
+class Stage:
+    """Where in the job an input was refused (the ``stage`` field of a dead letter)."""
+
+    LIST = "list"
+    READ = "read"
+    DECODE = "decode"
+    PREPROCESS = "preprocess"
+    ENCODE = "encode"
+
+
+class Reason:
+    """Why an input was refused (the ``reason`` field of a dead letter, and a metric name)."""
+
+    EMPTY_FILE = "empty_file"
+    FILE_TOO_LARGE = "file_too_large"
+    READ_ERROR = "read_error"
+    NOT_AN_IMAGE = "not_an_image"
+    FORMAT_NOT_ALLOWED = "format_not_allowed"
+    TOO_MANY_PIXELS = "too_many_pixels"
+    TRUNCATED = "truncated"
+    DECODE_ERROR = "decode_error"
+    UNSUPPORTED_MODE = "unsupported_mode"
+    BAD_MANIFEST_ROW = "bad_manifest_row"
+    UNEXPECTED_LAYOUT = "unexpected_layout"
+
+
+class BadInputError(Exception):
+    """An input that cannot become a training example; it goes to the dead letters, not up the stack."""
+
+    def __init__(self, stage: str, reason: str, detail: str) -> None:
+        super().__init__(f"{stage}/{reason}: {detail}")
+        self.stage = stage
+        self.reason = reason
+        self.detail = detail

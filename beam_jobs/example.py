@@ -1,0 +1,101 @@
+"""Pure encoding of a preprocessed image into serialized ``tf.train.Example`` bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from beam_jobs.example_proto import Example
+
+__all__ = [
+    "ENCODINGS",
+    "FEATURE_DTYPES",
+    "FORMAT_NAMES",
+    "ExampleFields",
+    "encode_pixels",
+    "serialize_example",
+    "source_id_for",
+]
+
+ENCODINGS = ("jpeg", "png", "raw")
+# The value of image/format for each --encoding.
+FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "raw": "RAW"}
+
+# The contract with readers: every key, spelled as TensorFlow's reference image models spell it.
+FEATURE_DTYPES: dict[str, str] = {
+    "image/encoded": "string",
+    "image/format": "string",
+    "image/height": "int64",
+    "image/width": "int64",
+    "image/channels": "int64",
+    "image/class/label": "int64",
+    "image/class/text": "string",
+    "image/filename": "string",
+    "image/key/sha256": "string",
+    "image/source_id": "string",
+}
+
+
+@dataclass(frozen=True)
+class ExampleFields:
+    """Everything one record holds, before serialisation."""
+
+    encoded: bytes
+    format: str
+    height: int
+    width: int
+    channels: int
+    label: int
+    label_text: str
+    filename: str
+    sha256: str
+    source_id: str
+
+
+def encode_pixels(image: Image.Image, *, encoding: str, jpeg_quality: int) -> bytes:
+    """Encodes an 8-bit "RGB" or "L" image as JPEG, PNG, or RAW (row-major uint8 H*W*C)."""
+    if encoding == "raw":
+        return np.asarray(image, dtype=np.uint8).tobytes()
+    buffer = io.BytesIO()
+    if encoding == "jpeg":
+        # optimize=False and no progressive: libjpeg's output is then a pure function of the pixels.
+        image.save(buffer, "JPEG", quality=jpeg_quality)
+    elif encoding == "png":
+        image.save(buffer, "PNG", compress_level=6)
+    else:
+        raise ValueError(f"encoding must be one of {ENCODINGS} (got {encoding!r})")
+    return buffer.getvalue()
+
+
+def source_id_for(filename: str) -> str:
+    """A stable id of an input: hex of the first 8 bytes of sha256 of its relative path."""
+    return hashlib.sha256(filename.encode("utf-8")).hexdigest()[:16]
+
+
+def serialize_example(fields: ExampleFields) -> bytes:
+    """Serialises deterministically: protobuf maps are otherwise written in a varying order,
+    which would make shard bytes differ from run to run."""
+    example = Example()
+    feature = example.features.feature
+
+    def put_bytes(key: str, value: bytes) -> None:
+        feature[key].bytes_list.value.append(value)
+
+    def put_int(key: str, value: int) -> None:
+        feature[key].int64_list.value.append(value)
+
+    put_bytes("image/encoded", fields.encoded)
+    put_bytes("image/format", fields.format.encode("ascii"))
+    put_int("image/height", fields.height)
+    put_int("image/width", fields.width)
+    put_int("image/channels", fields.channels)
+    put_int("image/class/label", fields.label)
+    put_bytes("image/class/text", fields.label_text.encode("utf-8"))
+    put_bytes("image/filename", fields.filename.encode("utf-8"))
+    put_bytes("image/key/sha256", fields.sha256.encode("ascii"))
+    put_bytes("image/source_id", fields.source_id.encode("ascii"))
+    return example.SerializeToString(deterministic=True)

@@ -1,0 +1,123 @@
+"""Finalising a run: dataset_info.json and dead_letters.jsonl, each written atomically."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+import beam_jobs
+from beam_jobs.config import ImageConfig
+from beam_jobs.example import FEATURE_DTYPES
+from beam_jobs.plan import DatasetPlan
+from beam_jobs.records import DeadLetter, ShardResult
+
+__all__ = [
+    "DATASET_INFO",
+    "DEAD_LETTERS_FILE",
+    "SCHEMA_VERSION",
+    "TooManyBadInputsError",
+    "build_dataset_info",
+    "check_bad_fraction",
+    "write_atomically",
+]
+
+DATASET_INFO = "dataset_info.json"
+DEAD_LETTERS_FILE = "dead_letters.jsonl"
+SCHEMA_VERSION = 1
+PRODUCER = "images-to-tfrecords"
+
+
+class TooManyBadInputsError(RuntimeError):
+    """More inputs were unusable than --max_bad_fraction allows."""
+
+
+def build_dataset_info(
+    plan: DatasetPlan,
+    results: Iterable[ShardResult],
+    *,
+    num_dead_letters: int,
+    config: ImageConfig,
+    settings: dict,
+) -> dict:
+    """The manifest, as a plain dict: pure, so that its content is testable and deterministic."""
+    by_split: dict[str, list[ShardResult]] = {}
+    for result in sorted(results):
+        by_split.setdefault(result.split, []).append(result)
+    splits = {}
+    for split, shards in sorted(by_split.items()):
+        splits[split] = {
+            "num_examples": sum(s.num_examples for s in shards),
+            "num_shards": len(shards),
+            "shards": [
+                {"file": s.file, "num_examples": s.num_examples, "bytes": s.bytes, "sha256": s.sha256}
+                for s in shards
+            ],
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
+        "label_names": list(plan.label_names),
+        "num_classes": len(plan.label_names),
+        "image": {
+            "height": config.height,
+            "width": config.width,
+            "channels": config.channels,
+            "format": config.format_name,
+        },
+        "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
+        "preprocessing": {**config.to_json(), **settings},
+        "splits": splits,
+        "num_inputs": plan.num_inputs,
+        "num_dead_letters": num_dead_letters,
+        "dead_letters_file": DEAD_LETTERS_FILE,
+    }
+
+
+def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: float, dead_letters_uri: str) -> None:
+    if num_inputs and num_dead / num_inputs > max_bad_fraction:
+        raise TooManyBadInputsError(
+            f"{num_dead} of {num_inputs} inputs ({num_dead / num_inputs:.1%}) could not be used, more than "
+            f"--max_bad_fraction={max_bad_fraction}; no dataset_info.json was written. "
+            f"See {dead_letters_uri} for each file and the reason."
+        )
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes to a hidden temp name beside ``path``, then renames: readers see all or nothing."""
+    directory, name = path.rsplit("/", 1)
+    temp = f"{directory}/.tmp-{name}"
+    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.write(data)
+    FileSystems.rename([temp], [path])
+
+
+def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:
+    """One JSON object per line, sorted, so the file is identical on every run and runner."""
+    lines = [json.dumps(d.to_json(), ensure_ascii=False, sort_keys=True) for d in sorted(dead_letters)]
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def finalize_outputs(
+    results: list[ShardResult],
+    plan: DatasetPlan,
+    dead_letters: list[DeadLetter],
+    *,
+    output_dir: str,
+    config: ImageConfig,
+    settings: dict,
+    max_bad_fraction: float,
+) -> dict:
+    """Writes the dead letters, checks the bad fraction, then writes dataset_info.json last."""
+    dead_uri = FileSystems.join(output_dir, DEAD_LETTERS_FILE)
+    write_atomically(dead_uri, dead_letters_jsonl(dead_letters))
+    check_bad_fraction(
+        num_dead=len(dead_letters), num_inputs=plan.num_inputs,
+        max_bad_fraction=max_bad_fraction, dead_letters_uri=dead_uri,
+    )
+    info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config, settings=settings)
+    text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_atomically(FileSystems.join(output_dir, DATASET_INFO), text.encode("utf-8"))
+    return info

@@ -1,0 +1,54 @@
+"""The job's command-line flags, declared once as a Beam PipelineOptions subclass."""
+
+from __future__ import annotations
+
+import argparse
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_jobs.config import ImageConfig
+from beam_jobs.plan import DEFAULT_TARGET_SHARD_MB
+
+__all__ = ["ConversionOptions"]
+
+_DEFAULTS = ImageConfig()
+
+
+class ConversionOptions(PipelineOptions):
+    """Flags of images-to-tfrecords; standard Beam flags (--runner, ...) are parsed by Beam."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("images-to-tfrecords")
+        group.add_argument("--input", help="root of a class-per-folder tree: ROOT/<label>/<image> or "
+                           "ROOT/<split>/<label>/<image>; a local path or any Beam filesystem URI (gs://...)")
+        group.add_argument("--manifest", help="CSV (header: uri,label[,split]) or JSONL manifest; relative "
+                           "uris are relative to the manifest's folder")
+        group.add_argument("--output_dir", help="where shards, dataset_info.json and dead_letters.jsonl go")
+        group.add_argument("--splits", default=None, help="split fractions for inputs without one, assigned "
+                           "by a stable hash of the relative path, e.g. train=0.9,validation=0.1 "
+                           "(default: everything in train)")
+        group.add_argument("--image_size", default=str(_DEFAULTS.width),
+                           help="output size: 224 or WIDTHxHEIGHT such as 256x192 (default: %(default)s)")
+        group.add_argument("--resize_mode", default=_DEFAULTS.resize_mode, choices=("crop", "pad", "stretch"),
+                           help="crop: shorter side then centre crop; pad: fit then letterbox; "
+                           "stretch: ignore the aspect ratio (default: %(default)s)")
+        group.add_argument("--channels", type=int, default=_DEFAULTS.channels, choices=(1, 3),
+                           help="3 for RGB, 1 for grayscale (default: %(default)s)")
+        group.add_argument("--encoding", default=_DEFAULTS.encoding, choices=("jpeg", "png", "raw"),
+                           help="how image/encoded is stored (default: %(default)s)")
+        group.add_argument("--jpeg_quality", type=int, default=_DEFAULTS.jpeg_quality,
+                           help="1-100 (default: %(default)s)")
+        group.add_argument("--num_shards", type=int, default=0,
+                           help="shards per split; 0 derives it from --target_shard_mb (default: %(default)s)")
+        group.add_argument("--target_shard_mb", type=float, default=DEFAULT_TARGET_SHARD_MB,
+                           help="approximate shard size when --num_shards is 0; there are always enough "
+                           "shards to keep many workers busy (default: %(default)s)")
+        group.add_argument("--max_pixels", type=int, default=_DEFAULTS.max_pixels,
+                           help="refuse images whose header claims more pixels (default: %(default)s)")
+        group.add_argument("--max_file_mb", type=float, default=_DEFAULTS.max_file_bytes / 2**20,
+                           help="refuse larger files without reading them (default: %(default)s)")
+        group.add_argument("--max_bad_fraction", type=float, default=0.01,
+                           help="fail the job when more inputs than this are dead letters (default: %(default)s)")
+        group.add_argument("--overwrite", action="store_true", default=False,
+                           help="replace a dataset already in --output_dir")

@@ -1,0 +1,246 @@
+"""The conversion pipeline, ``run(argv)`` and the command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+
+from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+from beam_jobs.convert import DEAD_LETTERS, ConvertShardFn
+from beam_jobs.discover import ListManifest, ListTree, normalize_root
+from beam_jobs.manifest import DATASET_INFO, DEAD_LETTERS_FILE, TooManyBadInputsError, finalize_outputs
+from beam_jobs.options import ConversionOptions
+from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
+from beam_jobs.records import DeadLetter, InputFile
+
+__all__ = ["ConvertImages", "main", "run"]
+
+_LOG = logging.getLogger("beam_jobs")
+_SHARD_NAME = re.compile(r"^.+-\d{5}-of-\d{5}\.tfrecord$")
+
+
+def _make_plan(listing: list, *, from_tree: bool, source: str, **plan_args) -> DatasetPlan:
+    inputs = [item for item in listing if isinstance(item, InputFile)]
+    dead = [item for item in listing if isinstance(item, DeadLetter)]
+    if from_tree:
+        inputs, layout_dead = labels_from_tree(inputs)
+        dead += layout_dead
+    if not inputs and not dead:
+        raise ValueError(f"no image files found in {source}")
+    return plan_dataset(inputs, dead_letters=dead, **plan_args)
+
+
+def _shards_of(plan: DatasetPlan):
+    return plan.shards
+
+
+def _dead_letters_of(plan: DatasetPlan):
+    return plan.dead_letters
+
+
+class ConvertImages(beam.PTransform):
+    """Lists, plans, converts and finalises: the whole job as one transform."""
+
+    def __init__(self, *, input_root: str | None, manifest: str | None, output_dir: str,
+                 image_config: ImageConfig, split_fractions: dict[str, float] | None,
+                 num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
+                 settings: dict) -> None:
+        super().__init__()
+        self._input_root = input_root
+        self._manifest = manifest
+        self._output_dir = output_dir
+        self._config = image_config
+        self._split_fractions = split_fractions
+        self._num_shards = num_shards
+        self._target_shard_bytes = target_shard_bytes
+        self._max_bad_fraction = max_bad_fraction
+        self._settings = settings
+
+    def expand(self, pipeline):
+        config = self._config
+        if self._input_root is not None:
+            listing = pipeline | "ListTree" >> ListTree(self._input_root)
+        else:
+            listing = pipeline | "ListManifest" >> ListManifest(self._manifest)
+        # InputFile | DeadLetter
+        plan = (
+            listing
+            | "GatherListing" >> beam.combiners.ToList()
+            | "PlanShards" >> beam.Map(
+                _make_plan,
+                from_tree=self._input_root is not None,
+                source=self._input_root or self._manifest,
+                split_fractions=self._split_fractions,
+                num_shards=self._num_shards,
+                example_bytes=estimate_example_bytes(
+                    width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
+                ),
+                target_shard_bytes=self._target_shard_bytes,
+            )
+        )
+        # DatasetPlan (one element: label names, every ShardPlan, listing dead letters)
+        converted = (
+            plan
+            | "ShardPlans" >> beam.FlatMap(_shards_of)
+            # ShardPlan(split, index, num_shards, inputs)
+            | "SpreadShards" >> beam.Reshuffle()
+            | "ConvertShards" >> beam.ParDo(ConvertShardFn(config, self._output_dir)).with_outputs(
+                DEAD_LETTERS, main="shards"
+            )
+        )
+        # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter
+        dead_letters = (
+            plan | "PlanDeadLetters" >> beam.FlatMap(_dead_letters_of),
+            converted[DEAD_LETTERS],
+        ) | "AllDeadLetters" >> beam.Flatten()
+        return (
+            converted.shards
+            | "GatherShards" >> beam.combiners.ToList()
+            | "WriteManifest" >> beam.Map(
+                finalize_outputs,
+                plan=beam.pvalue.AsSingleton(plan),
+                dead_letters=beam.pvalue.AsList(dead_letters),
+                output_dir=self._output_dir,
+                config=config,
+                settings=self._settings,
+                max_bad_fraction=self._max_bad_fraction,
+            )
+            # dict: the dataset_info.json that was written
+        )
+
+
+def _use_local_runner_by_default(options: PipelineOptions, argv: Sequence[str]) -> None:
+    """With no --runner, run on all local cores with Beam's FnApiRunner in multi-processing mode.
+
+    Beam's DirectRunner would first try to download the Prism runner binary, which fails offline.
+    """
+    standard = options.view_as(StandardOptions)
+    if standard.runner is not None:
+        return
+    standard.runner = "FnApiRunner"
+    direct = options.view_as(DirectOptions)
+    given = " ".join(argv)
+    if "--direct_running_mode" not in given:
+        direct.direct_running_mode = "multi_processing"
+    if "--direct_num_workers" not in given:
+        direct.direct_num_workers = 0  # All cores.
+    # Workers log our per-shard progress; Beam's own INFO chatter from every worker would bury it.
+    worker = options.view_as(WorkerOptions)
+    if "--default_sdk_harness_log_level" not in given:
+        worker.default_sdk_harness_log_level = "WARNING"
+    if "--sdk_harness_log_level_overrides" not in given:
+        worker.sdk_harness_log_level_overrides = {"beam_jobs": "INFO"}
+
+
+def _prepare_output_dir(output_dir: str, *, overwrite: bool) -> None:
+    """Refuses to mix with an existing dataset unless --overwrite, which removes the old one first."""
+    FileSystems.mkdirs(output_dir) if not FileSystems.exists(output_dir) else None
+    matches = FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list
+    names = {m.path.rsplit("/", 1)[-1]: m.path for m in matches}
+    old = sorted(path for name, path in names.items()
+                 if _SHARD_NAME.match(name) or name in (DATASET_INFO, DEAD_LETTERS_FILE))
+    if old and not overwrite:
+        raise ValueError(
+            f"--output_dir {output_dir} already holds a dataset ({len(old)} files, e.g. {old[0]}); "
+            "pass --overwrite to replace it, or choose another folder"
+        )
+    if old:
+        FileSystems.delete(old)
+
+
+def _help_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="images-to-tfrecords",
+        description="Convert a folder tree or manifest of images into deterministic, sharded TFRecords "
+        "of tf.train.Example, with dataset_info.json and dead_letters.jsonl.",
+        epilog="Standard Beam flags pass through, e.g. --runner=DataflowRunner or --runner=FlinkRunner. "
+        "With no --runner the job runs on all local cores (FnApiRunner, multi_processing).",
+    )
+    ConversionOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+    StandardOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    """Runs the job and returns the dataset_info.json it wrote. The only place that reads argv."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        _help_parser().print_help()
+        raise SystemExit(0)
+    options = PipelineOptions(argv)
+    flags = options.view_as(ConversionOptions)
+    if bool(flags.input) == bool(flags.manifest):
+        raise ValueError("give exactly one of --input DIR_OR_URI and --manifest FILE")
+    if not flags.output_dir:
+        raise ValueError("--output_dir is required")
+    if not 0.0 <= flags.max_bad_fraction <= 1.0:
+        raise ValueError(f"--max_bad_fraction must be in [0, 1] (got {flags.max_bad_fraction!r})")
+    if flags.num_shards < 0 or flags.target_shard_mb <= 0:
+        raise ValueError(f"--num_shards must be >= 0 and --target_shard_mb > 0 "
+                         f"(got {flags.num_shards!r}, {flags.target_shard_mb!r})")
+    width, height = parse_image_size(flags.image_size)
+    config = ImageConfig(
+        width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
+        encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
+        max_file_bytes=int(flags.max_file_mb * 2**20),
+    )
+    split_fractions = parse_splits(flags.splits) if flags.splits else None
+    output_dir = normalize_root(flags.output_dir).rstrip("/")
+    _prepare_output_dir(output_dir, overwrite=flags.overwrite)
+    _use_local_runner_by_default(options, argv)
+    settings = {"splits": split_fractions, "num_shards": flags.num_shards or None,
+                "target_shard_mb": flags.target_shard_mb}
+    _LOG.info("converting %s into %s", flags.input or flags.manifest, output_dir)
+    with beam.Pipeline(options=options) as pipeline:
+        _ = pipeline | "ConvertImages" >> ConvertImages(
+            input_root=flags.input, manifest=flags.manifest, output_dir=output_dir,
+            image_config=config, split_fractions=split_fractions,
+            num_shards=flags.num_shards or None, target_shard_bytes=int(flags.target_shard_mb * 2**20),
+            max_bad_fraction=flags.max_bad_fraction, settings=settings,
+        )
+    with FileSystems.open(FileSystems.join(output_dir, DATASET_INFO)) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def _summary(info: dict, output_dir: str) -> str:
+    splits = ", ".join(f"{name}: {s['num_examples']} examples in {s['num_shards']} shards"
+                       for name, s in info["splits"].items())
+    return (f"wrote {splits} to {output_dir}; {info['num_dead_letters']} inputs could not be used "
+            f"(see {info['dead_letters_file']})")
+
+
+def _root_cause(error: BaseException) -> str | None:
+    """Finds our own error's message inside the runner's wrapped exception text."""
+    for name in (TooManyBadInputsError.__name__, "ValueError"):
+        match = re.search(rf"{name}: (.+)", str(error))
+        if match:
+            return match.group(1).strip()
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: clear one-line errors instead of runner tracebacks for known failures."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("beam_jobs").setLevel(logging.INFO)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        info = run(argv)
+    except ValueError as error:
+        print(f"images-to-tfrecords: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as error:  # Runners wrap worker exceptions; surface ours plainly.
+        cause = _root_cause(error)
+        if cause is None:
+            raise
+        print(f"images-to-tfrecords: error: {cause}", file=sys.stderr)
+        raise SystemExit(1) from None
+    output_dir = PipelineOptions(argv).view_as(ConversionOptions).output_dir
+    print(_summary(info, output_dir))

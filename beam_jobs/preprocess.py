@@ -1,0 +1,141 @@
+"""Pure pixel preprocessing: colour-mode normalisation and the three resize modes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+from beam_jobs.errors import BadInputError, Reason, Stage
+
+__all__ = [
+    "ALPHA_BACKGROUND",
+    "PAD_FILL",
+    "RESIZE_MODES",
+    "normalize_mode",
+    "required_source_size",
+    "resize_image",
+]
+
+# Transparent pixels are composited on white, as browsers and image viewers show them.
+ALPHA_BACKGROUND = (255, 255, 255)
+# Letterbox bars of the pad mode are black, as in most detection and video pipelines.
+PAD_FILL = (0, 0, 0)
+RESIZE_MODES = ("crop", "pad", "stretch")
+
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def _to_uint8_gray(values: np.ndarray, full_scale: float) -> Image.Image:
+    # Scale linearly so that full_scale maps to 255: 16-bit data keeps its whole range instead of
+    # saturating at 255, which is what Pillow's convert("L") does to I;16.
+    scaled = np.rint(values.astype(np.float64) * (255.0 / full_scale))
+    return Image.fromarray(np.clip(scaled, 0, 255).astype(np.uint8), mode="L")
+
+
+def _high_bit_depth_to_gray(image: Image.Image) -> Image.Image:
+    values = np.asarray(image)
+    if image.mode in _SIXTEEN_BIT_MODES:
+        return _to_uint8_gray(values, 65535.0)
+    if image.mode == "I":
+        # 32-bit integers: PNG and TIFF loaders use this mode for 16-bit data too.
+        low, high = int(values.min()), int(values.max())
+        if low >= 0 and high <= 65535:
+            return _to_uint8_gray(values, 65535.0 if high > 255 else 255.0)
+        return _to_uint8_gray(values - low, float(max(high - low, 1)))
+    # "F": floats in [0, 1] are taken as intensities; any other range is stretched to [0, 255].
+    finite = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    low, high = float(finite.min()), float(finite.max())
+    if low >= 0.0 and high <= 1.0:
+        return _to_uint8_gray(finite, 1.0)
+    return _to_uint8_gray(finite - low, max(high - low, 1e-12))
+
+
+def _composite_on_background(image: Image.Image) -> Image.Image:
+    rgba = image.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, ALPHA_BACKGROUND + (255,))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def normalize_mode(image: Image.Image, *, channels: int) -> Image.Image:
+    """Returns an 8-bit "RGB" (channels=3) or "L" (channels=1) image with documented colours.
+
+    - CMYK, YCbCr, LAB, HSV: converted to RGB.
+    - P with transparency, PA, LA, RGBA: composited on ALPHA_BACKGROUND (white).
+    - I;16 and I: scaled from their 16-bit range to 8 bits, never clipped.
+    - F: [0, 1] floats scaled to [0, 255]; other ranges stretched min-to-max.
+    - 1: black and white become 0 and 255.
+    - Grayscale becomes 3 identical channels unless channels=1.
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3 (got {channels!r})")
+    mode = image.mode
+    if mode in _SIXTEEN_BIT_MODES or mode in ("I", "F"):
+        image = _high_bit_depth_to_gray(image)
+    elif mode == "P":
+        image = _composite_on_background(image) if "transparency" in image.info else image.convert("RGB")
+    elif mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        image = _composite_on_background(image)
+    elif mode == "1":
+        image = image.convert("L")
+    elif mode in ("CMYK", "YCbCr", "LAB", "HSV", "RGBX"):
+        image = image.convert("RGB")
+    elif mode not in ("RGB", "L"):
+        raise BadInputError(Stage.PREPROCESS, Reason.UNSUPPORTED_MODE, f"image mode {mode!r} is not supported")
+    target = "RGB" if channels == 3 else "L"
+    return image if image.mode == target else image.convert(target)
+
+
+def _scale_for(source: tuple[int, int], target: tuple[int, int], resize_mode: str) -> tuple[float, float]:
+    (src_w, src_h), (dst_w, dst_h) = source, target
+    if resize_mode == "crop":
+        scale = max(dst_w / src_w, dst_h / src_h)
+        return scale, scale
+    if resize_mode == "pad":
+        scale = min(dst_w / src_w, dst_h / src_h)
+        return scale, scale
+    if resize_mode == "stretch":
+        return dst_w / src_w, dst_h / src_h
+    raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")
+
+
+def required_source_size(source: tuple[int, int], target: tuple[int, int], resize_mode: str) -> tuple[int, int]:
+    """The smallest (width, height) the source may be reduced to before resizing loses nothing.
+
+    JPEG draft decoding may shrink the source to this size or larger, never smaller.
+    """
+    scale_w, scale_h = _scale_for(source, target, resize_mode)
+    # The epsilon keeps float noise (3000 * (224 / 3000) = 224.00000000000003) from adding a pixel.
+    return (
+        min(source[0], max(1, math.ceil(source[0] * scale_w - 1e-9))),
+        min(source[1], max(1, math.ceil(source[1] * scale_h - 1e-9))),
+    )
+
+
+def resize_image(image: Image.Image, target: tuple[int, int], resize_mode: str) -> Image.Image:
+    """Resizes ``image`` to exactly ``target`` (width, height) with antialiasing.
+
+    - crop: scale so the shorter side fits, then take the centre (no distortion, edges lost);
+    - pad: scale so the longer side fits, then centre on PAD_FILL (no distortion, nothing lost);
+    - stretch: scale each axis independently (distortion, nothing lost).
+    """
+    dst_w, dst_h = target
+    src_w, src_h = image.size
+    resample = Image.Resampling.BICUBIC  # Pillow's resize antialiases when it shrinks.
+    if resize_mode == "crop":
+        # Resize only the centre box, in one step: the box has the target's aspect ratio.
+        scale = max(dst_w / src_w, dst_h / src_h)
+        box_w, box_h = dst_w / scale, dst_h / scale
+        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
+        return image.resize(target, resample, box=(left, top, left + box_w, top + box_h))
+    if resize_mode == "stretch":
+        return image.resize(target, resample)
+    if resize_mode == "pad":
+        scale = min(dst_w / src_w, dst_h / src_h)
+        inner = (max(1, round(src_w * scale)), max(1, round(src_h * scale)))
+        fill = PAD_FILL if image.mode == "RGB" else PAD_FILL[0]
+        canvas = Image.new(image.mode, target, fill)
+        canvas.paste(image.resize(inner, resample), ((dst_w - inner[0]) // 2, (dst_h - inner[1]) // 2))
+        return canvas
+    raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")

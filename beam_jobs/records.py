@@ -1,0 +1,50 @@
+"""The small, picklable records that flow between the job's stages (paths and stats, never pixels)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["DeadLetter", "InputFile", "ShardResult"]
+
+
+@dataclass(frozen=True, order=True)
+class InputFile:
+    """One listed input.
+
+    ``filename`` is the path relative to the input root ("cat/001.jpg"); it names the input in the
+    output, and its hash decides the split (when none is given) and the shard. ``label`` and
+    ``split`` are None until known. ``size`` is None when the listing did not tell it.
+    """
+
+    filename: str
+    uri: str
+    label: str | None = None
+    split: str | None = None
+    size: int | None = None
+    label_id: int = -1
+
+
+@dataclass(frozen=True, order=True)
+class DeadLetter:
+    """An input the job could not use: one line of dead_letters.jsonl."""
+
+    uri: str
+    stage: str
+    reason: str
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, order=True)
+class ShardResult:
+    """What one written shard holds, for dataset_info.json."""
+
+    split: str
+    index: int
+    num_shards: int
+    file: str
+    num_examples: int
+    bytes: int
+    sha256: str

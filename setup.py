@@ -1,0 +1,45 @@
+"""Packaging for images-to-tfrecords; also the --setup_file that Beam ships to remote workers."""
+
+import pathlib
+import re
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_jobs" / "__init__.py").read_text()).group(1)
+
+# Ranges: the lower bounds are the versions this project is tested with; the upper bounds stop at
+# the next major version, whose API changes we have not tested.
+INSTALL_REQUIRES = [
+    "apache-beam>=2.77.0,<3",
+    "tensorflow>=2.21.0,<3",
+    "pillow>=12.0,<14",
+    "numpy>=2.0,<3",
+    "google-crc32c>=1.7,<2",
+]
+SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
+TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", *SAMPLES_REQUIRE]
+
+setup(
+    name="images-to-tfrecords",
+    version=VERSION,
+    description="Convert raw image collections into deterministic, sharded TFRecords with Apache Beam, "
+    "and read them fast with tf.data for multi-GPU training.",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["beam_jobs", "beam_jobs.*", "tfdata_readers", "tfdata_readers.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": TEST_REQUIRE,
+        "samples": SAMPLES_REQUIRE,
+        "gcp": ["apache-beam[gcp]>=2.77.0,<3"],
+        "aws": ["apache-beam[aws]>=2.77.0,<3"],
+    },
+    entry_points={
+        "console_scripts": [
+            "images-to-tfrecords=beam_jobs.pipeline:main",
+            "verify-tfrecords=tfdata_readers.verify:main",
+        ]
+    },
+)
