@@ -166,7 +166,13 @@ class ConvertShardFn(beam.DoFn):
                         raise data
                     self._images_read.inc()
                     self._bytes_read.inc(len(data))
-                    record, events = convert_image(data, input_file, self._config)
+                    try:
+                        record, events = convert_image(data, input_file, self._config)
+                    except BadInputError:
+                        raise
+                    except Exception as error:  # One odd file must not fail the whole shard.
+                        raise BadInputError(Stage.CONVERT, Reason.UNEXPECTED_ERROR,
+                                            f"{type(error).__name__}: {error}") from error
                 except BadInputError as error:
                     dead_letters.append(DeadLetter(input_file.uri, error.stage, error.reason, error.detail))
                     self._images_failed.inc()

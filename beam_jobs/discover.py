@@ -86,7 +86,9 @@ def _resolve(base: str, uri: str) -> tuple[str, str]:
     if "://" in uri or uri.startswith("/"):
         full = uri
     else:
-        full = FileSystems.join(base, uri) if base else uri
+        # Plain "/" joining: FileSystems.join would need the remote filesystem's package installed
+        # just to parse a name, and every Beam filesystem uses "/" separators.
+        full = f"{base.rstrip('/')}/{uri}" if base else uri
     filename = full[len(base):].lstrip("/") if base and full.startswith(base.rstrip("/") + "/") else full
     return full, filename
 

@@ -13,6 +13,7 @@ class Stage:
     DECODE = "decode"
     PREPROCESS = "preprocess"
     ENCODE = "encode"
+    CONVERT = "convert"
 
 
 class Reason:
@@ -27,6 +28,7 @@ class Reason:
     TRUNCATED = "truncated"
     DECODE_ERROR = "decode_error"
     UNSUPPORTED_MODE = "unsupported_mode"
+    UNEXPECTED_ERROR = "unexpected_error"
     BAD_MANIFEST_ROW = "bad_manifest_row"
     UNEXPECTED_LAYOUT = "unexpected_layout"
 

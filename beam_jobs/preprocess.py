@@ -127,8 +127,10 @@ def resize_image(image: Image.Image, target: tuple[int, int], resize_mode: str) 
         # Resize only the centre box, in one step: the box has the target's aspect ratio.
         scale = max(dst_w / src_w, dst_h / src_h)
         box_w, box_h = dst_w / scale, dst_h / scale
-        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
-        return image.resize(target, resample, box=(left, top, left + box_w, top + box_h))
+        # Clamped: float noise can otherwise put the box a hair outside the image, which Pillow refuses.
+        left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
+        box = (left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h))
+        return image.resize(target, resample, box=box)
     if resize_mode == "stretch":
         return image.resize(target, resample)
     if resize_mode == "pad":

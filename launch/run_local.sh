@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the conversion job on all local cores with Beam's FnApiRunner (no download, no cluster).
+#
+#   launch/run_local.sh                      # demo: builds 200 sample photos, converts them
+#   launch/run_local.sh --input DIR --output_dir OUT [job flags...]
+#
+# The first run creates ./.venv and installs the project into it.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="$("$repo/launch/ensure_venv.sh")"
+export PATH="$(dirname "$python"):$PATH"  # Beam's worker processes must find this venv's python.
+if [ "$#" -eq 0 ]; then
+  samples="$repo/sample_data/photos"
+  output="$repo/sample_data/tfrecords"
+  if [ ! -d "$samples" ]; then
+    "$python" -m beam_jobs.sample_data "$samples" --num_images 200
+  fi
+  set -- --input "$samples" --output_dir "$output" --splits train=0.9,validation=0.1 --overwrite
+fi
+exec "$python" -m beam_jobs "$@"

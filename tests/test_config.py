@@ -1,0 +1,37 @@
+"""Flag parsing and configuration validation: bad values are named in the error."""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+
+
+@pytest.mark.parametrize("text, expected", [("224", (224, 224)), ("256x192", (256, 192)), ("64X32", (64, 32))])
+def test_image_size(text, expected):
+    assert parse_image_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "-3", "axb", "1x2x3", "224x"])
+def test_bad_image_size_names_the_value(text):
+    with pytest.raises(ValueError, match="image_size"):
+        parse_image_size(text)
+
+
+def test_splits():
+    assert parse_splits("train=0.9,validation=0.1") == {"train": 0.9, "validation": 0.1}
+
+
+@pytest.mark.parametrize("text", ["train=0.5", "train", "train=0.5,train=0.5", "=1", "train=x", "a/b=1"])
+def test_bad_splits_name_the_value(text):
+    with pytest.raises(ValueError, match="--splits"):
+        parse_splits(text)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("channels", 2), ("resize_mode", "squash"), ("encoding", "gif"), ("jpeg_quality", 0), ("width", 0)],
+)
+def test_image_config_validates_itself(field, value):
+    with pytest.raises(ValueError, match=repr(value) if isinstance(value, str) else str(value)):
+        ImageConfig(**{field: value})

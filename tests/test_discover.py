@@ -1,0 +1,47 @@
+"""Listing: image extensions, and CSV/JSONL manifests whose bad rows become dead letters."""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_jobs.discover import is_image_filename, parse_manifest
+from beam_jobs.records import DeadLetter, InputFile
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("a/b.jpg", True), ("a/B.JPEG", True), ("x.Png", True), ("y.webp", True), ("z.TIFF", True),
+     ("notes.txt", False), ("a/.DS_Store", False), ("a/._b.jpg", False), ("noext", False), ("été/ñ.jpg", True)],
+)
+def test_image_extensions_are_matched_case_insensitively(name, expected):
+    assert is_image_filename(name) is expected
+
+
+def test_csv_manifest_with_relative_and_absolute_uris():
+    text = "uri,label,split\ncats/1.jpg,cat,train\n/abs/dog.png,dog,\n"
+    rows = list(parse_manifest(text, manifest_uri="/data/manifest.csv"))
+    assert rows == [
+        InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train"),
+        InputFile(filename="/abs/dog.png", uri="/abs/dog.png", label="dog", split=None),
+    ]
+
+
+def test_csv_bad_rows_are_dead_letters_with_line_numbers():
+    text = "\ufeffuri,label\r\na.jpg,cat\r\nb.jpg\r\nc.jpg,dog,extra\r\n\"d,1.jpg\",\"dog\"\r\ne.jpg,\r\n"
+    rows = list(parse_manifest(text, manifest_uri="/m/list.csv"))
+    good = [r for r in rows if isinstance(r, InputFile)]
+    dead = [r for r in rows if isinstance(r, DeadLetter)]
+    assert [g.filename for g in good] == ["a.jpg", "d,1.jpg"]
+    assert sorted(d.uri for d in dead) == ["/m/list.csv:3", "/m/list.csv:4", "/m/list.csv:6"]
+
+
+def test_jsonl_manifest():
+    text = '{"uri": "x/1.jpg", "label": "x"}\nnot json\n{"uri": "y/2.jpg"}\n'
+    rows = list(parse_manifest(text, manifest_uri="gs://bucket/m.jsonl"))
+    assert rows[0] == InputFile(filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x")
+    assert [r.reason for r in rows[1:]] == ["bad_manifest_row", "bad_manifest_row"]
+
+
+def test_csv_without_header_is_a_clear_error():
+    with pytest.raises(ValueError, match="header"):
+        list(parse_manifest("a.jpg,cat\n", manifest_uri="m.csv"))
