@@ -1,0 +1,63 @@
+"""Nothing half-written under a final name: a job killed mid-run leaves only complete shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from beam_jobs.config import ImageConfig
+from beam_jobs.convert import _read_source
+from beam_jobs.errors import BadInputError
+from beam_jobs.records import InputFile
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO
+
+
+def test_oversized_files_are_refused_before_and_while_reading(tmp_path):
+    path = tmp_path / "big.jpg"
+    path.write_bytes(b"\xff\xd8" + b"\x00" * 5000)
+    with pytest.raises(BadInputError, match="over the limit") as listed:
+        _read_source(InputFile("big.jpg", str(path), size=5002), max_file_bytes=1000)
+    with pytest.raises(BadInputError) as unlisted:
+        _read_source(InputFile("big.jpg", str(path)), max_file_bytes=1000)
+    assert listed.value.reason == unlisted.value.reason == "file_too_large"
+    assert len(_read_source(InputFile("big.jpg", str(path)), max_file_bytes=ImageConfig().max_file_bytes)) == 5002
+
+
+@pytest.mark.slow
+def test_killed_job_leaves_no_partial_file_under_a_final_name(tmp_path):
+    src = tmp_path / "src"
+    make_photo_tree(src, num_images=400, seed=5)
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
+         "--image_size", "96", "--num_shards", "8", "--direct_num_workers", "2"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    try:
+        # Kill as soon as one shard is complete and others are still being written.
+        while time.monotonic() < deadline:
+            names = os.listdir(out) if out.exists() else []
+            if any(n.endswith(".tfrecord") and not n.startswith(".") for n in names) and \
+                    any(n.startswith(".tmp-") for n in names):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the job never had a finished and an unfinished shard at once")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    names = os.listdir(out)
+    assert "dataset_info.json" not in names
+    final = [n for n in names if not n.startswith(".")]
+    assert final and all(n.endswith(".tfrecord") for n in final)
+    for name in final:
+        # A complete shard of the 400 photos holds 50 records, and every record's CRC checks out.
+        assert sum(1 for _ in tf.data.TFRecordDataset(str(out / name))) == 50
