@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -24,18 +25,30 @@ from beam_jobs.plan import ShardPlan
 from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
 
-__all__ = ["DEAD_LETTERS", "METRICS_NAMESPACE", "ConvertShardFn", "convert_image", "temp_shard_name"]
+__all__ = [
+    "CONTENT_KEYS",
+    "DEAD_LETTERS",
+    "METRICS_NAMESPACE",
+    "ConvertShardFn",
+    "convert_image",
+    "shard_fingerprint",
+    "sidecar_name",
+    "temp_shard_name",
+]
 
 DEAD_LETTERS = "dead_letters"
+CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 
 
-def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str]]:
+def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
     """The whole per-image transformation, pure: source bytes to serialized Example bytes.
 
-    Returns (serialized example, events worth counting). Raises BadInputError for unusable input.
+    Returns (serialized example, events worth counting, sha256 of the source bytes). Raises
+    BadInputError for unusable input.
     """
+    sha256 = hashlib.sha256(data).hexdigest()
     decoded = decode_image(
         data,
         max_pixels=config.max_pixels,
@@ -54,11 +67,23 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
             label=input_file.label_id,
             label_text=input_file.label,
             filename=input_file.filename,
-            sha256=hashlib.sha256(data).hexdigest(),
+            sha256=sha256,
             source_id=source_id_for(input_file.filename),
         )
     )
-    return example, decoded.events
+    return example, decoded.events, sha256
+
+
+def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
+    """Identifies exactly what a shard must contain: the run's settings and the shard's inputs."""
+    listing = [[f.filename, f.uri, f.label, f.label_id] for f in shard.inputs]
+    text = json.dumps([run_fingerprint, shard.split, shard.index, shard.num_shards, listing])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sidecar_name(file_name: str) -> str:
+    """The hidden record of a finished shard, which lets --resume trust it without redoing it."""
+    return f".done-{file_name}.json"
 
 
 def temp_shard_name(file_name: str) -> str:
@@ -129,9 +154,12 @@ class ConvertShardFn(beam.DoFn):
     retry rewrites the same bytes. Unusable inputs go to the DEAD_LETTERS output.
     """
 
-    def __init__(self, config: ImageConfig, output_dir: str, *, read_threads: int = 4) -> None:
+    def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
+                 read_threads: int = 4) -> None:
         self._config = config
         self._output_dir = output_dir
+        self._run_fingerprint = run_fingerprint
+        self._resume = resume
         self._read_threads = read_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         counter = partial(Metrics.counter, METRICS_NAMESPACE)
@@ -141,6 +169,7 @@ class ConvertShardFn(beam.DoFn):
         self._bytes_read = counter("bytes_read")
         self._bytes_written = counter("bytes_written")
         self._shards_written = counter("shards_written")
+        self._shards_resumed = counter("shards_resumed")
 
     def setup(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="read-source")
@@ -152,7 +181,17 @@ class ConvertShardFn(beam.DoFn):
     def process(self, shard: ShardPlan):
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
         final_path = FileSystems.join(self._output_dir, shard.file_name)
+        sidecar_path = FileSystems.join(self._output_dir, sidecar_name(shard.file_name))
+        fingerprint = shard_fingerprint(shard, self._run_fingerprint)
+        if self._resume:
+            done = _verified_sidecar(final_path, sidecar_path, fingerprint)
+            if done is not None:
+                self._shards_resumed.inc()
+                _LOG.info("kept %s: complete and verified from an earlier run", shard.file_name)
+                yield from self._outputs(shard, done)
+                return
         temp_path = FileSystems.join(self._output_dir, temp_shard_name(shard.file_name))
+        content_keys: list[tuple[str, str, str]] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
         read = partial(_read_source, max_file_bytes=self._config.max_file_bytes)
@@ -167,7 +206,7 @@ class ConvertShardFn(beam.DoFn):
                     self._images_read.inc()
                     self._bytes_read.inc(len(data))
                     try:
-                        record, events = convert_image(data, input_file, self._config)
+                        record, events, sha256 = convert_image(data, input_file, self._config)
                     except BadInputError:
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.
@@ -184,12 +223,26 @@ class ConvertShardFn(beam.DoFn):
                 # the same code WriteToTFRecord uses, so shards can go to any Beam filesystem.
                 _TFRecordUtil.write_record(writer, record)
                 num_examples += 1
+                content_keys.append((sha256, input_file.filename, input_file.label))
             handle.close()
         except BaseException:
             handle.close()
-            FileSystems.delete([temp_path])
+            try:
+                FileSystems.delete([temp_path])
+            except Exception:  # The original error (a full disk, say) is the one to report.
+                _LOG.warning("could not remove the temporary file %s", temp_path)
             raise
         FileSystems.rename([temp_path], [final_path])
+        done = {
+            "fingerprint": fingerprint,
+            "file": shard.file_name,
+            "num_examples": num_examples,
+            "bytes": writer.bytes,
+            "sha256": writer.sha256.hexdigest(),
+            "dead_letters": [[d.uri, d.stage, d.reason, d.detail] for d in dead_letters],
+            "content_keys": content_keys,
+        }
+        _write_json(sidecar_path, done)
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
@@ -197,14 +250,53 @@ class ConvertShardFn(beam.DoFn):
             "wrote %s: %d examples, %.1f MB, %d dead letters",
             shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
         )
-        for dead in dead_letters:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dead)
+        yield from self._outputs(shard, done)
+
+    @staticmethod
+    def _outputs(shard: ShardPlan, done: dict):
+        for uri, stage, reason, detail in done["dead_letters"]:
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
+        for sha256, filename, label in done["content_keys"]:
+            yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
         yield ShardResult(
             split=shard.split,
             index=shard.index,
             num_shards=shard.num_shards,
             file=shard.file_name,
-            num_examples=num_examples,
-            bytes=writer.bytes,
-            sha256=writer.sha256.hexdigest(),
+            num_examples=done["num_examples"],
+            bytes=done["bytes"],
+            sha256=done["sha256"],
         )
+
+
+def _write_json(path: str, value: dict) -> None:
+    temp = f"{path.rsplit('/', 1)[0]}/{temp_shard_name(path.rsplit('/', 1)[-1])}"
+    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.write(json.dumps(value, sort_keys=True).encode("utf-8"))
+    FileSystems.rename([temp], [path])
+
+
+def _file_sha256(path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _verified_sidecar(final_path: str, sidecar_path: str, fingerprint: str) -> dict | None:
+    """The sidecar of a finished shard when the shard on disk is exactly what this run would write."""
+    try:
+        if not (FileSystems.exists(final_path) and FileSystems.exists(sidecar_path)):
+            return None
+        with FileSystems.open(sidecar_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            done = json.loads(handle.read().decode("utf-8"))
+        if done.get("fingerprint") != fingerprint:
+            return None
+        if _file_sha256(final_path) != (done["bytes"], done["sha256"]):
+            return None
+        return done
+    except (OSError, ValueError, KeyError):
+        return None

@@ -7,13 +7,16 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from functools import partial
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.errors import Reason, Stage
+from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
@@ -52,15 +55,26 @@ def relative_filename(root: str, path: str) -> str:
     return path[len(root):].replace("\\", "/")
 
 
+def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | DeadLetter:
+    filename = relative_filename(root, meta.path)
+    try:
+        # For local trees this also catches a symlink inside the root that points out of it.
+        resolve_inside_root(filename, root, allow_outside=allow_outside_root)
+    except BadInputError as error:
+        return DeadLetter(meta.path, error.stage, error.reason, error.detail)
+    return InputFile(filename=filename, uri=meta.path, size=meta.size_in_bytes)
+
+
 class ListTree(beam.PTransform):
     """Lists every image file under ``root`` (recursively) as an InputFile without label or split.
 
     Labels and splits come from the folder layout, which the planner decides on the whole listing.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, allow_outside_root: bool = False) -> None:
         super().__init__()
         self._root = normalize_root(root)
+        self._allow_outside_root = allow_outside_root
 
     def expand(self, pipeline):
         root = self._root
@@ -69,97 +83,103 @@ class ListTree(beam.PTransform):
             | "MatchFiles" >> fileio.MatchFiles(FileSystems.join(root, "**"))
             # FileMetadata(path, size_in_bytes)
             | "KeepImages" >> beam.Filter(lambda meta: is_image_filename(meta.path))
-            | "ToInputFile" >> beam.Map(
-                lambda meta: InputFile(
-                    filename=relative_filename(root, meta.path), uri=meta.path, size=meta.size_in_bytes
-                )
-            )
-            # InputFile(filename, uri, size)
+            | "ToInputFile" >> beam.Map(_listed_input, root=root, allow_outside_root=self._allow_outside_root)
+            # InputFile(filename, uri, size) | DeadLetter for a symlink that leads out of the root
         )
 
 
 _REQUIRED_COLUMNS = ("uri", "label")
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
-def _resolve(base: str, uri: str) -> tuple[str, str]:
-    """Returns (full uri, filename relative to the manifest's folder when it is inside it)."""
-    if "://" in uri or uri.startswith("/"):
-        full = uri
-    else:
-        # Plain "/" joining: FileSystems.join would need the remote filesystem's package installed
-        # just to parse a name, and every Beam filesystem uses "/" separators.
-        full = f"{base.rstrip('/')}/{uri}" if base else uri
-    filename = full[len(base):].lstrip("/") if base and full.startswith(base.rstrip("/") + "/") else full
-    return full, filename
+def _bad_row(where: str, detail: str) -> DeadLetter:
+    return DeadLetter(where, Stage.LIST, Reason.BAD_MANIFEST_ROW, detail)
 
 
-def _row_to_input(row: dict, *, base: str, where: str) -> InputFile | DeadLetter:
+def _has_undecodable(values) -> bool:
+    # Text is decoded with surrogateescape, so bytes that are not UTF-8 show up as lone surrogates.
+    return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
+
+
+def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool) -> InputFile | DeadLetter:
+    if _has_undecodable(row.values()):
+        return _bad_row(where, "the row is not valid UTF-8")
     missing = [column for column in _REQUIRED_COLUMNS if not str(row.get(column) or "").strip()]
     if missing:
-        return DeadLetter(where, Stage.LIST, Reason.BAD_MANIFEST_ROW, f"missing {', '.join(missing)}")
-    uri, filename = _resolve(base, str(row["uri"]).strip())
-    split = str(row.get("split") or "").strip() or None
+        return _bad_row(where, f"missing {', '.join(missing)}")
+    entry = str(row["uri"]).strip()
+    try:
+        uri, filename = resolve_inside_root(entry, root, allow_outside=allow_outside_root)
+    except BadInputError as error:
+        return DeadLetter(where, error.stage, error.reason, error.detail)
     if not is_image_filename(uri):
-        return DeadLetter(uri, Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{where}: not an image file name")
+        return _bad_row(where, f"{redact(entry)!r} does not have an image file extension")
+    split = str(row.get("split") or "").strip() or None
     return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split)
 
 
-def parse_manifest(text: str, *, manifest_uri: str) -> Iterator[InputFile | DeadLetter]:
+def parse_manifest(data: bytes | str, *, manifest_uri: str, allow_outside_root: bool = False,
+                   ) -> Iterator[InputFile | DeadLetter]:
     """Parses a CSV (with a header naming uri, label and optionally split) or a JSONL manifest.
 
-    Relative uris are relative to the manifest's folder. A malformed row becomes a dead letter
-    that names its line; the other rows are unaffected.
+    Relative uris are relative to the manifest's folder, which is the input root: entries that
+    leave it are refused unless ``allow_outside_root``. Each malformed row (missing or extra
+    columns, bad JSON, bytes that are not UTF-8, an empty label) becomes a dead letter naming its
+    line as ``<manifest>:<line>``; the other rows are unaffected. A BOM and CRLF line ends are fine.
     """
-    base = manifest_uri.rsplit("/", 1)[0] if "/" in manifest_uri else ""
+    root = manifest_uri.rsplit("/", 1)[0] + "/" if "/" in manifest_uri else ""
+    text = data.decode("utf-8", errors="surrogateescape") if isinstance(data, bytes) else data
     if text.startswith("\ufeff"):
         text = text[1:]
-    if manifest_uri.lower().endswith((".jsonl", ".json", ".ndjson")):
+    convert = partial(_row_to_input, root=root, allow_outside_root=allow_outside_root)
+    if manifest_uri.lower().endswith(_JSON_SUFFIXES):
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             where = f"{manifest_uri}:{number}"
+            if _has_undecodable([line]):
+                yield _bad_row(where, "the line is not valid UTF-8")
+                continue
             try:
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise ValueError("a line must be a JSON object")
             except ValueError as error:
-                yield DeadLetter(where, Stage.LIST, Reason.BAD_MANIFEST_ROW, f"invalid JSON: {error}")
+                yield _bad_row(where, f"invalid JSON: {error}")
                 continue
-            yield _row_to_input(row, base=base, where=where)
+            yield convert(row, where=where)
         return
     reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = reader.fieldnames or []
     if not all(column in columns for column in _REQUIRED_COLUMNS):
-        raise ValueError(f"the manifest {manifest_uri} must have a header row naming uri and label (got {columns!r})")
+        raise ValueError(f"the manifest {redact(manifest_uri)} must have a header row naming uri and label "
+                         f"(got {columns!r})")
     for row in reader:
         where = f"{manifest_uri}:{reader.line_num}"
         if None in row or any(value is None for value in row.values()):
-            yield DeadLetter(where, Stage.LIST, Reason.BAD_MANIFEST_ROW, "wrong number of columns")
+            yield _bad_row(where, "wrong number of columns")
             continue
-        yield _row_to_input(row, base=base, where=where)
+        yield convert(row, where=where)
 
 
-def _read_manifest(manifest_uri: str) -> Iterable[InputFile | DeadLetter]:
-    with FileSystems.open(manifest_uri) as handle:
-        raw = handle.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"the manifest {manifest_uri} is not UTF-8 ({error})") from None
-    return list(parse_manifest(text, manifest_uri=manifest_uri))
+def _read_manifest(manifest_uri: str, *, allow_outside_root: bool) -> list[InputFile | DeadLetter]:
+    with FileSystems.open(manifest_uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        data = handle.read()
+    return list(parse_manifest(data, manifest_uri=manifest_uri, allow_outside_root=allow_outside_root))
 
 
 class ListManifest(beam.PTransform):
     """Reads a CSV or JSONL manifest into InputFiles (with labels) and dead letters for bad rows."""
 
-    def __init__(self, manifest_uri: str) -> None:
+    def __init__(self, manifest_uri: str, *, allow_outside_root: bool = False) -> None:
         super().__init__()
         self._manifest_uri = manifest_uri
+        self._allow_outside_root = allow_outside_root
 
     def expand(self, pipeline):
         return (
             pipeline
             | "ManifestPath" >> beam.Create([self._manifest_uri])
-            | "ReadManifest" >> beam.FlatMap(_read_manifest)
+            | "ReadManifest" >> beam.FlatMap(_read_manifest, allow_outside_root=self._allow_outside_root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )

@@ -30,6 +30,10 @@ class Reason:
     UNSUPPORTED_MODE = "unsupported_mode"
     UNEXPECTED_ERROR = "unexpected_error"
     BAD_MANIFEST_ROW = "bad_manifest_row"
+    OUTSIDE_INPUT_ROOT = "outside_input_root"
+    DUPLICATE_INPUT = "duplicate_input"
+    DUPLICATE_CONTENT = "duplicate_content"
+    CONFLICTING_LABELS = "conflicting_labels"
     UNEXPECTED_LAYOUT = "unexpected_layout"
 
 

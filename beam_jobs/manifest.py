@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -21,6 +23,9 @@ __all__ = [
     "TooManyBadInputsError",
     "build_dataset_info",
     "check_bad_fraction",
+    "content_duplicate_groups",
+    "remove_leftovers",
+    "run_fingerprint",
     "write_atomically",
 ]
 
@@ -34,6 +39,25 @@ class TooManyBadInputsError(RuntimeError):
     """More inputs were unusable than --max_bad_fraction allows."""
 
 
+def run_fingerprint(config: ImageConfig, settings: dict) -> str:
+    """Identifies a run's output-shaping settings: two runs with equal fingerprints write the same
+    dataset from the same inputs, so their files may be reused (--resume) but never mixed otherwise."""
+    text = json.dumps({"config": config.to_json(), "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def content_duplicate_groups(keys_by_sha: Iterable[tuple[str, Iterable[tuple[str, str]]]]) -> list[dict]:
+    """Groups of written examples with identical source bytes, for the report in dataset_info.json."""
+    groups = []
+    for sha256, members in keys_by_sha:
+        members = sorted(members)
+        if len(members) > 1:
+            labels = sorted({label for _, label in members})
+            groups.append({"sha256": sha256, "files": [f for f, _ in members], "labels": labels,
+                           "conflicting_labels": len(labels) > 1})
+    return sorted(groups, key=lambda g: g["files"])
+
+
 def build_dataset_info(
     plan: DatasetPlan,
     results: Iterable[ShardResult],
@@ -41,6 +65,7 @@ def build_dataset_info(
     num_dead_letters: int,
     config: ImageConfig,
     settings: dict,
+    content_duplicates: Sequence[dict] = (),
 ) -> dict:
     """The manifest, as a plain dict: pure, so that its content is testable and deterministic."""
     by_split: dict[str, list[ShardResult]] = {}
@@ -73,6 +98,9 @@ def build_dataset_info(
         "num_inputs": plan.num_inputs,
         "num_dead_letters": num_dead_letters,
         "dead_letters_file": DEAD_LETTERS_FILE,
+        "fingerprint": run_fingerprint(config, settings),
+        # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
+        "content_duplicates": list(content_duplicates),
     }
 
 
@@ -100,24 +128,46 @@ def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
+_LEFTOVER = re.compile(r"^(\.tmp-.+|\.done-.+\.json|.+-\d{5}-of-\d{5}\.tfrecord)$")
+
+
+def remove_leftovers(output_dir: str, *, keep: Iterable[str] = ()) -> list[str]:
+    """Deletes temp files, shard sidecars and shard files not in ``keep`` (stale shards of an
+    interrupted run with another shard count); returns the names deleted."""
+    keep = set(keep)
+    matches = FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list
+    doomed = [m.path for m in matches
+              if _LEFTOVER.match(m.path.rsplit("/", 1)[-1]) and m.path.rsplit("/", 1)[-1] not in keep]
+    if doomed:
+        FileSystems.delete(doomed)
+    return sorted(path.rsplit("/", 1)[-1] for path in doomed)
+
+
 def finalize_outputs(
     results: list[ShardResult],
     plan: DatasetPlan,
     dead_letters: list[DeadLetter],
+    content_duplicates: list[dict],
     *,
     output_dir: str,
     config: ImageConfig,
     settings: dict,
     max_bad_fraction: float,
 ) -> dict:
-    """Writes the dead letters, checks the bad fraction, then writes dataset_info.json last."""
+    """Writes the dead letters, checks the bad fraction, then writes dataset_info.json last.
+
+    When the bad fraction is exceeded, the finished shards and their sidecars stay, so a rerun
+    with --resume (after fixing inputs or raising the threshold) redoes nothing that was good.
+    """
     dead_uri = FileSystems.join(output_dir, DEAD_LETTERS_FILE)
     write_atomically(dead_uri, dead_letters_jsonl(dead_letters))
     check_bad_fraction(
         num_dead=len(dead_letters), num_inputs=plan.num_inputs,
         max_bad_fraction=max_bad_fraction, dead_letters_uri=dead_uri,
     )
-    info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config, settings=settings)
+    info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config,
+                              settings=settings, content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]))
+    remove_leftovers(output_dir, keep=[r.file for r in results])
     text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     write_atomically(FileSystems.join(output_dir, DATASET_INFO), text.encode("utf-8"))
     return info

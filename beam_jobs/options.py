@@ -51,4 +51,15 @@ class ConversionOptions(PipelineOptions):
         group.add_argument("--max_bad_fraction", type=float, default=0.01,
                            help="fail the job when more inputs than this are dead letters (default: %(default)s)")
         group.add_argument("--overwrite", action="store_true", default=False,
-                           help="replace a dataset already in --output_dir")
+                           help="replace whatever dataset is already in --output_dir")
+        group.add_argument("--resume", action="store_true", default=False,
+                           help="continue an interrupted run with the same flags: shards already complete "
+                           "and verified (size and sha256) are kept, the rest are redone")
+        group.add_argument("--dedup", default="path", choices=("path", "content"),
+                           help="path: the same path listed twice is one input; content: also files with "
+                           "identical bytes (the first name is kept; copies with conflicting labels are all "
+                           "dead letters). With path, identical-content copies are kept and reported in "
+                           "dataset_info.json (default: %(default)s)")
+        group.add_argument("--allow_outside_root", action="store_true", default=False,
+                           help="accept manifest entries and symlinks that lead outside the input root "
+                           "(absolute paths elsewhere, other buckets, ..)")

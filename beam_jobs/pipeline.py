@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -14,10 +16,19 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
-from beam_jobs.convert import DEAD_LETTERS, ConvertShardFn
+from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, ConvertShardFn, _read_source
 from beam_jobs.discover import ListManifest, ListTree, normalize_root
-from beam_jobs.manifest import DATASET_INFO, DEAD_LETTERS_FILE, TooManyBadInputsError, finalize_outputs
+from beam_jobs.errors import BadInputError
+from beam_jobs.manifest import (
+    DATASET_INFO,
+    DEAD_LETTERS_FILE,
+    TooManyBadInputsError,
+    content_duplicate_groups,
+    finalize_outputs,
+    run_fingerprint,
+)
 from beam_jobs.options import ConversionOptions
+from beam_jobs.paths import redact
 from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
 from beam_jobs.records import DeadLetter, InputFile
 
@@ -38,6 +49,22 @@ def _make_plan(listing: list, *, from_tree: bool, source: str, **plan_args) -> D
     return plan_dataset(inputs, dead_letters=dead, **plan_args)
 
 
+def _with_content_hash(item, *, max_file_bytes: int):
+    """For --dedup=content: the sha256 of each input's bytes, before planning (unreadable inputs
+    keep None and are dead-lettered by the conversion as usual)."""
+    if not isinstance(item, InputFile):
+        return item
+    try:
+        data = _read_source(item, max_file_bytes)
+    except BadInputError:
+        return item
+    return dataclasses.replace(item, content_sha256=hashlib.sha256(data).hexdigest())
+
+
+def _duplicate_groups(keyed):
+    return content_duplicate_groups([keyed])
+
+
 def _shards_of(plan: DatasetPlan):
     return plan.shards
 
@@ -52,7 +79,8 @@ class ConvertImages(beam.PTransform):
     def __init__(self, *, input_root: str | None, manifest: str | None, output_dir: str,
                  image_config: ImageConfig, split_fractions: dict[str, float] | None,
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
-                 settings: dict) -> None:
+                 settings: dict, dedup: str = "path", resume: bool = False,
+                 allow_outside_root: bool = False) -> None:
         super().__init__()
         self._input_root = input_root
         self._manifest = manifest
@@ -63,14 +91,25 @@ class ConvertImages(beam.PTransform):
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
         self._settings = settings
+        self._dedup = dedup
+        self._resume = resume
+        self._allow_outside_root = allow_outside_root
 
     def expand(self, pipeline):
         config = self._config
         if self._input_root is not None:
-            listing = pipeline | "ListTree" >> ListTree(self._input_root)
+            listing = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root)
         else:
-            listing = pipeline | "ListManifest" >> ListManifest(self._manifest)
+            listing = pipeline | "ListManifest" >> ListManifest(
+                self._manifest, allow_outside_root=self._allow_outside_root)
         # InputFile | DeadLetter
+        if self._dedup == "content":
+            listing = (
+                listing
+                | "SpreadListing" >> beam.Reshuffle()
+                | "HashContent" >> beam.Map(_with_content_hash, max_file_bytes=config.max_file_bytes)
+                # InputFile(..., content_sha256) | DeadLetter
+            )
         plan = (
             listing
             | "GatherListing" >> beam.combiners.ToList()
@@ -84,6 +123,7 @@ class ConvertImages(beam.PTransform):
                     width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
                 ),
                 target_shard_bytes=self._target_shard_bytes,
+                dedup=self._dedup,
             )
         )
         # DatasetPlan (one element: label names, every ShardPlan, listing dead letters)
@@ -92,11 +132,20 @@ class ConvertImages(beam.PTransform):
             | "ShardPlans" >> beam.FlatMap(_shards_of)
             # ShardPlan(split, index, num_shards, inputs)
             | "SpreadShards" >> beam.Reshuffle()
-            | "ConvertShards" >> beam.ParDo(ConvertShardFn(config, self._output_dir)).with_outputs(
-                DEAD_LETTERS, main="shards"
-            )
+            | "ConvertShards" >> beam.ParDo(ConvertShardFn(
+                config, self._output_dir, run_fingerprint=run_fingerprint(config, self._settings),
+                resume=self._resume,
+            )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
-        # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter
+        # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
+        # content_keys: (sha256 of source bytes, (filename, label))
+        duplicates = (
+            converted[CONTENT_KEYS]
+            | "GroupByContent" >> beam.GroupByKey()
+            # (sha256, [(filename, label), ...])
+            | "DuplicateGroups" >> beam.FlatMap(_duplicate_groups)
+            # {"sha256", "files", "labels", "conflicting_labels"} for groups of two or more
+        )
         dead_letters = (
             plan | "PlanDeadLetters" >> beam.FlatMap(_dead_letters_of),
             converted[DEAD_LETTERS],
@@ -108,6 +157,7 @@ class ConvertImages(beam.PTransform):
                 finalize_outputs,
                 plan=beam.pvalue.AsSingleton(plan),
                 dead_letters=beam.pvalue.AsList(dead_letters),
+                content_duplicates=beam.pvalue.AsList(duplicates),
                 output_dir=self._output_dir,
                 config=config,
                 settings=self._settings,
@@ -140,20 +190,58 @@ def _use_local_runner_by_default(options: PipelineOptions, argv: Sequence[str]) 
         worker.sdk_harness_log_level_overrides = {"beam_jobs": "INFO"}
 
 
-def _prepare_output_dir(output_dir: str, *, overwrite: bool) -> None:
-    """Refuses to mix with an existing dataset unless --overwrite, which removes the old one first."""
-    FileSystems.mkdirs(output_dir) if not FileSystems.exists(output_dir) else None
+def _existing_fingerprints(names: dict[str, str]) -> set[str]:
+    """The run fingerprints recorded by an earlier run's manifest, if any."""
+    found = set()
+    if DATASET_INFO in names:
+        with FileSystems.open(names[DATASET_INFO]) as handle:
+            try:
+                found.add(json.loads(handle.read().decode("utf-8")).get("fingerprint", "unknown"))
+            except ValueError:
+                found.add("unreadable")
+    return found
+
+
+def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str) -> None:
+    """Never mixes two datasets in one folder.
+
+    - --overwrite: everything the job writes is deleted first.
+    - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
+      one; each kept shard is verified later against its sidecar, and stale files are removed.
+    - neither: the folder must hold no dataset files at all.
+    """
+    if not FileSystems.exists(output_dir):
+        FileSystems.mkdirs(output_dir)
     matches = FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in matches}
-    old = sorted(path for name, path in names.items()
-                 if _SHARD_NAME.match(name) or name in (DATASET_INFO, DEAD_LETTERS_FILE))
-    if old and not overwrite:
-        raise ValueError(
-            f"--output_dir {output_dir} already holds a dataset ({len(old)} files, e.g. {old[0]}); "
-            "pass --overwrite to replace it, or choose another folder"
-        )
-    if old:
-        FileSystems.delete(old)
+    ours = sorted(name for name in names
+                  if _SHARD_NAME.match(name) or name in (DATASET_INFO, DEAD_LETTERS_FILE)
+                  or name.startswith((".done-", ".tmp-")))
+    if not ours:
+        return
+    if overwrite:
+        FileSystems.delete([names[name] for name in ours])
+        return
+    if resume:
+        previous = _existing_fingerprints(names)
+        if previous and previous != {fingerprint}:
+            raise ValueError(
+                f"--output_dir {output_dir} holds a dataset made with other settings; --resume only continues "
+                "a run with the same flags. Pass --overwrite to replace it, or choose another folder"
+            )
+        _remove_temp_files(output_dir)
+        return
+    raise ValueError(
+        f"--output_dir {output_dir} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass --resume "
+        "to continue an interrupted run with the same flags, --overwrite to replace it, or choose another folder"
+    )
+
+
+def _remove_temp_files(output_dir: str) -> None:
+    """Deletes temp files of killed writers; shards and their sidecars stay for verification."""
+    matches = FileSystems.match([FileSystems.join(output_dir, ".tmp-*")])[0].metadata_list
+    if matches:
+        FileSystems.delete([m.path for m in matches])
 
 
 def _help_parser() -> argparse.ArgumentParser:
@@ -193,18 +281,22 @@ def run(argv: Sequence[str] | None = None) -> dict:
         max_file_bytes=int(flags.max_file_mb * 2**20),
     )
     split_fractions = parse_splits(flags.splits) if flags.splits else None
+    if flags.overwrite and flags.resume:
+        raise ValueError("give at most one of --overwrite and --resume")
     output_dir = normalize_root(flags.output_dir).rstrip("/")
-    _prepare_output_dir(output_dir, overwrite=flags.overwrite)
-    _use_local_runner_by_default(options, argv)
     settings = {"splits": split_fractions, "num_shards": flags.num_shards or None,
-                "target_shard_mb": flags.target_shard_mb}
+                "target_shard_mb": flags.target_shard_mb, "dedup": flags.dedup}
+    _prepare_output_dir(output_dir, overwrite=flags.overwrite, resume=flags.resume,
+                        fingerprint=run_fingerprint(config, settings))
+    _use_local_runner_by_default(options, argv)
     _LOG.info("converting %s into %s", flags.input or flags.manifest, output_dir)
     with beam.Pipeline(options=options) as pipeline:
         _ = pipeline | "ConvertImages" >> ConvertImages(
             input_root=flags.input, manifest=flags.manifest, output_dir=output_dir,
             image_config=config, split_fractions=split_fractions,
             num_shards=flags.num_shards or None, target_shard_bytes=int(flags.target_shard_mb * 2**20),
-            max_bad_fraction=flags.max_bad_fraction, settings=settings,
+            max_bad_fraction=flags.max_bad_fraction, settings=settings, dedup=flags.dedup,
+            resume=flags.resume, allow_outside_root=flags.allow_outside_root,
         )
     with FileSystems.open(FileSystems.join(output_dir, DATASET_INFO)) as handle:
         return json.loads(handle.read().decode("utf-8"))
@@ -217,13 +309,22 @@ def _summary(info: dict, output_dir: str) -> str:
             f"(see {info['dead_letters_file']})")
 
 
+_STORAGE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
 def _root_cause(error: BaseException) -> str | None:
-    """Finds our own error's message inside the runner's wrapped exception text."""
-    for name in (TooManyBadInputsError.__name__, "ValueError"):
-        match = re.search(rf"{name}: (.+)", str(error))
-        if match:
-            return match.group(1).strip()
-    return None
+    """Finds our own error's message, or a storage failure, inside a runner's wrapped exception."""
+    text = redact(str(error))
+    match = re.search(rf"{TooManyBadInputsError.__name__}: (.+)", text)
+    if match:
+        return match.group(1).strip()
+    for needle in _STORAGE_ERRORS:
+        if needle in text:
+            where = re.search(rf"{re.escape(needle)}[^\n]*?: '([^']+)'", text)
+            return f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "") + \
+                "; no shard was left under a final name and no dataset_info.json was written"
+    match = re.search(r"ValueError: (.+)", text)
+    return match.group(1).strip() if match else None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -234,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         info = run(argv)
     except ValueError as error:
-        print(f"images-to-tfrecords: error: {error}", file=sys.stderr)
+        print(f"images-to-tfrecords: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as error:  # Runners wrap worker exceptions; surface ours plainly.
         cause = _root_cause(error)

@@ -12,6 +12,7 @@ from beam_jobs.errors import Reason, Stage
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
+    "DEDUP_POLICIES",
     "DEFAULT_TARGET_SHARD_MB",
     "DatasetPlan",
     "ShardPlan",
@@ -141,15 +142,49 @@ def plan_num_shards(num_examples: int, *, example_bytes: int, target_shard_bytes
     return max(1, by_size, by_parallelism)
 
 
-def _drop_duplicates(files: Sequence[InputFile]) -> tuple[list[InputFile], list[DeadLetter]]:
+DEDUP_POLICIES = ("path", "content")
+
+
+def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[InputFile], list[DeadLetter]]:
+    """Applies the --dedup policy; every input dropped becomes a dead letter saying why.
+
+    - Always: the same relative path listed twice is one input; the later rows are dropped.
+    - "content": inputs with identical bytes (content_sha256) are one input, the first filename in
+      sorted order is kept; if their labels disagree, none is kept, since the label is ambiguous.
+    """
+    if dedup not in DEDUP_POLICIES:
+        raise ValueError(f"dedup must be one of {DEDUP_POLICIES} (got {dedup!r})")
     seen: dict[str, InputFile] = {}
     dead = []
     for f in sorted(files):
         if f.filename in seen:
-            dead.append(DeadLetter(f.uri, Stage.LIST, "duplicate_input", f"{f.filename!r} is listed more than once"))
+            dead.append(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT, f"{f.filename!r} is listed more than once"))
         else:
             seen[f.filename] = f
-    return list(seen.values()), dead
+    kept = list(seen.values())
+    if dedup == "content":
+        by_content: dict[str, list[InputFile]] = defaultdict(list)
+        for f in kept:
+            if f.content_sha256 is not None:
+                by_content[f.content_sha256].append(f)
+        dropped = set()
+        for sha256, group in by_content.items():
+            if len(group) < 2:
+                continue
+            labels = sorted({f.label for f in group})
+            names = ", ".join(repr(f.filename) for f in group)
+            if len(labels) > 1:
+                for f in group:
+                    dropped.add(f.filename)
+                    dead.append(DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS,
+                                           f"the same bytes (sha256 {sha256[:16]}...) are labelled {labels!r}: {names}"))
+            else:
+                for f in group[1:]:
+                    dropped.add(f.filename)
+                    dead.append(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_CONTENT,
+                                           f"same bytes as {group[0].filename!r} (kept)"))
+        kept = [f for f in kept if f.filename not in dropped]
+    return kept, dead
 
 
 def plan_dataset(
@@ -160,6 +195,7 @@ def plan_dataset(
     example_bytes: int,
     target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 1024 * 1024,
     dead_letters: Sequence[DeadLetter] = (),
+    dedup: str = "path",
 ) -> DatasetPlan:
     """Plans every shard of every split.
 
@@ -168,7 +204,7 @@ def plan_dataset(
     classes, and the order inside a shard is by hash too. Everything depends on the filenames
     alone, never on listing order, runner or parallelism.
     """
-    files, duplicates = _drop_duplicates(list(files))
+    files, duplicates = _drop_duplicates(list(files), dedup)
     files = assign_splits(files, split_fractions or {DEFAULT_SPLIT: 1.0})
     label_names = tuple(sorted({f.label for f in files if f.label is not None}))
     label_ids = {name: index for index, name in enumerate(label_names)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from beam_jobs.paths import redact
+
 __all__ = ["DeadLetter", "InputFile", "ShardResult"]
 
 
@@ -22,6 +24,7 @@ class InputFile:
     split: str | None = None
     size: int | None = None
     label_id: int = -1
+    content_sha256: str | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -34,7 +37,8 @@ class DeadLetter:
     detail: str = ""
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The dead-letter line, with secrets (signed-URL query strings, passwords) removed."""
+        return {key: redact(value) for key, value in asdict(self).items()}
 
 
 @dataclass(frozen=True, order=True)

@@ -18,11 +18,11 @@ def test_image_extensions_are_matched_case_insensitively(name, expected):
 
 
 def test_csv_manifest_with_relative_and_absolute_uris():
-    text = "uri,label,split\ncats/1.jpg,cat,train\n/abs/dog.png,dog,\n"
+    text = "uri,label,split\ncats/1.jpg,cat,train\n/data/dogs/2.png,dog,\n"
     rows = list(parse_manifest(text, manifest_uri="/data/manifest.csv"))
     assert rows == [
         InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train"),
-        InputFile(filename="/abs/dog.png", uri="/abs/dog.png", label="dog", split=None),
+        InputFile(filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None),
     ]
 
 
