@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from beam_jobs.example import ENCODINGS, FORMAT_NAMES
+from beam_jobs.isolation import ISOLATION_POLICIES
 from beam_jobs.preprocess import RESIZE_MODES
 
 __all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
@@ -22,6 +23,9 @@ class ImageConfig:
       jpeg_quality: 1-100, used when encoding is "jpeg".
       max_pixels: images whose header claims more pixels are refused before decoding.
       max_file_bytes: larger files are refused before they are read.
+      isolation: which decodes run in a child process with a timeout: "none", "risky" (all but
+        JPEG and PNG, the default) or "all".
+      decode_timeout_s: how long an isolated decode may take before its process is killed.
     """
 
     width: int = 224
@@ -32,6 +36,8 @@ class ImageConfig:
     jpeg_quality: int = 95
     max_pixels: int = 100_000_000
     max_file_bytes: int = 64 * 1024 * 1024
+    isolation: str = "risky"
+    decode_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
@@ -46,6 +52,10 @@ class ImageConfig:
             raise ValueError(f"jpeg_quality must be 1..100 (got {self.jpeg_quality!r})")
         if self.max_pixels < 1:
             raise ValueError(f"max_pixels must be positive (got {self.max_pixels!r})")
+        if self.isolation not in ISOLATION_POLICIES:
+            raise ValueError(f"isolation must be one of {ISOLATION_POLICIES} (got {self.isolation!r})")
+        if self.decode_timeout_s <= 0:
+            raise ValueError(f"decode_timeout_s must be positive (got {self.decode_timeout_s!r})")
         if self.max_file_bytes < 1:
             raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
 

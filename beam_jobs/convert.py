@@ -21,6 +21,7 @@ from beam_jobs.config import ImageConfig
 from beam_jobs.decode import decode_image
 from beam_jobs.errors import BadInputError, Reason, Stage
 from beam_jobs.example import ExampleFields, encode_pixels, serialize_example, source_id_for
+from beam_jobs.isolation import IsolatedRunner, needs_isolation
 from beam_jobs.plan import ShardPlan
 from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
@@ -162,6 +163,7 @@ class ConvertShardFn(beam.DoFn):
         self._resume = resume
         self._read_threads = read_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._isolated: IsolatedRunner | None = None
         counter = partial(Metrics.counter, METRICS_NAMESPACE)
         self._images_read = counter("images_read")
         self._images_written = counter("images_written")
@@ -173,10 +175,19 @@ class ConvertShardFn(beam.DoFn):
 
     def setup(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="read-source")
+        self._isolated = IsolatedRunner(timeout_s=self._config.decode_timeout_s)
 
     def teardown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._isolated is not None:
+            self._isolated.close()
+
+    def _convert(self, data: bytes, input_file: InputFile) -> tuple[bytes, list[str], str]:
+        if needs_isolation(data, self._config.isolation):
+            Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
+            return self._isolated(convert_image, data, input_file, self._config)
+        return convert_image(data, input_file, self._config)
 
     def process(self, shard: ShardPlan):
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
@@ -206,7 +217,7 @@ class ConvertShardFn(beam.DoFn):
                     self._images_read.inc()
                     self._bytes_read.inc(len(data))
                     try:
-                        record, events, sha256 = convert_image(data, input_file, self._config)
+                        record, events, sha256 = self._convert(data, input_file)
                     except BadInputError:
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.

@@ -52,10 +52,8 @@ def _open_allowed(data: bytes, *, max_pixels: int) -> Image.Image:
     if not data:
         raise BadInputError(Stage.DECODE, Reason.EMPTY_FILE, "the file is empty")
     try:
-        with warnings.catch_warnings():
-            # The pixel limit is ours (max_pixels); Pillow's own warning would only add noise.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        # The pixel limit is ours (max_pixels); Pillow's DecompressionBombWarning only adds noise.
+        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
     except Image.DecompressionBombError as error:
         raise BadInputError(Stage.DECODE, Reason.TOO_MANY_PIXELS, str(error)) from None
     except Image.UnidentifiedImageError:
@@ -110,6 +108,18 @@ def decode_image(
     Raises BadInputError for anything that cannot become a clean image. Truncated files are never
     padded with grey (Pillow's LOAD_TRUNCATED_IMAGES stays off).
     """
+    with warnings.catch_warnings(record=True) as caught:
+        # Pillow reports corrupt EXIF with a UserWarning (at open or at getexif) rather than an error.
+        warnings.simplefilter("always")
+        decoded = _decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+    if "exif_malformed" not in decoded.events and any(
+        issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught
+    ):
+        decoded.events.append("exif_malformed")
+    return decoded
+
+
+def _decode(data: bytes, *, max_pixels: int, draft_size_for) -> DecodedImage:
     image = _open_allowed(data, max_pixels=max_pixels)
     events: list[str] = []
     source_format = image.format or "UNKNOWN"

@@ -29,6 +29,8 @@ class Reason:
     DECODE_ERROR = "decode_error"
     UNSUPPORTED_MODE = "unsupported_mode"
     UNEXPECTED_ERROR = "unexpected_error"
+    DECODER_TIMEOUT = "decoder_timeout"
+    DECODER_CRASHED = "decoder_crashed"
     BAD_MANIFEST_ROW = "bad_manifest_row"
     OUTSIDE_INPUT_ROOT = "outside_input_root"
     DUPLICATE_INPUT = "duplicate_input"
@@ -45,3 +47,7 @@ class BadInputError(Exception):
         self.stage = stage
         self.reason = reason
         self.detail = detail
+
+    def __reduce__(self):
+        # Crosses process boundaries (isolated decodes, Beam workers) with its fields intact.
+        return type(self), (self.stage, self.reason, self.detail)

@@ -48,6 +48,12 @@ class ConversionOptions(PipelineOptions):
                            help="refuse images whose header claims more pixels (default: %(default)s)")
         group.add_argument("--max_file_mb", type=float, default=_DEFAULTS.max_file_bytes / 2**20,
                            help="refuse larger files without reading them (default: %(default)s)")
+        group.add_argument("--isolation", default=_DEFAULTS.isolation, choices=("none", "risky", "all"),
+                           help="which decodes run in a child process with a timeout, so a hanging or "
+                           "crashing decoder costs one dead letter, not a worker: risky = all but JPEG and "
+                           "PNG (default: %(default)s)")
+        group.add_argument("--decode_timeout_s", type=float, default=_DEFAULTS.decode_timeout_s,
+                           help="time limit of one isolated decode (default: %(default)s)")
         group.add_argument("--max_bad_fraction", type=float, default=0.01,
                            help="fail the job when more inputs than this are dead letters (default: %(default)s)")
         group.add_argument("--overwrite", action="store_true", default=False,

@@ -278,7 +278,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
     config = ImageConfig(
         width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
         encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
-        max_file_bytes=int(flags.max_file_mb * 2**20),
+        max_file_bytes=int(flags.max_file_mb * 2**20), isolation=flags.isolation,
+        decode_timeout_s=flags.decode_timeout_s,
     )
     split_fractions = parse_splits(flags.splits) if flags.splits else None
     if flags.overwrite and flags.resume:
