@@ -34,6 +34,7 @@ __all__ = [
     "convert_image",
     "shard_fingerprint",
     "sidecar_name",
+    "staged_name",
     "temp_shard_name",
 ]
 
@@ -82,9 +83,19 @@ def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def staged_name(file_name: str) -> str:
+    """Where a complete shard waits, hidden, until the whole dataset is committed.
+
+    Final names appear only in the finalize step, after every shard is complete and the bad
+    fraction is known to be acceptable: a killed, failed or refused run never leaves a file under
+    a final shard name, yet --resume can still reuse its finished shards.
+    """
+    return f".staged-{file_name}"
+
+
 def sidecar_name(file_name: str) -> str:
-    """The hidden record of a finished shard, which lets --resume trust it without redoing it."""
-    return f".done-{file_name}.json"
+    """The hidden record of a staged shard, which lets --resume trust it without redoing it."""
+    return f"{staged_name(file_name)}.json"
 
 
 def temp_shard_name(file_name: str) -> str:
@@ -148,11 +159,12 @@ class _HashingWriter:
 
 
 class ConvertShardFn(beam.DoFn):
-    """Converts one ShardPlan into one complete shard file.
+    """Converts one ShardPlan into one complete, staged shard file.
 
-    The shard is written under a temporary hidden name and renamed to its final name only once it
-    is complete, so a killed or retried worker never leaves a partial file under a final name; a
-    retry rewrites the same bytes. Unusable inputs go to the DEAD_LETTERS output.
+    The shard is written under a unique temporary name and renamed to its staged name only once
+    it is complete; the finalize step gives it its final name. A retried or duplicated bundle
+    rewrites the same bytes, and the atomic rename leaves exactly one complete file. Unusable
+    inputs go to the DEAD_LETTERS output.
     """
 
     def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
@@ -191,11 +203,11 @@ class ConvertShardFn(beam.DoFn):
 
     def process(self, shard: ShardPlan):
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
-        final_path = FileSystems.join(self._output_dir, shard.file_name)
+        staged_path = FileSystems.join(self._output_dir, staged_name(shard.file_name))
         sidecar_path = FileSystems.join(self._output_dir, sidecar_name(shard.file_name))
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
         if self._resume:
-            done = _verified_sidecar(final_path, sidecar_path, fingerprint)
+            done = _verified_sidecar(staged_path, sidecar_path, fingerprint)
             if done is not None:
                 self._shards_resumed.inc()
                 _LOG.info("kept %s: complete and verified from an earlier run", shard.file_name)
@@ -243,7 +255,7 @@ class ConvertShardFn(beam.DoFn):
             except Exception:  # The original error (a full disk, say) is the one to report.
                 _LOG.warning("could not remove the temporary file %s", temp_path)
             raise
-        FileSystems.rename([temp_path], [final_path])
+        FileSystems.rename([temp_path], [staged_path])
         done = {
             "fingerprint": fingerprint,
             "file": shard.file_name,
@@ -297,16 +309,16 @@ def _file_sha256(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _verified_sidecar(final_path: str, sidecar_path: str, fingerprint: str) -> dict | None:
-    """The sidecar of a finished shard when the shard on disk is exactly what this run would write."""
+def _verified_sidecar(staged_path: str, sidecar_path: str, fingerprint: str) -> dict | None:
+    """The sidecar of a staged shard when the shard on disk is exactly what this run would write."""
     try:
-        if not (FileSystems.exists(final_path) and FileSystems.exists(sidecar_path)):
+        if not (FileSystems.exists(staged_path) and FileSystems.exists(sidecar_path)):
             return None
         with FileSystems.open(sidecar_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             done = json.loads(handle.read().decode("utf-8"))
         if done.get("fingerprint") != fingerprint:
             return None
-        if _file_sha256(final_path) != (done["bytes"], done["sha256"]):
+        if _file_sha256(staged_path) != (done["bytes"], done["sha256"]):
             return None
         return done
     except (OSError, ValueError, KeyError):

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import posixpath
+import re
 from collections.abc import Iterator
 from functools import partial
 
@@ -34,6 +35,8 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", 
 
 def is_image_filename(path: str) -> bool:
     """True for names with an image extension, in any case ("IMG_1.JPG"); hidden files are never images."""
+    if "://" in path:
+        path = re.split(r"[?#]", path, maxsplit=1)[0]  # A URL's query is not part of its name.
     name = posixpath.basename(path.replace("\\", "/"))
     if name.startswith("."):
         return False

@@ -12,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
 from beam_jobs.config import ImageConfig
+from beam_jobs.convert import staged_name
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.plan import DatasetPlan
 from beam_jobs.records import DeadLetter, ShardResult
@@ -23,6 +24,7 @@ __all__ = [
     "TooManyBadInputsError",
     "build_dataset_info",
     "check_bad_fraction",
+    "commit_shards",
     "content_duplicate_groups",
     "remove_leftovers",
     "run_fingerprint",
@@ -128,7 +130,22 @@ def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
-_LEFTOVER = re.compile(r"^(\.tmp-.+|\.done-.+\.json|.+-\d{5}-of-\d{5}\.tfrecord)$")
+_LEFTOVER = re.compile(r"^(\.tmp-.+|\.staged-.+|.+-\d{5}-of-\d{5}\.tfrecord)$")
+
+
+def commit_shards(output_dir: str, results: Iterable[ShardResult]) -> None:
+    """Gives every staged shard its final name. Idempotent, so a retried finalize is harmless."""
+    sources, destinations = [], []
+    for result in results:
+        staged = FileSystems.join(output_dir, staged_name(result.file))
+        final = FileSystems.join(output_dir, result.file)
+        if FileSystems.exists(staged):
+            sources.append(staged)
+            destinations.append(final)
+        elif not FileSystems.exists(final):
+            raise FileNotFoundError(f"the staged shard {staged} is missing; rerun the job with --resume")
+    if sources:
+        FileSystems.rename(sources, destinations)
 
 
 def remove_leftovers(output_dir: str, *, keep: Iterable[str] = ()) -> list[str]:
@@ -156,8 +173,9 @@ def finalize_outputs(
 ) -> dict:
     """Writes the dead letters, checks the bad fraction, then writes dataset_info.json last.
 
-    When the bad fraction is exceeded, the finished shards and their sidecars stay, so a rerun
-    with --resume (after fixing inputs or raising the threshold) redoes nothing that was good.
+    When the bad fraction is exceeded, no shard gets its final name; the staged shards and their
+    sidecars stay hidden, so a rerun with --resume (after fixing inputs or raising the threshold)
+    redoes nothing that was good.
     """
     dead_uri = FileSystems.join(output_dir, DEAD_LETTERS_FILE)
     write_atomically(dead_uri, dead_letters_jsonl(dead_letters))
@@ -167,6 +185,7 @@ def finalize_outputs(
     )
     info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config,
                               settings=settings, content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]))
+    commit_shards(output_dir, results)
     remove_leftovers(output_dir, keep=[r.file for r in results])
     text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     write_atomically(FileSystems.join(output_dir, DATASET_INFO), text.encode("utf-8"))

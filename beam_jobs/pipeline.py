@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import sys
+import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -207,16 +208,23 @@ def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, finge
 
     - --overwrite: everything the job writes is deleted first.
     - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
-      one; each kept shard is verified later against its sidecar, and stale files are removed.
+      one; each staged shard is verified later against its sidecar, and stale files are removed.
     - neither: the folder must hold no dataset files at all.
     """
-    if not FileSystems.exists(output_dir):
-        FileSystems.mkdirs(output_dir)
+    try:
+        if not FileSystems.exists(output_dir):
+            FileSystems.mkdirs(output_dir)
+        # Fail now, with a clear message, rather than after converting everything.
+        probe = FileSystems.join(output_dir, f".tmp-probe-{uuid.uuid4().hex}")
+        FileSystems.create(probe).close()
+        FileSystems.delete([probe])
+    except Exception as error:
+        raise ValueError(f"cannot write to --output_dir {output_dir}: {error}") from None
     matches = FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in matches}
     ours = sorted(name for name in names
                   if _SHARD_NAME.match(name) or name in (DATASET_INFO, DEAD_LETTERS_FILE)
-                  or name.startswith((".done-", ".tmp-")))
+                  or name.startswith((".staged-", ".tmp-")))
     if not ours:
         return
     if overwrite:
