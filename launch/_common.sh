@@ -1,0 +1,196 @@
+# Shared helpers for the launch/ scripts: logging, the cache, ports, downloads and the worker pool.
+# Sourced, never run. Every function is prefixed `itt_` (images-to-tfrecords).
+
+# The Beam release the job is built with, and the Flink releases its FlinkRunner supports.
+ITT_BEAM_VERSION_DEFAULT="2.77.0"
+ITT_FLINK_VERSION_DEFAULT="1.20.3"
+
+itt_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+itt_die() { itt_log "error: $*"; exit 2; }
+
+# Where downloads (Flink distribution, job server jar) are kept between runs.
+itt_cache_dir() {
+  printf '%s\n' "${IMAGES_TO_TFRECORDS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/images-to-tfrecords}"
+}
+
+# The Python that runs the job and the SDK workers: $PYTHON, else the repo's .venv, else python3.
+itt_python() {
+  if [[ -n "${PYTHON:-}" ]]; then
+    printf '%s\n' "$PYTHON"
+  elif [[ -x "$ITT_REPO_ROOT/.venv/bin/python" ]]; then
+    printf '%s\n' "$ITT_REPO_ROOT/.venv/bin/python"
+  else
+    command -v python3 || itt_die "no python3 on PATH; set PYTHON=/path/to/python"
+  fi
+}
+
+itt_beam_version() {
+  "$(itt_python)" -c 'import apache_beam; print(apache_beam.__version__)' 2>/dev/null \
+    || printf '%s\n' "$ITT_BEAM_VERSION_DEFAULT"
+}
+
+# "1.20.3" -> "1.20"
+itt_flink_minor() { printf '%s\n' "$1" | cut -d. -f1,2; }
+
+# Prints a TCP port that is free on 127.0.0.1 right now.
+itt_free_port() {
+  "$(itt_python)" -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# itt_port_open HOST PORT: true when something accepts connections there.
+itt_port_open() {
+  "$(itt_python)" -c 'import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()
+except OSError:
+    sys.exit(1)' "$1" "$2"
+}
+
+# itt_wait_port HOST PORT TIMEOUT_S [PID]: waits until the port accepts connections; fails early
+# if PID (the process that should open it) dies.
+itt_wait_port() {
+  local host=$1 port=$2 timeout=$3 pid=${4:-} waited=0
+  until itt_port_open "$host" "$port"; do
+    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+      itt_log "process $pid exited before $host:$port opened"
+      return 1
+    fi
+    if (( waited >= timeout )); then
+      itt_log "timed out after ${timeout}s waiting for $host:$port"
+      return 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
+# itt_stop_pid PIDFILE [TIMEOUT_S]: SIGTERM the process group (or process) in PIDFILE, then SIGKILL.
+itt_stop_pid() {
+  local pidfile=$1 timeout=${2:-15} pid waited=0
+  [[ -f "$pidfile" ]] || return 0
+  pid=$(cat "$pidfile")
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null && (( waited < timeout )); do
+      sleep 1
+      waited=$((waited + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$pidfile"
+}
+
+# itt_ensure_flink_dist VERSION: prints FLINK_HOME of a Flink distribution, installing it from
+# PyPI's apache-flink + apache-flink-libraries (files only, --no-deps: their Python dependencies
+# pin an old apache-beam and must never enter the job's environment).
+itt_ensure_flink_dist() {
+  local version=$1 root home tmp
+  root="$(itt_cache_dir)/flink-$version"
+  home="$root/pyflink"
+  if [[ ! -x "$home/bin/jobmanager.sh" || ! -f "$home/lib/flink-dist-$version.jar" ]]; then
+    command -v java >/dev/null || itt_die "Flink needs Java (11 or 17) on PATH"
+    mkdir -p "$(itt_cache_dir)"
+    tmp=$(mktemp -d "$(itt_cache_dir)/.flink-$version.XXXXXX")
+    itt_log "installing Flink $version from PyPI into $root (first run only, ~30 s)"
+    if ! "$(itt_python)" -m pip install --quiet --disable-pip-version-check --no-deps \
+        --target "$tmp" "apache-flink==$version" "apache-flink-libraries==$version" >&2; then
+      rm -rf "$tmp"
+      itt_die "could not install apache-flink==$version from PyPI"
+    fi
+    chmod +x "$tmp"/pyflink/bin/*
+    rm -rf "$root"
+    mv "$tmp" "$root"
+  fi
+  printf '%s\n' "$home"
+}
+
+# itt_ensure_job_server_jar FLINK_MINOR BEAM_VERSION: prints the path of Beam's Flink job server
+# jar, fetched once from Maven Central with `mvn dependency:copy`. $FLINK_JOB_SERVER_JAR, when set,
+# wins (a path, or a URL that Beam downloads itself).
+itt_ensure_job_server_jar() {
+  local minor=$1 beam=$2 artifact jar dir
+  if [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]]; then
+    printf '%s\n' "$FLINK_JOB_SERVER_JAR"
+    return 0
+  fi
+  artifact="beam-runners-flink-$minor-job-server"
+  dir="$(itt_cache_dir)/jars"
+  jar="$dir/$artifact-$beam.jar"
+  if [[ ! -s "$jar" ]]; then
+    command -v mvn >/dev/null || { itt_log "Maven (mvn) is needed to fetch $artifact"; return 1; }
+    mkdir -p "$dir"
+    itt_log "fetching org.apache.beam:$artifact:$beam from Maven Central into $dir"
+    if ! mvn --batch-mode --quiet dependency:copy \
+        "-Dartifact=org.apache.beam:$artifact:$beam:jar" "-DoutputDirectory=$dir" >&2; then
+      itt_log "could not fetch org.apache.beam:$artifact:$beam from Maven Central;" \
+        "download it elsewhere and pass --flink_job_server_jar PATH (or set FLINK_JOB_SERVER_JAR)"
+      return 1
+    fi
+  fi
+  printf '%s\n' "$jar"
+}
+
+# The SDK worker pool for --environment_type=EXTERNAL, bound to one address (Beam's own
+# worker_pool_main binds every interface). Workers are started as `python` from PATH, so the
+# job's interpreter directory goes first on PATH: otherwise workers die with
+# "No module named 'apache_beam'" and the job hangs.
+ITT_WORKER_POOL_PY='
+import logging, os, sys, time
+import grpc
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.runners.worker import worker_pool_main
+from apache_beam.utils import thread_pool_executor
+
+host, port = sys.argv[1], int(sys.argv[2])
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+logging.basicConfig(level=logging.INFO)
+server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
+                     options=[("grpc.http2.max_pings_without_data", 0),
+                              ("grpc.http2.max_ping_strikes", 0)])
+bound = server.add_insecure_port(f"{host}:{port}")
+if not bound:
+    sys.exit(f"worker pool: cannot bind {host}:{port}")
+pool = worker_pool_main.BeamFnExternalWorkerPoolServicer(use_process=True)
+beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(pool, server)
+server.start()
+logging.info("worker pool listening on %s:%d", host, bound)
+try:
+    while True:
+        time.sleep(3600)
+finally:
+    for proc in pool._worker_processes.values():
+        worker_pool_main.kill_process_gracefully(proc)
+'
+
+# itt_start_worker_pool HOST PORT PIDFILE LOGFILE: starts the pool in its own session (so that
+# stopping its process group also stops its SDK workers) and waits until it listens.
+itt_start_worker_pool() {
+  local host=$1 port=$2 pidfile=$3 logfile=$4 py pid
+  py="$(itt_python)"
+  setsid "$py" -c "$ITT_WORKER_POOL_PY" "$host" "$port" >"$logfile" 2>&1 < /dev/null &
+  pid=$!
+  echo "$pid" >"$pidfile"
+  itt_wait_port "$host" "$port" 60 "$pid" || { tail -20 "$logfile" >&2; return 1; }
+}
+
+# itt_start_job_service HOST PORT PIDFILE LOGFILE: Beam's Python portable job service (it runs
+# jobs with the FnApiRunner, handing work to the SDK environment that each job names).
+itt_start_job_service() {
+  local host=$1 port=$2 pidfile=$3 logfile=$4 py pid
+  py="$(itt_python)"
+  PATH="$(dirname "$py"):$PATH" setsid "$py" -m apache_beam.runners.portability.local_job_service_main \
+    --port "$port" >"$logfile" 2>&1 < /dev/null &
+  pid=$!
+  echo "$pid" >"$pidfile"
+  itt_wait_port "$host" "$port" 60 "$pid" || { tail -20 "$logfile" >&2; return 1; }
+}
+
+# Prints its arguments as one shell-quoted command line.
+itt_quote_command() {
+  local out="" arg
+  for arg in "$@"; do out+="$(printf '%q' "$arg") "; done
+  printf '%s\n' "${out% }"
+}

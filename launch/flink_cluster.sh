@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Starts, stops and reports on a real Flink cluster on loopback (JobManager + TaskManager(s) as
+# separate processes) plus a Beam Python SDK worker pool for --environment_type=EXTERNAL.
+set -euo pipefail
+
+ITT_REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=launch/_common.sh
+source "$ITT_REPO_ROOT/launch/_common.sh"
+
+usage() {
+  cat <<EOF
+Usage: launch/flink_cluster.sh start|stop|status|fetch [options]
+
+  start   install Flink (first run), write a loopback config, start a JobManager, the
+          TaskManager(s) and a Beam SDK worker pool; waits until all are ready
+  stop    stop everything that 'start' started in the same --state_dir (safe to repeat)
+  status  print the cluster overview from the REST API and the worker pool's state;
+          exits 1 when the cluster is not up
+  fetch   download the Flink distribution and Beam's Flink job server jar into the cache
+
+Options (defaults in brackets):
+  --flink_version V        Flink release [$ITT_FLINK_VERSION_DEFAULT]; Beam $ITT_BEAM_VERSION_DEFAULT supports 1.19, 1.20, 2.0-2.2
+  --state_dir DIR          config, pid files and logs [\$(cache)/cluster]
+  --rest_port P            JobManager REST / web UI port [8081]
+  --rpc_port P             JobManager RPC port [6123]
+  --worker_pool_port P     SDK worker pool port [50000]; 0 = no worker pool
+  --taskmanagers N         TaskManager processes [1]
+  --slots N                task slots per TaskManager [2]
+  --taskmanager_memory M   process size of each TaskManager [2048m]
+  --restart_attempts N     fixed-delay restart strategy attempts [3]
+  --restart_delay D        delay between restarts [2 s]
+  --heartbeat_timeout_ms T how fast a lost TaskManager is noticed [15000]
+  --timeout S              seconds to wait for each service [90]
+  -h, --help               this help
+
+Everything binds 127.0.0.1. The web UI is http://127.0.0.1:<rest_port>.
+Cache: \${IMAGES_TO_TFRECORDS_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/images-to-tfrecords}
+Python for the worker pool: \$PYTHON, else .venv/bin/python, else python3.
+EOF
+}
+
+command=${1:-}
+[[ -n "$command" ]] || { usage >&2; exit 2; }
+shift
+case "$command" in
+  -h|--help) usage; exit 0 ;;
+  start|stop|status|fetch) ;;
+  *) itt_die "unknown command '$command' (expected start, stop, status or fetch)" ;;
+esac
+
+flink_version=$ITT_FLINK_VERSION_DEFAULT
+state_dir="$(itt_cache_dir)/cluster"
+rest_port=8081
+rpc_port=6123
+worker_pool_port=50000
+taskmanagers=1
+slots=2
+tm_memory=2048m
+restart_attempts=3
+restart_delay="2 s"
+heartbeat_timeout_ms=15000
+timeout=90
+while (($#)); do
+  case "$1" in
+    --flink_version) flink_version=$2; shift 2 ;;
+    --state_dir) state_dir=$2; shift 2 ;;
+    --rest_port) rest_port=$2; shift 2 ;;
+    --rpc_port) rpc_port=$2; shift 2 ;;
+    --worker_pool_port) worker_pool_port=$2; shift 2 ;;
+    --taskmanagers) taskmanagers=$2; shift 2 ;;
+    --slots) slots=$2; shift 2 ;;
+    --taskmanager_memory) tm_memory=$2; shift 2 ;;
+    --restart_attempts) restart_attempts=$2; shift 2 ;;
+    --restart_delay) restart_delay=$2; shift 2 ;;
+    --heartbeat_timeout_ms) heartbeat_timeout_ms=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) itt_die "unknown option '$1' (see --help)" ;;
+  esac
+done
+for n in "$rest_port" "$rpc_port" "$worker_pool_port" "$taskmanagers" "$slots" "$timeout"; do
+  [[ "$n" =~ ^[0-9]+$ ]] || itt_die "expected a number (got '$n')"
+done
+
+host=127.0.0.1
+conf_dir="$state_dir/conf"
+log_dir="$state_dir/log"
+pid_dir="$state_dir/pid"
+pool_pidfile="$pid_dir/worker-pool.pid"
+
+flink_env() {
+  # Flink's daemon scripts keep their pid files in FLINK_PID_DIR: one per state dir, so several
+  # clusters (tests) can run side by side.
+  export FLINK_HOME FLINK_CONF_DIR="$conf_dir" FLINK_LOG_DIR="$log_dir" FLINK_PID_DIR="$pid_dir"
+}
+
+write_config() {
+  local java_opts
+  mkdir -p "$conf_dir" "$log_dir" "$pid_dir"
+  cp "$FLINK_HOME"/conf/log4j*.properties "$FLINK_HOME"/conf/logback*.xml "$conf_dir/"
+  # Java 17 needs the distribution's --add-opens flags; keep them verbatim.
+  java_opts=$(sed -n 's/^ *all: *//p' "$FLINK_HOME/conf/config.yaml" | head -1)
+  cat >"$conf_dir/config.yaml" <<EOF
+# Written by launch/flink_cluster.sh: a loopback cluster.
+env.java.opts.all: "$java_opts"
+jobmanager.bind-host: $host
+jobmanager.rpc.address: $host
+jobmanager.rpc.port: $rpc_port
+jobmanager.memory.process.size: 1024m
+jobmanager.execution.failover-strategy: region
+taskmanager.bind-host: $host
+taskmanager.host: $host
+taskmanager.numberOfTaskSlots: $slots
+taskmanager.memory.process.size: $tm_memory
+parallelism.default: 1
+rest.address: $host
+rest.bind-address: $host
+rest.port: $rest_port
+blob.server.port: 0
+taskmanager.rpc.port: 0
+taskmanager.data.port: 0
+restart-strategy.type: fixed-delay
+restart-strategy.fixed-delay.attempts: $restart_attempts
+restart-strategy.fixed-delay.delay: $restart_delay
+heartbeat.timeout: $heartbeat_timeout_ms
+heartbeat.interval: 2000
+io.tmp.dirs: $state_dir/tmp
+EOF
+  mkdir -p "$state_dir/tmp"
+  printf '%s\n' "$FLINK_HOME" >"$state_dir/flink_home"
+  printf '%s\n' "$worker_pool_port" >"$state_dir/worker_pool_port"
+  printf '%s:%s\n' "$host" "$rest_port" >"$conf_dir/masters"
+  printf '%s\n' "$host" >"$conf_dir/workers"
+}
+
+rest_get() {
+  "$(itt_python)" -c 'import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://$host:$rest_port$1"
+}
+
+wait_taskmanagers() {
+  local waited=0 n
+  while :; do
+    n=$(rest_get /overview 2>/dev/null | "$(itt_python)" -c 'import json, sys
+print(json.load(sys.stdin)["taskmanagers"])' 2>/dev/null || echo 0)
+    (( n >= taskmanagers )) && return 0
+    (( waited >= timeout )) && { itt_log "only $n of $taskmanagers TaskManagers registered after ${timeout}s"; return 1; }
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
+do_stop() {
+  FLINK_HOME="$(itt_cache_dir)/flink-$flink_version/pyflink"
+  [[ -f "$state_dir/flink_home" ]] && FLINK_HOME=$(cat "$state_dir/flink_home")
+  if [[ -x "$FLINK_HOME/bin/taskmanager.sh" && -d "$conf_dir" ]]; then
+    flink_env
+    # In parallel: each waits for its daemons to exit (SIGTERM, then SIGKILL after a grace period).
+    "$FLINK_HOME/bin/taskmanager.sh" stop-all >/dev/null 2>&1 &
+    "$FLINK_HOME/bin/jobmanager.sh" stop-all >/dev/null 2>&1 &
+  fi
+  itt_stop_pid "$pool_pidfile" 15
+  wait || true
+  # Flink's stop sends SIGTERM and returns; make sure nothing outlives 'stop'.
+  local f pid waited=0
+  for f in "$pid_dir"/*.pid; do
+    [[ -f "$f" ]] || continue
+    while read -r pid; do
+      [[ -n "$pid" ]] || continue
+      while kill -0 "$pid" 2>/dev/null && (( waited < 20 )); do sleep 1; waited=$((waited + 1)); done
+      kill -KILL "$pid" 2>/dev/null || true
+    done <"$f"
+    rm -f "$f"
+  done
+  itt_log "stopped (state dir $state_dir)"
+}
+
+case "$command" in
+  fetch)
+    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version")
+    itt_log "Flink $flink_version: $FLINK_HOME"
+    jar=$(itt_ensure_job_server_jar "$(itt_flink_minor "$flink_version")" "$(itt_beam_version)") \
+      || exit 1
+    itt_log "job server jar: $jar"
+    ;;
+  start)
+    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version")
+    if itt_port_open "$host" "$rest_port"; then
+      itt_die "port $rest_port is in use: a cluster is already running (stop it first)"
+    fi
+    write_config
+    flink_env
+    trap 'itt_log "start failed; stopping what was started"; do_stop' ERR
+    "$FLINK_HOME/bin/jobmanager.sh" start >/dev/null
+    itt_wait_port "$host" "$rest_port" "$timeout"
+    for ((i = 0; i < taskmanagers; i++)); do
+      "$FLINK_HOME/bin/taskmanager.sh" start >/dev/null
+    done
+    wait_taskmanagers
+    if (( worker_pool_port != 0 )); then
+      itt_start_worker_pool "$host" "$worker_pool_port" "$pool_pidfile" "$log_dir/worker-pool.log"
+    fi
+    trap - ERR
+    itt_log "Flink $flink_version up: web UI http://$host:$rest_port, flink_master $host:$rest_port," \
+      "$taskmanagers TaskManager(s) x $slots slots" \
+      "$( (( worker_pool_port != 0 )) && echo ", worker pool $host:$worker_pool_port")"
+    ;;
+  stop)
+    do_stop
+    ;;
+  status)
+    if ! overview=$(rest_get /overview 2>/dev/null); then
+      echo "Flink: not reachable at http://$host:$rest_port"
+      exit 1
+    fi
+    echo "Flink at http://$host:$rest_port: $overview"
+    if [[ -f "$pool_pidfile" ]] && kill -0 "$(cat "$pool_pidfile")" 2>/dev/null; then
+      echo "worker pool: running (pid $(cat "$pool_pidfile"), port $(cat "$state_dir/worker_pool_port" 2>/dev/null || echo "$worker_pool_port"))"
+    else
+      echo "worker pool: not running"
+    fi
+    ;;
+esac

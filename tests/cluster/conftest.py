@@ -1,0 +1,181 @@
+"""Fixtures for the cluster tests: test data, a local-runner reference output, and loopback services
+(a Flink cluster with an SDK worker pool) that are always stopped, even when a test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+LAUNCH = REPO_ROOT / "launch"
+FLINK_VERSION = "1.20.3"
+# The test tree has 7 broken files among 43 inputs: far above the job's default bad-input limit.
+JOB_FLAGS = ["--image_size", "224", "--num_shards", "4", "--max_bad_fraction", "0.5"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: starts real services (Flink, job service, worker pool)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def job_env() -> dict[str, str]:
+    """The environment for scripts and jobs: this interpreter first on PATH (SDK workers and the
+    job server start `python` from PATH), and the cache shared across runs."""
+    env = dict(os.environ)
+    env["PYTHON"] = sys.executable
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_script(args: list[str], *, timeout: float, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Runs a launch/ script or a job with a hard timeout, capturing its output for the report."""
+    proc = subprocess.run(
+        args, env=job_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **kwargs
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{args[0]} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def rest_get(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return json.loads(response.read().decode())
+
+
+def output_files(folder: pathlib.Path) -> dict[str, bytes]:
+    """{file name: bytes} of everything a conversion wrote (no temp files may be left)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def assert_same_output(actual: pathlib.Path, expected: pathlib.Path) -> None:
+    got, want = output_files(actual), output_files(expected)
+    assert sorted(got) == sorted(want), f"files differ: {sorted(got)} vs {sorted(want)}"
+    for name in want:
+        if name == "dead_letters.jsonl":
+            # Same dead-letter set; line order is not part of the contract.
+            assert sorted(got[name].splitlines()) == sorted(want[name].splitlines())
+        else:
+            assert got[name] == want[name], f"{name} differs from the local runner's"
+
+
+@pytest.fixture(scope="session")
+def photo_tree(tmp_path_factory) -> pathlib.Path:
+    """36 real photos (9 classes) plus 7 broken files and 2 files that must be ignored."""
+    from tests.photos import make_test_tree
+
+    root = tmp_path_factory.mktemp("cluster-photos") / "images"
+    make_test_tree(root, num_images=36)
+    return root
+
+
+@pytest.fixture(scope="session")
+def local_output(photo_tree, tmp_path_factory) -> pathlib.Path:
+    """The reference: the same conversion on the default local runner (no --runner)."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    run_script([sys.executable, "-m", "beam_jobs", "--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
+               timeout=300)
+    return out
+
+
+class FlinkCluster:
+    """A loopback cluster started with launch/flink_cluster.sh in its own state dir."""
+
+    def __init__(self, state_dir: pathlib.Path, *, taskmanagers: int = 1, slots: int = 2) -> None:
+        self.state_dir = state_dir
+        self.rest_port = free_port()
+        self.rpc_port = free_port()
+        self.worker_pool_port = free_port()
+        self.taskmanagers = taskmanagers
+        self.slots = slots
+
+    @property
+    def flink_master(self) -> str:
+        return f"127.0.0.1:{self.rest_port}"
+
+    @property
+    def worker_pool(self) -> str:
+        return f"127.0.0.1:{self.worker_pool_port}"
+
+    def _args(self, command: str) -> list[str]:
+        return [str(LAUNCH / "flink_cluster.sh"), command, "--state_dir", str(self.state_dir),
+                "--rest_port", str(self.rest_port), "--rpc_port", str(self.rpc_port),
+                "--worker_pool_port", str(self.worker_pool_port), "--flink_version", FLINK_VERSION,
+                "--taskmanagers", str(self.taskmanagers), "--slots", str(self.slots),
+                "--taskmanager_memory", "1536m", "--timeout", "120"]
+
+    def start(self) -> None:
+        run_script(self._args("start"), timeout=600)  # the first run installs Flink from PyPI
+
+    def stop(self) -> None:
+        run_script(self._args("stop"), timeout=120, check=False)
+
+    def taskmanager_pids(self) -> list[int]:
+        pids = []
+        for pidfile in (self.state_dir / "pid").glob("*taskexecutor.pid"):
+            pids += [int(line) for line in pidfile.read_text().split() if line.strip()]
+        return pids
+
+    def jobs(self) -> list[dict]:
+        return rest_get(self.rest_port, "/jobs/overview")["jobs"]
+
+
+@pytest.fixture(scope="session")
+def flink_cluster(tmp_path_factory):
+    cluster = FlinkCluster(tmp_path_factory.mktemp("flink"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def flink_job_server_jar() -> str:
+    """Beam's Flink job server jar, fetched once into the cache by the launch scripts."""
+    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "fetch", "--flink_version", FLINK_VERSION],
+                      timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.fail(
+            "Beam's Flink job server jar could not be fetched from Maven Central, so FlinkRunner "
+            "cannot run here (set FLINK_JOB_SERVER_JAR to a local copy): "
+            + proc.stderr.strip().splitlines()[-1][-400:]
+        )
+    for line in proc.stderr.splitlines():
+        if "job server jar: " in line:
+            return line.split("job server jar: ", 1)[1].strip()
+    raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 1.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
