@@ -1,0 +1,113 @@
+"""Tests of the manifest loader, the step helpers and ReadConfig validation."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+import tensorflow as tf
+
+import tfdata_readers
+from tfdata_readers.config import ReadConfig
+
+
+def test_load_manifest_reads_format(jpeg_dir: pathlib.Path) -> None:
+    info = tfdata_readers.load_manifest(jpeg_dir)
+    assert (info.image.height, info.image.width, info.image.channels, info.image.format) == (32, 32, 3, "JPEG")
+    train = info.split("train")
+    assert train.num_examples == 50
+    assert [pathlib.Path(s.path).name for s in train.shards] == [
+        f"train-{i:05d}-of-00004.tfrecord" for i in range(4)
+    ]
+    assert sum(s.num_examples for s in train.shards) == 50
+
+
+@pytest.mark.parametrize(
+    "split, batch, drop, expected",
+    [("train", 8, True, 6), ("train", 8, False, 7), ("train", 50, True, 1), ("validation", 5, False, 3),
+     ("validation", 13, True, 1), ("validation", 14, True, 0)],
+)
+def test_steps_per_epoch(jpeg_dir: pathlib.Path, split: str, batch: int, drop: bool, expected: int) -> None:
+    assert tfdata_readers.steps_per_epoch(jpeg_dir, split, batch, drop_remainder=drop) == expected
+
+
+def test_num_examples(jpeg_dir: pathlib.Path) -> None:
+    assert tfdata_readers.num_examples(jpeg_dir, "train") == 50
+    assert tfdata_readers.num_examples(jpeg_dir, "validation") == 13
+
+
+def test_unknown_split_names_the_choices(jpeg_dir: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match=r"'test'.*\['train', 'validation'\]"):
+        tfdata_readers.num_examples(jpeg_dir, "test")
+
+
+def _copy_with_manifest(src: pathlib.Path, dst: pathlib.Path, edit) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "dataset_info.json").read_text())
+    edit(manifest)
+    (dst / "dataset_info.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_newer_schema_is_refused(jpeg_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    d = _copy_with_manifest(jpeg_dir, tmp_path / "d", lambda m: m.update(schema_version=2))
+    with pytest.raises(ValueError, match="schema_version 2"):
+        tfdata_readers.load_manifest(d)
+
+
+def test_inconsistent_counts_are_refused(jpeg_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    d = _copy_with_manifest(jpeg_dir, tmp_path / "d", lambda m: m["splits"]["train"].update(num_examples=51))
+    with pytest.raises(ValueError, match="num_examples is 51 but its shards hold 50"):
+        tfdata_readers.load_manifest(d)
+
+
+def test_missing_manifest_names_the_path(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError, match="dataset_info.json"):
+        tfdata_readers.load_manifest(tmp_path)
+
+
+def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    d = _copy_with_manifest(
+        jpeg_dir, tmp_path / "d", lambda m: m["features"].update({"image/class/label": {"dtype": "string"}})
+    )
+    with pytest.raises(ValueError, match="image/class/label"):
+        tfdata_readers.make_dataset(d, "train", 4)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cycle_length", 0, "cycle_length"),
+        ("cycle_length", tf.data.AUTOTUNE, "cycle_length"),
+        ("block_length", 0, "block_length"),
+        ("shuffle_buffer_size", -5, r"shuffle_buffer_size.*-5"),
+        ("num_parallel_calls", 0, "num_parallel_calls"),
+        ("num_parallel_reads", "8", "num_parallel_reads"),
+        ("prefetch", -2, "prefetch"),
+        ("decode_placement", "gpu", "'gpu'"),
+        ("image_size", (0, 10), "image_size"),
+        ("scale", -1.0, "scale"),
+        ("crop_area_range", (0.0, 1.0), "crop_area_range"),
+        ("crop_area_range", (0.5, 0.2), "crop_area_range"),
+        ("crop_aspect_ratio_range", (2.0, 1.0), "crop_aspect_ratio_range"),
+        ("num_epochs", 0, "num_epochs"),
+        ("drop_remainder", "yes", "drop_remainder"),
+    ],
+)
+def test_config_rejects_bad_values(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ReadConfig(**{field: value})
+
+
+def test_config_defaults_are_valid_and_frozen() -> None:
+    config = ReadConfig()
+    assert config.num_parallel_reads == tf.data.AUTOTUNE and config.deterministic is False
+    with pytest.raises(AttributeError):
+        config.block_length = 4  # type: ignore[misc]
+
+
+def test_unknown_option_is_named(jpeg_dir: pathlib.Path) -> None:
+    with pytest.raises(TypeError, match="shuffle_bufer"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, shuffle_bufer=10)

@@ -1,0 +1,39 @@
+"""End to end: real photos -> conversion CLI -> shards -> launch/train_mirrored.py on 2 replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_train_mirrored_two_replicas_on_real_photos(tmp_path: pathlib.Path) -> None:
+    from beam_jobs.sample_data import make_photo_tree  # writes the photo tree only, no pipeline
+
+    make_photo_tree(tmp_path / "photos", num_images=72, size=(500, 375), seed=3)
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": ""}
+    convert = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", "--input", str(tmp_path / "photos"), "--output_dir",
+         str(tmp_path / "shards"), "--image_size", "64", "--encoding", "jpeg", "--num_shards", "4"],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert convert.returncode == 0, convert.stderr[-4000:]
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
+         "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2",
+         "--history_json", str(tmp_path / "history.json")],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["num_replicas"] == [2]
+    assert history["steps_per_epoch"] == [72 // 16]  # from the manifest
+    assert len(history["loss"]) == 2 and all(0 < v < 100 for v in history["loss"])
+    assert "training on 2 replica(s)" in train.stdout

@@ -1,0 +1,38 @@
+"""`distribute`: the reader under a tf.distribute strategy, one input pipeline per worker."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import tensorflow as tf
+
+from tfdata_readers.pipeline import make_dataset
+
+__all__ = ["distribute"]
+
+
+def distribute(
+    strategy: tf.distribute.Strategy,
+    data_dir: str | os.PathLike[str],
+    split: str,
+    global_batch_size: int,
+    **options: Any,
+) -> tf.distribute.DistributedDataset:
+    """`make_dataset` per input pipeline via `distribute_datasets_from_function`.
+
+    The InputContext picks each pipeline's files (or elements) and the per-replica batch size, so
+    every example is read by exactly one replica per epoch. `options` are `make_dataset`'s
+    keyword options (training, seed, with_metadata, config, ReadConfig fields).
+    """
+    if global_batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(
+            f"global_batch_size {global_batch_size} is not divisible by the "
+            f"{strategy.num_replicas_in_sync} replicas in sync"
+        )
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        return make_dataset(data_dir, split, batch_size, input_context=input_context, **options)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

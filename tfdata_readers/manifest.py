@@ -1,0 +1,155 @@
+"""Reads and validates `dataset_info.json`, the manifest the conversion job writes (docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "MANIFEST_NAME",
+    "SCHEMA_VERSION",
+    "DatasetInfo",
+    "ImageInfo",
+    "ShardInfo",
+    "SplitInfo",
+    "load_manifest",
+    "num_examples",
+    "steps_per_epoch",
+]
+
+MANIFEST_NAME = "dataset_info.json"
+# The newest manifest schema this reader understands; newer manifests are refused.
+SCHEMA_VERSION = 1
+IMAGE_FORMATS = ("JPEG", "PNG", "RAW")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard file of a split: `path` is absolute (or a gs:// URI), the rest is as the manifest says."""
+
+    path: str
+    num_examples: int
+    bytes: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """A split's example count and its shards, in manifest order."""
+
+    name: str
+    num_examples: int
+    shards: tuple[ShardInfo, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInfo:
+    """Size and encoding shared by every image of the dataset."""
+
+    height: int
+    width: int
+    channels: int
+    format: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """The parsed manifest. `raw` keeps the JSON as read, for fields this reader does not model."""
+
+    data_dir: str
+    label_names: tuple[str, ...]
+    num_classes: int
+    image: ImageInfo
+    features: dict[str, dict[str, Any]]
+    splits: dict[str, SplitInfo]
+    raw: dict[str, Any]
+
+    def split(self, name: str) -> SplitInfo:
+        if name not in self.splits:
+            raise ValueError(
+                f"split {name!r} is not in {os.path.join(self.data_dir, MANIFEST_NAME)}; "
+                f"expected one of {sorted(self.splits)}"
+            )
+        return self.splits[name]
+
+
+def _require(mapping: dict[str, Any], key: str, where: str) -> Any:
+    if key not in mapping:
+        raise ValueError(f"{where}: missing required field {key!r}")
+    return mapping[key]
+
+
+def load_manifest(data_dir: str | os.PathLike[str]) -> DatasetInfo:
+    """Reads `data_dir/dataset_info.json` (local path or gs://) and checks its structure."""
+    data_dir = os.fspath(data_dir)
+    path = os.path.join(data_dir, MANIFEST_NAME)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"no manifest at {path}; was the conversion job run into {data_dir!r}?")
+    with tf.io.gfile.GFile(path, "r") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+    version = _require(raw, "schema_version", path)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ValueError(
+            f"{path} has schema_version {version!r}; this reader knows versions up to {SCHEMA_VERSION}"
+        )
+    image = _require(raw, "image", path)
+    image_info = ImageInfo(
+        height=int(_require(image, "height", f"{path} image")),
+        width=int(_require(image, "width", f"{path} image")),
+        channels=int(_require(image, "channels", f"{path} image")),
+        format=str(_require(image, "format", f"{path} image")).upper(),
+    )
+    if image_info.format not in IMAGE_FORMATS:
+        raise ValueError(f"{path}: image format {image_info.format!r}; expected one of {IMAGE_FORMATS}")
+    if image_info.channels not in (1, 3):
+        raise ValueError(f"{path}: image channels {image_info.channels!r}; expected 1 or 3")
+    splits = {}
+    for name, split in _require(raw, "splits", path).items():
+        where = f"{path} split {name!r}"
+        shards = tuple(
+            ShardInfo(
+                path=os.path.join(data_dir, _require(s, "file", where)),
+                num_examples=int(_require(s, "num_examples", where)),
+                bytes=int(_require(s, "bytes", where)),
+                sha256=str(_require(s, "sha256", where)),
+            )
+            for s in _require(split, "shards", where)
+        )
+        total = int(_require(split, "num_examples", where))
+        if total != sum(s.num_examples for s in shards):
+            raise ValueError(
+                f"{where}: num_examples is {total} but its shards hold {sum(s.num_examples for s in shards)}"
+            )
+        splits[name] = SplitInfo(name=name, num_examples=total, shards=shards)
+    return DatasetInfo(
+        data_dir=data_dir,
+        label_names=tuple(_require(raw, "label_names", path)),
+        num_classes=int(_require(raw, "num_classes", path)),
+        image=image_info,
+        features=dict(raw.get("features", {})),
+        splits=splits,
+        raw=raw,
+    )
+
+
+def num_examples(data_dir: str | os.PathLike[str], split: str) -> int:
+    """The number of examples of `split`, from the manifest."""
+    return load_manifest(data_dir).split(split).num_examples
+
+
+def steps_per_epoch(
+    data_dir: str | os.PathLike[str], split: str, global_batch_size: int, *, drop_remainder: bool = True
+) -> int:
+    """Batches per epoch of `split` at `global_batch_size`: floor with `drop_remainder`, else ceil."""
+    if global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be >= 1 (got {global_batch_size!r})")
+    n = num_examples(data_dir, split)
+    return n // global_batch_size if drop_remainder else math.ceil(n / global_batch_size)

@@ -1,0 +1,10 @@
+"""CLI: `python -m tfdata_readers.verify DATA_DIR [--split S]`; exits 1 if a shard mismatches its manifest."""
+
+from __future__ import annotations
+
+import sys
+
+from tfdata_readers.verification import main
+
+if __name__ == "__main__":
+    sys.exit(main())
