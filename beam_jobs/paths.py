@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -24,6 +25,12 @@ def redact(text: str) -> str:
     """
     text = _URL_SECRETS.sub(lambda m: f"{m.group(1)}{m.group(2)}?<redacted>", text)
     return _URL_USERINFO.sub(r"\1<redacted>@", text)
+
+
+@functools.lru_cache(maxsize=64)
+def _real_path(root: str) -> str:
+    # The root is the same for every input of a job; resolving it once saves a stat per component.
+    return os.path.realpath(root)
 
 
 def _outside(uri: str, root: str, why: str) -> BadInputError:
@@ -68,7 +75,7 @@ def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> 
         return full, full
     relative = full[len(root):]
     if root_scheme is None and not allow_outside:
-        real_root = os.path.realpath(root)
+        real_root = _real_path(root)
         real = os.path.realpath(full)
         if not (real == real_root or real.startswith(real_root.rstrip("/") + "/")):
             raise _outside(uri, root, "a symlink that leads out of it")
