@@ -12,7 +12,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -f "$stamp" ]; then
   echo "installing images-to-tfrecords and its dependencies into $venv (first run takes a few minutes)" >&2
-  "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+  "$venv/bin/python" -m pip install --quiet --upgrade pip setuptools wheel >&2
   "$venv/bin/python" -m pip install --quiet -e "$repo[test]" >&2
   rm -f "$venv"/.installed-*
   touch "$stamp"

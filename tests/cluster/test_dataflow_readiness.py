@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def sdist(tmp_path_factory) -> pathlib.Path:
     dist = tmp_path_factory.mktemp("dist")
     run_script([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)], timeout=300)
-    (archive,) = dist.glob("images_to_tfrecords-*.tar.gz")
+    (archive,) = dist.glob("images[-_]to[-_]tfrecords-*.tar.gz")  # setuptools < 69 keeps the dashes
     return archive
 
 
