@@ -50,9 +50,11 @@ class ReadConfig:
       scale: factor applied to the float32 pixels; 1/255 gives [0, 1]. None keeps [0, 255].
       crop_area_range: fraction of the image area the training random-resized crop keeps.
       crop_aspect_ratio_range: width/height range of the training random-resized crop.
-      skip_corrupt: when False (default), a corrupt or truncated shard fails with an error naming it.
-        When True, reading that shard stops at the corrupt record, the records lost are counted per
-        shard (see `skipped_records()`) and logged to stderr, and the epoch goes on.
+      skip_corrupt: when False (default), a corrupt or truncated shard fails with an error naming it
+        and the byte offset of its first unreadable record. When True, reading that shard stops at
+        the corrupt record, the records lost are counted per shard (see `skipped_records()`) and
+        logged to stderr, and the epoch goes on. A record that is readable but does not match the
+        format (a missing key, a wrong type) always fails, naming the shard, record and key.
     """
 
     cycle_length: int | None = None

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
+from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import ShardInfo, SplitInfo
+from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, SplitInfo
 
-__all__ = ["ShardError", "PipelineFiles", "check_shards", "files_for_pipeline"]
+__all__ = [
+    "SHARD_NAME",
+    "ShardError",
+    "PipelineFiles",
+    "check_no_unlisted_shards",
+    "check_shards",
+    "files_for_pipeline",
+    "unlisted_shards",
+]
 
 logger = logging.getLogger(__name__)
 
 
 class ShardError(IOError):
-    """A shard file is missing, has the wrong size, or does not match its manifest entry."""
+    """A shard file is missing, has the wrong size, or is in the data dir but not in the manifest."""
 
 
 def check_shards(shards: tuple[ShardInfo, ...]) -> None:
@@ -26,6 +37,39 @@ def check_shards(shards: tuple[ShardInfo, ...]) -> None:
         size = tf.io.gfile.stat(shard.path).length
         if size != shard.bytes:
             raise ShardError(f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}")
+
+
+# A final shard name (docs/FORMAT.md); the writer's hidden staged and temp names start with ".".
+SHARD_NAME = re.compile(r"^(?P<split>[^.].*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
+
+
+def unlisted_shards(info: DatasetInfo, splits: Iterable[str] | None = None) -> list[str]:
+    """Paths of files in the data dir named like a shard of `splits` (None: any split) that the manifest
+    does not list: a stale shard of an earlier run, or one copied in by hand.
+
+    The reader never reads them (its file list comes only from the manifest); listing the folder
+    is only for this check, so that such a disagreement fails loudly instead of being ignored.
+    """
+    wanted = None if splits is None else set(splits)
+    listed = {os.path.basename(s.path) for split in info.splits.values() for s in split.shards}
+    unlisted = []
+    for name in sorted(tf.io.gfile.listdir(info.data_dir)):
+        name = name.rstrip("/")
+        match = SHARD_NAME.match(name)
+        if match and name not in listed and (wanted is None or match["split"] in wanted):
+            unlisted.append(os.path.join(info.data_dir, name))
+    return unlisted
+
+
+def check_no_unlisted_shards(info: DatasetInfo, split: str) -> None:
+    """Fails naming every file that looks like a shard of `split` but is not in the manifest."""
+    unlisted = unlisted_shards(info, [split])
+    if unlisted:
+        raise ShardError(
+            f"{', '.join(unlisted)} look(s) like shard(s) of split {split!r} but "
+            f"{os.path.join(info.data_dir, MANIFEST_NAME)} does not list them; remove them or rerun "
+            f"the conversion job into a clean directory"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

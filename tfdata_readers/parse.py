@@ -1,14 +1,23 @@
-"""The feature spec of the on-disk format and a vectorised parse of a batch of serialized Examples."""
+"""The feature spec of the on-disk format, checked against the manifest, and parsing of serialized Examples."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
+from google.protobuf import message
 
-__all__ = ["FEATURE_DTYPES", "METADATA_KEYS", "feature_spec", "parse_batch"]
+__all__ = [
+    "FEATURE_DTYPES",
+    "METADATA_KEYS",
+    "check_declared_features",
+    "feature_spec",
+    "parse_batch",
+    "record_problem",
+]
 
-# Keys and dtypes from docs/FORMAT.md; the manifest's `features` may restate them.
+# Keys and dtypes from docs/FORMAT.md; the manifest's `features` restates them.
 FEATURE_DTYPES: dict[str, tf.DType] = {
     "image/encoded": tf.string,
     "image/format": tf.string,
@@ -22,6 +31,9 @@ FEATURE_DTYPES: dict[str, tf.DType] = {
     "image/source_id": tf.string,
 }
 _MANIFEST_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+_DTYPE_NAMES = {dtype: name for name, dtype in _MANIFEST_DTYPES.items()}
+# The tf.train.Feature list that holds each dtype.
+_KINDS = {tf.string: "bytes_list", tf.int64: "int64_list", tf.float32: "float_list"}
 # Output name -> feature key, for `with_metadata=True`.
 METADATA_KEYS: dict[str, str] = {
     "filename": "image/filename",
@@ -31,21 +43,74 @@ METADATA_KEYS: dict[str, str] = {
 }
 
 
-def feature_spec(keys: list[str], declared: dict[str, dict[str, Any]] | None = None) -> dict[str, tf.io.FixedLenFeature]:
-    """FixedLenFeature([]) for each key; a dtype the manifest declares must agree with the format."""
-    spec = {}
+def check_declared_features(keys: list[str], declared: Mapping[str, Any] | None) -> list[str]:
+    """Every disagreement between the manifest's `features` and the format, for `keys`; [] if none.
+
+    An empty or absent `features` declares nothing, and the format's dtypes apply (the records
+    are still checked against them as they are read). Once the manifest declares features, each
+    of `keys` must be declared, as a scalar of the format's dtype: nothing is converted.
+    """
+    if not declared:
+        return []
+    problems = []
     for key in keys:
-        dtype = FEATURE_DTYPES[key]
-        if declared and key in declared and "dtype" in declared[key]:
-            named = declared[key]["dtype"]
-            if _MANIFEST_DTYPES.get(named) != dtype:
-                raise ValueError(
-                    f"manifest declares feature {key!r} as {named!r}; this reader expects {dtype.name}"
-                )
-        spec[key] = tf.io.FixedLenFeature([], dtype)
-    return spec
+        expected = _DTYPE_NAMES[FEATURE_DTYPES[key]]
+        entry = declared.get(key)
+        if not isinstance(entry, Mapping):
+            problems.append(
+                f"does not declare feature {key!r}, which this reader needs as {expected!r}; "
+                f"it declares {sorted(declared)}"
+            )
+        elif entry.get("dtype") != expected:
+            problems.append(
+                f"declares feature {key!r} as dtype {entry.get('dtype')!r}; this reader expects "
+                f"{expected!r} and converts nothing"
+            )
+        elif entry.get("shape", []) != []:
+            problems.append(f"declares feature {key!r} with shape {entry['shape']!r}; expected [] (a scalar)")
+    return problems
 
 
-def parse_batch(serialized: tf.Tensor, spec: dict[str, tf.io.FixedLenFeature]) -> dict[str, tf.Tensor]:
-    """Parses a [B] string tensor of Examples in one op (much cheaper than B single parses)."""
-    return tf.io.parse_example(serialized, spec)
+def feature_spec(
+    keys: list[str], declared: Mapping[str, Any] | None = None, *, where: str = "the manifest"
+) -> dict[str, tf.io.FixedLenFeature]:
+    """FixedLenFeature([]) for each key; fails naming the key and dtypes if the manifest disagrees."""
+    problems = check_declared_features(keys, declared)
+    if problems:
+        raise ValueError(f"{where} " + "; it ".join(problems))
+    return {key: tf.io.FixedLenFeature([], FEATURE_DTYPES[key]) for key in keys}
+
+
+def parse_batch(
+    serialized: tf.Tensor, spec: dict[str, tf.io.FixedLenFeature], *, names: tf.Tensor | None = None
+) -> dict[str, tf.Tensor]:
+    """Parses a [B] string tensor of Examples in one op (much cheaper than B single parses).
+
+    `names` ([B] strings) only label the records in TensorFlow's parse errors, which otherwise
+    say "Name: <unknown>"; a missing key or a wrong type is an error, never converted.
+    """
+    return tf.io.parse_example(serialized, spec, example_names=names)
+
+
+def record_problem(record: bytes, spec: Mapping[str, tf.io.FixedLenFeature]) -> str:
+    """Why one serialized record does not parse with `spec` ("" if it does), in plain Python.
+
+    `verify` uses it to say which key of which record is wrong without running a pipeline.
+    """
+    try:
+        example = tf.train.Example.FromString(record)
+    except message.DecodeError as e:
+        return f"is not a serialized tf.train.Example ({e})"
+    features = example.features.feature
+    for key, wanted in spec.items():
+        expected = _DTYPE_NAMES[wanted.dtype]
+        if key not in features:
+            return f"lacks feature {key} ({expected})"
+        kind = features[key].WhichOneof("kind")
+        if kind != _KINDS[wanted.dtype]:
+            held = {v: _DTYPE_NAMES[k] for k, v in _KINDS.items()}.get(kind, "nothing")
+            return f"has feature {key} as {held}; expected {expected}"
+        values = len(getattr(features[key], kind).value)
+        if values != 1:
+            return f"has {values} values in feature {key}; expected 1 {expected}"
+    return ""

@@ -10,8 +10,8 @@ import tensorflow as tf
 from tfdata_readers import augment
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.decode import to_float
-from tfdata_readers.files import check_shards, files_for_pipeline
-from tfdata_readers.manifest import ImageInfo, load_manifest
+from tfdata_readers.files import check_no_unlisted_shards, check_shards, files_for_pipeline
+from tfdata_readers.manifest import MANIFEST_NAME, ImageInfo, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
 from tfdata_readers.records import read_shard
 
@@ -63,8 +63,13 @@ def make_dataset(
     split_info = info.split(split)
     if not split_info.shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    keys = ["image/encoded", "image/class/label"]
+    if with_metadata:
+        keys += list(METADATA_KEYS.values())
+    # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
+    spec = feature_spec(keys, info.features, where=os.path.join(data_dir, MANIFEST_NAME))
+    check_no_unlisted_shards(info, split)
     files = files_for_pipeline(split_info, input_context)
-    # Fail at start-up, naming the shard, rather than in the middle of an epoch.
     check_shards(files.shards)
 
     image = info.image
@@ -74,11 +79,6 @@ def make_dataset(
     # Per-pipeline seeds, so that workers do not draw the same crops; None stays random.
     local_seed = None if seed is None else seed + 7919 * pipeline_id
     placement = _placement(config, image, training)
-
-    keys = ["image/encoded", "image/class/label"]
-    if with_metadata:
-        keys += list(METADATA_KEYS.values())
-    spec = feature_spec(keys, info.features)
 
     # (path, num_examples) per shard file this pipeline reads.
     file_ds = tf.data.Dataset.from_tensor_slices(
@@ -100,23 +100,26 @@ def make_dataset(
         block_length=config.block_length,
         num_parallel_calls=config.num_parallel_reads,
         deterministic=read_deterministic,
-    )  # serialized
+    )  # (serialized, name)
     if files.shard_elements is not None:
         records = records.shard(*files.shard_elements)
     if config.cache:
         records = records.cache()
     if training:
         records = records.shuffle(config.shuffle_buffer_size, seed=local_seed, reshuffle_each_iteration=True)
-    batches = records.batch(batch_size, drop_remainder=drop_remainder)  # [B] serialized
+    batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
     if training:
         # One [2] seed per batch, new every epoch, reproducible from `seed`.
         batch_seeds = tf.data.Dataset.random(seed=local_seed, rerandomize_each_iteration=True).batch(2)
-        batches = tf.data.Dataset.zip(batches, batch_seeds)  # ([B], [2])
+        batches = tf.data.Dataset.zip(batches, batch_seeds)  # (([B], [B]), [2])
     else:
-        batches = batches.map(lambda r: (r, tf.zeros([2], tf.int64)))  # unused seed keeps one signature
+        # An unused seed keeps one signature.
+        batches = batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64)))
 
-    def to_features(serialized: tf.Tensor, batch_seed: tf.Tensor) -> dict[str, tf.Tensor]:
-        features = parse_batch(serialized, spec)
+    def to_features(batch: tuple[tf.Tensor, tf.Tensor], batch_seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        serialized, names = batch
+        # The names make a parse error (a missing key, a wrong type) name the shard, record and offset.
+        features = parse_batch(serialized, spec, names=names)
         features["seed"] = augment.element_seeds(batch_seed, tf.shape(serialized)[0])
         return features
 
@@ -142,7 +145,7 @@ def make_dataset(
     if placement == "batch":
         # (image [B,H,W,C], label [B], {metadata})
         dataset = batches.map(
-            lambda serialized, seed: (lambda f: finish(f, images(f, True)))(to_features(serialized, seed)), **parallel
+            lambda batch, seed: (lambda f: finish(f, images(f, True)))(to_features(batch, seed)), **parallel
         )
     else:
         parsed = batches.map(to_features, **parallel).unbatch()  # {key: scalar}

@@ -1,4 +1,4 @@
-"""Reads the serialized records of a shard, failing (or counting the loss) when a shard is corrupt."""
+"""Reads a shard's serialized records, named for parse errors; a bad record fails naming the shard and its byte offset."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["read_shard", "skipped_records", "reset_skipped_records"]
+__all__ = [
+    "RECORD_OVERHEAD",
+    "read_shard",
+    "reset_skipped_records",
+    "skipped_records",
+    "tensorflow_read_error",
+]
+
+# Bytes a TFRecord adds around each record's data: 8-byte length, 4-byte CRC of it, 4-byte CRC of the data.
+RECORD_OVERHEAD = 16
 
 _skipped: collections.Counter[str] = collections.Counter()
 _skipped_lock = threading.Lock()
@@ -33,48 +42,87 @@ def _count_skipped(path: bytes, lost: np.int64) -> np.int64:
     return lost
 
 
-# Records per check: the count check runs once per chunk, not once per record.
+def tensorflow_read_error(path: str) -> str:
+    """TensorFlow's own message for the first unreadable record of `path`, "" if it reads to the end.
+
+    It re-reads the file, so it is only called once a read has already gone wrong. For a bad CRC
+    TensorFlow says "corrupted record at N", where N is the offset of the part (length or data)
+    whose checksum failed.
+    """
+    try:
+        for _ in tf.compat.v1.io.tf_record_iterator(path):
+            pass
+    except tf.errors.OpError as e:
+        return e.message
+    return ""
+
+
+def _read_error_note(path: bytes) -> bytes:
+    reason = tensorflow_read_error(path.decode())
+    return (f"TensorFlow: {reason}" if reason else "TensorFlow reads it without error: the shard ends early").encode()
+
+
+# Records per check: the checks run once per chunk, not once per record.
 _CHECK_CHUNK = 32
 
 
 def read_shard(
     path: tf.Tensor, expected: tf.Tensor, *, buffer_size: int, skip_corrupt: bool
 ) -> tf.data.Dataset:
-    """Serialized records of one shard, checked against the manifest's count for that shard.
+    """(serialized record, name) pairs of one shard, checked against the manifest's count for it.
 
     TensorFlow's own DataLossError does not say which file is corrupt. So the shard is read with
     `ignore_errors()` (which ends the file at the first bad record) in chunks, an empty chunk marks
-    the end, and a running count is checked there: a short shard either fails with an error naming
-    it or, with `skip_corrupt`, has its loss counted and logged. Chunking keeps the check's cost
-    per record small; `unbatch` hands on single records again.
+    the end, and a running count and byte offset (each record is its data plus RECORD_OVERHEAD
+    bytes) are checked there. A short shard fails with an error naming it, the byte offset of its
+    first unreadable record and TensorFlow's own reason; with `skip_corrupt` its loss is counted
+    and logged instead. Chunking keeps the check's cost per record small; `unbatch` hands on
+    single records again.
+
+    Each record's name, "shard PATH record I at byte offset O", is for `tf.io.parse_example`'s
+    `example_names`: TensorFlow's own parse errors (a missing key, a wrong type) then name the
+    shard and the record instead of "<unknown>".
     """
     records = tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()
     chunks = records.batch(_CHECK_CHUNK).concatenate(
         tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # end marker: the only empty chunk
     )
+    name_prefix = tf.strings.join(["shard ", path, " record "])
 
-    def check(count: tf.Tensor, chunk: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def check(
+        state: tuple[tf.Tensor, tf.Tensor], chunk: tf.Tensor
+    ) -> tuple[tuple[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+        count, offset = state  # records read so far, and the byte offset where the next one starts
         size = tf.shape(chunk, out_type=tf.int64)[0]
+        record_bytes = tf.cast(tf.strings.length(chunk), tf.int64) + RECORD_OVERHEAD
+        starts = offset + tf.math.cumsum(record_bytes, exclusive=True)
+        names = tf.strings.join([
+            name_prefix, tf.strings.as_string(count + tf.range(size)), " at byte offset ", tf.strings.as_string(starts),
+        ])
         short = tf.logical_and(tf.equal(size, 0), count < expected)
 
         def on_short() -> tf.Tensor:
             lost = expected - count
+            reason = tf.numpy_function(_read_error_note, [path], tf.string)
             if skip_corrupt:
                 tf.print(
                     "tfdata_readers: WARNING: skipped", lost, "corrupt or unreadable record(s) at the end of shard",
-                    path, output_stream=sys.stderr,
+                    path, "from byte offset", offset, "(", reason, ")", output_stream=sys.stderr,
                 )
-                return tf.numpy_function(_count_skipped, [path, lost], tf.int64, stateful=True)
-            failed = tf.debugging.Assert(
-                False,
-                ["corrupt or truncated shard", path, "- read", count, "of", expected, "records the manifest lists"],
-                summarize=1,
-            )
+                return tf.numpy_function(_count_skipped, [path, lost], tf.int64)
+            message = tf.strings.join([
+                "corrupt or truncated shard ", path, ": first unreadable record at byte offset ",
+                tf.strings.as_string(offset), " (record ", tf.strings.as_string(count), ") - read ",
+                tf.strings.as_string(count), " of ", tf.strings.as_string(expected),
+                " records the manifest lists; ", reason,
+            ])
+            failed = tf.debugging.Assert(False, [message], summarize=1)
             with tf.control_dependencies([failed]):
                 return tf.identity(lost)
 
         checked = tf.cond(short, on_short, lambda: tf.constant(0, tf.int64))
         with tf.control_dependencies([checked]):
-            return count + size, tf.identity(chunk)
+            return (count + size, offset + tf.reduce_sum(record_bytes)), (tf.identity(chunk), names)
 
-    return chunks.scan(tf.constant(0, tf.int64), check).unbatch()
+    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    return chunks.scan(initial, check).unbatch()  # (serialized, name)

@@ -1,4 +1,4 @@
-"""Checks shards against the manifest: existence, bytes, sha256 and record counts."""
+"""Checks a dataset against its manifest: declared features, unlisted shards, and each shard's bytes, sha256 and records."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import dataclasses
 import hashlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import ShardInfo, load_manifest
+from tfdata_readers.files import unlisted_shards
+from tfdata_readers.manifest import MANIFEST_NAME, ShardInfo, load_manifest
+from tfdata_readers.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
+from tfdata_readers.records import RECORD_OVERHEAD
 
 __all__ = ["ShardProblem", "verify", "main"]
 
@@ -20,7 +23,7 @@ _CHUNK = 8 << 20
 
 @dataclasses.dataclass(frozen=True)
 class ShardProblem:
-    """One mismatch between a shard file and its manifest entry."""
+    """One mismatch between a file of the dataset (a shard, or the manifest itself) and the manifest."""
 
     path: str
     problem: str
@@ -37,11 +40,25 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _count_records(path: str) -> int:
-    return int(tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+def _read_records(path: str, spec: Mapping[str, tf.io.FixedLenFeature]) -> tuple[int, list[str]]:
+    """(records read, problems): the first unreadable record and the first that `spec` cannot parse,
+    each with its index and byte offset."""
+    count = offset = 0
+    problems: list[str] = []
+    try:
+        for tensor in tf.data.TFRecordDataset(path, buffer_size=_CHUNK):
+            record = tensor.numpy()
+            if not problems and (problem := record_problem(record, spec)):
+                problems.append(f"record {count} at byte offset {offset} {problem}")
+            count += 1
+            offset += len(record) + RECORD_OVERHEAD
+    except tf.errors.OpError as e:
+        problems.insert(0, f"unreadable records from record {count} at byte offset {offset}: {e.message}")
+        return -1, problems
+    return count, problems
 
 
-def _check_shard(shard: ShardInfo) -> list[ShardProblem]:
+def _check_shard(shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature]) -> list[ShardProblem]:
     if not tf.io.gfile.exists(shard.path):
         return [ShardProblem(shard.path, "missing")]
     problems = []
@@ -51,39 +68,51 @@ def _check_shard(shard: ShardInfo) -> list[ShardProblem]:
     sha = _sha256(shard.path)
     if sha != shard.sha256:
         problems.append(ShardProblem(shard.path, f"sha256 {sha}, manifest says {shard.sha256}"))
-    try:
-        count = _count_records(shard.path)
-    except tf.errors.OpError as e:
-        problems.append(ShardProblem(shard.path, f"unreadable records: {e.message}"))
-    else:
-        if count != shard.num_examples:
-            problems.append(ShardProblem(shard.path, f"{count} records, manifest says {shard.num_examples}"))
+    count, record_problems = _read_records(shard.path, spec)
+    problems.extend(ShardProblem(shard.path, p) for p in record_problems)
+    # A shard cut at a record boundary reads without error: only the manifest's count shows the loss.
+    if count >= 0 and count != shard.num_examples:
+        problems.append(ShardProblem(shard.path, f"{count} records, manifest says {shard.num_examples}"))
     return problems
 
 
 def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None) -> list[ShardProblem]:
-    """Every problem found in the shards of `splits` (all splits by default); empty means all good."""
+    """Every problem found in the shards of `splits` (all splits by default); empty means all good.
+
+    Besides each listed shard, it reports features the manifest declares differently from the
+    format, and files named like a shard of these splits (of any split, by default) that the
+    manifest does not list. A manifest it cannot read, or one of a newer schema_version, raises.
+    """
     info = load_manifest(data_dir)
+    manifest_path = os.path.join(info.data_dir, MANIFEST_NAME)
     names = list(splits) if splits else sorted(info.splits)
-    problems = []
+    keys = list(FEATURE_DTYPES)
+    problems = [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
+    spec = feature_spec(keys)
+    for path in unlisted_shards(info, splits or None):
+        problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
     for name in names:
         for shard in info.split(name).shards:
-            problems.extend(_check_shard(shard))
+            problems.extend(_check_shard(shard, spec))
     return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tfdata_readers.verify",
-        description="Check a converted dataset's shards against its dataset_info.json.",
+        description="Check a converted dataset's shards against its dataset_info.json. Exits 1 on any problem.",
     )
     parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
     parser.add_argument("--split", action="append", help="split to check (repeatable); default: all")
     args = parser.parse_args(argv)
-    problems = verify(args.data_dir, args.split)
+    try:
+        problems = verify(args.data_dir, args.split)
+        info = load_manifest(args.data_dir)
+    except (OSError, ValueError) as e:  # no manifest, bad JSON, newer schema_version, unknown split
+        print(f"ERROR {e}", file=sys.stderr)
+        return 1
     for problem in problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
-    info = load_manifest(args.data_dir)
     names = args.split or sorted(info.splits)
     total = sum(len(info.split(n).shards) for n in names)
     print(f"checked {total} shard(s) of split(s) {', '.join(names)}: {len(problems)} problem(s)")

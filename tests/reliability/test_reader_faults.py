@@ -1,0 +1,286 @@
+"""Reader faults: flipped bytes, shards cut at a record boundary, missing or unknown shards, newer or wrong schemas."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+_READERS = pathlib.Path(__file__).resolve().parents[1] / "readers"
+if str(_READERS) not in sys.path:
+    sys.path.insert(0, str(_READERS))
+
+import reader_fixtures  # noqa: E402
+import shard_faults  # noqa: E402
+import tfdata_readers  # noqa: E402
+from tfdata_readers import verification  # noqa: E402
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+_ENV = {**os.environ, "PYTHONPATH": str(_REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+SHARD = "train-00001-of-00003.tfrecord"  # 8 of the 24 training examples
+
+
+@pytest.fixture(scope="module")
+def clean_dir(tmp_path_factory) -> pathlib.Path:
+    """train: 24 examples in 3 shards of 8; validation: 7 examples in 1 shard."""
+    return reader_fixtures.write_dataset(
+        tmp_path_factory.mktemp("faults") / "data", splits={"train": (24, 3), "validation": (7, 1)},
+        image_size=(16, 16), seed=21,
+    )
+
+
+@pytest.fixture
+def data_dir(clean_dir: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(shutil.copytree(clean_dir, tmp_path / "data"))
+
+
+def _keys(dataset: tf.data.Dataset) -> list[str]:
+    return [k.decode() for _, _, meta in dataset for k in meta["key"].numpy()]
+
+
+def _verify_cli(data_dir: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(data_dir), *args],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+    )
+
+
+def _tf_reads_without_error(path: pathlib.Path) -> int:
+    """Records TensorFlow's own reader returns; raises if it reports an error."""
+    return sum(1 for _ in tf.data.TFRecordDataset(str(path)))
+
+
+# One flipped byte in a record's length or data.
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("part", ["length", "data"])
+def test_flipped_byte_fails_naming_shard_and_offset(data_dir: pathlib.Path, part: str, training: bool) -> None:
+    offset = shard_faults.flip_record_byte(data_dir / SHARD, 3, part)
+    # TensorFlow reports the offset of the part whose CRC failed: the record's, or its data's.
+    tf_offset = offset if part == "length" else offset + shard_faults.HEADER_BYTES
+    ds = tfdata_readers.make_dataset(data_dir, "train", 4, training=training, seed=0, with_metadata=True)
+    with pytest.raises(tf.errors.InvalidArgumentError) as failure:
+        _keys(ds)
+    message = failure.value.message
+    assert re.search(
+        rf"corrupt or truncated shard \S*/{re.escape(SHARD)}: first unreadable record at byte offset {offset} "
+        rf"\(record 3\) - read 3 of 8 records the manifest lists; TensorFlow: corrupted record at {tf_offset}",
+        message,
+    ), message
+
+
+@pytest.mark.parametrize("part", ["length", "data"])
+def test_skip_corrupt_reports_the_records_lost(data_dir: pathlib.Path, part: str, capfd) -> None:
+    expected = reader_fixtures.expected_keys(data_dir, "train")
+    lost_keys = set(reader_fixtures.expected_keys(data_dir, "train")[8 + 3:16])  # records 3-7 of shard 1
+    offset = shard_faults.flip_record_byte(data_dir / SHARD, 3, part)
+    tfdata_readers.reset_skipped_records()
+    keys = _keys(tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, skip_corrupt=True))
+    assert sorted(keys) == sorted(k for k in expected if k not in lost_keys)
+    assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 5}
+    err = capfd.readouterr().err
+    assert "skipped 5 corrupt or unreadable record(s)" in err and f"from byte offset {offset}" in err, err
+
+
+# A shard cut exactly at a record boundary reads "cleanly" in TensorFlow.
+
+def _cut_at_boundary(data_dir: pathlib.Path, keep: int) -> int:
+    """Cuts SHARD after `keep` records; returns the new size."""
+    size = shard_faults.record_offsets(data_dir / SHARD)[keep][0]
+    shard_faults.truncate(data_dir / SHARD, size)
+    assert _tf_reads_without_error(data_dir / SHARD) == keep  # the premise: no error from TensorFlow
+    return size
+
+
+def test_cut_at_record_boundary_fails_at_start_up(data_dir: pathlib.Path) -> None:
+    full = (data_dir / SHARD).stat().st_size
+    size = _cut_at_boundary(data_dir, 5)
+    for training in (False, True):
+        with pytest.raises(tfdata_readers.ShardError, match=rf"{re.escape(SHARD)} has {size} bytes; the manifest says {full}"):
+            tfdata_readers.make_dataset(data_dir, "train", 4, training=training, seed=0)
+
+
+@pytest.mark.slow
+def test_cut_at_record_boundary_is_reported_by_verify(data_dir: pathlib.Path) -> None:
+    full = (data_dir / SHARD).stat().st_size
+    size = _cut_at_boundary(data_dir, 5)
+    problems = sorted(str(p) for p in tfdata_readers.verify(data_dir))
+    path = str(data_dir / SHARD)
+    assert len(problems) == 3, problems
+    assert f"{path}: {size} bytes, manifest says {full}" in problems
+    assert f"{path}: 5 records, manifest says 8" in problems
+    assert any(p.startswith(f"{path}: sha256 ") for p in problems)
+    cli = _verify_cli(data_dir, "--split", "train")
+    assert cli.returncode == 1
+    assert f"MISMATCH {path}: 5 records, manifest says 8" in cli.stderr
+    assert "checked 3 shard(s) of split(s) train: 3 problem(s)" in cli.stdout
+
+
+def test_cut_at_record_boundary_with_a_matching_size_fails_on_the_count(data_dir: pathlib.Path) -> None:
+    """Even when the manifest's bytes and sha256 agree with the cut file, its count catches the cut."""
+    size = _cut_at_boundary(data_dir, 5)
+    shard_faults.refresh_shard_entry(data_dir, SHARD)
+    ds = tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True)  # start-up passes now
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"{re.escape(SHARD)}: first unreadable record at byte offset {size} \(record 5\) - read 5 of 8 "
+              rf"records the manifest lists; TensorFlow reads it without error",
+    ):
+        _keys(ds)
+    assert [str(p) for p in tfdata_readers.verify(data_dir)] == [f"{data_dir / SHARD}: 5 records, manifest says 8"]
+
+
+# Missing shard, unknown extra shard, newer schema_version: start-up errors naming the file or version.
+
+def _remove_shard(data_dir: pathlib.Path) -> str:
+    (data_dir / SHARD).unlink()
+    return rf"{re.escape(SHARD)} is listed in the manifest but does not exist"
+
+
+def _add_unknown_shard(data_dir: pathlib.Path) -> str:
+    shutil.copy(data_dir / "train-00000-of-00003.tfrecord", data_dir / "train-00003-of-00003.tfrecord")
+    return r"train-00003-of-00003\.tfrecord look\(s\) like shard\(s\) of split 'train' but .*dataset_info\.json does not list"
+
+
+def _add_stale_shard(data_dir: pathlib.Path) -> str:
+    shutil.copy(data_dir / SHARD, data_dir / "train-00004-of-00006.tfrecord")  # from an earlier run with 6 shards
+    return r"train-00004-of-00006\.tfrecord look\(s\) like shard\(s\) of split 'train'"
+
+
+def _newer_schema(data_dir: pathlib.Path) -> str:
+    shard_faults.edit_manifest(data_dir, lambda m: m.update(schema_version=2))
+    return r"dataset_info\.json has schema_version 2; this reader knows versions up to 1"
+
+
+@pytest.mark.parametrize(
+    "fault, error, cli_line",
+    [
+        (_remove_shard, tfdata_readers.ShardError, rf"MISMATCH \S*{re.escape(SHARD)}: missing"),
+        (_add_unknown_shard, tfdata_readers.ShardError,
+         r"MISMATCH \S*train-00003-of-00003\.tfrecord: named like a shard but not listed in dataset_info\.json"),
+        (_add_stale_shard, tfdata_readers.ShardError,
+         r"MISMATCH \S*train-00004-of-00006\.tfrecord: named like a shard but not listed"),
+        (_newer_schema, ValueError, r"ERROR \S*dataset_info\.json has schema_version 2"),
+    ],
+    ids=["missing", "unknown", "stale", "newer-schema"],
+)
+def test_start_up_fault_names_the_file(data_dir: pathlib.Path, fault, error: type, cli_line: str, capsys) -> None:
+    pattern = fault(data_dir)
+    for training in (False, True):
+        with pytest.raises(error, match=pattern):
+            tfdata_readers.make_dataset(data_dir, "train", 4, training=training, seed=0)
+    # The CLI's main() in-process; test_cut_at_record_boundary_is_reported_by_verify runs the real command.
+    assert verification.main([str(data_dir)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(cli_line, err), err
+
+
+def test_only_final_shard_names_of_the_split_are_checked(data_dir: pathlib.Path) -> None:
+    """The writer's hidden staged and temp files are not shards; another split's stray file only fails verify."""
+    shutil.copy(data_dir / SHARD, data_dir / f".staged-{SHARD}")
+    shutil.copy(data_dir / SHARD, data_dir / f".tmp-0123abcd-{SHARD}")
+    assert len(_keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))) == 24
+    assert tfdata_readers.verify(data_dir) == []
+    shutil.copy(data_dir / SHARD, data_dir / "test-00000-of-00001.tfrecord")
+    assert len(_keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))) == 24
+    assert [str(p) for p in tfdata_readers.verify(data_dir)] == [
+        f"{data_dir / 'test-00000-of-00001.tfrecord'}: named like a shard but not listed in dataset_info.json"
+    ]
+    assert tfdata_readers.verify(data_dir, ["train"]) == []
+
+
+# Schema mismatches: in the manifest (at start-up), and in a record (while reading).
+
+@pytest.mark.parametrize(
+    "key, declared, with_metadata, pattern",
+    [
+        ("image/class/label", None, False,
+         r"does not declare feature 'image/class/label', which this reader needs as 'int64'"),
+        ("image/class/label", {"dtype": "string", "shape": []}, False,
+         r"declares feature 'image/class/label' as dtype 'string'; this reader expects 'int64'"),
+        ("image/encoded", {"dtype": "int64", "shape": []}, False,
+         r"declares feature 'image/encoded' as dtype 'int64'; this reader expects 'string'"),
+        ("image/key/sha256", {"dtype": "float32", "shape": []}, True,
+         r"declares feature 'image/key/sha256' as dtype 'float32'; this reader expects 'string'"),
+        ("image/class/label", {"dtype": "int64", "shape": [2]}, False,
+         r"declares feature 'image/class/label' with shape \[2\]; expected \[\]"),
+    ],
+    ids=["label-missing", "label-as-string", "encoded-as-int64", "key-as-float32", "label-shape"],
+)
+def test_manifest_schema_mismatch_fails_at_start_up(
+    data_dir: pathlib.Path, key: str, declared: dict | None, with_metadata: bool, pattern: str
+) -> None:
+    def edit(manifest: dict) -> None:
+        if declared is None:
+            del manifest["features"][key]
+        else:
+            manifest["features"][key] = declared
+
+    shard_faults.edit_manifest(data_dir, edit)
+    with pytest.raises(ValueError, match=rf"dataset_info\.json {pattern}"):
+        tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=with_metadata)
+    problems = [str(p) for p in tfdata_readers.verify(data_dir)]
+    assert len(problems) == 1 and re.search(rf"dataset_info\.json: {pattern}", problems[0]), problems
+
+
+def _drop_label(example: tf.train.Example) -> None:
+    del example.features.feature["image/class/label"]
+
+
+def _label_as_bytes(example: tf.train.Example) -> None:
+    example.features.feature["image/class/label"].bytes_list.value[:] = [b"3"]
+
+
+def _encoded_as_int(example: tf.train.Example) -> None:
+    example.features.feature["image/encoded"].int64_list.value[:] = [7]
+
+
+def _two_labels(example: tf.train.Example) -> None:
+    example.features.feature["image/class/label"].int64_list.value.append(1)
+
+
+@pytest.mark.parametrize(
+    "edit, tf_error, problem",
+    [
+        (_drop_label, r"Feature: image/class/label \(data type: int64\) is required but could not be found",
+         "lacks feature image/class/label (int64)"),
+        (_label_as_bytes, r"Key: image/class/label, Index: \d+\.  Data types don't match\. Data type: string but "
+         r"expected type: int64", "has feature image/class/label as string; expected int64"),
+        (_encoded_as_int, r"Key: image/encoded, Index: \d+\.  Data types don't match\. Data type: int64 but "
+         r"expected type: string", "has feature image/encoded as int64; expected string"),
+        (_two_labels, r"Key: image/class/label, Index: \d+\.  Number of int64 values != expected",
+         "has 2 values in feature image/class/label; expected 1 int64"),
+    ],
+    ids=["missing-key", "label-as-bytes", "encoded-as-int", "two-labels"],
+)
+@pytest.mark.parametrize("options", [{}, {"training": True, "seed": 0, "skip_corrupt": True}], ids=["eval", "train-skip"])
+def test_bad_record_fails_naming_shard_record_and_key(
+    data_dir: pathlib.Path, edit, tf_error: str, problem: str, options: dict
+) -> None:
+    """TensorFlow's own parse error, which names the key and the dtypes, also names the shard, record and offset."""
+    shard_faults.rewrite_record(data_dir, SHARD, 4, edit)
+    offset = shard_faults.record_offsets(data_dir / SHARD)[4][0]
+    ds = tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, **options)  # start-up passes
+    with pytest.raises(tf.errors.InvalidArgumentError) as failure:
+        _keys(ds)
+    want = rf"Name: shard {re.escape(str(data_dir / SHARD))} record 4 at byte offset {offset}, {tf_error}"
+    assert re.search(want, failure.value.message), failure.value.message
+    assert [str(p) for p in tfdata_readers.verify(data_dir)] == [
+        f"{data_dir / SHARD}: record 4 at byte offset {offset} {problem}"
+    ]
+
+
+def test_manifest_without_declared_features_uses_the_format_dtypes(data_dir: pathlib.Path) -> None:
+    """A manifest that declares no features is not a mismatch; its records are still parsed strictly."""
+    shard_faults.edit_manifest(data_dir, lambda m: m.update(features={}))
+    assert len(_keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))) == 24
+    assert tfdata_readers.verify(data_dir) == []
+    shard_faults.rewrite_record(data_dir, SHARD, 2, _label_as_bytes)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"{re.escape(SHARD)} record 2 at byte offset \d+, "):
+        _keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))
