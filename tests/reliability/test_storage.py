@@ -94,18 +94,38 @@ def test_full_disk_fails_clearly_and_leaves_no_final_name(photos, tmp_path):
         assert _final_names(folder) == []
 
 
+def _wait_until(predicate, folder, process, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if predicate(os.listdir(folder) if folder.exists() else []):
+            return
+        time.sleep(0.02)
+
+
 def test_random_kills_then_resume_give_byte_identical_output(photos, reference, tmp_path):
     out = tmp_path / "out"
     args = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
             "--image_size", "64", "--num_shards", "6"]
     rng = random.Random(4)
-    for attempt in range(3):
+    # Moments tied to progress, not to the clock, so that a fast machine cannot finish first:
+    # mid-conversion (a shard staged), mid-shard (a temp file open), and during start-up.
+    moments = [
+        lambda names: any(n.startswith(".staged-") for n in names),
+        lambda names: any(n.startswith(".tmp-") for n in names),
+        None,
+    ]
+    for attempt, moment in enumerate(moments):
         process = subprocess.Popen(args + (["--resume"] if attempt else []), cwd=REPO, start_new_session=True,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(3.0, 8.0))  # Start-up, listing, or mid-conversion.
+        if moment is None:
+            time.sleep(rng.uniform(0.5, 2.5))
+        else:
+            _wait_until(moment, out, process)
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        assert "dataset_info.json" not in os.listdir(out) or attempt > 0
+        if attempt == 0:
+            assert "dataset_info.json" not in os.listdir(out)
+            assert _final_names(out) == []
     run_cli(*args[3:], "--resume")
     assert _final_names(out) == _final_names(reference)
     assert [n for n in os.listdir(out) if n.startswith(".")] == []
