@@ -7,7 +7,6 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
@@ -25,6 +24,7 @@ from beam_jobs.isolation import IsolatedRunner, needs_isolation
 from beam_jobs.plan import ShardPlan
 from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
+from beam_jobs.storage import temp_name, write_atomically
 
 __all__ = [
     "CONTENT_KEYS",
@@ -35,7 +35,6 @@ __all__ = [
     "shard_fingerprint",
     "sidecar_name",
     "staged_name",
-    "temp_shard_name",
 ]
 
 DEAD_LETTERS = "dead_letters"
@@ -96,11 +95,6 @@ def staged_name(file_name: str) -> str:
 def sidecar_name(file_name: str) -> str:
     """The hidden record of a staged shard, which lets --resume trust it without redoing it."""
     return f"{staged_name(file_name)}.json"
-
-
-def temp_shard_name(file_name: str) -> str:
-    """A unique, hidden name for a shard being written; never a final shard name."""
-    return f".tmp-{uuid.uuid4().hex}-{file_name}"
 
 
 def _read_source(input_file: InputFile, max_file_bytes: int) -> bytes:
@@ -225,7 +219,7 @@ class ConvertShardFn(beam.DoFn):
                 _LOG.info("kept %s: complete and verified from an earlier run", shard.file_name)
                 yield from self._outputs(shard, done)
                 return
-        temp_path = FileSystems.join(self._output_dir, temp_shard_name(shard.file_name))
+        temp_path = FileSystems.join(self._output_dir, temp_name(shard.file_name))
         content_keys: list[tuple[str, str, str]] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
@@ -277,7 +271,7 @@ class ConvertShardFn(beam.DoFn):
             "dead_letters": [[d.uri, d.stage, d.reason, d.detail] for d in dead_letters],
             "content_keys": content_keys,
         }
-        _write_json(sidecar_path, done)
+        write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
@@ -302,13 +296,6 @@ class ConvertShardFn(beam.DoFn):
             bytes=done["bytes"],
             sha256=done["sha256"],
         )
-
-
-def _write_json(path: str, value: dict) -> None:
-    temp = f"{path.rsplit('/', 1)[0]}/{temp_shard_name(path.rsplit('/', 1)[-1])}"
-    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(json.dumps(value, sort_keys=True).encode("utf-8"))
-    FileSystems.rename([temp], [path])
 
 
 def _file_sha256(path: str) -> tuple[int, str]:

@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
@@ -16,6 +15,7 @@ from beam_jobs.convert import staged_name
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.plan import DatasetPlan
 from beam_jobs.records import DeadLetter, ShardResult
+from beam_jobs.storage import write_atomically
 
 __all__ = [
     "DATASET_INFO",
@@ -28,7 +28,6 @@ __all__ = [
     "content_duplicate_groups",
     "remove_leftovers",
     "run_fingerprint",
-    "write_atomically",
 ]
 
 DATASET_INFO = "dataset_info.json"
@@ -113,15 +112,6 @@ def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: floa
             f"--max_bad_fraction={max_bad_fraction}; no dataset_info.json was written. "
             f"See {dead_letters_uri} for each file and the reason."
         )
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes to a hidden temp name beside ``path``, then renames: readers see all or nothing."""
-    directory, name = path.rsplit("/", 1)
-    temp = f"{directory}/.tmp-{name}"
-    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(data)
-    FileSystems.rename([temp], [path])
 
 
 def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:

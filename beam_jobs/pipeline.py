@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import sys
-import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -31,6 +30,7 @@ from beam_jobs.manifest import (
 )
 from beam_jobs.options import ConversionOptions
 from beam_jobs.paths import redact
+from beam_jobs.storage import temp_name
 from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
 from beam_jobs.records import DeadLetter, InputFile
 
@@ -216,7 +216,7 @@ def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, finge
         if not FileSystems.exists(output_dir):
             FileSystems.mkdirs(output_dir)
         # Fail now, with a clear message, rather than after converting everything.
-        probe = FileSystems.join(output_dir, f".tmp-probe-{uuid.uuid4().hex}")
+        probe = FileSystems.join(output_dir, temp_name("probe"))
         FileSystems.create(probe).close()
         FileSystems.delete([probe])
     except Exception as error:
