@@ -4,16 +4,13 @@ Usage: python benchmarks/reader.py [--work_dir DIR] [--num_images 2000] [--round
 
 All pipelines read the same >= 2000 real-photo JPEGs (about 500x375, made by
 beam_jobs.sample_data) and yield float32 [32, 224, 224, 3] batches. The reader's shards come from
-the conversion job's CLI (`python -m beam_jobs`); if that CLI is not available, an in-script
-converter writes the same docs/FORMAT.md layout and the table says so. Each figure is the median
+the conversion job's CLI (`python -m beam_jobs`). Each figure is the median
 of several repeats; every measurement runs in a fresh process, round-robin over the pipelines.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
 import json
 import os
 import pathlib
@@ -23,9 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import tensorflow as tf
-from PIL import Image
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -48,75 +43,12 @@ def _source_photos(src: pathlib.Path, num_images: int) -> list[pathlib.Path]:
     return sorted(make_photo_tree(src, num_images=num_images, size=(500, 375), seed=0))
 
 
-def _beam_cli_available() -> bool:
-    result = subprocess.run([sys.executable, "-m", "beam_jobs", "--help"], capture_output=True,
-                            cwd=pathlib.Path(__file__).resolve().parents[1])
-    return result.returncode == 0
-
-
 def _convert_with_beam(src: pathlib.Path, out: pathlib.Path, encoding: str, num_shards: int) -> None:
     subprocess.run(
         [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
          "--image_size", str(SIZE), "--encoding", encoding, "--num_shards", str(num_shards)],
         check=True, cwd=pathlib.Path(__file__).resolve().parents[1],
     )
-
-
-def _convert_in_script(src: pathlib.Path, out: pathlib.Path, encoding: str, num_shards: int) -> None:
-    """A stand-in for the conversion job: same FORMAT.md layout, centre crop to 224, JPEG q95 or RAW."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = sorted(src.glob("*/*.jpg"))
-    label_names = sorted({p.parent.name for p in paths})
-    shards: list[list[bytes]] = [[] for _ in range(num_shards)]
-    for i, path in enumerate(paths):
-        data = path.read_bytes()
-        with Image.open(io.BytesIO(data)) as image:
-            image = image.convert("RGB")
-            side = min(image.size)
-            left, top = (image.width - side) // 2, (image.height - side) // 2
-            image = image.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=(left, top, left + side, top + side))
-            if encoding == "raw":
-                encoded = np.asarray(image, np.uint8).tobytes()
-            else:
-                buf = io.BytesIO()
-                image.save(buf, "JPEG", quality=95)
-                encoded = buf.getvalue()
-        rel = str(path.relative_to(src))
-
-        def b(v: bytes) -> tf.train.Feature:
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-
-        def n(v: int) -> tf.train.Feature:
-            return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
-
-        example = tf.train.Example(features=tf.train.Features(feature={
-            "image/encoded": b(encoded), "image/format": b(encoding.upper().encode()),
-            "image/height": n(SIZE), "image/width": n(SIZE), "image/channels": n(3),
-            "image/class/label": n(label_names.index(path.parent.name)),
-            "image/class/text": b(path.parent.name.encode()), "image/filename": b(rel.encode()),
-            "image/key/sha256": b(hashlib.sha256(data).hexdigest().encode()),
-            "image/source_id": b(hashlib.sha256(rel.encode()).digest()[:8].hex().encode()),
-        }))
-        shards[i % num_shards].append(example.SerializeToString(deterministic=True))
-    entries = []
-    for s, records in enumerate(shards):
-        file = f"train-{s:05d}-of-{num_shards:05d}.tfrecord"
-        with tf.io.TFRecordWriter(str(out / file)) as writer:
-            for record in records:
-                writer.write(record)
-        entries.append({"file": file, "num_examples": len(records), "bytes": (out / file).stat().st_size,
-                        "sha256": hashlib.sha256((out / file).read_bytes()).hexdigest()})
-    manifest = {
-        "schema_version": 1, "producer": {"name": "benchmarks/reader.py stand-in", "version": "0"},
-        "label_names": label_names, "num_classes": len(label_names),
-        "image": {"height": SIZE, "width": SIZE, "channels": 3, "format": encoding.upper()},
-        "features": {}, "preprocessing": {"image_size": [SIZE, SIZE], "encoding": encoding},
-        "splits": {"train": {"num_examples": len(paths), "num_shards": num_shards, "shards": entries}},
-        "num_dead_letters": 0, "dead_letters_file": "dead_letters.jsonl",
-    }
-    (out / "dead_letters.jsonl").write_text("")
-    (out / "dataset_info.json.tmp").write_text(json.dumps(manifest))
-    (out / "dataset_info.json.tmp").rename(out / "dataset_info.json")
 
 
 def _largest_split(data_dir: pathlib.Path) -> str:
@@ -222,13 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     labels_by_name = {name: i for i, name in enumerate(sorted({p.parent.name for p in photos}))}
     paths = [str(p) for p in photos]
     labels = [labels_by_name[p.parent.name] for p in photos]
-    use_beam = _beam_cli_available()
-    converter = "python -m beam_jobs" if use_beam else "in-script stand-in (beam_jobs CLI not available)"
+    converter = "python -m beam_jobs"
     shard_dirs = {}
     for encoding in ("jpeg", "raw"):
-        out = work / f"shards_{encoding}_{'beam' if use_beam else 'standin'}_{args.num_images}"
+        out = work / f"shards_{encoding}_beam_{args.num_images}"
         if not (out / "dataset_info.json").exists():
-            (_convert_with_beam if use_beam else _convert_in_script)(work / "photos", out, encoding, args.num_shards)
+            _convert_with_beam(work / "photos", out, encoding, args.num_shards)
         shard_dirs[encoding] = str(out)
     method4_dir = work / f"method4_{args.method4_images}"
     if not (method4_dir / "data_shard_3.tfrecord").exists():
