@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tfdata_readers.manifest import ImageInfo
 
-__all__ = ["decode_image", "decode_batch", "decode_and_crop", "to_float"]
+__all__ = ["decode_image", "decode_batch", "decode_and_crop", "to_float", "to_uint8", "to_output"]
 
 
 def decode_image(encoded: tf.Tensor, image: ImageInfo) -> tf.Tensor:
@@ -54,3 +54,15 @@ def to_float(pixels: tf.Tensor, scale: float | None) -> tf.Tensor:
         )
     pixels = tf.cast(pixels, tf.float32)
     return pixels if scale is None else pixels * scale
+
+
+def to_uint8(pixels: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels as they are; float pixels in [0, 255] (after a resize) rounded to the nearest value."""
+    if pixels.dtype == tf.uint8:
+        return pixels
+    return tf.cast(tf.clip_by_value(tf.round(pixels), 0.0, 255.0), tf.uint8)
+
+
+def to_output(pixels: tf.Tensor, dtype: str, scale: float | None) -> tf.Tensor:
+    """The pixels in the reader's output dtype: "uint8" (unscaled) or "float32" times `scale`."""
+    return to_uint8(pixels) if dtype == "uint8" else to_float(pixels, scale)

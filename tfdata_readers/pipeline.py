@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfdata_readers import augment
 from tfdata_readers.config import ReadConfig
-from tfdata_readers.decode import to_float
+from tfdata_readers.decode import to_output
 from tfdata_readers.files import check_no_unlisted_shards, check_shards, files_for_pipeline
 from tfdata_readers.manifest import MANIFEST_NAME, ImageInfo, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
@@ -49,7 +49,8 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """A dataset of `(image, label)` batches (plus a metadata dict with `with_metadata`).
 
-    `image` is float32 [B, H, W, C] (scaled by `config.scale`, [0, 1] by default), `label` int64 [B].
+    `image` is float32 [B, H, W, C] (scaled by `config.scale`, [0, 1] by default; uint8 0-255 with
+    `dtype="uint8"`), `label` int64 [B].
     Each iteration is one epoch. With `training`, files and records are shuffled with `seed`
     (differently each epoch) and augmented with stateless ops seeded from `seed`; otherwise
     there is no randomness. `input_context` (from `distribute`) selects this pipeline's share of
@@ -135,7 +136,7 @@ def make_dataset(
         return augment.eval_element(encoded, image, out_size=out_size)
 
     def finish(features: dict[str, tf.Tensor], pixels: tf.Tensor) -> tuple[Any, ...]:
-        pixels = to_float(pixels, config.scale)
+        pixels = to_output(pixels, config.dtype, config.scale)
         out: tuple[Any, ...] = (pixels, features["image/class/label"])
         if with_metadata:
             out += ({name: features[key] for name, key in METADATA_KEYS.items()},)

@@ -89,6 +89,7 @@ def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Pat
         ("decode_placement", "gpu", "'gpu'"),
         ("image_size", (0, 10), "image_size"),
         ("scale", -1.0, "scale"),
+        ("dtype", "float16", "'float16'"),
         ("crop_area_range", (0.0, 1.0), "crop_area_range"),
         ("crop_area_range", (0.5, 0.2), "crop_area_range"),
         ("crop_aspect_ratio_range", (2.0, 1.0), "crop_aspect_ratio_range"),
@@ -99,6 +100,13 @@ def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Pat
 def test_config_rejects_bad_values(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ReadConfig(**{field: value})
+
+
+def test_uint8_output_refuses_a_scale_it_cannot_apply() -> None:
+    assert ReadConfig(dtype="uint8").dtype == "uint8"  # the default scale is implied by 0-255
+    assert ReadConfig(dtype="uint8", scale=None).scale is None
+    with pytest.raises(ValueError, match=r"dtype='uint8'.*scale=2\.0"):
+        ReadConfig(dtype="uint8", scale=2.0)
 
 
 def test_config_defaults_are_valid_and_frozen() -> None:

@@ -15,12 +15,14 @@ import reader_fixtures
 import tfdata_readers
 
 
-def _epoch(dataset: tf.data.Dataset) -> tuple[list[str], dict[str, np.ndarray], list[int]]:
+def _epoch(
+    dataset: tf.data.Dataset, dtype: tf.DType = tf.float32
+) -> tuple[list[str], dict[str, np.ndarray], list[int]]:
     """(keys in order, {key: image}, batch sizes) of one pass over a with_metadata dataset."""
     keys, images, sizes = [], {}, []
     for image, label, meta in dataset:
         sizes.append(int(image.shape[0]))
-        assert label.dtype == tf.int64 and image.dtype == tf.float32
+        assert label.dtype == tf.int64 and image.dtype == dtype
         for key, pixels in zip(meta["key"].numpy(), image.numpy()):
             keys.append(key.decode())
             images[key.decode()] = pixels
@@ -177,6 +179,25 @@ def test_scale_and_image_size_options(jpeg_dir) -> None:
             jpeg_dir, "train", 4, image_size=(24, 20), training=training, seed=0
         )))
         assert image.shape == (4, 24, 20, 3)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_uint8_output_is_the_float_output_unscaled(jpeg_dir, training: bool) -> None:
+    """dtype="uint8" gives the same pixels as float32, times 255: exactly when nothing is resized,
+    rounded to the nearest value when it is (training crops, image_size)."""
+    options = dict(training=training, seed=3, with_metadata=True, deterministic=True, drop_remainder=False)
+    if training:
+        options["image_size"] = (20, 24)
+    _, floats, _ = _epoch(tfdata_readers.make_dataset(jpeg_dir, "train", 5, **options))
+    _, ints, _ = _epoch(tfdata_readers.make_dataset(jpeg_dir, "train", 5, dtype="uint8", **options), tf.uint8)
+    assert sorted(ints) == sorted(floats)
+    for key, image in ints.items():
+        assert image.dtype == np.uint8
+        scaled = floats[key] * 255.0
+        if training:
+            assert np.abs(image.astype(np.float32) - scaled).max() <= 0.5 + 1e-3, key
+        else:
+            assert np.array_equal(image, np.round(scaled).astype(np.uint8)), key
 
 
 def test_cache_and_num_epochs(jpeg_dir) -> None:

@@ -25,15 +25,17 @@ def test_train_mirrored_two_replicas_on_real_photos(tmp_path: pathlib.Path) -> N
         capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
     )
     assert convert.returncode == 0, convert.stderr[-4000:]
-    train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
-         "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2",
-         "--history_json", str(tmp_path / "history.json")],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
-    )
-    assert train.returncode == 0, train.stderr[-4000:]
-    history = json.loads((tmp_path / "history.json").read_text())
-    assert history["num_replicas"] == [2]
-    assert history["steps_per_epoch"] == [72 // 16]  # from the manifest
-    assert len(history["loss"]) == 2 and all(0 < v < 100 for v in history["loss"])
-    assert "training on 2 replica(s)" in train.stdout
+    for input_dtype in ("float32", "uint8"):
+        history_json = tmp_path / f"history_{input_dtype}.json"
+        train = subprocess.run(
+            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
+             "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2",
+             "--input_dtype", input_dtype, "--history_json", str(history_json)],
+            capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        )
+        assert train.returncode == 0, train.stderr[-4000:]
+        history = json.loads(history_json.read_text())
+        assert history["num_replicas"] == [2]
+        assert history["steps_per_epoch"] == [72 // 16]  # from the manifest
+        assert len(history["loss"]) == 2 and all(0 < v < 100 for v in history["loss"])
+        assert "training on 2 replica(s)" in train.stdout and input_dtype in train.stdout
