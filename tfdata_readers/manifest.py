@@ -134,7 +134,7 @@ def load_manifest(data_dir: str | os.PathLike[str]) -> DatasetInfo:
         label_names=tuple(_require(raw, "label_names", path)),
         num_classes=int(_require(raw, "num_classes", path)),
         image=image_info,
-        features=dict(raw.get("features", {})),
+        features=dict(_require(raw, "features", path)),
         splits=splits,
         raw=raw,
     )

@@ -46,11 +46,11 @@ METADATA_KEYS: dict[str, str] = {
 def check_declared_features(keys: list[str], declared: Mapping[str, Any] | None) -> list[str]:
     """Every disagreement between the manifest's `features` and the format, for `keys`; [] if none.
 
-    An empty or absent `features` declares nothing, and the format's dtypes apply (the records
-    are still checked against them as they are read). Once the manifest declares features, each
-    of `keys` must be declared, as a scalar of the format's dtype: nothing is converted.
+    Each of `keys` must be declared, as a scalar of the format's dtype: nothing is converted. The
+    conversion job always declares them; a manifest that declares none (hand-written, or from
+    another tool) is refused rather than trusted. `declared=None` (no manifest) checks nothing.
     """
-    if not declared:
+    if declared is None:
         return []
     problems = []
     for key in keys:

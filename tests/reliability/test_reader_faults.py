@@ -276,11 +276,12 @@ def test_bad_record_fails_naming_shard_record_and_key(
     ]
 
 
-def test_manifest_without_declared_features_uses_the_format_dtypes(data_dir: pathlib.Path) -> None:
-    """A manifest that declares no features is not a mismatch; its records are still parsed strictly."""
+def test_manifest_without_declared_features_is_refused(data_dir: pathlib.Path) -> None:
+    """A manifest must declare the features it holds: an empty `features` fails at start-up naming
+    the first key the reader needs, and a missing one names the field."""
     shard_faults.edit_manifest(data_dir, lambda m: m.update(features={}))
-    assert len(_keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))) == 24
-    assert tfdata_readers.verify(data_dir) == []
-    shard_faults.rewrite_record(data_dir, SHARD, 2, _label_as_bytes)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"{re.escape(SHARD)} record 2 at byte offset \d+, "):
-        _keys(tfdata_readers.make_dataset(data_dir, "train", 8, with_metadata=True))
+    with pytest.raises(ValueError, match=r"dataset_info\.json does not declare feature 'image/encoded'"):
+        tfdata_readers.make_dataset(data_dir, "train", 8)
+    shard_faults.edit_manifest(data_dir, lambda m: m.pop("features"))
+    with pytest.raises(ValueError, match=r"dataset_info\.json: missing required field 'features'"):
+        tfdata_readers.make_dataset(data_dir, "train", 8)
