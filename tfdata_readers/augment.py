@@ -8,7 +8,7 @@ from tfdata_readers.decode import decode_and_crop, decode_batch, decode_image
 from tfdata_readers.manifest import ImageInfo
 
 __all__ = [
-    "element_seeds",
+    "example_seeds",
     "sample_crop_window",
     "train_element",
     "train_batch",
@@ -17,11 +17,16 @@ __all__ = [
 ]
 
 
-def element_seeds(batch_seed: tf.Tensor, batch_size: tf.Tensor) -> tf.Tensor:
-    """[B, 2] int64 stateless seeds, one per element, derived from one [2] batch seed."""
-    return tf.random.stateless_uniform(
-        [batch_size, 2], seed=batch_seed, minval=None, maxval=None, dtype=tf.int64
-    )
+def example_seeds(epoch_seed: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+    """[B, 2] int64 stateless seeds, one per example: a pure function of the epoch's [2] seed and
+    each example's key (its `image/key/sha256`).
+
+    Seeding from the key, not from the example's position in the batch, makes an example's crop
+    and flip independent of the order records arrive in, of the batch size, and of which input
+    pipeline reads it. The key's 64-bit fingerprint is stable across processes and platforms.
+    """
+    ids = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1)
+    return tf.stack([tf.fill(tf.shape(ids), epoch_seed[0]), tf.bitwise.bitwise_xor(ids, epoch_seed[1])], axis=1)
 
 
 def sample_crop_window(

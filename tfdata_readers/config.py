@@ -22,6 +22,31 @@ def _check_positive_or_autotune(name: str, value: int | None, *, allow_none: boo
         raise ValueError(f"ReadConfig.{name} must be a positive int or tf.data.AUTOTUNE (got {value!r})")
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_pair_of_reals(value: object) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value)
+
+
+def _image_size(value: object) -> tuple[int, int] | None:
+    """None, or (height, width) from a pair or from one int (a square); anything else is refused."""
+    if value is None:
+        return None
+    if _is_int(value) and value >= 1:
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) and v >= 1 for v in value):
+        return (value[0], value[1])
+    raise ValueError(
+        f"ReadConfig.image_size must be None, an int > 0 (a square) or (height, width) ints > 0 (got {value!r})"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ReadConfig:
     """How `make_dataset` reads. The defaults are tuned for a few cores per accelerator.
@@ -35,8 +60,9 @@ class ReadConfig:
       shuffle_buffer_size: examples held by the record shuffle when training (per input pipeline).
       shuffle_files: when training, shuffle the file order with the seed, differently each epoch.
       num_parallel_calls: parallelism of the decode/augment map (tf.data.AUTOTUNE or a positive int).
-      deterministic: produce elements in a reproducible order. Off by default: parallel stages may
-        then return elements out of order, which is faster, and every element is still seen once.
+      deterministic: produce elements in a reproducible order. None (default): True when a `seed`
+        is given, False otherwise. False lets parallel stages return elements out of order, which
+        can be faster, and every element is still seen once.
       drop_remainder: drop the last partial batch. None: True when training, False when evaluating
         (so evaluation sees every example exactly once).
       cache: keep the serialized records in memory after the first epoch. The record shuffle still
@@ -48,7 +74,8 @@ class ReadConfig:
       decode_placement: decode each element in a parallel map ("element"), or each batch with
         `map_fn` ("batch"). "auto" uses the placement measured faster: per batch for
         evaluation (for RAW one vectorised op), per element for training (crops differ in size).
-      image_size: (height, width) of the output images. None: the size stored in the manifest.
+      image_size: (height, width) of the output images, or one int for a square (as the
+        converter's `--image_size`). None: the size stored in the manifest.
       scale: factor applied to the float32 pixels; 1/255 gives [0, 1]. None keeps [0, 255].
       dtype: "float32" (default) or "uint8". uint8 hands on pixel values 0-255 unscaled (resized
         or cropped pixels are rounded back), a quarter of the bytes: convert on the accelerator
@@ -63,6 +90,19 @@ class ReadConfig:
         the corrupt record, the records lost are counted per shard (see `skipped_records()`) and
         logged to stderr, and the epoch goes on. A record that is readable but does not match the
         format (a missing key, a wrong type) always fails, naming the shard, record and key.
+
+    What a seed reproduces (`make_dataset(..., training=True, seed=s)`):
+      - Always, whatever `deterministic`: each example's crop and flip are a pure function of
+        (`s`, the epoch, the example's `image/key/sha256`), where the epoch is the k-th pass over
+        the dataset (a new draw each pass). The same example gets the same crop in the same
+        epoch whatever order it arrives in, whatever the batch size, and whichever input
+        pipeline reads it.
+      - With `deterministic` True (the default once a seed is given): also the order of the
+        examples, the batches, and which examples the dropped remainder holds, for the same data,
+        `ReadConfig` and number of input pipelines. With `deterministic=False` the record order
+        (and so the batches) may differ between runs.
+      - Not across TensorFlow versions (shuffle and stateless random algorithms may change), and
+        not with `seed=None`.
     """
 
     cycle_length: int | None = None
@@ -72,13 +112,13 @@ class ReadConfig:
     shuffle_buffer_size: int = 1024
     shuffle_files: bool = True
     num_parallel_calls: int = AUTOTUNE
-    deterministic: bool = False
+    deterministic: bool | None = None
     drop_remainder: bool | None = None
     cache: bool = False
     num_epochs: int | None = 1
     prefetch: int = AUTOTUNE
     decode_placement: DecodePlacement = "auto"
-    image_size: tuple[int, int] | None = None
+    image_size: tuple[int, int] | int | None = None
     scale: float | None = _DEFAULT_SCALE
     dtype: OutputDtype = "float32"
     crop_area_range: tuple[float, float] = (0.08, 1.0)
@@ -95,18 +135,21 @@ class ReadConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ReadConfig.{name} must be a positive int (got {value!r})")
-        if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):
+        if self.num_epochs is not None and (not _is_int(self.num_epochs) or self.num_epochs < 1):
             raise ValueError(f"ReadConfig.num_epochs must be None or a positive int (got {self.num_epochs!r})")
         if self.decode_placement not in ("auto", "element", "batch"):
             raise ValueError(
                 f"ReadConfig.decode_placement is {self.decode_placement!r}; expected 'auto', 'element' or 'batch'"
             )
-        if self.image_size is not None and (
-            len(self.image_size) != 2 or any(not isinstance(v, int) or v < 1 for v in self.image_size)
-        ):
-            raise ValueError(f"ReadConfig.image_size must be None or (height, width) > 0 (got {self.image_size!r})")
-        if self.scale is not None and not self.scale > 0:
-            raise ValueError(f"ReadConfig.scale must be None or > 0 (got {self.scale!r})")
+        # Frozen: normalise through object.__setattr__, so `image_size` is always None or a pair.
+        object.__setattr__(self, "image_size", _image_size(self.image_size))
+        for name in ("shuffle_files", "cache", "skip_corrupt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ReadConfig.{name} must be True or False (got {getattr(self, name)!r})")
+        if self.deterministic not in (None, True, False):
+            raise ValueError(f"ReadConfig.deterministic must be None, True or False (got {self.deterministic!r})")
+        if self.scale is not None and (not _is_real(self.scale) or not self.scale > 0):
+            raise ValueError(f"ReadConfig.scale must be None or a number > 0 (got {self.scale!r})")
         if self.dtype not in ("float32", "uint8"):
             raise ValueError(f"ReadConfig.dtype is {self.dtype!r}; expected 'float32' or 'uint8'")
         if self.dtype == "uint8" and self.scale not in (None, _DEFAULT_SCALE):
@@ -114,16 +157,19 @@ class ReadConfig:
                 f"ReadConfig.dtype='uint8' hands on unscaled pixel values 0-255, so it cannot apply "
                 f"scale={self.scale!r}; scale the pixels on the device instead"
             )
-        lo, hi = self.crop_area_range
-        if not 0 < lo <= hi <= 1:
+        if not _is_pair_of_reals(self.crop_area_range) or not 0 < self.crop_area_range[0] <= self.crop_area_range[1] <= 1:
             raise ValueError(f"ReadConfig.crop_area_range must satisfy 0 < low <= high <= 1 (got {self.crop_area_range!r})")
-        lo, hi = self.crop_aspect_ratio_range
-        if not 0 < lo <= hi:
+        ratio = self.crop_aspect_ratio_range
+        if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(
                 f"ReadConfig.crop_aspect_ratio_range must satisfy 0 < low <= high (got {self.crop_aspect_ratio_range!r})"
             )
         if self.drop_remainder not in (None, True, False):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
+
+    def resolved_deterministic(self, seed: int | None) -> bool:
+        """`deterministic`, with None meaning: deterministic exactly when a seed is given."""
+        return seed is not None if self.deterministic is None else self.deterministic
 
     def with_options(self, **overrides: object) -> ReadConfig:
         """A copy with `overrides` applied; an unknown name is an error that names it."""

@@ -1,4 +1,4 @@
-"""The shard files one input pipeline reads: checked at start-up, split across pipelines by InputContext."""
+"""The shard pieces one input pipeline reads: checked at start-up, split across pipelines by InputContext."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, Split
 __all__ = [
     "SHARD_NAME",
     "ShardError",
-    "PipelineFiles",
+    "PipelineShare",
+    "ShardPiece",
     "check_no_unlisted_shards",
     "check_shards",
-    "files_for_pipeline",
+    "plan_pipeline_share",
+    "record_range",
+    "share_for_pipeline",
     "unlisted_shards",
 ]
 
@@ -73,32 +76,87 @@ def check_no_unlisted_shards(info: DatasetInfo, split: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineFiles:
-    """What one input pipeline reads.
+class ShardPiece:
+    """Records `skip` to `skip + take` (0-based, in file order) of one shard file."""
 
-    `shard_elements` is None when the pipeline owns whole files; otherwise the pipeline reads all
-    files and keeps every `num_pipelines`-th element starting at `pipeline_id`.
+    path: str
+    skip: int
+    take: int
+    shard_examples: int  # the manifest's count for the whole shard
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineShare:
+    """What one input pipeline reads: a contiguous range of the split's records, as shard pieces.
+
+    `start`/`stop` index the split's global record sequence (its shards concatenated in manifest
+    order); `pieces` are the (path, skip, take) parts of the shards that overlap that range.
     """
 
-    shards: tuple[ShardInfo, ...]
-    shard_elements: tuple[int, int] | None  # (num_pipelines, pipeline_id)
+    pieces: tuple[ShardPiece, ...]
+    start: int
+    stop: int
+    num_pipelines: int
+    pipeline_id: int
+
+    @property
+    def num_examples(self) -> int:
+        return self.stop - self.start
+
+    def shards(self, split: SplitInfo) -> tuple[ShardInfo, ...]:
+        """The manifest entries of the shard files this pipeline opens."""
+        paths = {piece.path for piece in self.pieces}
+        return tuple(s for s in split.shards if s.path in paths)
 
 
-def files_for_pipeline(
-    split: SplitInfo, input_context: tf.distribute.InputContext | None
-) -> PipelineFiles:
-    """Shards by file when there are at least as many files as pipelines, else falls back to elements."""
+def record_range(num_examples: int, num_pipelines: int, pipeline_id: int) -> tuple[int, int]:
+    """[start, stop) of pipeline `pipeline_id`'s share of `num_examples` records: contiguous ranges
+    whose sizes differ by at most one (the first `num_examples % num_pipelines` get one more)."""
+    if num_pipelines < 1 or not 0 <= pipeline_id < num_pipelines:
+        raise ValueError(f"pipeline_id {pipeline_id!r} is not in range for {num_pipelines!r} input pipelines")
+    base, extra = divmod(num_examples, num_pipelines)
+    start = pipeline_id * base + min(pipeline_id, extra)
+    return start, start + base + (1 if pipeline_id < extra else 0)
+
+
+def plan_pipeline_share(shards: tuple[ShardInfo, ...], num_pipelines: int, pipeline_id: int) -> PipelineShare:
+    """The pieces of `shards` (in manifest order) holding pipeline `pipeline_id`'s record range.
+
+    A pure function of the manifest, so every pipeline computes its share without talking to the
+    others, and the shares partition the split: every record belongs to exactly one pipeline.
+    Only the first and last piece of a share can be part of a shard; every other piece is a
+    whole file.
+    """
+    total = sum(s.num_examples for s in shards)
+    start, stop = record_range(total, num_pipelines, pipeline_id)
+    pieces = []
+    offset = 0  # global index of the shard's first record
+    for shard in shards:
+        lo, hi = max(start, offset), min(stop, offset + shard.num_examples)
+        if lo < hi:
+            pieces.append(ShardPiece(shard.path, lo - offset, hi - lo, shard.num_examples))
+        offset += shard.num_examples
+    return PipelineShare(tuple(pieces), start, stop, num_pipelines, pipeline_id)
+
+
+def share_for_pipeline(split: SplitInfo, input_context: tf.distribute.InputContext | None) -> PipelineShare:
+    """This pipeline's share of `split`: an equal (to one record) contiguous range of its records.
+
+    Dealing whole files (`shards[i::n]`) gives pipelines unequal shares whenever the shard count is
+    not a multiple of the pipeline count (3 files for 2 pipelines: 2/3 and 1/3 of the data), so
+    under multi-worker training some examples would be seen at twice the rate of others, and one
+    pipeline could run out mid-epoch. Sharding by element (every pipeline reads every file and
+    keeps 1/n) is balanced but reads n times the bytes. Splitting the record sequence into
+    contiguous ranges is both exact and cheap: a pipeline reads whole files except at most two
+    shards it shares with a neighbour, where it skips the records before its range (reading but
+    not decoding them) and stops reading at the end of its range.
+    """
     num_pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
-    if num_pipelines == 1:
-        return PipelineFiles(split.shards, None)
-    if len(split.shards) >= num_pipelines:
-        # Whole files per pipeline: no pipeline reads bytes another one will throw away.
-        return PipelineFiles(split.shards[pipeline_id::num_pipelines], None)
-    logger.warning(
-        "split %r has %d shard files for %d input pipelines: sharding by element instead of by file "
-        "(every pipeline reads every file and keeps 1/%d of the records). Write at least %d shards "
-        "to avoid this.",
-        split.name, len(split.shards), num_pipelines, num_pipelines, num_pipelines,
-    )
-    return PipelineFiles(split.shards, (num_pipelines, pipeline_id))
+    share = plan_pipeline_share(split.shards, num_pipelines, pipeline_id)
+    if num_pipelines > 1 and share.num_examples == 0:
+        logger.warning(
+            "split %r has %d examples for %d input pipelines: pipeline %d has no data",
+            split.name, split.num_examples, num_pipelines, pipeline_id,
+        )
+    return share

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tfdata_readers import augment
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.decode import to_output
-from tfdata_readers.files import check_no_unlisted_shards, check_shards, files_for_pipeline
+from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
 from tfdata_readers.manifest import MANIFEST_NAME, ImageInfo, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
 from tfdata_readers.records import read_shard
@@ -27,6 +27,34 @@ _AUTO_PLACEMENT = {
     ("JPEG", True): "element", ("PNG", True): "element", ("RAW", True): "element",
 }
 _MAX_AUTO_CYCLE_LENGTH = 16
+# The feature that seeds each training example's augmentation.
+_AUGMENT_KEY = "image/key/sha256"
+
+
+def _global_batch(batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
+    return batch_size * input_context.num_replicas_in_sync if input_context else batch_size
+
+
+def _batches_per_epoch(
+    num_examples: int, batch_size: int, input_context: tf.distribute.InputContext | None, drop_remainder: bool
+) -> int | None:
+    """Batches every pipeline yields per epoch when dropping the remainder; None: all it reads.
+
+    With several pipelines each one yields `steps_per_epoch(global batch) x replicas it feeds`
+    batches, the same for all. Every pipeline holds at least that many full batches, because the
+    shares differ by at most one record and the split holds that many full global batches. A
+    pipeline whose share is one record longer drops one more record per epoch (a different one
+    each epoch, after the shuffle). Without `drop_remainder` the count is None: evaluation reads
+    everything, and the last batches may be partial or empty.
+    """
+    if not drop_remainder:
+        return None
+    global_batch = _global_batch(batch_size, input_context)
+    steps = num_examples // global_batch
+    if not input_context or input_context.num_input_pipelines == 1:
+        return 0 if steps == 0 else None  # 0: the caller refuses a split smaller than one global batch
+    replicas_per_pipeline = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+    return steps * replicas_per_pipeline
 
 
 def _placement(config: ReadConfig, image: ImageInfo, training: bool) -> str:
@@ -67,61 +95,73 @@ def make_dataset(
     keys = ["image/encoded", "image/class/label"]
     if with_metadata:
         keys += list(METADATA_KEYS.values())
+    elif training:
+        keys.append(_AUGMENT_KEY)  # each example's crop and flip are seeded from its key
     # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
     spec = feature_spec(keys, info.features, where=os.path.join(data_dir, MANIFEST_NAME))
     check_no_unlisted_shards(info, split)
-    files = files_for_pipeline(split_info, input_context)
-    check_shards(files.shards)
+    share = share_for_pipeline(split_info, input_context)
+    check_shards(share.shards(split_info))
 
     image = info.image
     out_size = config.image_size or (image.height, image.width)
     drop_remainder = training if config.drop_remainder is None else config.drop_remainder
-    pipeline_id = input_context.input_pipeline_id if input_context else 0
-    # Per-pipeline seeds, so that workers do not draw the same crops; None stays random.
+    deterministic = config.resolved_deterministic(seed)
+    batches_per_epoch = _batches_per_epoch(split_info.num_examples, batch_size, input_context, drop_remainder)
+    if batches_per_epoch == 0:
+        raise ValueError(
+            f"split {split!r} of {data_dir} has {split_info.num_examples} examples: fewer than one "
+            f"{'global ' if input_context else ''}batch of {_global_batch(batch_size, input_context)}, so "
+            f"drop_remainder=True leaves no batch to read; use a smaller batch or drop_remainder=False"
+        )
+    pipeline_id = share.pipeline_id
+    # Per-pipeline seeds for the piece and record shuffles, so that pipelines draw different orders;
+    # None stays random. Augmentation uses `seed` itself: it depends on the example, not the pipeline.
     local_seed = None if seed is None else seed + 7919 * pipeline_id
     placement = _placement(config, image, training)
 
-    # (path, num_examples) per shard file this pipeline reads.
-    file_ds = tf.data.Dataset.from_tensor_slices(
-        ([s.path for s in files.shards], tf.constant([s.num_examples for s in files.shards], tf.int64))
-    )
-    if training and config.shuffle_files:
-        if files.shard_elements is None:
-            file_ds = file_ds.shuffle(len(files.shards), seed=local_seed, reshuffle_each_iteration=True)
-        elif seed is not None:
-            # Sharding by element needs the same file order on every pipeline: same seed for all.
-            file_ds = file_ds.shuffle(len(files.shards), seed=seed, reshuffle_each_iteration=True)
-    # Sharding by element needs the same record order on every pipeline, so read in order then.
-    read_deterministic = config.deterministic or files.shard_elements is not None
-    records = file_ds.interleave(
-        lambda path, count: read_shard(
-            path, count, buffer_size=config.read_buffer_size, skip_corrupt=config.skip_corrupt
+    # (path, records in the shard, records to skip, records to take) per shard piece this pipeline reads.
+    pieces = share.pieces
+    piece_ds = tf.data.Dataset.from_tensor_slices((
+        tf.constant([p.path for p in pieces], tf.string),
+        tf.constant([p.shard_examples for p in pieces], tf.int64),
+        tf.constant([p.skip for p in pieces], tf.int64),
+        tf.constant([p.take for p in pieces], tf.int64),
+    ))
+    if training and config.shuffle_files and len(pieces) > 1:
+        piece_ds = piece_ds.shuffle(len(pieces), seed=local_seed, reshuffle_each_iteration=True)
+    records = piece_ds.interleave(
+        lambda path, count, skip, take: read_shard(
+            path, count, skip, take, buffer_size=config.read_buffer_size, skip_corrupt=config.skip_corrupt
         ),
-        cycle_length=config.cycle_length or min(len(files.shards), _MAX_AUTO_CYCLE_LENGTH),
+        cycle_length=config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH)),
         block_length=config.block_length,
         num_parallel_calls=config.num_parallel_reads,
-        deterministic=read_deterministic,
+        deterministic=deterministic,
     )  # (serialized, name)
-    if files.shard_elements is not None:
-        records = records.shard(*files.shard_elements)
     if config.cache:
         records = records.cache()
     if training:
         records = records.shuffle(config.shuffle_buffer_size, seed=local_seed, reshuffle_each_iteration=True)
     batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
     if training:
-        # One [2] seed per batch, new every epoch, reproducible from `seed`.
-        batch_seeds = tf.data.Dataset.random(seed=local_seed, rerandomize_each_iteration=True).batch(2)
-        batches = tf.data.Dataset.zip(batches, batch_seeds)  # (([B], [B]), [2])
+        # One [2] seed per pass over the data, new every epoch, reproducible from `seed`; repeated
+        # for every batch of the pass. With the key it seeds each example's augmentation.
+        epoch_seed = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2).take(1)
+        epoch_seeds = epoch_seed.flat_map(lambda s: tf.data.Dataset.from_tensors(s).repeat())
+        batches = tf.data.Dataset.zip(batches, epoch_seeds)  # (([B], [B]), [2])
     else:
         # An unused seed keeps one signature.
         batches = batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64)))
 
-    def to_features(batch: tuple[tf.Tensor, tf.Tensor], batch_seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    def to_features(batch: tuple[tf.Tensor, tf.Tensor], epoch_seed: tf.Tensor) -> dict[str, tf.Tensor]:
         serialized, names = batch
         # The names make a parse error (a missing key, a wrong type) name the shard, record and offset.
         features = parse_batch(serialized, spec, names=names)
-        features["seed"] = augment.element_seeds(batch_seed, tf.shape(serialized)[0])
+        if training:
+            features["seed"] = augment.example_seeds(epoch_seed, features[_AUGMENT_KEY])
+        else:
+            features["seed"] = tf.zeros([tf.shape(serialized)[0], 2], tf.int64)
         return features
 
     def images(features: dict[str, tf.Tensor], batched: bool) -> tf.Tensor:
@@ -142,7 +182,7 @@ def make_dataset(
             out += ({name: features[key] for name, key in METADATA_KEYS.items()},)
         return out
 
-    parallel = dict(num_parallel_calls=config.num_parallel_calls, deterministic=config.deterministic)
+    parallel = dict(num_parallel_calls=config.num_parallel_calls, deterministic=deterministic)
     if placement == "batch":
         # (image [B,H,W,C], label [B], {metadata})
         dataset = batches.map(
@@ -153,6 +193,9 @@ def make_dataset(
         decoded = parsed.map(lambda f: (f, images(f, False)), **parallel)  # ({key: scalar}, [H,W,C])
         # Re-batching what was just unbatched gives the same batch boundaries.
         dataset = decoded.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
+    if batches_per_epoch is not None:
+        # Every pipeline yields the same number of batches per epoch, so their step counts agree.
+        dataset = dataset.take(batches_per_epoch)
     if config.num_epochs != 1:
         # Repeating the whole pipeline re-runs the file and record shuffles: a new order per pass.
         dataset = dataset.repeat(config.num_epochs)

@@ -67,9 +67,21 @@ _CHECK_CHUNK = 32
 
 
 def read_shard(
-    path: tf.Tensor, expected: tf.Tensor, *, buffer_size: int, skip_corrupt: bool
+    path: tf.Tensor,
+    expected: tf.Tensor,
+    skip: tf.Tensor | int = 0,
+    take: tf.Tensor | None = None,
+    *,
+    buffer_size: int,
+    skip_corrupt: bool,
 ) -> tf.data.Dataset:
-    """(serialized record, name) pairs of one shard, checked against the manifest's count for it.
+    """(serialized record, name) pairs of records `skip` to `skip + take` of one shard, checked
+    against the manifest's count for it (`expected`; `take=None` reads to the end).
+
+    A piece reads the records before `skip` (their bytes must be read to find the next record)
+    but hands them on to nothing, and stops reading at its end: the rest of the shard belongs to
+    another input pipeline. A loss is counted only within the piece, so pipelines that share a
+    shard each report the records they lost, and together exactly the records lost.
 
     TensorFlow's own DataLossError does not say which file is corrupt. So the shard is read with
     `ignore_errors()` (which ends the file at the first bad record) in chunks, an empty chunk marks
@@ -83,7 +95,10 @@ def read_shard(
     `example_names`: TensorFlow's own parse errors (a missing key, a wrong type) then name the
     shard and the record instead of "<unknown>".
     """
-    records = tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()
+    expected = tf.cast(expected, tf.int64)
+    skip = tf.cast(skip, tf.int64)
+    end = expected if take is None else skip + tf.cast(take, tf.int64)  # records 0..end-1 are read
+    records = tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors().take(end)
     chunks = records.batch(_CHECK_CHUNK).concatenate(
         tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # end marker: the only empty chunk
     )
@@ -99,15 +114,17 @@ def read_shard(
         names = tf.strings.join([
             name_prefix, tf.strings.as_string(count + tf.range(size)), " at byte offset ", tf.strings.as_string(starts),
         ])
-        short = tf.logical_and(tf.equal(size, 0), count < expected)
+        short = tf.logical_and(tf.equal(size, 0), count < end)
 
         def on_short() -> tf.Tensor:
-            lost = expected - count
+            lost = end - tf.maximum(count, skip)  # only this piece's records
             reason = tf.numpy_function(_read_error_note, [path], tf.string)
             if skip_corrupt:
                 tf.print(
-                    "tfdata_readers: WARNING: skipped", lost, "corrupt or unreadable record(s) at the end of shard",
-                    path, "from byte offset", offset, "(", reason, ")", output_stream=sys.stderr,
+                    "tfdata_readers: WARNING: skipped", lost, "corrupt or unreadable record(s) of shard", path,
+                    "(its records", tf.maximum(count, skip), "to", end - 1, "of", expected,
+                    "read by this pipeline; unreadable from byte offset", offset, ":", reason, ")",
+                    output_stream=sys.stderr,
                 )
                 return tf.numpy_function(_count_skipped, [path, lost], tf.int64)
             message = tf.strings.join([
@@ -125,4 +142,4 @@ def read_shard(
             return (count + size, offset + tf.reduce_sum(record_bytes)), (tf.identity(chunk), names)
 
     initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    return chunks.scan(initial, check).unbatch()  # (serialized, name)
+    return chunks.scan(initial, check).unbatch().skip(skip)  # (serialized, name)

@@ -104,3 +104,14 @@ def test_verify_cli_exit_codes(jpeg_dir: pathlib.Path, copy_dir: pathlib.Path) -
                          capture_output=True, text=True, env=env, cwd=_REPO)
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stderr and "validation-00000-of-00001.tfrecord" in bad.stderr
+
+
+def test_training_on_a_split_smaller_than_one_batch_is_refused(jpeg_dir) -> None:
+    """drop_remainder would leave no batch: with num_epochs=None, Keras would wait on an empty repeat."""
+    with pytest.raises(ValueError, match=r"split 'validation' .* has 13 examples: fewer than one batch of 14"):
+        tfdata_readers.make_dataset(jpeg_dir, "validation", 14, training=True, seed=0, num_epochs=None)
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
+    with pytest.raises(ValueError, match=r"fewer than one global batch of 14"):
+        tfdata_readers.make_dataset(jpeg_dir, "validation", 7, training=True, seed=0, input_context=context)
+    # Evaluation keeps the partial batch: allowed.
+    assert sum(int(i.shape[0]) for i, _ in tfdata_readers.make_dataset(jpeg_dir, "validation", 14)) == 13

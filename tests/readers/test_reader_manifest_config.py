@@ -95,11 +95,35 @@ def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Pat
         ("crop_aspect_ratio_range", (2.0, 1.0), "crop_aspect_ratio_range"),
         ("num_epochs", 0, "num_epochs"),
         ("drop_remainder", "yes", "drop_remainder"),
+        # Values of the wrong type: a named ValueError, never a TypeError from deep inside.
+        ("image_size", "32", r"ReadConfig\.image_size.*'32'"),
+        ("image_size", (32, 32, 3), r"ReadConfig\.image_size.*\(32, 32, 3\)"),
+        ("image_size", 0, r"ReadConfig\.image_size.*got 0"),
+        ("image_size", 32.0, r"ReadConfig\.image_size.*32\.0"),
+        ("scale", "0.5", r"ReadConfig\.scale.*'0\.5'"),
+        ("crop_area_range", 0.5, r"ReadConfig\.crop_area_range.*0\.5"),
+        ("crop_aspect_ratio_range", None, r"ReadConfig\.crop_aspect_ratio_range.*None"),
+        ("deterministic", "yes", r"ReadConfig\.deterministic.*'yes'"),
+        ("shuffle_files", 1, r"ReadConfig\.shuffle_files.*1"),
+        ("skip_corrupt", "no", r"ReadConfig\.skip_corrupt.*'no'"),
+        ("num_epochs", True, r"ReadConfig\.num_epochs.*True"),
     ],
 )
 def test_config_rejects_bad_values(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ReadConfig(**{field: value})
+
+
+@pytest.mark.parametrize("value", [32, (32, 32), [32, 32]])
+def test_image_size_takes_an_int_for_a_square(value: object) -> None:
+    assert ReadConfig(image_size=value).image_size == (32, 32)
+
+
+def test_make_dataset_resizes_to_an_int_image_size(jpeg_dir: pathlib.Path) -> None:
+    """As the converter's --image_size 24: one int is a square."""
+    for training in (False, True):
+        image, _ = next(iter(tfdata_readers.make_dataset(jpeg_dir, "train", 4, image_size=24, training=training, seed=0)))
+        assert image.shape == (4, 24, 24, 3)
 
 
 def test_uint8_output_refuses_a_scale_it_cannot_apply() -> None:
@@ -111,7 +135,9 @@ def test_uint8_output_refuses_a_scale_it_cannot_apply() -> None:
 
 def test_config_defaults_are_valid_and_frozen() -> None:
     config = ReadConfig()
-    assert config.num_parallel_reads == tf.data.AUTOTUNE and config.deterministic is False
+    assert config.num_parallel_reads == tf.data.AUTOTUNE and config.deterministic is None
+    # None: a seeded run is deterministic, an unseeded one may reorder for speed.
+    assert config.resolved_deterministic(0) is True and config.resolved_deterministic(None) is False
     with pytest.raises(AttributeError):
         config.block_length = 4  # type: ignore[misc]
 

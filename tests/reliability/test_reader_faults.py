@@ -285,3 +285,23 @@ def test_manifest_without_declared_features_is_refused(data_dir: pathlib.Path) -
     shard_faults.edit_manifest(data_dir, lambda m: m.pop("features"))
     with pytest.raises(ValueError, match=r"dataset_info\.json: missing required field 'features'"):
         tfdata_readers.make_dataset(data_dir, "train", 8)
+
+def test_skip_corrupt_counts_each_lost_record_once_across_input_pipelines(data_dir: pathlib.Path, capfd) -> None:
+    """4 pipelines over 3 shards: the lost records of shard 1 belong to two pipelines' shares, and
+    each pipeline reports only its own, so together they report exactly the 5 records lost."""
+    expected = reader_fixtures.expected_keys(data_dir, "train")
+    lost_keys = set(expected[8 + 3:16])  # records 3-7 of shard 1
+    shard_faults.flip_record_byte(data_dir / SHARD, 3, "data")
+    tfdata_readers.reset_skipped_records()
+    keys = []
+    for pipeline_id in range(4):
+        context = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=pipeline_id, num_replicas_in_sync=4)
+        keys += _keys(tfdata_readers.make_dataset(
+            data_dir, "train", 2, input_context=context, with_metadata=True, skip_corrupt=True
+        ))
+    assert sorted(keys) == sorted(k for k in expected if k not in lost_keys)
+    assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 5}
+    err = capfd.readouterr().err
+    # Shares of 6: pipeline 1 holds records 0-3 of shard 1 and loses 1; pipeline 2 holds 4-7 and loses 4.
+    assert "skipped 1 corrupt or unreadable record(s)" in err and "skipped 4 corrupt or unreadable record(s)" in err, err
+
