@@ -1,13 +1,15 @@
-"""Checks a dataset against its manifest: declared features, unlisted shards, and each shard's bytes, sha256 and records."""
+"""Checks a dataset against its manifest: declared features, dead letters, unlisted shards, and each shard's bytes, sha256 and records."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -76,11 +78,44 @@ def _check_shard(shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature]) ->
     return problems
 
 
+DEAD_LETTERS_FILE = "dead_letters.jsonl"
+DEAD_LETTER_FIELDS = ("uri", "stage", "reason", "detail")
+
+
+def _check_dead_letters(data_dir: str, raw: Mapping[str, Any]) -> list[ShardProblem]:
+    """The dead-letter file (docs/FORMAT.md: always present, possibly empty) exists, each line is a
+    JSON object with the format's fields, and its line count matches `num_dead_letters`."""
+    name = raw.get("dead_letters_file", DEAD_LETTERS_FILE)
+    if not isinstance(name, str) or not name:
+        return [ShardProblem(os.path.join(data_dir, MANIFEST_NAME), f"dead_letters_file is {name!r}; expected a file name")]
+    path = os.path.join(data_dir, name)
+    if not tf.io.gfile.exists(path):
+        return [ShardProblem(path, f"missing; {MANIFEST_NAME} names it and the format says it is always present")]
+    with tf.io.gfile.GFile(path, "r") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    problems = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(ShardProblem(path, f"line {number} is not JSON ({e})"))
+            break
+        lacking = [k for k in DEAD_LETTER_FIELDS if not isinstance(entry, dict) or k not in entry]
+        if lacking:
+            problems.append(ShardProblem(path, f"line {number} lacks field(s) {lacking}"))
+            break
+    declared = raw.get("num_dead_letters")
+    if declared is not None and declared != len(lines):
+        problems.append(ShardProblem(path, f"{len(lines)} dead letter(s), {MANIFEST_NAME} says {declared!r}"))
+    return problems
+
+
 def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None) -> list[ShardProblem]:
     """Every problem found in the shards of `splits` (all splits by default); empty means all good.
 
     Besides each listed shard, it reports features the manifest declares differently from the
-    format, and files named like a shard of these splits (of any split, by default) that the
+    format, a missing or malformed dead-letter file (or one whose line count differs from the
+    manifest's `num_dead_letters`), and files named like a shard of these splits (of any split, by default) that the
     manifest does not list. A manifest it cannot read, or one of a newer schema_version, raises.
     """
     info = load_manifest(data_dir)
@@ -89,6 +124,7 @@ def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None
     keys = list(FEATURE_DTYPES)
     problems = [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
     spec = feature_spec(keys)
+    problems.extend(_check_dead_letters(info.data_dir, info.raw))
     for path in unlisted_shards(info, splits or None):
         problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
     for name in names:

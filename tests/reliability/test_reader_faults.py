@@ -305,3 +305,20 @@ def test_skip_corrupt_counts_each_lost_record_once_across_input_pipelines(data_d
     # Shares of 6: pipeline 1 holds records 0-3 of shard 1 and loses 1; pipeline 2 holds 4-7 and loses 4.
     assert "skipped 1 corrupt or unreadable record(s)" in err and "skipped 4 corrupt or unreadable record(s)" in err, err
 
+
+def test_verify_reports_a_missing_dead_letters_file(data_dir: pathlib.Path) -> None:
+    (data_dir / "dead_letters.jsonl").unlink()
+    path = data_dir / "dead_letters.jsonl"
+    assert [str(p) for p in tfdata_readers.verify(data_dir)] == [
+        f"{path}: missing; dataset_info.json names it and the format says it is always present"
+    ]
+    cli = _verify_cli(data_dir)
+    assert cli.returncode == 1 and f"MISMATCH {path}: missing" in cli.stderr
+
+
+def test_verify_reports_dead_letters_that_disagree_with_the_manifest(data_dir: pathlib.Path) -> None:
+    path = data_dir / "dead_letters.jsonl"
+    path.write_text('{"uri": "a.jpg", "stage": "decode", "reason": "truncated", "detail": ""}\nnot json\n')
+    problems = [str(p) for p in tfdata_readers.verify(data_dir)]
+    assert problems[0].startswith(f"{path}: line 2 is not JSON"), problems
+    assert f"{path}: 2 dead letter(s), dataset_info.json says 0" in problems
