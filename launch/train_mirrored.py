@@ -26,6 +26,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tfdata_readers  # noqa: E402
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int (got {value})")
+    return value
+
+
 def make_strategy(num_replicas: int | None) -> tf.distribute.MirroredStrategy:
     """Mirrors over the GPUs; with num_replicas on a CPU-only machine, over N logical CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
@@ -58,12 +65,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", required=True, help="directory (or gs://) with dataset_info.json")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--num_replicas", type=int, default=None,
+    parser.add_argument("--num_replicas", type=_positive_int, default=None,
                         help="without GPUs: split the CPU into this many logical devices")
-    parser.add_argument("--global_batch_size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--steps_per_epoch", type=int, default=None, help="default: from the manifest")
-    parser.add_argument("--image_size", type=int, default=None, help="train at this square size (default: stored)")
+    parser.add_argument("--global_batch_size", type=_positive_int, default=32)
+    parser.add_argument("--epochs", type=_positive_int, default=1)
+    parser.add_argument("--steps_per_epoch", type=_positive_int, default=None,
+                        help="default: from the manifest (more than one epoch's batches repeats the data)")
+    parser.add_argument("--image_size", type=_positive_int, default=None, help="train at this square size (default: stored)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--input_dtype", choices=("float32", "uint8"), default="float32",
                         help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
@@ -72,14 +80,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
 
     strategy = make_strategy(args.num_replicas)
     info = tfdata_readers.load_manifest(args.data_dir)
-    steps = args.steps_per_epoch or tfdata_readers.steps_per_epoch(
-        args.data_dir, args.split, args.global_batch_size, drop_remainder=True
-    )
-    if steps < 1:
+    full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size, drop_remainder=True)
+    # Checked whether or not --steps_per_epoch is given: training drops the last partial batch, so
+    # a split smaller than one global batch yields no batch at all, however many steps are asked for.
+    if full_batches < 1:
         raise ValueError(
             f"split {args.split!r} has {info.split(args.split).num_examples} examples: fewer than one "
             f"global batch of {args.global_batch_size}"
         )
+    steps = args.steps_per_epoch or full_batches
     size = (args.image_size, args.image_size) if args.image_size else (info.image.height, info.image.width)
     # num_epochs=None: Keras keeps one iterator across epochs when steps_per_epoch is given.
     dataset = tfdata_readers.distribute(

@@ -39,3 +39,24 @@ def test_train_mirrored_two_replicas_on_real_photos(tmp_path: pathlib.Path) -> N
         assert history["steps_per_epoch"] == [72 // 16]  # from the manifest
         assert len(history["loss"]) == 2 and all(0 < v < 100 for v in history["loss"])
         assert "training on 2 replica(s)" in train.stdout and input_dtype in train.stdout
+
+
+def test_train_mirrored_refuses_a_split_smaller_than_a_global_batch_even_with_steps_per_epoch(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Training drops the last partial batch, so 10 examples at a global batch of 16 give no batch
+    at all: asking for 2 steps must fail naming the cause, not with a bare StopIteration."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import reader_fixtures
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (10, 2)}, image_size=(16, 16))
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for extra in (["--steps_per_epoch", "2"], []):
+        train = subprocess.run(
+            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
+             "--num_replicas", "2", "--global_batch_size", "16", *extra],
+            capture_output=True, text=True, env=env, cwd=_REPO, timeout=300,
+        )
+        assert train.returncode != 0
+        assert "split 'train' has 10 examples: fewer than one global batch of 16" in train.stderr, train.stderr[-3000:]
+        assert "StopIteration" not in train.stderr
