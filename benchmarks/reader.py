@@ -110,10 +110,18 @@ def _methods(ctx: dict) -> dict[str, Callable[[], tf.data.Dataset]]:
         "reader JPEG eval (auto: decode per batch)": reader(jpeg, jpeg_split),
         "reader JPEG eval, decode per element": reader(jpeg, jpeg_split, decode_placement="element"),
         "reader JPEG eval, dtype=uint8 (scale on device)": reader(jpeg, jpeg_split, dtype="uint8"),
-        "reader JPEG training (crop+flip)": reader(jpeg, jpeg_split, training=True, seed=0),
+        # A seed makes the reader deterministic by default (ReadConfig.deterministic=None); the
+        # deterministic=False rows measure what that costs.
+        "reader JPEG training (crop+flip), seed: deterministic": reader(jpeg, jpeg_split, training=True, seed=0),
+        "reader JPEG training (crop+flip), seed, deterministic=False": reader(
+            jpeg, jpeg_split, training=True, seed=0, deterministic=False
+        ),
         "reader RAW eval (auto: decode per batch)": reader(raw, raw_split),
         "reader RAW eval, decode per element": reader(raw, raw_split, decode_placement="element"),
-        "reader RAW training (crop+flip)": reader(raw, raw_split, training=True, seed=0),
+        "reader RAW training (crop+flip), seed: deterministic": reader(raw, raw_split, training=True, seed=0),
+        "reader RAW training (crop+flip), seed, deterministic=False": reader(
+            raw, raw_split, training=True, seed=0, deterministic=False
+        ),
     }
 
 
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     print("  The decode-only limit and the dtype=uint8 row yield uint8 batches; all other rows yield float32 in [0, 1].")
     if args.json:
         args.json.write_text(json.dumps({"medians": medians, "rates": rates, "converter": converter}, indent=2))
+    _print_determinism_cost(medians, rates)
     jpeg_name, raw_name = "reader JPEG eval (auto: decode per batch)", "reader RAW eval (auto: decode per batch)"
     if jpeg_name not in medians or raw_name not in medians:
         return
@@ -224,6 +233,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  (reader JPEG dtype=uint8 / decode limit: {uint8_rate / limit:5.0%}  "
               f"{'OK' if uint8_rate >= 0.9 * limit else 'MISSED'})")
     print(f"  reader RAW  >= 25x problem:        {raw_rate / problem:5.1f}x  {'OK' if raw_rate >= 25 * problem else 'MISSED'}")
+
+
+def _print_determinism_cost(medians: dict[str, float], rates: dict[str, list[float]]) -> None:
+    """What a seeded run's default (deterministic order) costs against deterministic=False."""
+    for fmt in ("JPEG", "RAW"):
+        seeded = f"reader {fmt} training (crop+flip), seed: deterministic"
+        free = f"reader {fmt} training (crop+flip), seed, deterministic=False"
+        if seeded in medians and free in medians:
+            print(f"  {fmt} training, deterministic / deterministic=False: {medians[seeded] / medians[free]:.2f} "
+                  f"(medians {medians[seeded]:.0f} / {medians[free]:.0f} img/s)")
 
 
 if __name__ == "__main__":
