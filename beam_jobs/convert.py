@@ -13,7 +13,6 @@ from functools import partial
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
@@ -25,6 +24,7 @@ from beam_jobs.plan import ShardPlan
 from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
 from beam_jobs.storage import temp_name, write_atomically
+from beam_jobs.tfrecord_framing import frame_record
 
 __all__ = [
     "CONTENT_KEYS",
@@ -76,10 +76,29 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
 
 
 def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
-    """Identifies exactly what a shard must contain: the run's settings and the shard's inputs."""
+    """Identifies what a shard must contain: the run's settings and the shard's inputs (names and
+    labels; their contents are checked separately, see ``source_state``)."""
     listing = [[f.filename, f.uri, f.label, f.label_id] for f in shard.inputs]
     text = json.dumps([run_fingerprint, shard.split, shard.index, shard.num_shards, listing])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def source_state(input_file: InputFile) -> list:
+    """[size, modification time] of an input's source, or [None, None] if it cannot be read.
+
+    A staged shard is reused by --resume only if every one of its sources still has the state
+    recorded when it was converted: a replaced or repaired file changes size or time, and its
+    shard is converted again. The listing of a tree already knows both; an input list's entries
+    cost one metadata request each (on object stores the time is that of the object's current
+    generation or version).
+    """
+    if input_file.size is not None and input_file.mtime is not None:
+        return [input_file.size, input_file.mtime]
+    try:
+        meta = FileSystems.get_filesystem(input_file.uri).metadata(input_file.uri)
+        return [meta.size_in_bytes, meta.last_updated_in_seconds]
+    except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
+        return [None, None]
 
 
 def staged_name(file_name: str) -> str:
@@ -212,8 +231,11 @@ class ConvertShardFn(beam.DoFn):
         staged_path = FileSystems.join(self._output_dir, staged_name(shard.file_name))
         sidecar_path = FileSystems.join(self._output_dir, sidecar_name(shard.file_name))
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
+        # Before anything is read: a source that changes during the conversion then differs from
+        # what the sidecar records, and a later --resume converts it again.
+        sources = list(self._pool.map(source_state, shard.inputs))
         if self._resume:
-            done = _verified_sidecar(staged_path, sidecar_path, fingerprint)
+            done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
             if done is not None:
                 self._shards_resumed.inc()
                 _LOG.info("kept %s: complete and verified from an earlier run", shard.file_name)
@@ -248,9 +270,7 @@ class ConvertShardFn(beam.DoFn):
                     continue
                 for event in events:
                     Metrics.counter(METRICS_NAMESPACE, f"event_{event}").inc()
-                # Beam's own TFRecord framing (length, masked CRC32C via google-crc32c, data, CRC),
-                # the same code WriteToTFRecord uses, so shards can go to any Beam filesystem.
-                _TFRecordUtil.write_record(writer, record)
+                writer.write(frame_record(record))
                 num_examples += 1
                 content_keys.append((sha256, input_file.filename, input_file.label))
             handle.close()
@@ -264,6 +284,7 @@ class ConvertShardFn(beam.DoFn):
         FileSystems.rename([temp_path], [staged_path])
         done = {
             "fingerprint": fingerprint,
+            "sources": sources,
             "file": shard.file_name,
             "num_examples": num_examples,
             "bytes": writer.bytes,
@@ -308,14 +329,15 @@ def _file_sha256(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _verified_sidecar(staged_path: str, sidecar_path: str, fingerprint: str) -> dict | None:
-    """The sidecar of a staged shard when the shard on disk is exactly what this run would write."""
+def _verified_sidecar(staged_path: str, sidecar_path: str, fingerprint: str, sources: list) -> dict | None:
+    """The sidecar of a staged shard when the shard on disk is exactly what this run would write:
+    the same settings and inputs, every source unchanged since, and the file intact."""
     try:
         if not (FileSystems.exists(staged_path) and FileSystems.exists(sidecar_path)):
             return None
         with FileSystems.open(sidecar_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             done = json.loads(handle.read().decode("utf-8"))
-        if done.get("fingerprint") != fingerprint:
+        if done.get("fingerprint") != fingerprint or done.get("sources") != sources:
             return None
         if _file_sha256(staged_path) != (done["bytes"], done["sha256"]):
             return None

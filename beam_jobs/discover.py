@@ -1,4 +1,4 @@
-"""Listing inputs: a class-per-folder tree on any Beam filesystem, or a CSV/JSONL manifest."""
+"""Listing inputs: a class-per-folder tree on any Beam filesystem, or a CSV/JSONL input list."""
 
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ from collections.abc import Iterator
 from functools import partial
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.storage import list_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "ListManifest",
+    "ListInputList",
     "ListTree",
     "is_image_filename",
     "normalize_root",
-    "parse_manifest",
+    "parse_input_list",
     "relative_filename",
 ]
 
@@ -47,7 +47,7 @@ def is_image_filename(path: str) -> bool:
 def normalize_root(root: str) -> str:
     """The input root with exactly one trailing separator, so prefixes compare safely."""
     if "://" not in root:
-        root = os.path.abspath(root)
+        root = os.path.abspath(os.path.expanduser(root))
     return root.rstrip("/") + "/"
 
 
@@ -65,7 +65,8 @@ def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | D
         resolve_inside_root(filename, root, allow_outside=allow_outside_root)
     except BadInputError as error:
         return DeadLetter(meta.path, error.stage, error.reason, error.detail)
-    return InputFile(filename=filename, uri=meta.path, size=meta.size_in_bytes)
+    return InputFile(filename=filename, uri=meta.path, size=meta.size_in_bytes,
+                     mtime=meta.last_updated_in_seconds or None)
 
 
 class ListTree(beam.PTransform):
@@ -83,7 +84,10 @@ class ListTree(beam.PTransform):
         root = self._root
         return (
             pipeline
-            | "MatchFiles" >> fileio.MatchFiles(FileSystems.join(root, "**"))
+            | "Root" >> beam.Create([root])
+            # Every character of the root is literal ("photos [2024]"): fileio.MatchFiles would
+            # read "[", "*" and "?" in it as glob syntax.
+            | "MatchFiles" >> beam.FlatMap(list_tree)
             # FileMetadata(path, size_in_bytes)
             | "KeepImages" >> beam.Filter(lambda meta: is_image_filename(meta.path))
             | "ToInputFile" >> beam.Map(_listed_input, root=root, allow_outside_root=self._allow_outside_root)
@@ -91,6 +95,7 @@ class ListTree(beam.PTransform):
         )
 
 
+# The input list: a CSV or JSONL file naming each image and its label (the --manifest flag).
 _REQUIRED_COLUMNS = ("uri", "label")
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
@@ -121,25 +126,26 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool)
     return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split)
 
 
-def parse_manifest(data: bytes | str, *, manifest_uri: str, allow_outside_root: bool = False,
-                   ) -> Iterator[InputFile | DeadLetter]:
-    """Parses a CSV (with a header naming uri, label and optionally split) or a JSONL manifest.
+def parse_input_list(data: bytes | str, *, list_uri: str, allow_outside_root: bool = False,
+                     ) -> Iterator[InputFile | DeadLetter]:
+    """Parses an input list: CSV (with a header naming uri, label and optionally split) or JSONL.
 
-    Relative uris are relative to the manifest's folder, which is the input root: entries that
+    Relative uris are relative to the list's folder, which is the input root: entries that
     leave it are refused unless ``allow_outside_root``. Each malformed row (missing or extra
     columns, bad JSON, bytes that are not UTF-8, an empty label) becomes a dead letter naming its
-    line as ``<manifest>:<line>``; the other rows are unaffected. A BOM and CRLF line ends are fine.
+    line as ``<list>:<line>``; the other rows are unaffected. A BOM and CRLF line ends are fine.
     """
-    root = manifest_uri.rsplit("/", 1)[0] + "/" if "/" in manifest_uri else ""
+    list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
+    root = list_uri.rsplit("/", 1)[0] + "/"
     text = data.decode("utf-8", errors="surrogateescape") if isinstance(data, bytes) else data
     if text.startswith("\ufeff"):
         text = text[1:]
     convert = partial(_row_to_input, root=root, allow_outside_root=allow_outside_root)
-    if manifest_uri.lower().endswith(_JSON_SUFFIXES):
+    if list_uri.lower().endswith(_JSON_SUFFIXES):
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            where = f"{manifest_uri}:{number}"
+            where = f"{list_uri}:{number}"
             if _has_undecodable([line]):
                 yield _bad_row(where, "the line is not valid UTF-8")
                 continue
@@ -155,34 +161,38 @@ def parse_manifest(data: bytes | str, *, manifest_uri: str, allow_outside_root: 
     reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = reader.fieldnames or []
     if not all(column in columns for column in _REQUIRED_COLUMNS):
-        raise ValueError(f"the manifest {redact(manifest_uri)} must have a header row naming uri and label "
-                         f"(got {columns!r})")
+        raise JobError(f"the input list {redact(list_uri)} must have a header row naming uri and label "
+                       f"(got {columns!r})")
     for row in reader:
-        where = f"{manifest_uri}:{reader.line_num}"
+        where = f"{list_uri}:{reader.line_num}"
         if None in row or any(value is None for value in row.values()):
             yield _bad_row(where, "wrong number of columns")
             continue
         yield convert(row, where=where)
 
 
-def _read_manifest(manifest_uri: str, *, allow_outside_root: bool) -> list[InputFile | DeadLetter]:
-    with FileSystems.open(manifest_uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        data = handle.read()
-    return list(parse_manifest(data, manifest_uri=manifest_uri, allow_outside_root=allow_outside_root))
+def _read_input_list(list_uri: str, *, allow_outside_root: bool) -> list[InputFile | DeadLetter]:
+    try:
+        with FileSystems.open(list_uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            data = handle.read()
+    except Exception as error:
+        raise JobError(f"cannot read the input list {redact(list_uri)}: {redact(str(error))}") from None
+    return list(parse_input_list(data, list_uri=list_uri, allow_outside_root=allow_outside_root))
 
 
-class ListManifest(beam.PTransform):
-    """Reads a CSV or JSONL manifest into InputFiles (with labels) and dead letters for bad rows."""
+class ListInputList(beam.PTransform):
+    """Reads a CSV or JSONL input list into InputFiles (with labels) and dead letters for bad rows."""
 
-    def __init__(self, manifest_uri: str, *, allow_outside_root: bool = False) -> None:
+    def __init__(self, list_uri: str, *, allow_outside_root: bool = False) -> None:
         super().__init__()
-        self._manifest_uri = manifest_uri
+        # A bare "list.csv" is relative to the working directory, as on any command line.
+        self._list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
         self._allow_outside_root = allow_outside_root
 
     def expand(self, pipeline):
         return (
             pipeline
-            | "ManifestPath" >> beam.Create([self._manifest_uri])
-            | "ReadManifest" >> beam.FlatMap(_read_manifest, allow_outside_root=self._allow_outside_root)
+            | "InputListPath" >> beam.Create([self._list_uri])
+            | "ReadInputList" >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInputError", "Reason", "Stage"]
+__all__ = ["BadInputError", "JobError", "Reason", "Stage"]
 
 
 class Stage:
@@ -51,3 +51,8 @@ class BadInputError(Exception):
     def __reduce__(self):
         # Crosses process boundaries (isolated decodes, Beam workers) with its fields intact.
         return type(self), (self.stage, self.reason, self.detail)
+
+
+class JobError(ValueError):
+    """The job as a whole cannot go on (no images found, an unreadable input list): its message is
+    what the user sees, as one line, wherever in the pipeline it was raised."""

@@ -9,9 +9,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_jobs.config import ImageConfig
 from beam_jobs.plan import DEFAULT_TARGET_SHARD_MB
 
-__all__ = ["ConversionOptions"]
+__all__ = ["LOG_LEVELS", "ConversionOptions"]
 
 _DEFAULTS = ImageConfig()
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ConversionOptions(PipelineOptions):
@@ -22,8 +23,8 @@ class ConversionOptions(PipelineOptions):
         group = parser.add_argument_group("images-to-tfrecords")
         group.add_argument("--input", help="root of a class-per-folder tree: ROOT/<label>/<image> or "
                            "ROOT/<split>/<label>/<image>; a local path or any Beam filesystem URI (gs://...)")
-        group.add_argument("--manifest", help="CSV (header: uri,label[,split]) or JSONL manifest; relative "
-                           "uris are relative to the manifest's folder")
+        group.add_argument("--manifest", help="a CSV (header: uri,label[,split]) or JSONL list of the input "
+                           "images; relative uris are relative to the list's folder")
         group.add_argument("--output_dir", help="where shards, dataset_info.json and dead_letters.jsonl go")
         group.add_argument("--splits", default=None, help="split fractions for inputs without one, assigned "
                            "by a stable hash of the relative path, e.g. train=0.9,validation=0.1 "
@@ -66,6 +67,10 @@ class ConversionOptions(PipelineOptions):
                            "identical bytes (the first name is kept; copies with conflicting labels are all "
                            "dead letters). With path, identical-content copies are kept and reported in "
                            "dataset_info.json (default: %(default)s)")
+        group.add_argument("--log_level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                           help="how much of Beam's and the workers' own logging to show; DEBUG also shows "
+                           "the full trace of a failure (default: %(default)s: the job's progress and "
+                           "summary, and every warning and error)")
         group.add_argument("--allow_outside_root", action="store_true", default=False,
                            help="accept manifest entries and symlinks that lead outside the input root "
                            "(absolute paths elsewhere, other buckets, ..)")

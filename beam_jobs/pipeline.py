@@ -2,42 +2,47 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+from beam_jobs.arguments import PROG, JobArguments, UsageError, help_parser, parse_job_arguments
+from beam_jobs.config import ImageConfig
+from beam_jobs.console import hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
-from beam_jobs.discover import ListManifest, ListTree, normalize_root
-from beam_jobs.errors import BadInputError
-from beam_jobs.manifest import (
+from beam_jobs.discover import ListInputList, ListTree
+from beam_jobs.errors import BadInputError, JobError
+from beam_jobs.finalize import (
     DATASET_INFO,
     DEAD_LETTERS_FILE,
     TooManyBadInputsError,
     content_duplicate_groups,
     finalize_outputs,
+    is_dataset_file,
     run_fingerprint,
 )
-from beam_jobs.options import ConversionOptions
 from beam_jobs.paths import redact
-from beam_jobs.storage import temp_name
+from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = ["ConvertImages", "main", "run"]
 
 _LOG = logging.getLogger("beam_jobs")
-_SHARD_NAME = re.compile(r"^.+-\d{5}-of-\d{5}\.tfrecord$")
 
 
 def _make_plan(listing: list, *, from_tree: bool, source: str, **plan_args) -> DatasetPlan:
@@ -47,7 +52,7 @@ def _make_plan(listing: list, *, from_tree: bool, source: str, **plan_args) -> D
         inputs, layout_dead = labels_from_tree(inputs)
         dead += layout_dead
     if not inputs and not dead:
-        raise ValueError(f"no image files found in {source}")
+        raise JobError(f"no image files found in {redact(source)}")
     return plan_dataset(inputs, dead_letters=dead, **plan_args)
 
 
@@ -78,14 +83,14 @@ def _dead_letters_of(plan: DatasetPlan):
 class ConvertImages(beam.PTransform):
     """Lists, plans, converts and finalises: the whole job as one transform."""
 
-    def __init__(self, *, input_root: str | None, manifest: str | None, output_dir: str,
+    def __init__(self, *, input_root: str | None, input_list: str | None, output_dir: str,
                  image_config: ImageConfig, split_fractions: dict[str, float] | None,
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
                  allow_outside_root: bool = False) -> None:
         super().__init__()
         self._input_root = input_root
-        self._manifest = manifest
+        self._input_list = input_list
         self._output_dir = output_dir
         self._config = image_config
         self._split_fractions = split_fractions
@@ -102,8 +107,8 @@ class ConvertImages(beam.PTransform):
         if self._input_root is not None:
             listing = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root)
         else:
-            listing = pipeline | "ListManifest" >> ListManifest(
-                self._manifest, allow_outside_root=self._allow_outside_root)
+            listing = pipeline | "ListInputList" >> ListInputList(
+                self._input_list, allow_outside_root=self._allow_outside_root)
         # InputFile | DeadLetter
         if self._dedup == "content":
             listing = (
@@ -118,7 +123,7 @@ class ConvertImages(beam.PTransform):
             | "PlanShards" >> beam.Map(
                 _make_plan,
                 from_tree=self._input_root is not None,
-                source=self._input_root or self._manifest,
+                source=self._input_root or self._input_list,
                 split_fractions=self._split_fractions,
                 num_shards=self._num_shards,
                 example_bytes=estimate_example_bytes(
@@ -169,15 +174,17 @@ class ConvertImages(beam.PTransform):
         )
 
 
-def _use_local_runner_by_default(options: PipelineOptions, argv: Sequence[str]) -> None:
-    """With no --runner, run on all local cores with Beam's FnApiRunner in multi-processing mode.
+def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: str):
+    """With no --runner: Beam's FnApiRunner in multi-processing mode on all local cores, else None.
 
     Beam's DirectRunner would first try to download the Prism runner binary, which fails offline.
+    The runner is built here rather than named with --runner=FnApiRunner because, named, it hands
+    its worker processes no pipeline options: they would then log at INFO whatever was asked,
+    and their filesystems would lack the options they need (an S3 endpoint and keys, say).
     """
     standard = options.view_as(StandardOptions)
     if standard.runner is not None:
-        return
-    standard.runner = "FnApiRunner"
+        return None
     direct = options.view_as(DirectOptions)
     given = " ".join(argv)
     if "--direct_running_mode" not in given:
@@ -187,13 +194,28 @@ def _use_local_runner_by_default(options: PipelineOptions, argv: Sequence[str]) 
     # Workers log our per-shard progress; Beam's own INFO chatter from every worker would bury it.
     worker = options.view_as(WorkerOptions)
     if "--default_sdk_harness_log_level" not in given:
-        worker.default_sdk_harness_log_level = "WARNING"
+        worker.default_sdk_harness_log_level = log_level
     if "--sdk_harness_log_level_overrides" not in given:
-        worker.sdk_harness_log_level_overrides = {"beam_jobs": "INFO"}
+        overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG"}
+        if log_level != "DEBUG":
+            # These two log each failed bundle's traceback, twice; the failure is what ends the
+            # run, and main() reports it as one line (--log_level DEBUG shows them).
+            overrides.update({"apache_beam.runners.common": "CRITICAL",
+                              "apache_beam.runners.worker.sdk_worker": "CRITICAL"})
+        worker.sdk_harness_log_level_overrides = overrides
+    # Beam's own options only: workers do not know the job's flags, and would warn about each.
+    ours = {action.dest for action in help_parser()._actions}  # pylint: disable=protected-access
+    beam_options = {k: v for k, v in options.get_all_options(drop_default=True).items()
+                    if k not in ours or k == "runner"}
+    provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
+        retrieval_token="unused-retrieval-token",
+        pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
+    ))
+    return fn_runner.FnApiRunner(provision_info=provision)
 
 
 def _existing_fingerprints(names: dict[str, str]) -> set[str]:
-    """The run fingerprints recorded by an earlier run's manifest, if any."""
+    """The run fingerprints recorded by an earlier run's dataset_info.json, if any."""
     found = set()
     if DATASET_INFO in names:
         with FileSystems.open(names[DATASET_INFO]) as handle:
@@ -204,112 +226,114 @@ def _existing_fingerprints(names: dict[str, str]) -> set[str]:
     return found
 
 
-def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str) -> None:
-    """Never mixes two datasets in one folder.
+def _check_inputs_exist(arguments: JobArguments) -> None:
+    """Fails before anything is created when the input cannot be what the flag says it is."""
+    if arguments.input_list is not None:
+        path = arguments.input_list
+        if "://" not in path and os.path.isdir(path):
+            raise UsageError(f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
+                             "the images (for a class-per-folder tree use --input)")
+        if not FileSystems.exists(path):
+            raise UsageError(f"--manifest {redact(path)} does not exist")
+        return
+    root = arguments.input_root
+    if "://" not in root:
+        if os.path.isfile(root):
+            raise UsageError(f"--input {root} is a file; --input takes the root folder of a class-per-folder "
+                             "tree (ROOT/<label>/<image>); for a CSV or JSONL list of images use --manifest")
+        if not os.path.isdir(root):
+            raise UsageError(f"--input {root} does not exist")
+    elif not list_tree(root, limit=1):
+        raise UsageError(f"--input {redact(root)}: no files found under it")
 
-    - --overwrite: everything the job writes is deleted first.
+
+def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str) -> bool:
+    """Never mixes two datasets in one folder, and never deletes anything up front.
+
+    - --overwrite: allowed; the dataset there is replaced only when this run succeeds (its
+      finalize step commits the new shards, then removes what the old dataset listed).
     - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
-      one; each staged shard is verified later against its sidecar, and stale files are removed.
+      one; each staged shard is verified later against its sidecar and its sources.
     - neither: the folder must hold no dataset files at all.
+
+    Returns True when it created the folder (so that a run that fails at once can remove it).
     """
+    created = False
     try:
         if not FileSystems.exists(output_dir):
             FileSystems.mkdirs(output_dir)
+            created = True
         # Fail now, with a clear message, rather than after converting everything.
         probe = FileSystems.join(output_dir, temp_name("probe"))
         FileSystems.create(probe).close()
-        FileSystems.delete([probe])
+        delete_exactly([probe])
+        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
     except Exception as error:
-        raise ValueError(f"cannot write to --output_dir {output_dir}: {error}") from None
-    matches = FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list
-    names = {m.path.rsplit("/", 1)[-1]: m.path for m in matches}
-    ours = sorted(name for name in names
-                  if _SHARD_NAME.match(name) or name in (DATASET_INFO, DEAD_LETTERS_FILE)
-                  or name.startswith((".staged-", ".tmp-")))
-    if not ours:
-        return
-    if overwrite:
-        FileSystems.delete([names[name] for name in ours])
-        return
+        raise UsageError(f"cannot write to --output_dir {redact(output_dir)}: {redact(str(error))}") from None
+    ours = sorted(name for name in names if is_dataset_file(name))
+    if not ours or overwrite:
+        if ours:
+            _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
+        return created
     if resume:
         previous = _existing_fingerprints(names)
         if previous and previous != {fingerprint}:
-            raise ValueError(
-                f"--output_dir {output_dir} holds a dataset made with other settings; --resume only continues "
-                "a run with the same flags. Pass --overwrite to replace it, or choose another folder"
+            raise UsageError(
+                f"--output_dir {redact(output_dir)} holds a dataset made with other settings; --resume only "
+                "continues a run with the same flags. Pass --overwrite to replace it, or choose another folder"
             )
-        _remove_temp_files(output_dir)
-        return
-    raise ValueError(
-        f"--output_dir {output_dir} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass --resume "
-        "to continue an interrupted run with the same flags, --overwrite to replace it, or choose another folder"
+        # Temp files of killed writers; staged shards and their sidecars stay for verification.
+        delete_exactly([names[name] for name in ours if name.startswith(".tmp-")])
+        return created
+    raise UsageError(
+        f"--output_dir {redact(output_dir)} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass "
+        "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
+        "the new run succeeds), or choose another folder"
     )
 
 
-def _remove_temp_files(output_dir: str) -> None:
-    """Deletes temp files of killed writers; shards and their sidecars stay for verification."""
-    matches = FileSystems.match([FileSystems.join(output_dir, ".tmp-*")])[0].metadata_list
-    if matches:
-        FileSystems.delete([m.path for m in matches])
-
-
-def _help_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="images-to-tfrecords",
-        description="Convert a folder tree or manifest of images into deterministic, sharded TFRecords "
-        "of tf.train.Example, with dataset_info.json and dead_letters.jsonl.",
-        epilog="Standard Beam flags pass through, e.g. --runner=DataflowRunner or --runner=FlinkRunner. "
-        "With no --runner the job runs on all local cores (FnApiRunner, multi_processing).",
-    )
-    ConversionOptions._add_argparse_args(parser)  # pylint: disable=protected-access
-    StandardOptions._add_argparse_args(parser)  # pylint: disable=protected-access
-    return parser
+def _remove_if_empty(folder: str) -> None:
+    """Removes a folder this run created when the run failed before writing anything into it."""
+    try:
+        if not list_folder(folder) and "://" not in folder:
+            os.rmdir(folder)
+    except Exception:  # Best effort: the original failure is the one to report.
+        pass
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
     """Runs the job and returns the dataset_info.json it wrote. The only place that reads argv."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        _help_parser().print_help()
+        help_parser().print_help()
         raise SystemExit(0)
-    options = PipelineOptions(argv)
-    flags = options.view_as(ConversionOptions)
-    if bool(flags.input) == bool(flags.manifest):
-        raise ValueError("give exactly one of --input DIR_OR_URI and --manifest FILE")
-    if not flags.output_dir:
-        raise ValueError("--output_dir is required")
-    if not 0.0 <= flags.max_bad_fraction <= 1.0:
-        raise ValueError(f"--max_bad_fraction must be in [0, 1] (got {flags.max_bad_fraction!r})")
-    if flags.num_shards < 0 or flags.target_shard_mb <= 0:
-        raise ValueError(f"--num_shards must be >= 0 and --target_shard_mb > 0 "
-                         f"(got {flags.num_shards!r}, {flags.target_shard_mb!r})")
-    width, height = parse_image_size(flags.image_size)
-    config = ImageConfig(
-        width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
-        encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
-        max_file_bytes=int(flags.max_file_mb * 2**20), isolation=flags.isolation,
-        decode_timeout_s=flags.decode_timeout_s,
-    )
-    split_fractions = parse_splits(flags.splits) if flags.splits else None
-    if flags.overwrite and flags.resume:
-        raise ValueError("give at most one of --overwrite and --resume")
-    output_dir = normalize_root(flags.output_dir).rstrip("/")
-    settings = {"splits": split_fractions, "num_shards": flags.num_shards or None,
-                "target_shard_mb": flags.target_shard_mb, "dedup": flags.dedup}
-    _prepare_output_dir(output_dir, overwrite=flags.overwrite, resume=flags.resume,
-                        fingerprint=run_fingerprint(config, settings))
-    _use_local_runner_by_default(options, argv)
-    _LOG.info("converting %s into %s", flags.input or flags.manifest, output_dir)
-    pipeline = beam.Pipeline(options=options)
-    _ = pipeline | "ConvertImages" >> ConvertImages(
-        input_root=flags.input, manifest=flags.manifest, output_dir=output_dir,
-        image_config=config, split_fractions=split_fractions,
-        num_shards=flags.num_shards or None, target_shard_bytes=int(flags.target_shard_mb * 2**20),
-        max_bad_fraction=flags.max_bad_fraction, settings=settings, dedup=flags.dedup,
-        resume=flags.resume, allow_outside_root=flags.allow_outside_root,
-    )
-    result = pipeline.run()
-    result.wait_until_finish()
+    arguments, options = parse_job_arguments(argv)
+    # The job's own filesystem calls (probes, finalize) need the same options as the workers'
+    # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
+    FileSystems.set_options(options)
+    _check_inputs_exist(arguments)
+    config = arguments.image_config
+    output_dir = arguments.output_dir
+    created = _prepare_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
+                                  fingerprint=run_fingerprint(config, arguments.settings))
+    runner = _local_runner(options, argv, log_level=arguments.log_level)
+    _LOG.info("converting %s into %s", redact(arguments.source), redact(output_dir))
+    try:
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        _ = pipeline | "ConvertImages" >> ConvertImages(
+            input_root=arguments.input_root, input_list=arguments.input_list, output_dir=output_dir,
+            image_config=config, split_fractions=arguments.split_fractions,
+            num_shards=arguments.num_shards, target_shard_bytes=arguments.target_shard_bytes,
+            max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
+            resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
+        )
+        with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG"):
+            result = pipeline.run()
+            result.wait_until_finish()
+    except BaseException:
+        if created:
+            _remove_if_empty(output_dir)
+        raise
     _log_counters(result)
     with FileSystems.open(FileSystems.join(output_dir, DATASET_INFO)) as handle:
         return json.loads(handle.read().decode("utf-8"))
@@ -331,47 +355,93 @@ def _log_counters(result) -> None:
 def _summary(info: dict, output_dir: str) -> str:
     splits = ", ".join(f"{name}: {s['num_examples']} examples in {s['num_shards']} shards"
                        for name, s in info["splits"].items())
-    return (f"wrote {splits} to {output_dir}; {info['num_dead_letters']} inputs could not be used "
+    return (f"wrote {splits} to {redact(output_dir)}; {info['num_dead_letters']} inputs could not be used "
             f"(see {info['dead_letters_file']})")
 
 
 _STORAGE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+# The last "SomeError: message" line of a traceback, as runners pass worker failures on in text.
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)): (.+)$", re.MULTILINE)
+# Runners append the failing step to the message; it is worth keeping, the Java-side noise is not.
+_STEP = re.compile(r"\[while running '([^']+)'\]")
 
 
-def _root_cause(error: BaseException) -> str | None:
-    """Finds our own error's message, or a storage failure, inside a runner's wrapped exception."""
-    text = redact(str(error))
-    match = re.search(rf"{TooManyBadInputsError.__name__}: (.+)", text)
-    if match:
-        return match.group(1).strip()
+def describe_failure(error: BaseException) -> str:
+    """One line for a failed run: our own message when the failure is ours, the storage problem
+    when the disk said no, else the innermost error and the step it happened in."""
+    text = redact(f"{type(error).__name__}: {error}")
+    for own in (TooManyBadInputsError, JobError, UsageError):
+        matches = re.findall(rf"{own.__name__}: (.+)", text)
+        if matches:
+            return _STEP.sub("", matches[-1]).strip()
     for needle in _STORAGE_ERRORS:
         if needle in text:
             where = re.search(rf"{re.escape(needle)}[^\n]*?: '([^']+)'", text)
             return f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "") + \
                 "; no shard was left under a final name and no dataset_info.json was written"
-    match = re.search(r"ValueError: (.+)", text)
-    return match.group(1).strip() if match else None
+    lines = [m for m in _ERROR_LINE.finditer(text) if not m.group(2).startswith("[while running")]
+    step = _STEP.findall(text)
+    if not lines:
+        first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        return first[:500]
+    name, message = lines[-1].group(1), _STEP.sub("", lines[-1].group(2)).strip()
+    where = f" (in step {step[-1]})" if step else ""
+    return f"{name}: {message[:500]}{where}"
+
+
+def _peek_log_level(argv: Sequence[str]) -> str:
+    """--log_level before the full parse, so that logging is set up before Beam says anything."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--log_level="):
+            return arg.split("=", 1)[1].upper()
+        if arg == "--log_level" and index + 1 < len(argv):
+            return argv[index + 1].upper()
+    return "WARNING"
+
+
+class _HideRunnerTraces(logging.Filter):
+    """Below DEBUG, a failure is told in one line at the end; the runner's own logged copies of
+    the worker's traceback (and of the bad-fraction refusal) would only bury it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and (record.exc_info or "Traceback (most recent call last)"
+                                                 in record.getMessage()):
+            return False
+        return TooManyBadInputsError.__name__ not in record.getMessage()
+
+
+def _configure_logging(level: str) -> None:
+    numeric = getattr(logging, level, logging.WARNING)
+    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(numeric)
+    logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
+    if numeric > logging.DEBUG:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_HideRunnerTraces())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: clear one-line errors instead of runner tracebacks for known failures."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("beam_jobs").setLevel(logging.INFO)
-    for handler in logging.getLogger().handlers:
-        # The bad-fraction refusal is an expected outcome with its own one-line message below;
-        # the runner's copies of its traceback would only bury that line.
-        handler.addFilter(lambda record: TooManyBadInputsError.__name__ not in record.getMessage())
+    """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
+
+    Exit 2 for a command line the job refuses, 1 for a run that failed, 130 when interrupted.
+    With --log_level DEBUG the full trace is printed first.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    level = _peek_log_level(argv)
+    _configure_logging(level)
     try:
         info = run(argv)
-    except ValueError as error:
-        print(f"images-to-tfrecords: error: {redact(str(error))}", file=sys.stderr)
+    except UsageError as error:
+        print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
-    except Exception as error:  # Runners wrap worker exceptions; surface ours plainly.
-        cause = _root_cause(error)
-        if cause is None:
-            raise
-        print(f"images-to-tfrecords: error: {cause}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; finished shards are staged: rerun with --resume to continue",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
+        if level == "DEBUG":
+            traceback.print_exc()
+        hint = "" if level == "DEBUG" else " (--log_level DEBUG shows the full trace)"
+        print(f"{PROG}: error: {describe_failure(error)}{hint}", file=sys.stderr)
         raise SystemExit(1) from None
-    output_dir = PipelineOptions(argv).view_as(ConversionOptions).output_dir
-    print(_summary(info, output_dir))
+    print(_summary(info, parse_job_arguments(argv)[0].output_dir))

@@ -83,13 +83,20 @@ class DatasetPlan:
         return tuple(sorted({shard.split for shard in self.shards}))
 
 
+def input_order(f: InputFile) -> tuple:
+    """A total order of inputs by explicit keys: their optional fields may be None, which does not
+    compare with a string, so the dataclass's own ordering cannot be used."""
+    return (f.filename, f.uri, f.label or "", f.split or "", -1 if f.size is None else f.size,
+            f.content_sha256 or "", f.label_id, -1.0 if f.mtime is None else f.mtime)
+
+
 def labels_from_tree(files: Iterable[InputFile]) -> tuple[list[InputFile], list[DeadLetter]]:
     """Labels tree inputs from their folders: ``<label>/<image>`` or ``<split>/<label>/<image>``.
 
     The layout is decided for the whole tree: if every image is three levels deep the first level
     names the split; otherwise images two levels deep are labelled and the rest are dead letters.
     """
-    files = sorted(files)
+    files = sorted(files, key=input_order)
     depths = {len(f.filename.split("/")) for f in files}
     with_split = depths == {3}
     labelled, dead = [], []
@@ -148,20 +155,29 @@ DEDUP_POLICIES = ("path", "content")
 def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[InputFile], list[DeadLetter]]:
     """Applies the --dedup policy; every input dropped becomes a dead letter saying why.
 
-    - Always: the same relative path listed twice is one input; the later rows are dropped.
+    - Always: the same relative path listed twice with the same label and split is one input; the
+      other rows are dropped. Listed with different labels or splits, all its rows are refused:
+      which one is meant is not known.
     - "content": inputs with identical bytes (content_sha256) are one input, the first filename in
       sorted order is kept; if their labels disagree, none is kept, since the label is ambiguous.
     """
     if dedup not in DEDUP_POLICIES:
         raise ValueError(f"dedup must be one of {DEDUP_POLICIES} (got {dedup!r})")
-    seen: dict[str, InputFile] = {}
-    dead = []
-    for f in sorted(files):
-        if f.filename in seen:
-            dead.append(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT, f"{f.filename!r} is listed more than once"))
-        else:
-            seen[f.filename] = f
-    kept = list(seen.values())
+    by_path: dict[str, list[InputFile]] = defaultdict(list)
+    for f in sorted(files, key=input_order):
+        by_path[f.filename].append(f)
+    kept, dead = [], []
+    for filename, rows in by_path.items():
+        variants = sorted({(f.label or "", f.split or "") for f in rows})
+        if len(variants) > 1:
+            shown = ", ".join(f"label {label!r} split {split or '(none)'!r}" for label, split in variants)
+            dead.extend(DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS,
+                                   f"{filename!r} is listed {len(rows)} times with different labels or splits: {shown}")
+                        for f in rows)
+            continue
+        kept.append(rows[0])
+        dead.extend(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT, f"{filename!r} is listed more than once")
+                    for f in rows[1:])
     if dedup == "content":
         by_content: dict[str, list[InputFile]] = defaultdict(list)
         for f in kept:

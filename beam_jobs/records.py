@@ -15,7 +15,8 @@ class InputFile:
 
     ``filename`` is the path relative to the input root ("cat/001.jpg"); it names the input in the
     output, and its hash decides the split (when none is given) and the shard. ``label`` and
-    ``split`` are None until known. ``size`` is None when the listing did not tell it.
+    ``split`` are None until known. ``size`` and ``mtime`` (seconds) are None when the listing
+    did not tell them.
     """
 
     filename: str
@@ -25,6 +26,7 @@ class InputFile:
     size: int | None = None
     label_id: int = -1
     content_sha256: str | None = None
+    mtime: float | None = None
 
 
 @dataclass(frozen=True, order=True)

@@ -1,13 +1,78 @@
-"""Atomic small-file writes on any Beam filesystem."""
+"""File operations on any Beam filesystem that take every path literally, and atomic small-file writes."""
 
 from __future__ import annotations
 
+import re
 import uuid
+import warnings
 
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["temp_name", "write_atomically"]
+__all__ = [
+    "delete_exactly",
+    "list_folder",
+    "list_tree",
+    "literal_pattern",
+    "match_literally",
+    "temp_name",
+    "write_atomically",
+]
+
+# Beam's match() reads "*", "?" and "[...]" as glob syntax everywhere in a pattern, and has no
+# escape character. A one-character class does the quoting: "[[]" matches "[" alone.
+_GLOB_CHARS = re.compile(r"[\[*?]")
+# Filesystems whose delete() expands its arguments as patterns (local disk, whose scheme() is
+# None, and GCS match before deleting); the others (S3) take each path literally, and a quoted
+# path would name nothing there.
+_DELETE_EXPANDS_PATTERNS = frozenset({None, "file", "gs"})
+
+
+def literal_pattern(path: str) -> str:
+    """``path`` as a Beam match pattern that matches exactly that path, whatever characters it holds
+    ("photos [2024]", "what?.jpg"); the scheme is left alone."""
+    scheme, sep, rest = path.partition("://")
+    if not sep:
+        scheme, rest = "", path
+    quoted = _GLOB_CHARS.sub(lambda m: f"[{m.group(0)}]", rest)
+    return f"{scheme}{sep}{quoted}"
+
+
+def match_literally(patterns: list[str], limit: int | None = None) -> list[list[FileMetadata]]:
+    """``FileSystems.match``, for patterns made with ``literal_pattern``: Python's re warns that the
+    "[[]" class Beam builds for a quoted "[" might one day be read as a nested set; it is not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        results = FileSystems.match(patterns, limits=None if limit is None else [limit] * len(patterns))
+        return [list(result.metadata_list) for result in results]
+
+
+def list_folder(folder: str) -> list[FileMetadata]:
+    """The files directly inside ``folder`` (not in its subfolders), read literally."""
+    return match_literally([FileSystems.join(literal_pattern(folder.rstrip("/")), "*")])[0]
+
+
+def list_tree(folder: str, *, limit: int | None = None) -> list[FileMetadata]:
+    """Every file under ``folder`` at any depth (the first ``limit`` found), read literally."""
+    return match_literally([FileSystems.join(literal_pattern(folder.rstrip("/")), "**")], limit)[0]
+
+
+def delete_exactly(paths: list[str]) -> None:
+    """Deletes exactly these files, whatever characters their names hold.
+
+    ``FileSystems.delete`` matches its arguments as patterns on some filesystems: there a name
+    with "[" deletes nothing (or, worse, a different file), so such names are quoted for those
+    filesystems only.
+    """
+    if not paths:
+        return
+    quoted = []
+    for path in paths:
+        expands = FileSystems.get_filesystem(path).scheme() in _DELETE_EXPANDS_PATTERNS
+        quoted.append(literal_pattern(path) if expands and _GLOB_CHARS.search(path) else path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        FileSystems.delete(quoted)
 
 
 def temp_name(file_name: str) -> str:

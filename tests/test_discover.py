@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_jobs.discover import is_image_filename, parse_manifest
+from beam_jobs.discover import is_image_filename, parse_input_list
 from beam_jobs.records import DeadLetter, InputFile
 
 
@@ -19,7 +19,7 @@ def test_image_extensions_are_matched_case_insensitively(name, expected):
 
 def test_csv_manifest_with_relative_and_absolute_uris():
     text = "uri,label,split\ncats/1.jpg,cat,train\n/data/dogs/2.png,dog,\n"
-    rows = list(parse_manifest(text, manifest_uri="/data/manifest.csv"))
+    rows = list(parse_input_list(text, list_uri="/data/manifest.csv"))
     assert rows == [
         InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train"),
         InputFile(filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None),
@@ -28,7 +28,7 @@ def test_csv_manifest_with_relative_and_absolute_uris():
 
 def test_csv_bad_rows_are_dead_letters_with_line_numbers():
     text = "\ufeffuri,label\r\na.jpg,cat\r\nb.jpg\r\nc.jpg,dog,extra\r\n\"d,1.jpg\",\"dog\"\r\ne.jpg,\r\n"
-    rows = list(parse_manifest(text, manifest_uri="/m/list.csv"))
+    rows = list(parse_input_list(text, list_uri="/m/list.csv"))
     good = [r for r in rows if isinstance(r, InputFile)]
     dead = [r for r in rows if isinstance(r, DeadLetter)]
     assert [g.filename for g in good] == ["a.jpg", "d,1.jpg"]
@@ -37,11 +37,11 @@ def test_csv_bad_rows_are_dead_letters_with_line_numbers():
 
 def test_jsonl_manifest():
     text = '{"uri": "x/1.jpg", "label": "x"}\nnot json\n{"uri": "y/2.jpg"}\n'
-    rows = list(parse_manifest(text, manifest_uri="gs://bucket/m.jsonl"))
+    rows = list(parse_input_list(text, list_uri="gs://bucket/m.jsonl"))
     assert rows[0] == InputFile(filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x")
     assert [r.reason for r in rows[1:]] == ["bad_manifest_row", "bad_manifest_row"]
 
 
 def test_csv_without_header_is_a_clear_error():
     with pytest.raises(ValueError, match="header"):
-        list(parse_manifest("a.jpg,cat\n", manifest_uri="m.csv"))
+        list(parse_input_list("a.jpg,cat\n", list_uri="m.csv"))

@@ -53,7 +53,7 @@ def test_convert_images_writes_the_manifest(photo_tree, tmp_path):
     root, good, broken = photo_tree
     with _pipeline() as p:
         info = p | ConvertImages(
-            input_root=str(root), manifest=None, output_dir=str(tmp_path),
+            input_root=str(root), input_list=None, output_dir=str(tmp_path),
             image_config=ImageConfig(width=32, height=24, encoding="png"),
             split_fractions={"train": 0.75, "validation": 0.25}, num_shards=2,
             target_shard_bytes=2**20, max_bad_fraction=0.5, settings={},

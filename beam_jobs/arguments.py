@@ -1,0 +1,203 @@
+"""The job's command line: strict parsing, every value checked, no filesystem or network access.
+
+    python -m beam_jobs.arguments JOB_ARGS...   # exit 0 and one "ok" line, or exit 2 and one error line
+
+Launch scripts use that entry point for their dry runs, so that a dry run refuses exactly what
+the job would refuse, without touching storage or a cloud API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+
+from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+from beam_jobs.options import LOG_LEVELS, ConversionOptions
+from beam_jobs.paths import redact
+
+__all__ = ["JobArguments", "UsageError", "help_parser", "main", "parse_job_arguments"]
+
+PROG = "images-to-tfrecords"
+
+
+class UsageError(ValueError):
+    """A command line the job refuses before doing anything; the CLI shows it as one line, exit 2."""
+
+
+class _RaisingParser(_BeamArgumentParser):
+    """Beam's own parser (so every Beam flag is known), raising instead of printing usage and exiting."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _all_flags_parser() -> _RaisingParser:
+    # The same set of option classes that Beam's PipelineOptions.get_all_options() parses with.
+    parser = _RaisingParser(allow_abbrev=False, add_help=False)
+    classes: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        classes.setdefault(str(cls), cls)
+    for cls in classes.values():
+        cls._add_argparse_args(parser)  # pylint: disable=protected-access
+    return parser
+
+
+def _refuse_unknown(argv: Sequence[str]) -> None:
+    """Beam only logs a warning for an argument it does not know and runs with the defaults; a
+    misspelt --image-size would then silently write a 224 px dataset. Here it is an error."""
+    parser = _all_flags_parser()
+    _, unknown = parser.parse_known_args(list(argv))
+    if not unknown:
+        return
+    first = unknown[0]
+    known = [option for action in parser._actions for option in action.option_strings]  # pylint: disable=protected-access
+    if not first.startswith("-"):
+        raise UsageError(f"unexpected argument {first!r}: every job argument is a --flag (e.g. --input {first})")
+    name = first.split("=", 1)[0]
+    guesses = difflib.get_close_matches(name.replace("-", "_").replace("__", "--", 1), known, n=1, cutoff=0.6)
+    guesses = guesses or difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {guesses[0]}?" if guesses else f"; see {PROG} --help"
+    raise UsageError(f"unrecognized argument {name}{hint}")
+
+
+def help_parser() -> argparse.ArgumentParser:
+    """The parser behind --help: the job's own flags and the runner choice (Beam has hundreds more)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Convert a folder tree or a CSV/JSONL list of images into deterministic, sharded "
+        "TFRecords of tf.train.Example, with dataset_info.json and dead_letters.jsonl.",
+        epilog="Standard Beam flags pass through, e.g. --runner=DataflowRunner or --runner=FlinkRunner. "
+        "With no --runner the job runs on all local cores (FnApiRunner, multi_processing). "
+        "An argument the job does not know is an error.",
+    )
+    ConversionOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+    StandardOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class JobArguments:
+    """The job's arguments, typed and checked; paths are absolute (or URIs)."""
+
+    input_root: str | None
+    input_list: str | None
+    output_dir: str
+    image_config: ImageConfig
+    split_fractions: dict[str, float] | None
+    num_shards: int | None
+    target_shard_mb: float
+    max_bad_fraction: float
+    dedup: str
+    overwrite: bool
+    resume: bool
+    allow_outside_root: bool
+    log_level: str
+
+    @property
+    def source(self) -> str:
+        return self.input_root or self.input_list or ""
+
+    @property
+    def target_shard_bytes(self) -> int:
+        return max(1, int(self.target_shard_mb * 2**20))
+
+    @property
+    def settings(self) -> dict:
+        """The settings besides ImageConfig that shape the output (part of the run fingerprint)."""
+        return {"splits": self.split_fractions, "num_shards": self.num_shards,
+                "target_shard_mb": self.target_shard_mb, "dedup": self.dedup}
+
+
+def absolute_uri(path: str) -> str:
+    """A local path made absolute (against the working directory), a URI unchanged; no "/" at the end."""
+    if "://" not in path:
+        path = os.path.abspath(os.path.expanduser(path))
+    return path.rstrip("/") or "/"
+
+
+def _finite(name: str, value: float, *, low: float, low_inclusive: bool = False, high: float = math.inf) -> float:
+    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
+    if not ok:
+        bound = f">= {low}" if low_inclusive else f"> {low}"
+        upper = "" if math.isinf(high) else f" and <= {high}"
+        raise UsageError(f"{name} must be a finite number {bound}{upper} (got {value!r})")
+    return value
+
+
+# The smallest shard target worth having: below it every example would be a shard of its own.
+_MIN_TARGET_SHARD_MB = 0.01
+
+
+def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOptions]:
+    """Parses and checks the whole command line; raises UsageError naming the first bad value."""
+    argv = list(argv)
+    _refuse_unknown(argv)
+    options = PipelineOptions(argv)
+    flags = options.view_as(ConversionOptions)
+    if bool(flags.input) == bool(flags.manifest):
+        raise UsageError("give exactly one of --input DIR_OR_URI and --manifest FILE"
+                         + (" (got both)" if flags.input else ""))
+    if not flags.output_dir:
+        raise UsageError("--output_dir is required")
+    if flags.overwrite and flags.resume:
+        raise UsageError("give at most one of --overwrite and --resume")
+    _finite("--max_bad_fraction", flags.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
+    if flags.num_shards < 0:
+        raise UsageError(f"--num_shards must be >= 0 (0: derived from --target_shard_mb) (got {flags.num_shards!r})")
+    _finite("--target_shard_mb", flags.target_shard_mb, low=_MIN_TARGET_SHARD_MB, low_inclusive=True, high=2**20)
+    _finite("--max_file_mb", flags.max_file_mb, low=0.0, high=2**20)
+    _finite("--decode_timeout_s", flags.decode_timeout_s, low=0.0, high=86400.0)
+    if flags.log_level.upper() not in LOG_LEVELS:
+        raise UsageError(f"--log_level must be one of {', '.join(LOG_LEVELS)} (got {flags.log_level!r})")
+    try:
+        width, height = parse_image_size(flags.image_size)
+        config = ImageConfig(
+            width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
+            encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
+            max_file_bytes=max(1, int(flags.max_file_mb * 2**20)), isolation=flags.isolation,
+            decode_timeout_s=flags.decode_timeout_s,
+        )
+        split_fractions = parse_splits(flags.splits) if flags.splits else None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    arguments = JobArguments(
+        input_root=absolute_uri(flags.input) if flags.input else None,
+        input_list=absolute_uri(flags.manifest) if flags.manifest else None,
+        output_dir=absolute_uri(flags.output_dir),
+        image_config=config,
+        split_fractions=split_fractions,
+        num_shards=flags.num_shards or None,
+        target_shard_mb=flags.target_shard_mb,
+        max_bad_fraction=flags.max_bad_fraction,
+        dedup=flags.dedup,
+        overwrite=flags.overwrite,
+        resume=flags.resume,
+        allow_outside_root=flags.allow_outside_root,
+        log_level=flags.log_level.upper(),
+    )
+    return arguments, options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Checks a job command line without running anything: for dry runs of the launch scripts."""
+    logging.disable(logging.WARNING)  # Beam's own parse-time warnings would only repeat ours.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        arguments, _ = parse_job_arguments(argv)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"ok: the job arguments are valid (input {redact(arguments.source)}, output {redact(arguments.output_dir)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""What the job's console shows: the stderr of the local runner's worker processes, filtered."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+
+__all__ = ["TracebackFilter", "hide_worker_tracebacks"]
+
+# The line a Python traceback ends with: "package.SomeError: message" (or a bare "SomeError").
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+_CHAIN_LINES = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+class TracebackFilter:
+    """Feeds on lines and passes on every line except those of Python tracebacks.
+
+    A state machine, since a chained traceback is several blocks joined by "During handling ..."
+    lines and blank lines, and only the line after its last exception line tells that it ended.
+    """
+
+    def __init__(self) -> None:
+        self._state = "out"  # "out", "in" (inside a traceback), "after" (after an exception line)
+
+    def keep(self, line: str) -> bool:
+        text = line.rstrip("\n")
+        if self._state == "out":
+            if text.startswith("Traceback (most recent call last):"):
+                self._state = "in"
+                return False
+            return True
+        if self._state == "after":
+            if not text.strip() or text.startswith(_CHAIN_LINES) or text.startswith("Traceback (most recent"):
+                self._state = "in" if text.startswith("Traceback") else "after"
+                return False
+            self._state = "out"
+            return self.keep(line)
+        # Inside: indented frames and source lines, until the unindented exception line.
+        if text.startswith((" ", "\t")) or not text.strip():
+            return False
+        if _EXCEPTION_LINE.match(text):
+            self._state = "after"
+        return False
+
+
+@contextlib.contextmanager
+def hide_worker_tracebacks(enabled: bool = True) -> Iterator[None]:
+    """Filters tracebacks out of everything written to this process's stderr file descriptor
+    while the block runs, including by the worker processes it starts.
+
+    The local runner's SDK workers inherit stderr and print each failed bundle's traceback to it
+    with print(), outside logging's reach; the failure itself reaches the user as one line from
+    the job's entry point. With ``enabled`` False (--log_level DEBUG) nothing is filtered.
+    """
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    original = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump() -> None:
+        keep = TracebackFilter().keep
+        with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines, \
+                os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace") as out:
+            for line in lines:
+                if keep(line):
+                    out.write(line)
+                    out.flush()
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # Closes the pipe's last write end held here: the pump sees EOF...
+        os.close(original)
+        # ...once the worker processes that inherited it have exited too.
+        thread.join(timeout=5)

@@ -1,0 +1,253 @@
+"""Finalising a run: commit the staged shards, then write dead_letters.jsonl and dataset_info.json."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+import beam_jobs
+from beam_jobs.config import ImageConfig
+from beam_jobs.convert import staged_name
+from beam_jobs.errors import Reason
+from beam_jobs.example import FEATURE_DTYPES
+from beam_jobs.plan import DatasetPlan
+from beam_jobs.records import DeadLetter, ShardResult
+from beam_jobs.storage import delete_exactly, list_folder, write_atomically
+
+__all__ = [
+    "DATASET_INFO",
+    "DEAD_LETTERS_FILE",
+    "DROPPED_REASONS",
+    "REFUSED_DEAD_LETTERS_FILE",
+    "SCHEMA_VERSION",
+    "TooManyBadInputsError",
+    "build_dataset_info",
+    "check_bad_fraction",
+    "commit_shards",
+    "content_duplicate_groups",
+    "count_unusable",
+    "is_dataset_file",
+    "remove_leftovers",
+    "run_fingerprint",
+]
+
+DATASET_INFO = "dataset_info.json"
+DEAD_LETTERS_FILE = "dead_letters.jsonl"
+# Where a refused run's dead letters go when the folder still holds a dataset that they would
+# otherwise contradict (--overwrite keeps the old dataset whole until a run succeeds).
+REFUSED_DEAD_LETTERS_FILE = "dead_letters.refused_run.jsonl"
+# Inputs dropped on purpose as copies of another (--dedup): reported, but not unusable.
+DROPPED_REASONS = frozenset({Reason.DUPLICATE_INPUT, Reason.DUPLICATE_CONTENT})
+_SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.tfrecord$")
+
+
+def is_dataset_file(name: str) -> bool:
+    """True for the names this job writes into an output folder (shards, their hidden staged and
+    temporary forms, the two JSON files)."""
+    return (bool(_SHARD_FILE.match(name)) or name in (DATASET_INFO, DEAD_LETTERS_FILE, REFUSED_DEAD_LETTERS_FILE)
+            or name.startswith((".staged-", ".tmp-")))
+SCHEMA_VERSION = 1
+PRODUCER = "images-to-tfrecords"
+
+
+class TooManyBadInputsError(RuntimeError):
+    """More inputs were unusable than --max_bad_fraction allows."""
+
+
+def run_fingerprint(config: ImageConfig, settings: dict) -> str:
+    """Identifies a run's output-shaping settings: two runs with equal fingerprints write the same
+    dataset from the same inputs, so their files may be reused (--resume) but never mixed otherwise."""
+    text = json.dumps({"config": config.to_json(), "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def content_duplicate_groups(keys_by_sha: Iterable[tuple[str, Iterable[tuple[str, str]]]]) -> list[dict]:
+    """Groups of written examples with identical source bytes, for the report in dataset_info.json."""
+    groups = []
+    for sha256, members in keys_by_sha:
+        members = sorted(members)
+        if len(members) > 1:
+            labels = sorted({label for _, label in members})
+            groups.append({"sha256": sha256, "files": [f for f, _ in members], "labels": labels,
+                           "conflicting_labels": len(labels) > 1})
+    return sorted(groups, key=lambda g: g["files"])
+
+
+def build_dataset_info(
+    plan: DatasetPlan,
+    results: Iterable[ShardResult],
+    *,
+    num_dead_letters: int,
+    config: ImageConfig,
+    settings: dict,
+    content_duplicates: Sequence[dict] = (),
+    dead_letters_by_reason: dict[str, int] | None = None,
+) -> dict:
+    """dataset_info.json, as a plain dict: pure, so that its content is testable and deterministic."""
+    by_split: dict[str, list[ShardResult]] = {}
+    for result in sorted(results):
+        by_split.setdefault(result.split, []).append(result)
+    splits = {}
+    for split, shards in sorted(by_split.items()):
+        splits[split] = {
+            "num_examples": sum(s.num_examples for s in shards),
+            "num_shards": len(shards),
+            "shards": [
+                {"file": s.file, "num_examples": s.num_examples, "bytes": s.bytes, "sha256": s.sha256}
+                for s in shards
+            ],
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
+        "label_names": list(plan.label_names),
+        "num_classes": len(plan.label_names),
+        "image": {
+            "height": config.height,
+            "width": config.width,
+            "channels": config.channels,
+            "format": config.format_name,
+        },
+        "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
+        "preprocessing": {**config.to_json(), **settings},
+        "splits": splits,
+        "num_inputs": plan.num_inputs,
+        "num_dead_letters": num_dead_letters,
+        # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
+        "dead_letters_by_reason": dict(sorted((dead_letters_by_reason or {}).items())),
+        "dead_letters_file": DEAD_LETTERS_FILE,
+        "fingerprint": run_fingerprint(config, settings),
+        # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
+        "content_duplicates": list(content_duplicates),
+    }
+
+
+def count_unusable(dead_letters: Iterable[DeadLetter]) -> tuple[int, int]:
+    """(unusable inputs, inputs dropped as copies of another): only the first count is bad."""
+    dead = list(dead_letters)
+    dropped = sum(1 for d in dead if d.reason in DROPPED_REASONS)
+    return len(dead) - dropped, dropped
+
+
+def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: float, dead_letters_uri: str,
+                       kept_message: str = "no dataset_info.json was written") -> None:
+    """``num_dead`` counts unusable inputs only, ``num_inputs`` the inputs that were not dropped as
+    copies: --dedup content drops copies on purpose, and they must not fail the job."""
+    if num_inputs and num_dead / num_inputs > max_bad_fraction:
+        raise TooManyBadInputsError(
+            f"{num_dead} of {num_inputs} inputs ({num_dead / num_inputs:.1%}) could not be used, more than "
+            f"--max_bad_fraction={max_bad_fraction}; {kept_message}. "
+            f"See {dead_letters_uri} for each file and the reason."
+        )
+
+
+def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:
+    """One JSON object per line, sorted, so the file is identical on every run and runner."""
+    lines = [json.dumps(d.to_json(), ensure_ascii=False, sort_keys=True) for d in sorted(dead_letters)]
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def commit_shards(output_dir: str, results: Iterable[ShardResult]) -> None:
+    """Gives every staged shard its final name. Idempotent, so a retried finalize is harmless."""
+    sources, destinations = [], []
+    for result in results:
+        staged = FileSystems.join(output_dir, staged_name(result.file))
+        final = FileSystems.join(output_dir, result.file)
+        if FileSystems.exists(staged):
+            sources.append(staged)
+            destinations.append(final)
+        elif not FileSystems.exists(final):
+            raise FileNotFoundError(f"the staged shard {staged} is missing; rerun the job with --resume")
+    if sources:
+        FileSystems.rename(sources, destinations)
+
+
+def _listed_files(info_path: str) -> set[str]:
+    """The shard files an existing dataset_info.json lists (none if it is unreadable)."""
+    try:
+        with FileSystems.open(info_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            info = json.loads(handle.read().decode("utf-8"))
+        return {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable[str] = ()) -> list[str]:
+    """Deletes what a committed dataset must not have beside it; returns the names deleted.
+
+    That is: hidden temp and staged files and sidecars; the shards of the dataset this one replaces
+    (``previous``, from its dataset_info.json) that are not in ``keep``; files named like a shard of
+    one of this dataset's splits that it does not list (stale shards of an interrupted run with
+    another shard count, which readers would refuse); and a refused run's dead letters. Files of
+    the user's that merely look like shards of another split ("backup-00000-of-00001.tfrecord")
+    are never touched.
+    """
+    keep = set(keep)
+    splits = {_SHARD_FILE.match(name)["split"] for name in keep if _SHARD_FILE.match(name)}
+    previous = set(previous)
+    doomed = []
+    for meta in list_folder(output_dir):
+        name = meta.path.rsplit("/", 1)[-1]
+        if name in keep:
+            continue
+        shard = _SHARD_FILE.match(name)
+        if (name.startswith((".tmp-", ".staged-")) or name in previous or name == REFUSED_DEAD_LETTERS_FILE
+                or (shard and shard["split"] in splits)):
+            doomed.append(meta.path)
+    delete_exactly(doomed)
+    return sorted(path.rsplit("/", 1)[-1] for path in doomed)
+
+
+def finalize_outputs(
+    results: list[ShardResult],
+    plan: DatasetPlan,
+    dead_letters: list[DeadLetter],
+    content_duplicates: list[dict],
+    *,
+    output_dir: str,
+    config: ImageConfig,
+    settings: dict,
+    max_bad_fraction: float,
+) -> dict:
+    """Checks the bad fraction, then swaps the new dataset in: commit, clean up, manifest last.
+
+    A refused run changes nothing that a reader uses: its shards stay staged and hidden (so that a
+    rerun with --resume, after fixing inputs or raising the threshold, redoes nothing that was
+    good), and a dataset already in the folder (--overwrite) is left whole; the refused run's dead
+    letters then go to REFUSED_DEAD_LETTERS_FILE instead of contradicting it. A run that passes
+    first removes the old dataset_info.json, so that no moment shows the old manifest over new
+    shards, then commits its shards, removes the old dataset's other files, and writes its own
+    dataset_info.json last.
+    """
+    info_path = FileSystems.join(output_dir, DATASET_INFO)
+    previous_exists = FileSystems.exists(info_path)
+    unusable, dropped = count_unusable(dead_letters)
+    considered = plan.num_inputs - dropped
+    if considered and unusable / considered > max_bad_fraction:
+        refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
+        refused_uri = FileSystems.join(output_dir, refused_name)
+        write_atomically(refused_uri, dead_letters_jsonl(dead_letters))
+        check_bad_fraction(
+            num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
+            dead_letters_uri=refused_uri,
+            kept_message=("the dataset already in the folder was left as it was" if previous_exists
+                          else "no dataset_info.json was written"),
+        )
+    info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config,
+                              settings=settings, content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
+                              dead_letters_by_reason=dict(collections.Counter(d.reason for d in dead_letters)))
+    previous = _listed_files(info_path) if previous_exists else set()
+    if previous_exists:
+        delete_exactly([info_path])
+    commit_shards(output_dir, results)
+    write_atomically(FileSystems.join(output_dir, DEAD_LETTERS_FILE), dead_letters_jsonl(dead_letters))
+    remove_leftovers(output_dir, keep=[r.file for r in results], previous=previous)
+    text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_atomically(info_path, text.encode("utf-8"))
+    return info

@@ -1,0 +1,259 @@
+"""The job's command line as a careless or unlucky user drives it: nothing lost, nothing silently wrong.
+
+Each test reproduces a defect that once lost work or wrote the wrong dataset (see the README's
+reliability table), through the CLI in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO, run_cli
+from tests.photos import encode, real_photo
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["--image_size", "32", "--num_shards", "2"]
+
+
+def _info(out: pathlib.Path) -> dict:
+    return json.loads((out / "dataset_info.json").read_text())
+
+
+def _dead(out: pathlib.Path, name: str = "dead_letters.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (out / name).read_text().splitlines()]
+
+
+def _files(folder: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _records(out: pathlib.Path) -> dict[str, dict]:
+    """{image/filename: {sha256, encoded}} over every shard dataset_info.json lists."""
+    spec = {key: tf.io.FixedLenFeature([], tf.string)
+            for key in ("image/filename", "image/key/sha256", "image/encoded")}
+    found = {}
+    for split in _info(out)["splits"].values():
+        for shard in split["shards"]:
+            for record in tf.data.TFRecordDataset(str(out / shard["file"])):
+                example = tf.io.parse_single_example(record, spec)
+                found[example["image/filename"].numpy().decode()] = {
+                    "sha256": example["image/key/sha256"].numpy().decode(),
+                    "encoded": example["image/encoded"].numpy()}
+    return found
+
+
+def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
+
+
+def _assert_one_clear_error(result: subprocess.CompletedProcess, *, code: int, says: str) -> None:
+    assert result.returncode == code, result.stderr[-3000:]
+    errors = _error_lines(result)
+    assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.fixture()
+def photos(tmp_path) -> pathlib.Path:
+    root = tmp_path / "photos"
+    make_photo_tree(root, num_images=8, seed=3)
+    return root
+
+
+# --- 1. --overwrite replaces a dataset only when the new run succeeds ---------------------------
+
+def test_overwrite_with_a_mistyped_input_keeps_the_old_dataset(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *SMALL)
+    before = _files(out)
+    result = run_cli("--input", tmp_path / "photoz", "--output_dir", out, "--overwrite", *SMALL, check=False)
+    _assert_one_clear_error(result, code=2, says="photoz does not exist")
+    assert _files(out) == before
+
+
+def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *SMALL)
+    before = _files(out)
+    (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
+    result = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL,
+                     check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "left as it was" in _error_lines(result)[0]
+    visible = {name: data for name, data in _files(out).items() if not name.startswith(".")}
+    refused = visible.pop("dead_letters.refused_run.jsonl")
+    assert visible == before, "the old dataset changed"
+    assert [d["reason"] for d in map(json.loads, refused.splitlines())] == ["not_an_image"]
+
+
+def test_overwrite_replaces_the_dataset_and_spares_the_users_own_files(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, "--image_size", "32", "--num_shards", "3")
+    (out / "backup-00000-of-00001.tfrecord").write_bytes(b"the user's own file")
+    (out / "notes.txt").write_text("mine")
+    run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["backup-00000-of-00001.tfrecord", "dataset_info.json", "dead_letters.jsonl", "notes.txt",
+                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert (out / "backup-00000-of-00001.tfrecord").read_bytes() == b"the user's own file"
+    assert _info(out)["splits"]["train"]["num_shards"] == 2
+
+
+# --- 2. --resume never keeps a shard whose sources changed --------------------------------------
+
+def test_resume_converts_a_repaired_input(photos, tmp_path):
+    out = tmp_path / "out"
+    broken = photos / "chelsea" / "repaired.jpg"
+    broken.write_bytes(encode(real_photo("chelsea"), "JPEG")[:3000])  # truncated
+    run_cli("--input", photos, "--output_dir", out, "--max_bad_fraction", "0", *SMALL, check=False)
+    assert not (out / "dataset_info.json").exists()
+    broken.write_bytes(encode(real_photo("chelsea", (200, 150)), "JPEG"))
+    run_cli("--input", photos, "--output_dir", out, "--max_bad_fraction", "0", "--resume", *SMALL)
+    assert _dead(out) == []
+    assert "chelsea/repaired.jpg" in _records(out)
+
+
+def test_resume_rereads_an_image_replaced_under_the_same_name(photos, tmp_path):
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    (photos / "chelsea" / "broken.jpg").write_bytes(b"")
+    # Refused for its one bad input: the converted shards stay staged, as an interrupted run's do.
+    run_cli("--input", photos, "--output_dir", out, "--max_bad_fraction", "0", *SMALL, check=False)
+    assert list(out.glob(".staged-*.json")) and not (out / "dataset_info.json").exists()
+    victim = sorted(photos.rglob("*.jpg"))[0]
+    victim.write_bytes(encode(real_photo("astronaut", (320, 240)), "JPEG"))
+    run_cli("--input", photos, "--output_dir", out, "--resume", "--max_bad_fraction", "0.5", *SMALL)
+    run_cli("--input", photos, "--output_dir", reference, "--max_bad_fraction", "0.5", *SMALL)
+    name = str(victim.relative_to(photos))
+    assert _records(out)[name] == _records(reference)[name]
+    assert _files(out) == _files(reference)
+
+
+# --- 3. a misspelt flag is an error, not a silent default ----------------------------------------
+
+@pytest.mark.parametrize(("flag", "suggestion"), [
+    (["--image-size", "64"], "--image_size"),
+    (["--num_shard", "3"], "--num_shards"),
+    (["--outptu_dir", "x"], "--output_dir"),
+])
+def test_a_misspelt_flag_is_a_one_line_error_naming_the_right_one(photos, tmp_path, flag, suggestion):
+    out = tmp_path / "out"
+    result = run_cli("--input", photos, "--output_dir", out, *flag, check=False)
+    _assert_one_clear_error(result, code=2, says=f"did you mean {suggestion}?")
+    assert not out.exists()
+
+
+def test_beams_own_flags_still_pass(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *SMALL, "--direct_num_workers", "1",
+            "--experiments", "beam_fn_api")
+    assert _info(out)["splits"]["train"]["num_examples"] == 8
+
+
+# --- 4. a relative --manifest, as most people pass it ---------------------------------------------
+
+@pytest.mark.parametrize("spelling", ["list.csv", "./list.csv"])
+def test_a_relative_input_list_resolves_against_the_working_directory(photos, spelling):
+    rows = ["uri,label"] + [f"{p.relative_to(photos)},{p.parent.name}" for p in sorted(photos.rglob("*.jpg"))]
+    (photos / "list.csv").write_text("\n".join(rows) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", "--manifest", spelling, "--output_dir", "out", *SMALL],
+        cwd=photos, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _info(photos / "out")["splits"]["train"]["num_examples"] == 8
+    assert _dead(photos / "out") == []
+
+
+# --- 5. every character a file name may hold ------------------------------------------------------
+
+def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
+    root = tmp_path / "photos [2024] *?"
+    make_photo_tree(root, num_images=6, seed=5, classes=["astronaut", "chelsea"])
+    (root / "astronaut").rename(root / "cat [1]")
+    (root / "chelsea").rename(root / "dog*?")
+    out = tmp_path / "out [v1]"
+    for attempt in range(2):  # The second run is refused without a flag, and must leave no probe.
+        result = run_cli("--input", root, "--output_dir", out, *SMALL, check=False)
+        assert result.returncode == (0 if attempt == 0 else 2), result.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["dataset_info.json", "dead_letters.jsonl",
+                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert _info(out)["label_names"] == ["cat [1]", "dog*?"]
+    assert sorted(_records(out)) == sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
+    run_cli("--input", root, "--output_dir", out, *SMALL, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == names
+
+
+# --- 6. copies dropped on purpose are not unusable inputs ----------------------------------------
+
+def test_dedup_content_drops_copies_without_failing_the_job(photos, tmp_path):
+    for index, path in enumerate(sorted(photos.rglob("*.jpg"))[:3]):
+        shutil.copy(path, path.with_name(f"copy{index}.jpg"))
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, "--dedup", "content", *SMALL)  # default --max_bad_fraction
+    info = _info(out)
+    assert info["splits"]["train"]["num_examples"] == 8
+    assert info["dead_letters_by_reason"] == {"duplicate_content": 3}
+
+
+# --- 7. the same path twice, with a blank split ---------------------------------------------------
+
+def test_a_path_listed_twice_with_and_without_a_split_is_refused_clearly(photos, tmp_path):
+    images = sorted(photos.rglob("*.jpg"))
+    rows = ["uri,label,split"] + [f"{p.relative_to(photos)},{p.parent.name},train" for p in images]
+    rows.append(f"{images[0].relative_to(photos)},{images[0].parent.name},")
+    (photos / "list.csv").write_text("\n".join(rows) + "\n")
+    jsonl = photos / "list.jsonl"
+    jsonl.write_text("".join(json.dumps({"uri": str(p.relative_to(photos)), "label": p.parent.name,
+                                         "split": None if i == 0 else "train"}) + "\n"
+                             for i, p in enumerate(images + images[:1])))
+    for listing in (photos / "list.csv", jsonl):
+        out = tmp_path / listing.suffix[1:]
+        run_cli("--manifest", listing, "--output_dir", out, "--max_bad_fraction", "0.5", *SMALL)
+        dead = _dead(out)
+        assert {d["reason"] for d in dead} == {"conflicting_labels"} and len(dead) == 2
+        assert _info(out)["splits"]["train"]["num_examples"] == 7
+
+
+# --- 8. clear errors, and no empty folder left behind --------------------------------------------
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--manifest", "{tmp}/missing.csv"], "missing.csv does not exist"),
+    (["--input", "{photos}/astronaut/astronaut_00000.jpg"], "is a file"),
+    (["--input", "{tmp}/nowhere"], "nowhere does not exist"),
+    (["--input", "{photos}", "--target_shard_mb", "0.0000001"], "--target_shard_mb must be"),
+    (["--input", "{photos}", "--target_shard_mb", "inf"], "--target_shard_mb must be"),
+    (["--input", "{photos}", "--max_file_mb", "nan"], "--max_file_mb must be"),
+    (["--input", "{photos}", "--image_size", "abc"], "--image_size"),
+    (["--input", "{photos}", "--num_shards=-3"], "--num_shards must be"),
+    (["--input", "{photos}", "stray"], "unexpected argument 'stray'"),
+])
+def test_bad_arguments_give_one_line_and_create_nothing(photos, tmp_path, args, says):
+    out = tmp_path / "out"
+    args = [a.format(tmp=tmp_path, photos=photos) for a in args]
+    result = run_cli(*args, "--output_dir", out, check=False)
+    _assert_one_clear_error(result, code=2, says=says)
+    assert not out.exists()
+
+
+def test_a_failure_inside_the_pipeline_is_one_line_and_leaves_no_folder(tmp_path):
+    root = tmp_path / "no-images"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "notes.txt").write_text("no image here")
+    out = tmp_path / "out"
+    result = run_cli("--input", root, "--output_dir", out, check=False)
+    _assert_one_clear_error(result, code=1, says="no image files found")
+    assert not out.exists()
+    debug = run_cli("--input", root, "--output_dir", out, "--log_level", "DEBUG", check=False)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
