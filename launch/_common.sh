@@ -1,12 +1,41 @@
 # Shared helpers for the launch/ scripts: logging, the cache, ports, downloads and the worker pool.
 # Sourced, never run. Every function is prefixed `itt_` (images-to-tfrecords).
 
-# The Beam release the job is built with, and the Flink releases its FlinkRunner supports.
+# The Beam Python SDK the job is built with (its version is read from the job's Python when it
+# can be; this is the fallback).
 ITT_BEAM_VERSION_DEFAULT="2.77.0"
-ITT_FLINK_VERSION_DEFAULT="1.20.3"
+
+# FlinkRunner's pairing, pinned once in the job server's pom.xml and read from there: the Flink
+# release of the cluster, and the Beam Java runner release its job server is built from. The
+# Python SDK above drives that Java job server through Beam's portable (gRPC) API, which is
+# stable across these releases; the Java runner only has to match the cluster's Flink minor.
+ITT_JOB_SERVER_POM="$ITT_REPO_ROOT/launch/flink_job_server/pom.xml"
+itt_pom_property() { sed -n "s:.*<$1>\([^<]*\)</$1>.*:\1:p" "$ITT_JOB_SERVER_POM" | head -1; }
+ITT_FLINK_VERSION_DEFAULT=$(itt_pom_property flink.version)
+ITT_BEAM_RUNNER_VERSION_DEFAULT=$(itt_pom_property beam.version)
 
 itt_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 itt_die() { itt_log "error: $*"; exit 2; }
+
+# itt_need_value "$@": inside an option loop, dies naming the option in $1 when no value follows
+# it (the end of the arguments, or the next --option).
+itt_need_value() {
+  (($# >= 2)) || itt_die "$1 needs a value (see --help)"
+  [[ "$2" != --* ]] || itt_die "$1 needs a value, got the option '$2' instead (see --help)"
+}
+
+# itt_need_java WHAT: dies with one line when there is no Java to run WHAT.
+itt_need_java() {
+  command -v java >/dev/null 2>&1 || [[ -n "${JAVA_HOME:-}" && -x "${JAVA_HOME}/bin/java" ]] \
+    || itt_die "Java is missing: $1 needs a JDK 11 or 17 on PATH (e.g. apt-get install openjdk-17-jdk-headless, or set JAVA_HOME)"
+}
+
+# itt_need_free_port HOST PORT OPTION: dies with one line when something already listens there.
+itt_need_free_port() {
+  if itt_port_open "$1" "$2"; then
+    itt_die "port $2 on $1 ($3) is in use: stop what holds it (ss -ltnp 'sport = :$2' names it; an earlier cluster stops with launch/flink_cluster.sh stop), or pick a free port with $3"
+  fi
+}
 
 # Where downloads (Flink distribution, job server jar) are kept between runs.
 itt_cache_dir() {
@@ -107,28 +136,40 @@ itt_ensure_flink_dist() {
   printf '%s\n' "$home"
 }
 
-# itt_ensure_job_server_jar FLINK_MINOR BEAM_VERSION: prints the path of Beam's Flink job server
-# jar, fetched once from Maven Central with `mvn dependency:copy`. $FLINK_JOB_SERVER_JAR, when set,
-# wins (a path, or a URL that Beam downloads itself).
+# itt_job_server_jar_name FLINK_MINOR BEAM_RUNNER_VERSION: the jar's file name, as Beam names it.
+itt_job_server_jar_name() { printf 'beam-runners-flink-%s-job-server-%s.jar\n' "$1" "$2"; }
+
+# itt_ensure_job_server_jar FLINK_MINOR BEAM_RUNNER_VERSION: prints the path of Beam's Flink job
+# server jar. $FLINK_JOB_SERVER_JAR, when set, wins (a path, or a URL that Beam downloads itself).
+# Otherwise the jar is built once into the cache from launch/flink_job_server/pom.xml: a shaded
+# assembly of org.apache.beam:beam-runners-flink-<minor>:<version> and its dependencies, all from
+# Maven Central (about a minute and 160 MB; later runs reuse it).
 itt_ensure_job_server_jar() {
-  local minor=$1 beam=$2 artifact jar dir
+  local minor=$1 beam=$2 name dir jar build
   if [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]]; then
     printf '%s\n' "$FLINK_JOB_SERVER_JAR"
     return 0
   fi
-  artifact="beam-runners-flink-$minor-job-server"
+  name=$(itt_job_server_jar_name "$minor" "$beam")
   dir="$(itt_cache_dir)/jars"
-  jar="$dir/$artifact-$beam.jar"
+  jar="$dir/$name"
   if [[ ! -s "$jar" ]]; then
-    command -v mvn >/dev/null || { itt_log "Maven (mvn) is needed to fetch $artifact"; return 1; }
+    itt_need_java "building Beam's Flink job server"
+    command -v mvn >/dev/null 2>&1 \
+      || itt_die "Maven is missing: mvn builds Beam's Flink job server once (e.g. apt-get install maven), or pass --flink_job_server_jar PATH (or set FLINK_JOB_SERVER_JAR) to use a jar built elsewhere"
     mkdir -p "$dir"
-    itt_log "fetching org.apache.beam:$artifact:$beam from Maven Central into $dir"
-    if ! mvn --batch-mode --quiet dependency:copy \
-        "-Dartifact=org.apache.beam:$artifact:$beam:jar" "-DoutputDirectory=$dir" >&2; then
-      itt_log "could not fetch org.apache.beam:$artifact:$beam from Maven Central;" \
-        "download it elsewhere and pass --flink_job_server_jar PATH (or set FLINK_JOB_SERVER_JAR)"
-      return 1
+    build=$(mktemp -d "$dir/.build-$minor-$beam.XXXXXX")
+    cp "$ITT_JOB_SERVER_POM" "$build/pom.xml"
+    itt_log "building $name from org.apache.beam:beam-runners-flink-$minor:$beam (Maven Central) into $dir; first run only, about a minute"
+    if ! (cd "$build" && mvn --batch-mode --quiet "-Dflink.minor=$minor" "-Dbeam.version=$beam" package) \
+        >"$build/mvn.log" 2>&1; then
+      tail -n 15 "$build/mvn.log" >&2
+      itt_die "Maven could not build $name (full log: $build/mvn.log); if this registry does not serve beam-runners-flink-$minor:$beam and its dependencies, pick a served pair or pass --flink_job_server_jar PATH"
     fi
+    # Renamed into place only when complete, so a killed build never leaves a truncated jar.
+    mv "$build/target/$name" "$jar.tmp.$$"
+    mv "$jar.tmp.$$" "$jar"
+    rm -rf "$build"
   fi
   printf '%s\n' "$jar"
 }
@@ -137,12 +178,37 @@ itt_ensure_job_server_jar() {
 # worker_pool_main binds every interface). Workers are started as `python` from PATH, so the
 # job's interpreter directory goes first on PATH: otherwise workers die with
 # "No module named 'apache_beam'" and the job hangs.
+# Several TaskManagers may share one pool (on one host), and each numbers its workers from 1, so
+# worker ids collide. Beam's pool keeps one process per id, and a StopWorker from one TaskManager
+# kills the other's live worker; that TaskManager then waits 3 minutes for "a client" and fails.
+# This pool never kills on StopWorker: a worker exits by itself when its runner hangs up its
+# control stream (a finished environment, or a killed TaskManager). It only reaps the exited ones,
+# and kills what is left when the pool stops.
 ITT_WORKER_POOL_PY='
 import logging, os, sys, time
 import grpc
-from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
 from apache_beam.runners.worker import worker_pool_main
 from apache_beam.utils import thread_pool_executor
+
+
+class SharedWorkerPool(worker_pool_main.BeamFnExternalWorkerPoolServicer):
+    def __init__(self):
+        super().__init__(use_process=True)
+        self.workers = []
+
+    def StartWorker(self, request, context):
+        response = super().StartWorker(request, context)
+        process = self._worker_processes.pop(request.worker_id, None)
+        if process is not None:
+            self.workers.append(process)
+        return response
+
+    def StopWorker(self, request, context):
+        self.workers = [p for p in self.workers if p.poll() is None]
+        logging.info("worker %s released; %d workers still running", request.worker_id, len(self.workers))
+        return beam_fn_api_pb2.StopWorkerResponse()
+
 
 host, port = sys.argv[1], int(sys.argv[2])
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
@@ -153,7 +219,7 @@ server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
 bound = server.add_insecure_port(f"{host}:{port}")
 if not bound:
     sys.exit(f"worker pool: cannot bind {host}:{port}")
-pool = worker_pool_main.BeamFnExternalWorkerPoolServicer(use_process=True)
+pool = SharedWorkerPool()
 beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(pool, server)
 server.start()
 logging.info("worker pool listening on %s:%d", host, bound)
@@ -161,7 +227,7 @@ try:
     while True:
         time.sleep(3600)
 finally:
-    for proc in pool._worker_processes.values():
+    for proc in pool.workers:
         worker_pool_main.kill_process_gracefully(proc)
 '
 
@@ -186,6 +252,19 @@ itt_start_job_service() {
   pid=$!
   echo "$pid" >"$pidfile"
   itt_wait_port "$host" "$port" 60 "$pid" || { tail -20 "$logfile" >&2; return 1; }
+}
+
+# itt_check_job_arguments PYTHON JOB_MODULE ARGS...: for dry runs, the job's own argument checks
+# (python -m beam_jobs.arguments: the parser the job runs first; no filesystem, no network).
+# Passes its one line on to stderr, and exits 2 when the job would refuse the arguments.
+itt_check_job_arguments() {
+  local py=$1 module=$2
+  shift 2
+  if [[ "$module" != beam_jobs ]]; then
+    itt_log "--job_module $module: its arguments are not checked (only beam_jobs' are)"
+    return 0
+  fi
+  "$py" -m beam_jobs.arguments "$@" >&2 || exit 2
 }
 
 # Prints its arguments as one shell-quoted command line.

@@ -16,10 +16,13 @@ Usage: launch/flink_cluster.sh start|stop|status|fetch [options]
   stop    stop everything that 'start' started in the same --state_dir (safe to repeat)
   status  print the cluster overview from the REST API and the worker pool's state;
           exits 1 when the cluster is not up
-  fetch   download the Flink distribution and Beam's Flink job server jar into the cache
+  fetch   install the Flink distribution and build Beam's Flink job server jar into the cache
+          (start and submit_flink.sh do it on first use; fetch does it ahead of time)
 
 Options (defaults in brackets):
-  --flink_version V        Flink release [$ITT_FLINK_VERSION_DEFAULT]; Beam $ITT_BEAM_VERSION_DEFAULT supports 1.19, 1.20, 2.0-2.2
+  --flink_version V        Flink release of the cluster [$ITT_FLINK_VERSION_DEFAULT]
+  --beam_runner_version V  Beam Java runner of the job server that fetch builds [$ITT_BEAM_RUNNER_VERSION_DEFAULT];
+                           both defaults come from launch/flink_job_server/pom.xml
   --state_dir DIR          config, pid files and logs [\$(cache)/cluster]
   --rest_port P            JobManager REST / web UI port [8081]
   --rpc_port P             JobManager RPC port [6123]
@@ -27,13 +30,14 @@ Options (defaults in brackets):
   --taskmanagers N         TaskManager processes [1]
   --slots N                task slots per TaskManager [2]
   --taskmanager_memory M   process size of each TaskManager [2048m]
-  --restart_attempts N     fixed-delay restart strategy attempts [3]
+  --restart_attempts N     fixed-delay restart strategy attempts [3]; 0 disables restarts
   --restart_delay D        delay between restarts [2 s]
   --heartbeat_timeout_ms T how fast a lost TaskManager is noticed [15000]
   --timeout S              seconds to wait for each service [90]
   -h, --help               this help
 
-Everything binds 127.0.0.1. The web UI is http://127.0.0.1:<rest_port>.
+Everything binds 127.0.0.1. The web UI is http://127.0.0.1:<rest_port>. Needs Java 11 or 17;
+fetch also needs Maven (mvn) unless \$FLINK_JOB_SERVER_JAR names a jar built elsewhere.
 Cache: \${IMAGES_TO_TFRECORDS_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/images-to-tfrecords}
 Python for the worker pool: \$PYTHON, else .venv/bin/python, else python3.
 EOF
@@ -49,6 +53,7 @@ case "$command" in
 esac
 
 flink_version=$ITT_FLINK_VERSION_DEFAULT
+beam_runner_version=$ITT_BEAM_RUNNER_VERSION_DEFAULT
 state_dir="$(itt_cache_dir)/cluster"
 rest_port=8081
 rpc_port=6123
@@ -62,23 +67,25 @@ heartbeat_timeout_ms=15000
 timeout=90
 while (($#)); do
   case "$1" in
-    --flink_version) flink_version=$2; shift 2 ;;
-    --state_dir) state_dir=$2; shift 2 ;;
-    --rest_port) rest_port=$2; shift 2 ;;
-    --rpc_port) rpc_port=$2; shift 2 ;;
-    --worker_pool_port) worker_pool_port=$2; shift 2 ;;
-    --taskmanagers) taskmanagers=$2; shift 2 ;;
-    --slots) slots=$2; shift 2 ;;
-    --taskmanager_memory) tm_memory=$2; shift 2 ;;
-    --restart_attempts) restart_attempts=$2; shift 2 ;;
-    --restart_delay) restart_delay=$2; shift 2 ;;
-    --heartbeat_timeout_ms) heartbeat_timeout_ms=$2; shift 2 ;;
-    --timeout) timeout=$2; shift 2 ;;
+    --flink_version) itt_need_value "$@"; flink_version=$2; shift 2 ;;
+    --state_dir) itt_need_value "$@"; state_dir=$2; shift 2 ;;
+    --rest_port) itt_need_value "$@"; rest_port=$2; shift 2 ;;
+    --rpc_port) itt_need_value "$@"; rpc_port=$2; shift 2 ;;
+    --worker_pool_port) itt_need_value "$@"; worker_pool_port=$2; shift 2 ;;
+    --taskmanagers) itt_need_value "$@"; taskmanagers=$2; shift 2 ;;
+    --slots) itt_need_value "$@"; slots=$2; shift 2 ;;
+    --taskmanager_memory) itt_need_value "$@"; tm_memory=$2; shift 2 ;;
+    --restart_attempts) itt_need_value "$@"; restart_attempts=$2; shift 2 ;;
+    --restart_delay) itt_need_value "$@"; restart_delay=$2; shift 2 ;;
+    --heartbeat_timeout_ms) itt_need_value "$@"; heartbeat_timeout_ms=$2; shift 2 ;;
+    --timeout) itt_need_value "$@"; timeout=$2; shift 2 ;;
+    --beam_runner_version) itt_need_value "$@"; beam_runner_version=$2; shift 2 ;;
+    --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
     -h|--help) usage; exit 0 ;;
     *) itt_die "unknown option '$1' (see --help)" ;;
   esac
 done
-for n in "$rest_port" "$rpc_port" "$worker_pool_port" "$taskmanagers" "$slots" "$timeout"; do
+for n in "$rest_port" "$rpc_port" "$worker_pool_port" "$taskmanagers" "$slots" "$timeout" "$restart_attempts"; do
   [[ "$n" =~ ^[0-9]+$ ]] || itt_die "expected a number (got '$n')"
 done
 
@@ -119,9 +126,12 @@ rest.port: $rest_port
 blob.server.port: 0
 taskmanager.rpc.port: 0
 taskmanager.data.port: 0
-restart-strategy.type: fixed-delay
-restart-strategy.fixed-delay.attempts: $restart_attempts
-restart-strategy.fixed-delay.delay: $restart_delay
+$(if (( restart_attempts > 0 )); then
+  printf 'restart-strategy.type: fixed-delay\nrestart-strategy.fixed-delay.attempts: %s\n' "$restart_attempts"
+  printf 'restart-strategy.fixed-delay.delay: %s\n' "$restart_delay"
+else
+  printf 'restart-strategy.type: none\n'
+fi)
 heartbeat.timeout: $heartbeat_timeout_ms
 heartbeat.interval: 2000
 io.tmp.dirs: $state_dir/tmp
@@ -177,24 +187,26 @@ do_stop() {
 
 case "$command" in
   fetch)
-    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version")
+    itt_need_java "Flink and its job server"
+    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
     itt_log "Flink $flink_version: $FLINK_HOME"
-    jar=$(itt_ensure_job_server_jar "$(itt_flink_minor "$flink_version")" "$(itt_beam_version)") \
-      || exit 1
+    jar=$(itt_ensure_job_server_jar "$(itt_flink_minor "$flink_version")" "$beam_runner_version") || exit 2
     itt_log "job server jar: $jar"
     ;;
   start)
-    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version")
-    if itt_port_open "$host" "$rest_port"; then
-      itt_die "port $rest_port is in use: a cluster is already running (stop it first)"
-    fi
+    itt_need_java "Flink"
+    itt_need_free_port "$host" "$rest_port" --rest_port
+    itt_need_free_port "$host" "$rpc_port" --rpc_port
+    (( worker_pool_port == 0 )) || itt_need_free_port "$host" "$worker_pool_port" --worker_pool_port
+    FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
     write_config
     flink_env
     trap 'itt_log "start failed; stopping what was started"; do_stop' ERR
     "$FLINK_HOME/bin/jobmanager.sh" start >/dev/null
     itt_wait_port "$host" "$rest_port" "$timeout"
     for ((i = 0; i < taskmanagers; i++)); do
-      "$FLINK_HOME/bin/taskmanager.sh" start >/dev/null
+      # Named tm-0, tm-1, ... in the REST API, in the order of the pids in the pid file.
+      "$FLINK_HOME/bin/taskmanager.sh" start -D "taskmanager.resource-id=tm-$i" >/dev/null
     done
     wait_taskmanagers
     if (( worker_pool_port != 0 )); then

@@ -27,17 +27,22 @@ Options (defaults in brackets):
   --environment_config C       see above
   --sdk_image IMAGE            DOCKER only [apache/beam_pythonX.Y_sdk:<beam version>]; it must
                                contain this package (build FROM the Beam image and pip install .)
-  --flink_version V            Flink release of the cluster, e.g. 1.20 or 1.20.3 [1.20];
-                               picks beam-runners-flink-<minor>-job-server
-  --flink_job_server_jar JAR   Beam's Flink job server jar, a path or URL [fetched once from
-                               Maven Central into the cache; or \$FLINK_JOB_SERVER_JAR]
+  --flink_version V            Flink release of the cluster, e.g. 1.19 or 1.19.3 [$(itt_flink_minor "$ITT_FLINK_VERSION_DEFAULT")];
+                               picks the job server built for that minor version
+  --beam_runner_version V      Beam Java runner release the job server is built from [$ITT_BEAM_RUNNER_VERSION_DEFAULT]
+  --flink_job_server_jar JAR   Beam's Flink job server jar, a path or URL [\$FLINK_JOB_SERVER_JAR, else
+                               built once into the cache from launch/flink_job_server/pom.xml]
   --job_module M               Python module to run [beam_jobs]
-  --dry-run                    print the command and exit without running it
+  --dry-run                    check the job's arguments with its own parser, print the
+                               command and exit; contacts nothing and builds nothing
   -h, --help                   this help
 
 Python: \$PYTHON, else .venv/bin/python, else python3. The job server is a Java process that
 this script's Python starts (java must be on PATH); it translates the job and submits it to
---flink_master. Watch it at http://<flink_master>/#/job/running.
+--flink_master. Before that, this script asks the cluster's REST API for its Flink version and
+stops with one line if the job server was built for another minor version. The defaults
+(Flink 1.19 + Beam Java runner 2.62.0) are pinned in launch/flink_job_server/pom.xml.
+Watch the job at http://<flink_master>/#/job/running.
 EOF
 }
 
@@ -47,27 +52,31 @@ environment_type=EXTERNAL
 environment_config=""
 sdk_image=""
 flink_version=$(itt_flink_minor "$ITT_FLINK_VERSION_DEFAULT")
+beam_runner_version=$ITT_BEAM_RUNNER_VERSION_DEFAULT
 job_server_jar=""
 job_module=beam_jobs
 dry_run=0
 job_args=()
 while (($#)); do
   case "$1" in
-    --flink_master) flink_master=$2; shift 2 ;;
+    --flink_master) itt_need_value "$@"; flink_master=$2; shift 2 ;;
     --flink_master=*) flink_master=${1#*=}; shift ;;
-    --parallelism) parallelism=$2; shift 2 ;;
+    --parallelism) itt_need_value "$@"; parallelism=$2; shift 2 ;;
     --parallelism=*) parallelism=${1#*=}; shift ;;
-    --environment_type) environment_type=$2; shift 2 ;;
+    --environment_type) itt_need_value "$@"; environment_type=$2; shift 2 ;;
     --environment_type=*) environment_type=${1#*=}; shift ;;
-    --environment_config) environment_config=$2; shift 2 ;;
+    --environment_config) itt_need_value "$@"; environment_config=$2; shift 2 ;;
     --environment_config=*) environment_config=${1#*=}; shift ;;
-    --sdk_image) sdk_image=$2; shift 2 ;;
+    --sdk_image) itt_need_value "$@"; sdk_image=$2; shift 2 ;;
     --sdk_image=*) sdk_image=${1#*=}; shift ;;
-    --flink_version) flink_version=$2; shift 2 ;;
+    --flink_version) itt_need_value "$@"; flink_version=$2; shift 2 ;;
     --flink_version=*) flink_version=${1#*=}; shift ;;
-    --flink_job_server_jar) job_server_jar=$2; shift 2 ;;
+    --flink_job_server_jar) itt_need_value "$@"; job_server_jar=$2; shift 2 ;;
     --flink_job_server_jar=*) job_server_jar=${1#*=}; shift ;;
-    --job_module) job_module=$2; shift 2 ;;
+    --beam_runner_version) itt_need_value "$@"; beam_runner_version=$2; shift 2 ;;
+    --beam_runner_version=*) beam_runner_version=${1#*=}; shift ;;
+    --job_module) itt_need_value "$@"; job_module=$2; shift 2 ;;
+    --job_module=*) job_module=${1#*=}; shift ;;
     --dry-run|--dry_run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; job_args+=("$@"); break ;;
@@ -104,12 +113,38 @@ case "$environment_type" in
   *) itt_die "--environment_type must be EXTERNAL, DOCKER or PROCESS (got '$environment_type')" ;;
 esac
 
+if (( ! dry_run )); then
+  itt_need_java "the Flink job server"
+  # The job server translates the pipeline for one Flink minor version; a cluster of another one
+  # fails later with a Java stack trace, so ask the cluster first.
+  probe=$("$py" - "http://$flink_master/overview" <<'EOF'
+import json, sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=10) as response:
+        print("version", json.load(response).get("flink-version", ""))
+except Exception as e:  # one line for the caller, whatever went wrong
+    print("unreachable", f"{type(e).__name__}: {e}")
+EOF
+  )
+  [[ "$probe" == version\ * ]] \
+    || itt_die "no Flink REST API answers at http://$flink_master (${probe#unreachable }): start a cluster (launch/flink_cluster.sh start) or pass --flink_master HOST:PORT"
+  cluster_version=${probe#version }
+  if [[ -n "$cluster_version" && "$(itt_flink_minor "$cluster_version")" != "$flink_minor" ]]; then
+    itt_die "the cluster at $flink_master runs Flink $cluster_version, but the job server is for Flink $flink_minor: pass --flink_version $(itt_flink_minor "$cluster_version") (its job server is built with launch/flink_cluster.sh fetch --flink_version $cluster_version, where the registry serves beam-runners-flink-$(itt_flink_minor "$cluster_version")), or submit to a Flink $flink_minor cluster"
+  fi
+fi
+
+job_server_jar=${job_server_jar:-${FLINK_JOB_SERVER_JAR:-}}
+# A jar named as Beam names them says which Flink minor it was built for; it must be the cluster's.
+if [[ "$(basename "$job_server_jar")" =~ ^beam-runners-flink-([0-9]+\.[0-9]+)-job-server ]] \
+    && [[ "${BASH_REMATCH[1]}" != "$flink_minor" ]]; then
+  itt_die "the job server $(basename "$job_server_jar") is built for Flink ${BASH_REMATCH[1]}, not --flink_version $flink_version: pass the cluster's version and a job server built for it"
+fi
 if [[ -z "$job_server_jar" ]]; then
-  if (( dry_run )) && [[ -z "${FLINK_JOB_SERVER_JAR:-}" ]]; then
-    job_server_jar="$(itt_cache_dir)/jars/beam-runners-flink-$flink_minor-job-server-$(itt_beam_version).jar"
+  if (( dry_run )); then
+    job_server_jar="$(itt_cache_dir)/jars/$(itt_job_server_jar_name "$flink_minor" "$beam_runner_version")"
   else
-    job_server_jar=$(itt_ensure_job_server_jar "$flink_minor" "$(itt_beam_version)") \
-      || itt_die "no Flink job server jar; see the message above"
+    job_server_jar=$(itt_ensure_job_server_jar "$flink_minor" "$beam_runner_version") || exit 2
   fi
 fi
 
@@ -125,8 +160,10 @@ cmd=("$py" -m "$job_module"
 
 if (( dry_run )); then
   itt_quote_command "${cmd[@]}"
+  itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
   exit 0
 fi
+
 itt_log "running: $(itt_quote_command "${cmd[@]}")"
 # The worker pool and the job server start `python`/`java` from PATH.
 PATH="$(dirname "$py"):$PATH" exec "${cmd[@]}"
