@@ -21,8 +21,10 @@ def distribute(
 ) -> tf.distribute.DistributedDataset:
     """`make_dataset` per input pipeline via `distribute_datasets_from_function`.
 
-    The InputContext picks each pipeline's files (or elements) and the per-replica batch size, so
-    every example is read by exactly one replica per epoch. `options` are `make_dataset`'s
+    The InputContext picks each pipeline's share (a contiguous range of the split's records, equal
+    to one record across pipelines) and the per-replica batch size, so every example is read by
+    exactly one replica per epoch, and when training drops the remainder every pipeline yields the
+    same number of batches. `options` are `make_dataset`'s
     keyword options (training, seed, with_metadata, config, ReadConfig fields).
     """
     if global_batch_size % strategy.num_replicas_in_sync:

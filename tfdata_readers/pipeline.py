@@ -79,10 +79,12 @@ def make_dataset(
 
     `image` is float32 [B, H, W, C] (scaled by `config.scale`, [0, 1] by default; uint8 0-255 with
     `dtype="uint8"`), `label` int64 [B].
-    Each iteration is one epoch. With `training`, files and records are shuffled with `seed`
-    (differently each epoch) and augmented with stateless ops seeded from `seed`; otherwise
-    there is no randomness. `input_context` (from `distribute`) selects this pipeline's share of
-    the data. `options` override fields of `config` (see `ReadConfig`).
+    Each iteration is one epoch. With `training`, shard pieces and records are shuffled with
+    `seed` (differently each epoch) and each example is augmented with stateless ops seeded from
+    (`seed`, the epoch, its key); otherwise there is no randomness. See `ReadConfig` for exactly
+    what a seed reproduces. `input_context` (from `distribute`) selects this pipeline's share of
+    the data: a contiguous range of the split's records, equal to one record across pipelines.
+    `options` override fields of `config` (see `ReadConfig`).
     """
     config = (config or ReadConfig()).with_options(**options)
     if not isinstance(batch_size, int) or batch_size < 1:

@@ -33,6 +33,10 @@ def main(out: str, data_dir: str) -> None:
     )
     seen["train1"] = keys_of(train)
     seen["train2"] = keys_of(train)
+    # The default for training: drop the remainder. Every worker must deliver the same full steps.
+    seen["train_drop"] = keys_of(
+        tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=9)
+    )
     seen["num_replicas_in_sync"] = strategy.num_replicas_in_sync
     pathlib.Path(out).write_text(json.dumps(seen))
 

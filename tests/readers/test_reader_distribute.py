@@ -96,5 +96,8 @@ def test_multi_worker_exactly_once(tmp_path: pathlib.Path, shards: int) -> None:
     stderr = "".join(err for _, err in outputs)
     # Equal shares (23 examples: 12 and 11) whether the 2 workers' files divide evenly or not.
     assert sorted(len(seen[i]["eval"]) for i in range(2)) == [11, 12]
+    # Training drops the remainder: 23 // 8 = 2 full global steps, 4 examples a step from each worker.
+    assert [len(seen[i]["train_drop"]) for i in range(2)] == [8, 8]
+    assert not set(seen[0]["train_drop"]) & set(seen[1]["train_drop"])
     for text in _AUTO_SHARD_WARNINGS:
         assert text not in stderr

@@ -83,7 +83,7 @@ def test_mirrored_audit_exactly_once(mirrored_audit: dict[str, list[str]], repli
 
 @pytest.fixture(scope="module")
 def sixteen_shards(tmp_path_factory) -> pathlib.Path:
-    # 16 files, 2 examples each: 2 pipelines by file take 8 files each.
+    # 16 files, 2 examples each: 2 pipelines take 8 whole files each.
     root = tmp_path_factory.mktemp("audit16")
     return reader_fixtures.write_dataset(root / "data", splits={"train": (32, 16)}, image_size=(8, 8), seed=16)
 
