@@ -1,0 +1,208 @@
+"""FlinkRunner on a real Flink 1.19 cluster on loopback, with Beam's Flink job server built from
+Maven Central by the launch scripts: the same bytes as the local runner with one or two
+TaskManagers, a SIGKILLed TaskManager survived (or, with restarts disabled, a clean failure), and
+a stop that leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests.cluster.conftest import (
+    FLINK_VERSION,
+    JOB_FLAGS,
+    LAUNCH,
+    FlinkCluster,
+    assert_same_output,
+    job_env,
+    port_open,
+    rest_get,
+    run_script,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+# Large enough that converting it takes several seconds on Flink, so a kill lands mid-job.
+BIG_TREE_FLAGS = ["--image_size", "224", "--num_shards", "8"]
+
+
+def _submit_args(cluster: FlinkCluster, jar: str, *, parallelism: int, job_args: list[str]) -> list[str]:
+    return [str(LAUNCH / "submit_flink.sh"), "--flink_master", cluster.flink_master,
+            "--environment_config", cluster.worker_pool, "--parallelism", str(parallelism),
+            "--flink_job_server_jar", jar, *job_args]
+
+
+def _final_names(folder: pathlib.Path) -> list[str]:
+    """What a finished conversion leaves under its final names (staged and temp files are hidden)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.exists() else []
+
+
+@pytest.fixture(scope="module")
+def two_taskmanagers(tmp_path_factory):
+    """2 TaskManagers x 2 slots with a restart strategy. The killed-TaskManager test, last in this
+    file, leaves it with one TaskManager."""
+    cluster = FlinkCluster(tmp_path_factory.mktemp("flink-2tm"), taskmanagers=2, slots=2)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """1200 real photos (500x375) and their conversion on the local runner, the reference."""
+    from beam_jobs.sample_data import make_photo_tree
+
+    root = tmp_path_factory.mktemp("big")
+    make_photo_tree(root / "images", num_images=1200, size=(500, 375), seed=3)
+    run_script([sys.executable, "-m", "beam_jobs", "--input", str(root / "images"), "--output_dir",
+                str(root / "local"), *BIG_TREE_FLAGS], timeout=400)
+    return root / "images", root / "local"
+
+
+def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> str:
+    """SIGKILLs the TaskManager that is converting a shard right now; returns its id (tm-N)."""
+    job = wait_for(lambda: next((j for j in cluster.jobs() if j["state"] == "RUNNING"), None),
+                   timeout=240, what="a RUNNING job")
+
+    def converting_taskmanager() -> str | None:
+        if not (out.exists() and any(p.name.startswith(".tmp-") for p in out.iterdir())):
+            return None  # no shard is being written yet
+        try:
+            subtasks = cluster.vertex_subtasks(job["jid"], "ConvertShards")
+        except (OSError, ValueError):
+            return None
+        running = [s["taskmanager-id"] for s in subtasks if s["status"] == "RUNNING"]
+        return running[0] if running else None
+
+    victim = wait_for(converting_taskmanager, timeout=300, interval=0.3, what="a shard being converted")
+    os.kill(cluster.taskmanager_pids()[int(victim.removeprefix("tm-"))], signal.SIGKILL)
+    return victim
+
+
+def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pathlib.Path):
+    job = subprocess.Popen(
+        _submit_args(cluster, jar, parallelism=2,
+                     job_args=["--input", str(images), "--output_dir", str(out), *BIG_TREE_FLAGS]),
+        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        victim = _kill_a_converting_taskmanager(cluster, out)
+        log, _ = job.communicate(timeout=480)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return victim, job.returncode, log
+
+
+@pytest.mark.timeout(600)
+def test_flink_runner_matches_local(flink_job_server_jar, flink_cluster, local_output, photo_tree, tmp_path):
+    out = tmp_path / "out"
+    proc = run_script(_submit_args(flink_cluster, flink_job_server_jar, parallelism=2,
+                                   job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS]),
+                      timeout=540)
+    assert "--runner=FlinkRunner" in proc.stderr
+    assert_same_output(out, local_output)
+    job = flink_cluster.only_job()
+    assert job["state"] == "FINISHED", job
+    # The job's counters reach Flink as an accumulator, which the web UI shows per job.
+    accumulators = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/accumulators")
+    assert "images_written" in str(accumulators["user-task-accumulators"])
+
+
+@pytest.mark.timeout(600)
+def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, two_taskmanagers, local_output,
+                                                         photo_tree, tmp_path):
+    out = tmp_path / "out"
+    run_script(_submit_args(two_taskmanagers, flink_job_server_jar, parallelism=4,
+                            job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS]),
+               timeout=540)
+    assert_same_output(out, local_output)
+    job = two_taskmanagers.only_job()
+    assert job["state"] == "FINISHED", job
+    assert two_taskmanagers.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
+
+
+@pytest.mark.timeout(900)
+def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar, two_taskmanagers, big_tree,
+                                                            tmp_path):
+    images, reference = big_tree
+    out = tmp_path / "out"
+    jobs_before = {j["jid"] for j in two_taskmanagers.jobs()}
+    victim, returncode, log = _run_and_kill(two_taskmanagers, flink_job_server_jar, images, out)
+    assert returncode == 0, log[-6000:]
+    (job,) = [j for j in two_taskmanagers.jobs() if j["jid"] not in jobs_before]
+    assert job["state"] == "FINISHED", job
+    # The kill landed mid-job: Flink recorded the lost TaskManager and restarted the failed tasks.
+    history = rest_get(two_taskmanagers.rest_port, f"/jobs/{job['jid']}/exceptions")["exceptionHistory"]["entries"]
+    assert history, "Flink recorded no failure: the TaskManager was not killed mid-job"
+    assert any(victim in str(entry) for entry in history), history
+    # No record lost, none duplicated: the same bytes as the local runner.
+    assert_same_output(out, reference)
+    two_taskmanagers.stop()  # one TaskManager short now: no later test may use it
+
+
+@pytest.mark.timeout(900)
+def test_killed_taskmanager_without_restarts_fails_cleanly(flink_job_server_jar, big_tree, tmp_path):
+    images, _ = big_tree
+    out = tmp_path / "out"
+    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2, restart_attempts=0)
+    try:
+        cluster.start()
+        _, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
+        assert returncode != 0, log[-6000:]
+        assert cluster.only_job()["state"] == "FAILED"
+    finally:
+        cluster.stop()
+    # Nothing under a final name: no shard a reader could mistake for a dataset, no manifest.
+    assert _final_names(out) == [], _final_names(out)
+
+
+def test_flink_cluster_is_up_on_loopback(flink_cluster):
+    overview = rest_get(flink_cluster.rest_port, "/overview")
+    assert overview["flink-version"] == FLINK_VERSION
+    assert overview["taskmanagers"] == 1 and overview["slots-total"] == 2
+    assert port_open(flink_cluster.worker_pool_port)
+    status = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir),
+                         "--rest_port", str(flink_cluster.rest_port)], timeout=60)
+    assert "worker pool: running" in status.stdout
+    config = (flink_cluster.state_dir / "conf" / "config.yaml").read_text()
+    assert "rest.bind-address: 127.0.0.1" in config and "restart-strategy.type: fixed-delay" in config
+
+
+def _listening_ports(pids: list[int]) -> set[int]:
+    ports = set()
+    for pid in pids:
+        for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+            ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
+@pytest.mark.timeout(300)
+def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
+    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2)
+    try:
+        cluster.start()
+        pids = cluster.all_pids()
+        processes = [p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
+        ports = _listening_ports(pids)
+        # JobManager, 2 TaskManagers and the worker pool; REST, RPC and worker pool ports among theirs.
+        assert len(pids) == 4, pids
+        assert {cluster.rest_port, cluster.rpc_port, cluster.worker_pool_port} <= ports, ports
+    finally:
+        cluster.stop()
+    still_running = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert still_running == [], still_running
+    assert [port for port in ports if port_open(port)] == []
+    assert not list((cluster.state_dir / "pid").glob("*.pid"))
+    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(cluster.state_dir),
+                       "--rest_port", str(cluster.rest_port)], timeout=60, check=False)
+    assert proc.returncode == 1
