@@ -52,13 +52,15 @@ class ReadConfig:
     """How `make_dataset` reads. The defaults are tuned for a few cores per accelerator.
 
     Attributes:
-      cycle_length: shard files read at once by `interleave`. None: min(number of files, 16).
+      cycle_length: shard pieces read at once by `interleave`. None: min(this pipeline's pieces, 16).
+        A piece is a whole shard file, or the part of one that a pipeline shares with a neighbour.
       block_length: consecutive records taken from one file before moving to the next. 1 mixes
         files best; larger values give slightly cheaper reads.
       num_parallel_reads: parallelism of `interleave` (tf.data.AUTOTUNE or a positive int).
       read_buffer_size: bytes of read-ahead per TFRecord file (larger helps on gs://).
       shuffle_buffer_size: examples held by the record shuffle when training (per input pipeline).
-      shuffle_files: when training, shuffle the file order with the seed, differently each epoch.
+      shuffle_files: when training, shuffle the order of the pipeline's shard pieces with the seed,
+        differently each epoch.
       num_parallel_calls: parallelism of the decode/augment map (tf.data.AUTOTUNE or a positive int).
       deterministic: produce elements in a reproducible order. None (default): True when a `seed`
         is given, False otherwise. False lets parallel stages return elements out of order, which
@@ -66,7 +68,7 @@ class ReadConfig:
       drop_remainder: drop the last partial batch. None: True when training, False when evaluating
         (so evaluation sees every example exactly once).
       cache: keep the serialized records in memory after the first epoch. The record shuffle still
-        changes every epoch; the file order is then fixed by the first epoch.
+        changes every epoch; the piece order is then fixed by the first epoch.
       num_epochs: passes over the data in one iteration of the dataset. 1 (default): one epoch per
         iteration, so `model.fit(epochs=k)` re-iterates and reshuffles. None: repeat forever
         (for `model.fit(steps_per_epoch=steps_per_epoch(...))`); every pass reshuffles.
