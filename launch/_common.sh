@@ -139,6 +139,15 @@ itt_ensure_flink_dist() {
 # itt_job_server_jar_name FLINK_MINOR BEAM_RUNNER_VERSION: the jar's file name, as Beam names it.
 itt_job_server_jar_name() { printf 'beam-runners-flink-%s-job-server-%s.jar\n' "$1" "$2"; }
 
+# itt_need_job_server_tools FLINK_MINOR BEAM_RUNNER_VERSION: dies with one line when the job server
+# jar still has to be built and Java or Maven is missing (checked before any download starts).
+itt_need_job_server_tools() {
+  [[ -z "${FLINK_JOB_SERVER_JAR:-}" && ! -s "$(itt_cache_dir)/jars/$(itt_job_server_jar_name "$1" "$2")" ]] || return 0
+  itt_need_java "building Beam's Flink job server"
+  command -v mvn >/dev/null 2>&1 \
+    || itt_die "Maven is missing: mvn builds Beam's Flink job server once (e.g. apt-get install maven), or pass --flink_job_server_jar PATH (or set FLINK_JOB_SERVER_JAR) to use a jar built elsewhere"
+}
+
 # itt_ensure_job_server_jar FLINK_MINOR BEAM_RUNNER_VERSION: prints the path of Beam's Flink job
 # server jar. $FLINK_JOB_SERVER_JAR, when set, wins (a path, or a URL that Beam downloads itself).
 # Otherwise the jar is built once into the cache from launch/flink_job_server/pom.xml: a shaded
@@ -154,9 +163,7 @@ itt_ensure_job_server_jar() {
   dir="$(itt_cache_dir)/jars"
   jar="$dir/$name"
   if [[ ! -s "$jar" ]]; then
-    itt_need_java "building Beam's Flink job server"
-    command -v mvn >/dev/null 2>&1 \
-      || itt_die "Maven is missing: mvn builds Beam's Flink job server once (e.g. apt-get install maven), or pass --flink_job_server_jar PATH (or set FLINK_JOB_SERVER_JAR) to use a jar built elsewhere"
+    itt_need_job_server_tools "$minor" "$beam"
     mkdir -p "$dir"
     build=$(mktemp -d "$dir/.build-$minor-$beam.XXXXXX")
     cp "$ITT_JOB_SERVER_POM" "$build/pom.xml"

@@ -188,6 +188,7 @@ do_stop() {
 case "$command" in
   fetch)
     itt_need_java "Flink and its job server"
+    itt_need_job_server_tools "$(itt_flink_minor "$flink_version")" "$beam_runner_version"
     FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
     itt_log "Flink $flink_version: $FLINK_HOME"
     jar=$(itt_ensure_job_server_jar "$(itt_flink_minor "$flink_version")" "$beam_runner_version") || exit 2

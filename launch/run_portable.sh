@@ -23,7 +23,8 @@ Options (defaults in brackets):
   --worker_pool_port P       port for the worker pool it starts [a free one]
   --log_dir DIR              logs of the services it starts [a temp dir, kept on failure]
   --job_module M             Python module to run [beam_jobs]
-  --dry-run                  print the job's command and exit (starts nothing)
+  --dry-run                  check the job's arguments with its own parser, print the job's
+                             command and exit (starts nothing)
   -h, --help                 this help
 
 Every other argument goes to the job, e.g. --input DIR --output_dir DIR --num_shards 16.
@@ -41,14 +42,18 @@ dry_run=0
 job_args=()
 while (($#)); do
   case "$1" in
-    --job_endpoint) job_endpoint=$2; shift 2 ;;
+    --job_endpoint) itt_need_value "$@"; job_endpoint=$2; shift 2 ;;
     --job_endpoint=*) job_endpoint=${1#*=}; shift ;;
-    --worker_pool) worker_pool=$2; shift 2 ;;
+    --worker_pool) itt_need_value "$@"; worker_pool=$2; shift 2 ;;
     --worker_pool=*) worker_pool=${1#*=}; shift ;;
-    --job_port) job_port=$2; shift 2 ;;
-    --worker_pool_port) worker_pool_port=$2; shift 2 ;;
-    --log_dir) log_dir=$2; shift 2 ;;
-    --job_module) job_module=$2; shift 2 ;;
+    --job_port) itt_need_value "$@"; job_port=$2; shift 2 ;;
+    --job_port=*) job_port=${1#*=}; shift ;;
+    --worker_pool_port) itt_need_value "$@"; worker_pool_port=$2; shift 2 ;;
+    --worker_pool_port=*) worker_pool_port=${1#*=}; shift ;;
+    --log_dir) itt_need_value "$@"; log_dir=$2; shift 2 ;;
+    --log_dir=*) log_dir=${1#*=}; shift ;;
+    --job_module) itt_need_value "$@"; job_module=$2; shift 2 ;;
+    --job_module=*) job_module=${1#*=}; shift ;;
     --dry-run|--dry_run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; job_args+=("$@"); break ;;
@@ -71,6 +76,7 @@ cmd=("$py" -m "$job_module"
   "${job_args[@]}")
 if (( dry_run )); then
   itt_quote_command "${cmd[@]}"
+  itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
   exit 0
 fi
 

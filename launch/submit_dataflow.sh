@@ -28,8 +28,9 @@ Options (defaults in brackets):
   --job_name NAME              Dataflow job name [Beam's default: beamapp-<user>-<time>]
   --service_account EMAIL      worker service account [the Compute Engine default]
   --job_module M               Python module to run [beam_jobs]
-  --dry-run                    print the full command, check it with Beam's option parser and
-                               validator, and exit without submitting (needs no GCP access)
+  --dry-run                    print the full command, check the job's arguments with the job's
+                               own parser and the Dataflow options with Beam's validator, and
+                               exit without submitting; makes no network call at all
   -h, --help                   this help
 
 Python: \$PYTHON, else .venv/bin/python, else python3. Submitting needs apache-beam[gcp] and
@@ -53,10 +54,15 @@ dry_run=0
 job_args=()
 while (($#)); do
   case "$1" in
-    --project|--region|--temp_location|--staging_location|--setup_file|--sdk_container_image|\
+    --project|--region|--temp_location|--staging_location|--sdk_container_image|\
     --machine_type|--num_workers|--max_num_workers|--job_name|--service_account|--job_module)
-      (($# >= 2)) || itt_die "$1 needs a value"
+      itt_need_value "$@"
       printf -v "${1#--}" '%s' "$2"; shift 2 ;;
+    --setup_file)
+      # '' is a value here (the image already holds the package).
+      (($# >= 2)) || itt_die "$1 needs a value ('' for none; see --help)"
+      [[ "$2" != --* ]] || itt_die "$1 needs a value, got the option '$2' instead ('' for none; see --help)"
+      setup_file=$2; shift 2 ;;
     --project=*|--region=*|--temp_location=*|--staging_location=*|--setup_file=*|\
     --sdk_container_image=*|--machine_type=*|--num_workers=*|--max_num_workers=*|--job_name=*|\
     --service_account=*|--job_module=*)
@@ -97,32 +103,27 @@ cmd=("$py" -m "$job_module"
 [[ -n "$service_account" ]] && cmd+=("--service_account_email=$service_account")
 cmd+=("${job_args[@]}")
 
-# Parses the job's arguments exactly as the job would (Beam's PipelineOptions, with the job's own
-# options classes registered by importing its module), then runs Beam's Dataflow validator.
-# No network, no credentials.
+# Beam's Dataflow validator, offline. The job's own arguments are checked before, by the job's
+# parser. Left alone, the validator asks GCS about the temp and staging buckets (soft-delete
+# policy), and creates a default bucket when both paths are invalid: minutes of timeouts, or a
+# long traceback, without credentials. Here those two calls are switched off, and an audit hook
+# turns any other attempt to open a connection into an error, so the dry run never reaches out.
 VALIDATE_PY='
-import importlib, logging, sys
+import sys
+
+def _no_network(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo"):
+        raise RuntimeError(f"the dry run must not reach the network ({event} {args[1]!r})")
+sys.addaudithook(_no_network)
+
 from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
+    GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, TestOptions, WorkerOptions)
 from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 
-module, args = sys.argv[1], sys.argv[2:]
-for name in (module, module + ".options", module + ".pipeline"):
-    try:
-        importlib.import_module(name)  # registers the job options classes
-    except ModuleNotFoundError as e:
-        if e.name != name:
-            raise
-discarded = []
-class _Catch(logging.Handler):
-    def emit(self, record):
-        if "Discarding" in record.getMessage():
-            discarded.append(record.getMessage())
-logging.getLogger("apache_beam.options.pipeline_options").addHandler(_Catch())
-options = PipelineOptions(args)
-options.get_all_options()  # parses every flag; argparse exits on a malformed value
-errors = list(discarded)
-gcp = options.view_as(GoogleCloudOptions)
+options = PipelineOptions(sys.argv[1:])
+options.view_as(TestOptions).dry_run = True  # Beam then skips its soft-delete lookups on GCS
+GoogleCloudOptions._create_default_gcs_bucket = lambda self: None  # report bad paths, create nothing
+errors = []
 if options.view_as(StandardOptions).runner != "DataflowRunner":
     errors.append("runner is not DataflowRunner")
 class _Dataflow:  # the validator only looks at the runner class name
@@ -130,7 +131,9 @@ class _Dataflow:  # the validator only looks at the runner class name
 _Dataflow.__name__ = "DataflowRunner"
 errors += PipelineOptionsValidator(options, _Dataflow()).validate()
 if errors:
-    sys.exit("invalid Dataflow arguments:\n  " + "\n  ".join(errors))
+    print("invalid Dataflow arguments: " + "; ".join(" ".join(e.split()) for e in errors))
+    sys.exit(2)
+gcp = options.view_as(GoogleCloudOptions)
 setup = options.view_as(SetupOptions)
 worker = options.view_as(WorkerOptions)
 print(f"ok: project={gcp.project} region={gcp.region} temp_location={gcp.temp_location} "
@@ -141,7 +144,15 @@ print(f"ok: project={gcp.project} region={gcp.region} temp_location={gcp.temp_lo
 
 if (( dry_run )); then
   itt_quote_command "${cmd[@]}"
-  PATH="$(dirname "$py"):$PATH" "$py" -c "$VALIDATE_PY" "$job_module" "${cmd[@]:3}" >&2
+  itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
+  validate_log=$(mktemp "${TMPDIR:-/tmp}/submit_dataflow.XXXXXX")
+  if ! result=$(PATH="$(dirname "$py"):$PATH" "$py" -c "$VALIDATE_PY" "${cmd[@]:3}" 2>"$validate_log"); then
+    [[ -n "$result" ]] || result="the Dataflow option check failed: $(tail -n 1 "$validate_log")"
+    rm -f "$validate_log"
+    itt_die "$result"
+  fi
+  rm -f "$validate_log"
+  printf '%s\n' "$result" >&2
   exit 0
 fi
 

@@ -3,6 +3,7 @@ with Beam's default pickler without save_main_session, and the launch scripts' c
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shlex
 import subprocess
@@ -196,8 +197,8 @@ def test_submit_flink_dry_run_defaults_match_flink_cluster_sh():
         o = PipelineOptions(sys.argv[1:])
         f, p = o.view_as(FlinkRunnerOptions), o.view_as(PortableOptions)
         assert o.view_as(StandardOptions).runner == "FlinkRunner"
-        assert (f.flink_master, f.flink_version, f.parallelism) == ("127.0.0.1:8081", "1.20", 2)
-        assert f.flink_job_server_jar.endswith("beam-runners-flink-1.20-job-server-2.77.0.jar")
+        assert (f.flink_master, f.flink_version, f.parallelism) == ("127.0.0.1:8081", "1.19", 2)
+        assert f.flink_job_server_jar.endswith("beam-runners-flink-1.19-job-server-2.62.0.jar")
         assert (p.environment_type, p.environment_config) == ("EXTERNAL", "127.0.0.1:50000")
         print("parsed")
     """)
@@ -206,7 +207,8 @@ def test_submit_flink_dry_run_defaults_match_flink_cluster_sh():
 
 def test_submit_flink_docker_environment_names_the_sdk_image():
     proc = run_script([str(LAUNCH / "submit_flink.sh"), "--dry-run", "--environment_type", "DOCKER",
-                       "--flink_master", "flink.example:8081", "--parallelism", "8", "--", "--input", "x"],
+                       "--flink_master", "flink.example:8081", "--parallelism", "8", "--", "--input", "x",
+                       "--output_dir", "y"],
                       timeout=60)
     line = proc.stdout.strip().splitlines()[-1]
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -227,3 +229,58 @@ def test_submit_flink_rejects_bad_arguments(args):
 def test_scripts_have_help(script):
     proc = run_script([str(LAUNCH / script), "--help"], timeout=30)
     assert proc.stdout.startswith("Usage: launch/" + script)
+
+
+# A program on PATH that every python of the dry run imports first: it records each attempt to
+# open a connection, through an audit hook that no later code can remove.
+_NETWORK_RECORDER = """
+import os, sys
+def _record(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo"):
+        with open(os.environ["NETWORK_LOG"], "a") as log:
+            log.write(f"{event} {args[1]!r}\\n")
+sys.addaudithook(_record)
+"""
+
+
+def _offline_dry_run(tmp_path, args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_NETWORK_RECORDER)
+    log = tmp_path / "network.log"
+    log.write_text("")
+    env = job_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    env["NETWORK_LOG"] = str(log)
+    proc = subprocess.run([str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *args], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return proc, log.read_text()
+
+
+@pytest.mark.parametrize("temp_location", ["gs://my-bucket/tmp", "gs://b/tmp"])
+def test_submit_dataflow_dry_run_makes_no_network_call(temp_location, tmp_path):
+    # Beam's validator asked GCS about the buckets (minutes of timeouts), and for gs://b/tmp (an
+    # invalid bucket name) tried to create a default bucket and crashed with a long traceback.
+    proc, network = _offline_dry_run(tmp_path, [*_dataflow_args(**{"--temp_location": temp_location}),
+                                                "--input", "gs://my-bucket/i", "--output_dir", "gs://my-bucket/o"])
+    assert network == "", f"the dry run reached for the network:\n{network}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if temp_location == "gs://b/tmp":
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith("[submit_dataflow.sh] error: invalid Dataflow arguments")
+        assert "gs://b/tmp" in proc.stderr.strip().splitlines()[-1]
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("job_args, message", [
+    (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--image_size", "abc"], "--image_size"),
+    (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--num_shards=-3"], "--num_shards"),
+    (["--output_dir", "gs://b/o"], "--input"),
+])
+def test_submit_dataflow_dry_run_runs_the_jobs_own_argument_checks(job_args, message, tmp_path):
+    proc, network = _offline_dry_run(tmp_path, [*_dataflow_args(), *job_args])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("images-to-tfrecords: error:") and message in last, proc.stderr[-3000:]
+    assert network == ""
