@@ -1,0 +1,157 @@
+"""What a cluster runner costs: the same 2000 real photos through the local runner, the portable job
+service, and FlinkRunner on a loopback Flink cluster with one and with two TaskManagers.
+
+    python benchmarks/runners.py [--num_images 2000] [--work_dir DIR] [--json FILE]
+
+Each job runs as a whole process through its launch script, and its time is split where the
+first shard starts being written (the first `.tmp-` file in the output folder):
+- start-up: the runner itself, job submission, SDK workers, listing and planning;
+- conversion: from the first shard written to the process exit (decode, resize, encode, write,
+  manifest).
+The cluster's own start (`flink_cluster.sh start`) is a separate column: a long-lived cluster pays
+it once. Every runner's output is checked byte-identical to the local runner's. This is a
+benchmark, not a test: numbers on a shared 2-core machine are noisy, so quote them with the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from beam_jobs.sample_data import make_photo_tree  # noqa: E402
+
+LAUNCH = REPO_ROOT / "launch"
+JOB_FLAGS = ["--image_size", "224", "--num_shards", "8"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHON"] = sys.executable
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed_job(args: list[str], out: pathlib.Path) -> dict[str, float]:
+    """Runs one job; returns its start-up and conversion seconds, split at the first shard write."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    first_shard = None
+    while proc.poll() is None:
+        if first_shard is None and out.exists() and any(p.name.startswith(".tmp-") for p in out.iterdir()):
+            first_shard = time.perf_counter()
+        time.sleep(0.05)
+    end = time.perf_counter()
+    log = proc.stdout.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"{args[0]} exited {proc.returncode}:\n{log[-4000:]}")
+    first_shard = first_shard or end
+    return {"startup_s": first_shard - start, "conversion_s": end - first_shard, "job_s": end - start}
+
+
+def same_output(a: pathlib.Path, b: pathlib.Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    if names != sorted(p.name for p in b.iterdir()):
+        return False
+    for name in names:
+        x, y = (a / name).read_bytes(), (b / name).read_bytes()
+        if name == "dead_letters.jsonl":
+            x, y = sorted(x.splitlines()), sorted(y.splitlines())
+        if x != y:
+            return False
+    return True
+
+
+class Cluster:
+    def __init__(self, state_dir: pathlib.Path, taskmanagers: int) -> None:
+        self.args = ["--state_dir", str(state_dir), "--rest_port", str(_free_port()), "--rpc_port",
+                     str(_free_port()), "--worker_pool_port", str(_free_port()), "--taskmanagers",
+                     str(taskmanagers), "--slots", "2", "--taskmanager_memory", "1536m"]
+        self.flink_master = f"127.0.0.1:{self.args[3]}"
+        self.worker_pool = f"127.0.0.1:{self.args[7]}"
+
+    def start(self) -> float:
+        start = time.perf_counter()
+        subprocess.run([str(LAUNCH / "flink_cluster.sh"), "start", *self.args], env=_env(), check=True,
+                       capture_output=True)
+        return time.perf_counter() - start
+
+    def stop(self) -> None:
+        subprocess.run([str(LAUNCH / "flink_cluster.sh"), "stop", *self.args], env=_env(), capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num_images", type=int, default=2000)
+    parser.add_argument("--work_dir", type=pathlib.Path, default=None)
+    parser.add_argument("--json", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    work = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="runners-bench-"))
+    images = work / "images"
+    if not images.exists():
+        make_photo_tree(images, num_images=args.num_images, size=(500, 375), seed=11)
+
+    jar = subprocess.run([str(LAUNCH / "flink_cluster.sh"), "fetch"], env=_env(), check=True, capture_output=True,
+                         text=True).stderr.split("job server jar: ")[1].strip()
+    rows = []
+
+    def job_args(out: pathlib.Path) -> list[str]:
+        return ["--input", str(images), "--output_dir", str(out), *JOB_FLAGS]
+
+    local = work / "out-local"
+    shutil.rmtree(local, ignore_errors=True)
+    rows.append({"runner": "local runner (FnApiRunner, all cores)", "cluster_s": 0.0,
+                 **timed_job([sys.executable, "-m", "beam_jobs", *job_args(local)], local)})
+    portable = work / "out-portable"
+    shutil.rmtree(portable, ignore_errors=True)
+    rows.append({"runner": "portable job service + worker pool (run_portable.sh)", "cluster_s": 0.0,
+                 **timed_job([str(LAUNCH / "run_portable.sh"), *job_args(portable)], portable)})
+    rows[-1]["same_bytes"] = same_output(portable, local)
+    for taskmanagers, parallelism in ((1, 2), (2, 4)):
+        cluster = Cluster(work / f"flink-{taskmanagers}tm", taskmanagers)
+        out = work / f"out-flink-{taskmanagers}tm"
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            cluster_s = cluster.start()
+            timing = timed_job([str(LAUNCH / "submit_flink.sh"), "--flink_master", cluster.flink_master,
+                                "--environment_config", cluster.worker_pool, "--parallelism", str(parallelism),
+                                "--flink_job_server_jar", jar, *job_args(out)], out)
+        finally:
+            cluster.stop()
+        rows.append({"runner": f"FlinkRunner, {taskmanagers} TaskManager(s) x 2 slots, parallelism {parallelism}",
+                     "cluster_s": cluster_s, **timing, "same_bytes": same_output(out, local)})
+
+    n = args.num_images
+    print(f"{n} real photos 500x375 -> 224 px JPEG, 8 shards; {os.cpu_count()} cores")
+    print("| runner | cluster start s | job start-up s | conversion s | job total s | img/s conversion | img/s job |"
+          " same bytes as local |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['runner']} | {r['cluster_s']:.1f} | {r['startup_s']:.1f} | {r['conversion_s']:.1f} | "
+              f"{r['job_s']:.1f} | {n / r['conversion_s']:.0f} | {n / r['job_s']:.0f} | "
+              f"{'yes' if r.get('same_bytes', True) else 'NO'} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
