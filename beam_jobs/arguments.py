@@ -68,6 +68,39 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
     raise UsageError(f"unrecognized argument {name}{hint}")
 
 
+def _refuse_repeats_and_blanks(argv: Sequence[str]) -> None:
+    """The job's own flags may be given once, with a value: with argparse the last of two
+    --image_size wins silently, and an empty --input= would count as not given."""
+    own = {option: action for action in help_parser()._actions  # pylint: disable=protected-access
+           for option in action.option_strings if option.startswith("--")}
+    seen: dict[str, int] = {}
+    for index, arg in enumerate(argv):
+        name, has_value, value = arg.partition("=")
+        if name not in own or own[name].dest == "help":
+            continue
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] == 2:
+            raise UsageError(f"{name} is given more than once; give it once")
+        takes_value = own[name].nargs != 0
+        if takes_value:
+            if not has_value:
+                value = argv[index + 1] if index + 1 < len(argv) else ""
+            if not value.strip():
+                raise UsageError(f"{name} needs a value (got an empty one)")
+
+
+def _check_runner(name: str | None) -> None:
+    """Beam resolves --runner only when the pipeline runs; a misspelt name is caught here."""
+    if name is None or "." in name:
+        return
+    known = {path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS} | {"FnApiRunner"}
+    lowered = {k.lower(): k for k in known} | {k.lower().removesuffix("runner"): k for k in known}
+    if name.lower() not in lowered:
+        guess = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {guess[0]}?" if guess else f"; expected one of {', '.join(sorted(known))}"
+        raise UsageError(f"--runner {name} is not a runner Beam knows{hint}")
+
+
 def help_parser() -> argparse.ArgumentParser:
     """The parser behind --help: the job's own flags and the runner choice (Beam has hundreds more)."""
     parser = argparse.ArgumentParser(
@@ -100,6 +133,7 @@ class JobArguments:
     resume: bool
     allow_outside_root: bool
     log_level: str
+    tree_layout: str = "auto"
 
     @property
     def source(self) -> str:
@@ -140,15 +174,15 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     """Parses and checks the whole command line; raises UsageError naming the first bad value."""
     argv = list(argv)
     _refuse_unknown(argv)
+    _refuse_repeats_and_blanks(argv)
     options = PipelineOptions(argv)
+    _check_runner(options.view_as(StandardOptions).runner)
     flags = options.view_as(ConversionOptions)
     if bool(flags.input) == bool(flags.manifest):
         raise UsageError("give exactly one of --input DIR_OR_URI and --manifest FILE"
                          + (" (got both)" if flags.input else ""))
     if not flags.output_dir:
         raise UsageError("--output_dir is required")
-    if flags.overwrite and flags.resume:
-        raise UsageError("give at most one of --overwrite and --resume")
     _finite("--max_bad_fraction", flags.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
     if flags.num_shards < 0:
         raise UsageError(f"--num_shards must be >= 0 (0: derived from --target_shard_mb) (got {flags.num_shards!r})")
@@ -182,6 +216,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         resume=flags.resume,
         allow_outside_root=flags.allow_outside_root,
         log_level=flags.log_level.upper(),
+        tree_layout=flags.tree_layout,
     )
     return arguments, options
 

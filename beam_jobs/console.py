@@ -9,7 +9,16 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["TracebackFilter", "hide_worker_tracebacks"]
+__all__ = ["HARNESS_CHATTER", "ConsoleFilter", "TracebackFilter", "hide_worker_tracebacks"]
+
+# Lines the local runner's SDK worker processes print at every start and stop, whatever log level
+# they are given (they log before they receive it): nothing a user can act on.
+HARNESS_CHATTER = re.compile(
+    r"Logging handler created|semi_persistent_directory|Pipeline_options:|Python sdk harness (starting|exiting)"
+    r"|Creating insecure|channel established|Initializing SDKHarness|Creating state cache|Creating client data"
+    r"|No more requests from control plane|SDK Harness waiting|Closing all cached|Done consuming work"
+    r"|Discarding unparseable args|apitools not found, and bigquery client libraries"
+)
 
 # The line a Python traceback ends with: "package.SomeError: message" (or a bare "SomeError").
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
@@ -47,17 +56,33 @@ class TracebackFilter:
         return False
 
 
+class ConsoleFilter:
+    """What passes: no tracebacks, no harness chatter, and nothing at all once muted."""
+
+    def __init__(self) -> None:
+        self._tracebacks = TracebackFilter()
+        self.muted = False
+
+    def mute(self) -> None:
+        """Drops everything from now on: after Ctrl-C the dying workers print pages of noise."""
+        self.muted = True
+
+    def keep(self, line: str) -> bool:
+        return not self.muted and self._tracebacks.keep(line) and not HARNESS_CHATTER.search(line)
+
+
 @contextlib.contextmanager
-def hide_worker_tracebacks(enabled: bool = True) -> Iterator[None]:
-    """Filters tracebacks out of everything written to this process's stderr file descriptor
-    while the block runs, including by the worker processes it starts.
+def hide_worker_tracebacks(enabled: bool = True) -> Iterator[ConsoleFilter]:
+    """Filters tracebacks and harness chatter out of everything written to this process's stderr
+    file descriptor while the block runs, including by the worker processes it starts.
 
     The local runner's SDK workers inherit stderr and print each failed bundle's traceback to it
     with print(), outside logging's reach; the failure itself reaches the user as one line from
     the job's entry point. With ``enabled`` False (--log_level DEBUG) nothing is filtered.
     """
+    console = ConsoleFilter()
     if not enabled:
-        yield
+        yield console
         return
     sys.stderr.flush()
     original = os.dup(2)
@@ -66,7 +91,7 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[None]:
     os.close(write_end)
 
     def pump() -> None:
-        keep = TracebackFilter().keep
+        keep = console.keep
         with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines, \
                 os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace") as out:
             for line in lines:
@@ -77,7 +102,7 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[None]:
     thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
     thread.start()
     try:
-        yield
+        yield console
     finally:
         sys.stderr.flush()
         os.dup2(original, 2)  # Closes the pipe's last write end held here: the pump sees EOF...

@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.decode import decode_image
-from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
 from beam_jobs.example import ExampleFields, encode_pixels, serialize_example, source_id_for
 from beam_jobs.isolation import IsolatedRunner, needs_isolation
 from beam_jobs.plan import ShardPlan
@@ -189,6 +189,7 @@ class ConvertShardFn(beam.DoFn):
         self._read_threads = read_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._isolated: IsolatedRunner | None = None
+        self._tearing_down = False
         counter = partial(Metrics.counter, METRICS_NAMESPACE)
         self._images_read = counter("images_read")
         self._images_written = counter("images_written")
@@ -203,6 +204,7 @@ class ConvertShardFn(beam.DoFn):
         self._isolated = IsolatedRunner(timeout_s=self._config.decode_timeout_s)
 
     def teardown(self) -> None:
+        self._tearing_down = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._isolated is not None:
@@ -230,6 +232,8 @@ class ConvertShardFn(beam.DoFn):
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
         staged_path = FileSystems.join(self._output_dir, staged_name(shard.file_name))
         sidecar_path = FileSystems.join(self._output_dir, sidecar_name(shard.file_name))
+        if self._tearing_down:
+            raise WorkerShutdownError(f"the worker shut down before converting {shard.file_name}")
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
         # Before anything is read: a source that changes during the conversion then differs from
         # what the sidecar records, and a later --resume converts it again.
@@ -251,6 +255,8 @@ class ConvertShardFn(beam.DoFn):
         try:
             writer = _HashingWriter(handle)
             for input_file, data in self._sources(shard.inputs, read):
+                if self._tearing_down:
+                    raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
                 try:
                     if isinstance(data, BadInputError):
                         raise data
@@ -258,7 +264,7 @@ class ConvertShardFn(beam.DoFn):
                     self._bytes_read.inc(len(data))
                     try:
                         record, events, sha256 = self._convert(data, input_file)
-                    except BadInputError:
+                    except (BadInputError, WorkerShutdownError):
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.
                         raise BadInputError(Stage.CONVERT, Reason.UNEXPECTED_ERROR,
@@ -281,6 +287,11 @@ class ConvertShardFn(beam.DoFn):
             except Exception:  # The original error (a full disk, say) is the one to report.
                 _LOG.warning("could not remove the temporary file %s", temp_path)
             raise
+        if self._tearing_down:
+            # The runner is tearing this worker down under us (it died, or cancelled the work):
+            # what was converted may be incomplete, so it is never staged.
+            FileSystems.delete([temp_path])
+            raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
         FileSystems.rename([temp_path], [staged_path])
         done = {
             "fingerprint": fingerprint,

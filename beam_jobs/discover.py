@@ -17,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.paths import redact, resolve_inside_root
+from beam_jobs.plan import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import list_tree
 
@@ -123,7 +124,9 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool)
     if not is_image_filename(uri):
         return _bad_row(where, f"{redact(entry)!r} does not have an image file extension")
     split = str(row.get("split") or "").strip() or None
-    return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split)
+    if split is not None and not is_valid_split_name(split):
+        return _bad_row(where, f"split {split!r} cannot name shard files (letters, digits, '_' and '-' only)")
+    return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split, origin=where)
 
 
 def parse_input_list(data: bytes | str, *, list_uri: str, allow_outside_root: bool = False,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInputError", "JobError", "Reason", "Stage"]
+__all__ = ["BadInputError", "JobError", "Reason", "Stage", "WorkerShutdownError"]
 
 
 class Stage:
@@ -56,3 +56,9 @@ class BadInputError(Exception):
 class JobError(ValueError):
     """The job as a whole cannot go on (no images found, an unreadable input list): its message is
     what the user sees, as one line, wherever in the pipeline it was raised."""
+
+
+class WorkerShutdownError(RuntimeError):
+    """The worker is shutting down under a shard being converted (its runner died or cancelled the
+    work). It fails the shard, which is never staged: blaming each remaining image with a dead
+    letter would record a broken shard as complete, and --resume would trust it."""

@@ -6,7 +6,7 @@ import concurrent.futures
 import multiprocessing
 from collections.abc import Callable
 
-from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
 
 __all__ = ["ISOLATION_POLICIES", "IsolatedRunner", "needs_isolation"]
 
@@ -45,9 +45,12 @@ class IsolatedRunner:
     def __init__(self, *, timeout_s: float) -> None:
         self._timeout_s = timeout_s
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._closed = False
         self.calls = 0
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._closed:
+            raise WorkerShutdownError("the isolated decoder was closed: the worker is shutting down")
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn")
@@ -64,17 +67,25 @@ class IsolatedRunner:
 
     def __call__(self, function: Callable, *args):
         self.calls += 1
-        future = self._executor().submit(function, *args)
+        try:
+            future = self._executor().submit(function, *args)
+        except RuntimeError as error:  # "cannot schedule new futures after shutdown"
+            raise WorkerShutdownError(f"the isolated decoder is shutting down: {error}") from None
         try:
             return future.result(timeout=self._timeout_s)
         except concurrent.futures.TimeoutError:
             self._discard()
             raise BadInputError(Stage.DECODE, Reason.DECODER_TIMEOUT,
                                 f"decoding took longer than {self._timeout_s:g} s; the decoder was killed") from None
+        except concurrent.futures.CancelledError:
+            raise WorkerShutdownError("the isolated decode was cancelled: the worker is shutting down") from None
         except concurrent.futures.process.BrokenProcessPool:
+            if self._closed:
+                raise WorkerShutdownError("the isolated decoder was closed: the worker is shutting down") from None
             self._discard()
             raise BadInputError(Stage.DECODE, Reason.DECODER_CRASHED,
                                 "the decoder process died (crash or out of memory) on this file") from None
 
     def close(self) -> None:
+        self._closed = True
         self._discard()

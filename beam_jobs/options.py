@@ -57,8 +57,14 @@ class ConversionOptions(PipelineOptions):
                            help="time limit of one isolated decode (default: %(default)s)")
         group.add_argument("--max_bad_fraction", type=float, default=0.01,
                            help="fail the job when more inputs than this are dead letters (default: %(default)s)")
+        group.add_argument("--tree_layout", default="auto", choices=("auto", "label", "split_label"),
+                           help="how --input's folders name things: label = ROOT/<label>/<image>; "
+                           "split_label = ROOT/<split>/<label>/<image>; auto = split_label when every image is "
+                           "three levels deep under top folders named like splits (train, validation, val, "
+                           "test, ...), else label (default: %(default)s)")
         group.add_argument("--overwrite", action="store_true", default=False,
-                           help="replace whatever dataset is already in --output_dir")
+                           help="replace whatever dataset is already in --output_dir, once this run succeeds; "
+                           "with --resume, continue an interrupted --overwrite run")
         group.add_argument("--resume", action="store_true", default=False,
                            help="continue an interrupted run with the same flags: shards already complete "
                            "and verified (size and sha256) are kept, the rest are redone")

@@ -29,6 +29,7 @@ from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
     DEAD_LETTERS_FILE,
+    DROPPED_REASONS,
     TooManyBadInputsError,
     content_duplicate_groups,
     finalize_outputs,
@@ -36,6 +37,7 @@ from beam_jobs.finalize import (
     run_fingerprint,
 )
 from beam_jobs.paths import redact
+from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
 from beam_jobs.records import DeadLetter, InputFile
@@ -45,11 +47,11 @@ __all__ = ["ConvertImages", "main", "run"]
 _LOG = logging.getLogger("beam_jobs")
 
 
-def _make_plan(listing: list, *, from_tree: bool, source: str, **plan_args) -> DatasetPlan:
+def _make_plan(listing: list, *, from_tree: bool, source: str, tree_layout: str = "auto", **plan_args) -> DatasetPlan:
     inputs = [item for item in listing if isinstance(item, InputFile)]
     dead = [item for item in listing if isinstance(item, DeadLetter)]
     if from_tree:
-        inputs, layout_dead = labels_from_tree(inputs)
+        inputs, layout_dead = labels_from_tree(inputs, tree_layout)
         dead += layout_dead
     if not inputs and not dead:
         raise JobError(f"no image files found in {redact(source)}")
@@ -87,7 +89,7 @@ class ConvertImages(beam.PTransform):
                  image_config: ImageConfig, split_fractions: dict[str, float] | None,
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
-                 allow_outside_root: bool = False) -> None:
+                 allow_outside_root: bool = False, tree_layout: str = "auto") -> None:
         super().__init__()
         self._input_root = input_root
         self._input_list = input_list
@@ -101,6 +103,7 @@ class ConvertImages(beam.PTransform):
         self._dedup = dedup
         self._resume = resume
         self._allow_outside_root = allow_outside_root
+        self._tree_layout = tree_layout
 
     def expand(self, pipeline):
         config = self._config
@@ -123,6 +126,7 @@ class ConvertImages(beam.PTransform):
             | "PlanShards" >> beam.Map(
                 _make_plan,
                 from_tree=self._input_root is not None,
+                tree_layout=self._tree_layout,
                 source=self._input_root or self._input_list,
                 split_fractions=self._split_fractions,
                 num_shards=self._num_shards,
@@ -214,16 +218,21 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     return fn_runner.FnApiRunner(provision_info=provision)
 
 
-def _existing_fingerprints(names: dict[str, str]) -> set[str]:
-    """The run fingerprints recorded by an earlier run's dataset_info.json, if any."""
-    found = set()
-    if DATASET_INFO in names:
+def _previous_settings(names: dict[str, str]) -> dict | None:
+    """The fingerprint and preprocessing settings of the dataset_info.json already there, if any."""
+    if DATASET_INFO not in names:
+        return None
+    try:
         with FileSystems.open(names[DATASET_INFO]) as handle:
-            try:
-                found.add(json.loads(handle.read().decode("utf-8")).get("fingerprint", "unknown"))
-            except ValueError:
-                found.add("unreadable")
-    return found
+            info = json.loads(handle.read().decode("utf-8"))
+        return {"fingerprint": info.get("fingerprint", "unknown"), "preprocessing": info.get("preprocessing", {})}
+    except (OSError, ValueError, AttributeError):
+        return {"fingerprint": "unreadable", "preprocessing": {}}
+
+
+def _differences(old: dict, new: dict) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
 
 
 def _check_inputs_exist(arguments: JobArguments) -> None:
@@ -247,58 +256,73 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         raise UsageError(f"--input {redact(root)}: no files found under it")
 
 
-def _prepare_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str) -> bool:
-    """Never mixes two datasets in one folder, and never deletes anything up front.
-
-    - --overwrite: allowed; the dataset there is replaced only when this run succeeds (its
-      finalize step commits the new shards, then removes what the old dataset listed).
-    - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
-      one; each staged shard is verified later against its sidecar and its sources.
-    - neither: the folder must hold no dataset files at all.
-
-    Returns True when it created the folder (so that a run that fails at once can remove it).
-    """
-    created = False
+def _make_output_dir(output_dir: str) -> list[str]:
+    """Creates --output_dir (and its missing parents) and proves it writable; returns the folders
+    it created, deepest first, so that a run that fails at once can remove them again."""
+    created = []
+    if "://" not in output_dir:
+        if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+            raise UsageError(f"--output_dir {output_dir} is a file, not a folder")
+        folder = output_dir
+        while not os.path.exists(folder):
+            created.append(folder)
+            folder = os.path.dirname(folder)
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise UsageError(f"--output_dir {output_dir} lies under {folder}, which is a file")
     try:
         if not FileSystems.exists(output_dir):
             FileSystems.mkdirs(output_dir)
-            created = True
         # Fail now, with a clear message, rather than after converting everything.
         probe = FileSystems.join(output_dir, temp_name("probe"))
         FileSystems.create(probe).close()
         delete_exactly([probe])
-        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
     except Exception as error:
+        _remove_created(created)
         raise UsageError(f"cannot write to --output_dir {redact(output_dir)}: {redact(str(error))}") from None
+    return created
+
+
+def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str,
+                      preprocessing: dict) -> None:
+    """Never mixes two datasets in one folder, and never deletes a dataset up front.
+
+    - --overwrite: allowed; the dataset there is replaced only when this run succeeds (its
+      finalize step commits the new shards, then removes what the old dataset listed). With
+      --resume too, the staged shards of an interrupted --overwrite run are reused.
+    - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
+      one; each staged shard is verified later against its sidecar and its sources.
+    - neither: the folder must hold no dataset files at all.
+    """
+    names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
     ours = sorted(name for name in names if is_dataset_file(name))
-    if not ours or overwrite:
-        if ours:
-            _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
-        return created
-    if resume:
-        previous = _existing_fingerprints(names)
-        if previous and previous != {fingerprint}:
+    if ours and overwrite:
+        _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
+    if ours and resume:
+        previous = _previous_settings(names)
+        if not overwrite and previous and previous["fingerprint"] != fingerprint:
             raise UsageError(
-                f"--output_dir {redact(output_dir)} holds a dataset made with other settings; --resume only "
-                "continues a run with the same flags. Pass --overwrite to replace it, or choose another folder"
+                f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
+                f"({_differences(previous['preprocessing'], preprocessing)}); --resume only continues a run "
+                "with the same flags. Pass --overwrite to replace it, or choose another folder"
             )
         # Temp files of killed writers; staged shards and their sidecars stay for verification.
         delete_exactly([names[name] for name in ours if name.startswith(".tmp-")])
-        return created
-    raise UsageError(
-        f"--output_dir {redact(output_dir)} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass "
-        "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
-        "the new run succeeds), or choose another folder"
-    )
+    if ours and not (overwrite or resume):
+        raise UsageError(
+            f"--output_dir {redact(output_dir)} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass "
+            "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
+            "the new run succeeds), or choose another folder"
+        )
 
 
-def _remove_if_empty(folder: str) -> None:
-    """Removes a folder this run created when the run failed before writing anything into it."""
-    try:
-        if not list_folder(folder) and "://" not in folder:
-            os.rmdir(folder)
-    except Exception:  # Best effort: the original failure is the one to report.
-        pass
+def _remove_created(folders: list[str]) -> None:
+    """Removes the folders this run created, deepest first, as long as they are empty."""
+    for folder in folders:
+        try:
+            if "://" not in folder:
+                os.rmdir(folder)
+        except OSError:  # Not empty (or gone): it holds something worth keeping.
+            return
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
@@ -314,11 +338,15 @@ def run(argv: Sequence[str] | None = None) -> dict:
     _check_inputs_exist(arguments)
     config = arguments.image_config
     output_dir = arguments.output_dir
-    created = _prepare_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
-                                  fingerprint=run_fingerprint(config, arguments.settings))
-    runner = _local_runner(options, argv, log_level=arguments.log_level)
-    _LOG.info("converting %s into %s", redact(arguments.source), redact(output_dir))
+    created = _make_output_dir(output_dir)
+    lock = None
     try:
+        lock = acquire_output_lock(output_dir)
+        _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
+                          fingerprint=run_fingerprint(config, arguments.settings),
+                          preprocessing={**config.to_json(), **arguments.settings})
+        runner = _local_runner(options, argv, log_level=arguments.log_level)
+        _LOG.info("converting %s into %s", redact(arguments.source), redact(output_dir))
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(
             input_root=arguments.input_root, input_list=arguments.input_list, output_dir=output_dir,
@@ -326,14 +354,21 @@ def run(argv: Sequence[str] | None = None) -> dict:
             num_shards=arguments.num_shards, target_shard_bytes=arguments.target_shard_bytes,
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
+            tree_layout=arguments.tree_layout,
         )
-        with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG"):
-            result = pipeline.run()
-            result.wait_until_finish()
+        with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
+            try:
+                result = pipeline.run()
+                result.wait_until_finish()
+            except KeyboardInterrupt:
+                console.mute()  # The workers' dying words would bury the one line that matters.
+                raise
     except BaseException:
-        if created:
-            _remove_if_empty(output_dir)
+        if lock is not None:
+            release_output_lock(lock)
+        _remove_created(created)
         raise
+    release_output_lock(lock)
     _log_counters(result)
     with FileSystems.open(FileSystems.join(output_dir, DATASET_INFO)) as handle:
         return json.loads(handle.read().decode("utf-8"))
@@ -355,7 +390,11 @@ def _log_counters(result) -> None:
 def _summary(info: dict, output_dir: str) -> str:
     splits = ", ".join(f"{name}: {s['num_examples']} examples in {s['num_shards']} shards"
                        for name, s in info["splits"].items())
-    return (f"wrote {splits} to {redact(output_dir)}; {info['num_dead_letters']} inputs could not be used "
+    by_reason = info.get("dead_letters_by_reason", {})
+    dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
+    unusable = info["num_dead_letters"] - dropped
+    copies = f", {dropped} copies dropped (--dedup)" if dropped else ""
+    return (f"wrote {splits} to {redact(output_dir)}; {unusable} inputs could not be used{copies} "
             f"(see {info['dead_letters_file']})")
 
 
@@ -366,27 +405,27 @@ _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit))
 _STEP = re.compile(r"\[while running '([^']+)'\]")
 
 
-def describe_failure(error: BaseException) -> str:
-    """One line for a failed run: our own message when the failure is ours, the storage problem
-    when the disk said no, else the innermost error and the step it happened in."""
+def describe_failure(error: BaseException) -> tuple[str, bool]:
+    """One line for a failed run, and whether a trace would help: our own message when the failure
+    is ours, the storage problem when the disk said no, else the innermost error and its step."""
     text = redact(f"{type(error).__name__}: {error}")
-    for own in (TooManyBadInputsError, JobError, UsageError):
+    for own in (TooManyBadInputsError, OutputLockedError, JobError, UsageError):
         matches = re.findall(rf"{own.__name__}: (.+)", text)
         if matches:
-            return _STEP.sub("", matches[-1]).strip()
+            return _STEP.sub("", matches[-1]).strip(), False
     for needle in _STORAGE_ERRORS:
         if needle in text:
             where = re.search(rf"{re.escape(needle)}[^\n]*?: '([^']+)'", text)
-            return f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "") + \
-                "; no shard was left under a final name and no dataset_info.json was written"
+            return (f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "")
+                    + "; no shard was left under a final name and no dataset_info.json was written"), False
     lines = [m for m in _ERROR_LINE.finditer(text) if not m.group(2).startswith("[while running")]
     step = _STEP.findall(text)
     if not lines:
         first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-        return first[:500]
+        return first[:500], True
     name, message = lines[-1].group(1), _STEP.sub("", lines[-1].group(2)).strip()
     where = f" (in step {step[-1]})" if step else ""
-    return f"{name}: {message[:500]}{where}"
+    return f"{name}: {message[:500]}{where}", True
 
 
 def _peek_log_level(argv: Sequence[str]) -> str:
@@ -435,13 +474,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; finished shards are staged: rerun with --resume to continue",
-              file=sys.stderr)
+        again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
+        kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
+        print(f"{PROG}: interrupted; the shards finished so far are staged: rerun with {again} (and the same "
+              f"flags) to continue{kept}", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":
             traceback.print_exc()
-        hint = "" if level == "DEBUG" else " (--log_level DEBUG shows the full trace)"
-        print(f"{PROG}: error: {describe_failure(error)}{hint}", file=sys.stderr)
+        message, trace_helps = describe_failure(error)
+        hint = " (--log_level DEBUG shows the full trace)" if trace_helps and level != "DEBUG" else ""
+        print(f"{PROG}: error: {message}{hint}", file=sys.stderr)
         raise SystemExit(1) from None
     print(_summary(info, parse_job_arguments(argv)[0].output_dir))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,18 @@ DEFAULT_TARGET_SHARD_MB = 150
 MIN_PARALLEL_SHARDS = 32
 MIN_EXAMPLES_PER_SHARD = 64
 DEFAULT_SPLIT = "train"
+TREE_LAYOUTS = ("auto", "label", "split_label")
+# Top folder names that "auto" reads as splits in a ROOT/<split>/<label>/<image> tree; any other
+# name makes the three-level tree ambiguous (ROOT/<label>/<year>/<image> is common too).
+KNOWN_SPLIT_NAMES = frozenset({"train", "training", "validation", "valid", "val", "dev", "test", "testing",
+                               "eval", "evaluation", "holdout", "calibration"})
+# A split names shard files: letters, digits, "_" and "-", never "/", "." or spaces.
+_SPLIT_NAME = re.compile(r"[^\W][\w-]*")
+
+
+def is_valid_split_name(name: str) -> bool:
+    """Whether ``name`` can name a split, and so the start of its shard files' names."""
+    return bool(_SPLIT_NAME.fullmatch(name))
 
 # Rough bytes per pixel-channel of encoded photos, to turn --target_shard_mb into a shard count
 # before anything is encoded. Measured on the sample photos at 224 px: JPEG q95 ~0.2, PNG ~0.6.
@@ -87,34 +100,42 @@ def input_order(f: InputFile) -> tuple:
     """A total order of inputs by explicit keys: their optional fields may be None, which does not
     compare with a string, so the dataclass's own ordering cannot be used."""
     return (f.filename, f.uri, f.label or "", f.split or "", -1 if f.size is None else f.size,
-            f.content_sha256 or "", f.label_id, -1.0 if f.mtime is None else f.mtime)
+            f.content_sha256 or "", f.label_id, -1.0 if f.mtime is None else f.mtime, f.origin or "")
 
 
-def labels_from_tree(files: Iterable[InputFile]) -> tuple[list[InputFile], list[DeadLetter]]:
+def labels_from_tree(files: Iterable[InputFile], layout: str = "auto") -> tuple[list[InputFile], list[DeadLetter]]:
     """Labels tree inputs from their folders: ``<label>/<image>`` or ``<split>/<label>/<image>``.
 
-    The layout is decided for the whole tree: if every image is three levels deep the first level
-    names the split; otherwise images two levels deep are labelled and the rest are dead letters.
+    The layout is decided for the whole tree. "auto" reads ``<split>/<label>/<image>`` only when
+    every image is three levels deep and every top folder is named like a split (train,
+    validation, test, ...): a tree like ``<label>/<year>/<image>`` must not silently become splits
+    named after labels. Images that do not fit the layout are dead letters that say why.
     """
+    if layout not in TREE_LAYOUTS:
+        raise ValueError(f"tree layout must be one of {TREE_LAYOUTS} (got {layout!r})")
     files = sorted(files, key=input_order)
     depths = {len(f.filename.split("/")) for f in files}
-    with_split = depths == {3}
+    tops = sorted({f.filename.split("/")[0] for f in files if len(f.filename.split("/")) == 3})
+    named_like_splits = all(top.lower() in KNOWN_SPLIT_NAMES for top in tops)
+    with_split = layout == "split_label" or (layout == "auto" and depths == {3} and named_like_splits)
     labelled, dead = [], []
     for f in files:
         parts = f.filename.split("/")
-        if with_split:
+        if with_split and len(parts) == 3 and is_valid_split_name(parts[0]):
             labelled.append(replace(f, split=parts[0], label=parts[1]))
-        elif len(parts) == 2:
+            continue
+        if not with_split and len(parts) == 2:
             labelled.append(replace(f, label=parts[0]))
+            continue
+        if with_split and len(parts) == 3:
+            why = f"the folder {parts[0]!r} cannot name a split (letters, digits, '_' and '-' only)"
+        elif not with_split and depths == {3}:
+            why = (f"every image is three levels deep, but the top folders ({', '.join(map(repr, tops[:5]))}) "
+                   "are not split names; pass --tree_layout split_label to read them as <split>/<label>/<image>")
         else:
-            dead.append(
-                DeadLetter(
-                    f.uri,
-                    Stage.LIST,
-                    Reason.UNEXPECTED_LAYOUT,
-                    f"expected <label>/<image> or <split>/<label>/<image> under the input root (got {f.filename!r})",
-                )
-            )
+            expected = "<split>/<label>/<image>" if with_split else "<label>/<image> or <split>/<label>/<image>"
+            why = f"expected {expected} under the input root (got {f.filename!r})"
+        dead.append(DeadLetter(f.uri, Stage.LIST, Reason.UNEXPECTED_LAYOUT, why))
     return labelled, dead
 
 
@@ -155,9 +176,10 @@ DEDUP_POLICIES = ("path", "content")
 def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[InputFile], list[DeadLetter]]:
     """Applies the --dedup policy; every input dropped becomes a dead letter saying why.
 
-    - Always: the same relative path listed twice with the same label and split is one input; the
-      other rows are dropped. Listed with different labels or splits, all its rows are refused:
-      which one is meant is not known.
+    - Always: the same relative path listed twice with the same label is one input, and the other
+      rows are dropped (a row that names a split wins over one that leaves it blank). Listed with
+      different labels, or two different splits, all its rows are refused: which is meant is
+      not known.
     - "content": inputs with identical bytes (content_sha256) are one input, the first filename in
       sorted order is kept; if their labels disagree, none is kept, since the label is ambiguous.
     """
@@ -168,16 +190,25 @@ def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[Input
         by_path[f.filename].append(f)
     kept, dead = [], []
     for filename, rows in by_path.items():
-        variants = sorted({(f.label or "", f.split or "") for f in rows})
-        if len(variants) > 1:
-            shown = ", ".join(f"label {label!r} split {split or '(none)'!r}" for label, split in variants)
+        labels = sorted({f.label or "" for f in rows})
+        splits = sorted({f.split for f in rows if f.split})
+        if len(labels) > 1 or len(splits) > 1:
+            shown = ", ".join(f"label {f.label!r} split {f.split or '(none)'!r}" + (f" at {f.origin}" if f.origin else "")
+                              for f in rows)
             dead.extend(DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS,
-                                   f"{filename!r} is listed {len(rows)} times with different labels or splits: {shown}")
+                                   f"{filename!r} is listed {len(rows)} times with different labels or splits: "
+                                   f"{shown}" + (f" (this row: {f.origin})" if f.origin else ""))
                         for f in rows)
             continue
-        kept.append(rows[0])
-        dead.extend(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT, f"{filename!r} is listed more than once")
-                    for f in rows[1:])
+        # One label, at most one explicit split: a row that gives the split says more than one
+        # that leaves it to --splits, so it is the one kept.
+        first = next((f for f in rows if f.split), rows[0])
+        kept.append(first)
+        where = f" (kept {first.origin})" if first.origin else ""
+        dead.extend(DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT,
+                               f"{filename!r} is listed more than once" + (f"; this row: {f.origin}" if f.origin else "")
+                               + where)
+                    for f in rows if f is not first)
     if dedup == "content":
         by_content: dict[str, list[InputFile]] = defaultdict(list)
         for f in kept:

@@ -27,6 +27,7 @@ class InputFile:
     label_id: int = -1
     content_sha256: str | None = None
     mtime: float | None = None
+    origin: str | None = None  # where an input list named it ("list.csv:12"), for messages
 
 
 @dataclass(frozen=True, order=True)

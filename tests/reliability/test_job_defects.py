@@ -10,8 +10,10 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -209,7 +211,7 @@ def test_dedup_content_drops_copies_without_failing_the_job(photos, tmp_path):
 
 # --- 7. the same path twice, with a blank split ---------------------------------------------------
 
-def test_a_path_listed_twice_with_and_without_a_split_is_refused_clearly(photos, tmp_path):
+def test_a_path_listed_twice_with_and_without_a_split_keeps_the_row_with_the_split(photos, tmp_path):
     images = sorted(photos.rglob("*.jpg"))
     rows = ["uri,label,split"] + [f"{p.relative_to(photos)},{p.parent.name},train" for p in images]
     rows.append(f"{images[0].relative_to(photos)},{images[0].parent.name},")
@@ -218,12 +220,57 @@ def test_a_path_listed_twice_with_and_without_a_split_is_refused_clearly(photos,
     jsonl.write_text("".join(json.dumps({"uri": str(p.relative_to(photos)), "label": p.parent.name,
                                          "split": None if i == 0 else "train"}) + "\n"
                              for i, p in enumerate(images + images[:1])))
-    for listing in (photos / "list.csv", jsonl):
+    for listing, line in ((photos / "list.csv", 10), (jsonl, 1)):
         out = tmp_path / listing.suffix[1:]
-        run_cli("--manifest", listing, "--output_dir", out, "--max_bad_fraction", "0.5", *SMALL)
+        result = run_cli("--manifest", listing, "--output_dir", out, *SMALL)  # default --max_bad_fraction
         dead = _dead(out)
-        assert {d["reason"] for d in dead} == {"conflicting_labels"} and len(dead) == 2
-        assert _info(out)["splits"]["train"]["num_examples"] == 7
+        assert [d["reason"] for d in dead] == ["duplicate_input"]
+        assert f"{listing}:{line}" in dead[0]["detail"]
+        assert _info(out)["splits"]["train"]["num_examples"] == 8
+        assert "0 inputs could not be used, 1 copies dropped" in result.stdout
+
+
+def test_a_path_listed_with_two_labels_is_refused_naming_each_row(photos, tmp_path):
+    images = sorted(photos.rglob("*.jpg"))
+    rows = ["uri,label"] + [f"{p.relative_to(photos)},{p.parent.name}" for p in images]
+    rows.append(f"{images[0].relative_to(photos)},not-{images[0].parent.name}")
+    (photos / "list.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    run_cli("--manifest", photos / "list.csv", "--output_dir", out, "--max_bad_fraction", "0.5", *SMALL)
+    dead = _dead(out)
+    assert [d["reason"] for d in dead] == ["conflicting_labels"] * 2
+    assert dead[0]["detail"] != dead[1]["detail"]
+    assert {f"list.csv:{n})" for n in (2, 10)} == {d["detail"].rsplit("/", 1)[-1] for d in dead}
+
+
+def test_a_split_that_cannot_name_a_file_is_a_bad_row(photos, tmp_path):
+    images = sorted(photos.rglob("*.jpg"))
+    rows = ["uri,label,split"] + [f"{p.relative_to(photos)},{p.parent.name},train" for p in images[1:]]
+    rows.append(f"{images[0].relative_to(photos)},{images[0].parent.name},../evil")
+    (photos / "list.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    run_cli("--manifest", photos / "list.csv", "--output_dir", out, "--max_bad_fraction", "0.5", *SMALL)
+    assert [(d["reason"], d["uri"].endswith("list.csv:9")) for d in _dead(out)] == [("bad_manifest_row", True)]
+    assert sorted(p.name for p in out.iterdir()) == ["dataset_info.json", "dead_letters.jsonl",
+                                                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+
+
+def test_a_three_level_tree_is_split_label_only_when_its_top_folders_are_splits(tmp_path):
+    years = tmp_path / "years"
+    for year in ("2023", "2024"):  # years/cat/<year>/<image>: a label, then a year
+        (years / "cat" / year).mkdir(parents=True)
+        for path in make_photo_tree(tmp_path / f"src{year}", num_images=2, seed=int(year), classes=["chelsea"]):
+            path.rename(years / "cat" / year / path.name)
+    result = run_cli("--input", years, "--output_dir", tmp_path / "auto", *SMALL, check=False)
+    assert result.returncode == 1 and "--tree_layout split_label" in (tmp_path / "auto" / "dead_letters.jsonl").read_text()
+    run_cli("--input", years, "--output_dir", tmp_path / "forced", "--tree_layout", "split_label", *SMALL)
+    assert sorted(_info(tmp_path / "forced")["splits"]) == ["cat"]
+    splits = tmp_path / "splits"
+    for split in ("train", "validation"):
+        make_photo_tree(splits / split, num_images=4, seed=len(split), classes=["astronaut", "chelsea"])
+    run_cli("--input", splits, "--output_dir", tmp_path / "detected", "--num_shards", "1", "--image_size", "32")
+    info = _info(tmp_path / "detected")
+    assert sorted(info["splits"]) == ["train", "validation"] and info["label_names"] == ["astronaut", "chelsea"]
 
 
 # --- 8. clear errors, and no empty folder left behind --------------------------------------------
@@ -238,6 +285,9 @@ def test_a_path_listed_twice_with_and_without_a_split_is_refused_clearly(photos,
     (["--input", "{photos}", "--image_size", "abc"], "--image_size"),
     (["--input", "{photos}", "--num_shards=-3"], "--num_shards must be"),
     (["--input", "{photos}", "stray"], "unexpected argument 'stray'"),
+    (["--input", "{photos}", "--image_size", "64", "--image_size", "128"], "--image_size is given more than once"),
+    (["--input=", "--manifest", "{tmp}/list.csv"], "--input needs a value"),
+    (["--input", "{photos}", "--runner", "bogus"], "--runner bogus is not a runner"),
 ])
 def test_bad_arguments_give_one_line_and_create_nothing(photos, tmp_path, args, says):
     out = tmp_path / "out"
@@ -257,3 +307,67 @@ def test_a_failure_inside_the_pipeline_is_one_line_and_leaves_no_folder(tmp_path
     assert not out.exists()
     debug = run_cli("--input", root, "--output_dir", out, "--log_level", "DEBUG", check=False)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_an_output_dir_that_is_a_file_is_named_as_such(photos, tmp_path):
+    target = tmp_path / "afile"
+    target.write_text("mine")
+    result = run_cli("--input", photos, "--output_dir", target, check=False)
+    _assert_one_clear_error(result, code=2, says="is a file, not a folder")
+    assert target.read_text() == "mine"
+
+
+def test_a_failed_run_removes_every_folder_it_created(tmp_path):
+    root = tmp_path / "no-images"
+    (root / "cat").mkdir(parents=True)
+    result = run_cli("--input", root, "--output_dir", tmp_path / "n1" / "n2" / "n3", check=False)
+    _assert_one_clear_error(result, code=1, says="no image files found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-images"]
+
+
+# --- concurrent and interrupted runs ---------------------------------------------------------------
+
+def test_a_second_run_into_a_busy_folder_is_refused(photos, tmp_path):
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
+                              *SMALL, "--direct_num_workers", "1"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = out / ".images-to-tfrecords.lock"
+        for _ in range(600):
+            if lock.exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert lock.exists(), "the first run never took the lock"
+        second = run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL, check=False)
+        _assert_one_clear_error(second, code=1, says="is writing into")
+        assert f"process {first.pid}" in second.stderr
+    finally:
+        stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-3000:]
+    assert not lock.exists()
+    assert _info(out)["splits"]["train"]["num_examples"] == 8
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(photos, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / ".images-to-tfrecords.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    run_cli("--input", photos, "--output_dir", out, *SMALL)
+    assert not (out / ".images-to-tfrecords.lock").exists()
+
+
+def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, "--image_size", "48", "--num_shards", "3")
+    old = _files(out)
+    (photos / "chelsea" / "broken.jpg").write_bytes(b"")
+    # Refused: its shards stay staged, as an interrupted run's do; the old dataset is untouched.
+    run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False)
+    assert {k: v for k, v in _files(out).items() if not k.startswith(".") and "refused" not in k} == old
+    resumed = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--resume",
+                      "--max_bad_fraction", "0.5", *SMALL)
+    assert resumed.stderr.count("complete and verified") == 2
+    assert _info(out)["splits"]["train"]["num_shards"] == 2
