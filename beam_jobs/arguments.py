@@ -134,6 +134,7 @@ class JobArguments:
     allow_outside_root: bool
     log_level: str
     tree_layout: str = "auto"
+    plan_only: bool = False
 
     @property
     def source(self) -> str:
@@ -217,6 +218,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         allow_outside_root=flags.allow_outside_root,
         log_level=flags.log_level.upper(),
         tree_layout=flags.tree_layout,
+        plan_only=flags.plan_only,
     )
     return arguments, options
 

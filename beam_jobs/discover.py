@@ -8,7 +8,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 import apache_beam as beam
@@ -19,7 +19,7 @@ from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.plan import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
-from beam_jobs.storage import list_tree
+from beam_jobs.storage import list_tree, literal_pattern, match_literally
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -71,9 +71,11 @@ def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | D
 
 
 class ListTree(beam.PTransform):
-    """Lists every image file under ``root`` (recursively) as an InputFile without label or split.
+    """Lists every image file under ``root`` (recursively) as an InputFile without label or split,
+    one folder of the first level per unit of work (see ``_first_level``).
 
-    Labels and splits come from the folder layout, which the planner decides on the whole listing.
+    Labels and splits come from the folder layout, which the planner decides from the whole
+    tree's depths and top folders.
     """
 
     def __init__(self, root: str, *, allow_outside_root: bool = False) -> None:
@@ -86,10 +88,13 @@ class ListTree(beam.PTransform):
         return (
             pipeline
             | "Root" >> beam.Create([root])
-            # Every character of the root is literal ("photos [2024]"): fileio.MatchFiles would
+            | "FirstLevel" >> beam.FlatMap(_first_level)
+            # a folder (or file) directly under the root: the units listed in parallel
+            | "SpreadFolders" >> beam.Reshuffle()
+            # Every character of a path is literal ("photos [2024]"): fileio.MatchFiles would
             # read "[", "*" and "?" in it as glob syntax.
-            | "MatchFiles" >> beam.FlatMap(list_tree)
-            # FileMetadata(path, size_in_bytes)
+            | "MatchFiles" >> beam.FlatMap(_list_unit)
+            # FileMetadata(path, size_in_bytes, last_updated_in_seconds)
             | "KeepImages" >> beam.Filter(lambda meta: is_image_filename(meta.path))
             | "ToInputFile" >> beam.Map(_listed_input, root=root, allow_outside_root=self._allow_outside_root)
             # InputFile(filename, uri, size) | DeadLetter for a symlink that leads out of the root
@@ -129,23 +134,36 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool)
     return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split, origin=where)
 
 
-def parse_input_list(data: bytes | str, *, list_uri: str, allow_outside_root: bool = False,
+def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:
+    """Lines with their ends (as csv needs), without a leading BOM, from bytes, text or a stream."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", errors="surrogateescape")
+    lines = iter(io.StringIO(data, newline="") if isinstance(data, str) else data)
+    first = next(lines, None)
+    if first is None:
+        return
+    yield first[1:] if first.startswith("\ufeff") else first
+    yield from lines
+
+
+def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_outside_root: bool = False,
                      ) -> Iterator[InputFile | DeadLetter]:
     """Parses an input list: CSV (with a header naming uri, label and optionally split) or JSONL.
 
-    Relative uris are relative to the list's folder, which is the input root: entries that
-    leave it are refused unless ``allow_outside_root``. Each malformed row (missing or extra
-    columns, bad JSON, bytes that are not UTF-8, an empty label) becomes a dead letter naming its
-    line as ``<list>:<line>``; the other rows are unaffected. A BOM and CRLF line ends are fine.
+    ``data`` may be the whole file or a stream of its lines: rows are parsed one at a time, so a
+    list of any length needs the memory of one row. Relative uris are relative to the list's
+    folder, which is the input root: entries that leave it are refused unless
+    ``allow_outside_root``. Each malformed row (missing or extra columns, bad JSON, bytes that
+    are not UTF-8, an empty label) becomes a dead letter naming its line as ``<list>:<line>``;
+    the other rows are unaffected. A BOM and CRLF line ends are fine.
     """
     list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
     root = list_uri.rsplit("/", 1)[0] + "/"
-    text = data.decode("utf-8", errors="surrogateescape") if isinstance(data, bytes) else data
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    lines = _text_lines(data)
     convert = partial(_row_to_input, root=root, allow_outside_root=allow_outside_root)
     if list_uri.lower().endswith(_JSON_SUFFIXES):
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(lines, start=1):
+            line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             where = f"{list_uri}:{number}"
@@ -161,7 +179,7 @@ def parse_input_list(data: bytes | str, *, list_uri: str, allow_outside_root: bo
                 continue
             yield convert(row, where=where)
         return
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(lines)
     columns = reader.fieldnames or []
     if not all(column in columns for column in _REQUIRED_COLUMNS):
         raise JobError(f"the input list {redact(list_uri)} must have a header row naming uri and label "
@@ -174,17 +192,58 @@ def parse_input_list(data: bytes | str, *, list_uri: str, allow_outside_root: bo
         yield convert(row, where=where)
 
 
-def _read_input_list(list_uri: str, *, allow_outside_root: bool) -> list[InputFile | DeadLetter]:
+def _read_input_list(list_uri: str, *, allow_outside_root: bool) -> Iterator[InputFile | DeadLetter]:
+    """Streams one input list file's rows: memory is one row, whatever the file's size."""
     try:
-        with FileSystems.open(list_uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            data = handle.read()
+        handle = FileSystems.open(list_uri, compression_type=CompressionTypes.UNCOMPRESSED)
     except Exception as error:
         raise JobError(f"cannot read the input list {redact(list_uri)}: {redact(str(error))}") from None
-    return list(parse_input_list(data, list_uri=list_uri, allow_outside_root=allow_outside_root))
+    with io.TextIOWrapper(handle, encoding="utf-8", errors="surrogateescape", newline="") as text:
+        yield from parse_input_list(text, list_uri=list_uri, allow_outside_root=allow_outside_root)
+
+
+def input_list_files(list_uri: str) -> list[str]:
+    """The files an input-list argument names: the file itself when it exists (whatever characters
+    its name holds), else every file its pattern matches ("lists/part-*.csv"), sorted."""
+    if FileSystems.exists(list_uri):
+        return [list_uri]
+    return sorted(meta.path for meta in match_literally([list_uri])[0])
+
+
+def _first_level(root: str) -> list[str]:
+    """The units a tree is listed in, in parallel: each folder directly under a local root (and
+    each file there), or the whole root on an object store.
+
+    Beam's match() has no delimiter listing, so an object store's first-level "folders" cannot be
+    found without listing everything; there the tree is one recursive match (Beam's GCS and S3
+    listings are paged and lazy, so memory holds the matches, paths only). For very large object
+    store collections, an input list split into parts (``--manifest 'gs://b/lists/part-*.csv'``)
+    is read fully in parallel.
+    """
+    if "://" in root:
+        return [root]
+    units = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            # Like os.walk, which the listing uses below the first level: no symlinked folders.
+            if entry.is_dir(follow_symlinks=False) or entry.is_file():
+                units.append(entry.path)
+    return sorted(units)
+
+
+def _list_unit(unit: str) -> list:
+    """The files of one first-level unit: a folder's whole subtree, or a single file."""
+    if "://" not in unit and os.path.isfile(unit):
+        return match_literally([literal_pattern(unit)])[0]
+    return list_tree(unit)
 
 
 class ListInputList(beam.PTransform):
-    """Reads a CSV or JSONL input list into InputFiles (with labels) and dead letters for bad rows."""
+    """Reads CSV or JSONL input lists into InputFiles (with labels) and dead letters for bad rows.
+
+    The argument may name one file or a pattern of many ("lists/part-*.csv"); the files are read
+    in parallel, each streamed row by row.
+    """
 
     def __init__(self, list_uri: str, *, allow_outside_root: bool = False) -> None:
         super().__init__()
@@ -195,7 +254,10 @@ class ListInputList(beam.PTransform):
     def expand(self, pipeline):
         return (
             pipeline
-            | "InputListPath" >> beam.Create([self._list_uri])
+            | "InputListArgument" >> beam.Create([self._list_uri])
+            | "InputListFiles" >> beam.FlatMap(input_list_files)
+            # path of one input list file
+            | "SpreadListFiles" >> beam.Reshuffle()
             | "ReadInputList" >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )

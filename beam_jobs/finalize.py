@@ -16,9 +16,8 @@ from beam_jobs.config import ImageConfig
 from beam_jobs.convert import staged_name
 from beam_jobs.errors import Reason
 from beam_jobs.example import FEATURE_DTYPES
-from beam_jobs.plan import DatasetPlan
 from beam_jobs.records import DeadLetter, ShardResult
-from beam_jobs.storage import delete_exactly, list_folder, write_atomically
+from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 
 __all__ = [
     "DATASET_INFO",
@@ -30,12 +29,19 @@ __all__ = [
     "build_dataset_info",
     "check_bad_fraction",
     "commit_shards",
+    "DEAD_LETTER_PARTS",
     "content_duplicate_groups",
     "count_unusable",
+    "dead_letter_part",
     "is_dataset_file",
     "remove_leftovers",
     "run_fingerprint",
+    "write_dead_letter_part",
+    "write_plan",
 ]
+
+PLAN_FILE = "plan.json"
+PLAN_DEAD_LETTERS_FILE = "plan_dead_letters.jsonl"
 
 DATASET_INFO = "dataset_info.json"
 DEAD_LETTERS_FILE = "dead_letters.jsonl"
@@ -80,7 +86,7 @@ def content_duplicate_groups(keys_by_sha: Iterable[tuple[str, Iterable[tuple[str
 
 
 def build_dataset_info(
-    plan: DatasetPlan,
+    summary: dict,
     results: Iterable[ShardResult],
     *,
     num_dead_letters: int,
@@ -106,8 +112,8 @@ def build_dataset_info(
     return {
         "schema_version": SCHEMA_VERSION,
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
-        "label_names": list(plan.label_names),
-        "num_classes": len(plan.label_names),
+        "label_names": list(summary["label_names"]),
+        "num_classes": len(summary["label_names"]),
         "image": {
             "height": config.height,
             "width": config.width,
@@ -117,7 +123,7 @@ def build_dataset_info(
         "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
         "preprocessing": {**config.to_json(), **settings},
         "splits": splits,
-        "num_inputs": plan.num_inputs,
+        "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
         "dead_letters_by_reason": dict(sorted((dead_letters_by_reason or {}).items())),
@@ -147,10 +153,35 @@ def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: floa
         )
 
 
-def dead_letters_jsonl(dead_letters: Sequence[DeadLetter]) -> bytes:
+def dead_letters_jsonl(dead_letters: Iterable[DeadLetter]) -> bytes:
     """One JSON object per line, sorted, so the file is identical on every run and runner."""
     lines = [json.dumps(d.to_json(), ensure_ascii=False, sort_keys=True) for d in sorted(dead_letters)]
     return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+# Dead letters are written in this many parts, each sorted, and concatenated in part order: no
+# step holds them all (a web-scale input list can have millions of bad rows).
+DEAD_LETTER_PARTS = 64
+
+
+def dead_letter_part(letter: DeadLetter) -> int:
+    """The part a dead letter is written in: a stable hash, the same on every runner."""
+    digest = hashlib.sha256("\0".join((letter.uri, letter.stage, letter.reason, letter.detail)).encode("utf-8"))
+    return int.from_bytes(digest.digest()[:4], "big") % DEAD_LETTER_PARTS
+
+
+def part_file_name(part: int, prefix: str = "dead_letters") -> str:
+    return f".staged-{prefix}-{part:05d}-of-{DEAD_LETTER_PARTS:05d}.jsonl"
+
+
+def write_dead_letter_part(group: tuple[int, Iterable[DeadLetter]], *, output_dir: str,
+                           prefix: str = "dead_letters") -> dict:
+    """Writes one part (sorted) under a hidden name; returns its small facts for finalize."""
+    part, letters = group
+    letters = sorted(letters)
+    write_atomically(FileSystems.join(output_dir, part_file_name(part, prefix)), dead_letters_jsonl(letters))
+    return {"part": part, "count": len(letters),
+            "by_reason": dict(collections.Counter(letter.reason for letter in letters))}
 
 
 def commit_shards(output_dir: str, results: Iterable[ShardResult]) -> None:
@@ -206,8 +237,8 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
 
 def finalize_outputs(
     results: list[ShardResult],
-    plan: DatasetPlan,
-    dead_letters: list[DeadLetter],
+    summary: dict,
+    dead_parts: list[dict],
     content_duplicates: list[dict],
     *,
     output_dir: str,
@@ -216,6 +247,9 @@ def finalize_outputs(
     max_bad_fraction: float,
 ) -> dict:
     """Checks the bad fraction, then swaps the new dataset in: commit, clean up, manifest last.
+
+    ``summary`` is the plan's small facts (label names, input count); ``dead_parts`` the facts of
+    the dead-letter parts (see write_dead_letter_part), whose files are concatenated in order.
 
     A refused run changes nothing that a reader uses: its shards stay staged and hidden (so that a
     rerun with --resume, after fixing inputs or raising the threshold, redoes nothing that was
@@ -227,27 +261,63 @@ def finalize_outputs(
     """
     info_path = FileSystems.join(output_dir, DATASET_INFO)
     previous_exists = FileSystems.exists(info_path)
-    unusable, dropped = count_unusable(dead_letters)
-    considered = plan.num_inputs - dropped
+    parts = sorted(dead_parts, key=lambda p: p["part"])
+    part_paths = [FileSystems.join(output_dir, part_file_name(p["part"])) for p in parts]
+    by_reason: collections.Counter[str] = collections.Counter()
+    for part in parts:
+        by_reason.update(part["by_reason"])
+    num_dead = sum(by_reason.values())
+    dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
+    unusable, considered = num_dead - dropped, summary["num_inputs"] - dropped
     if considered and unusable / considered > max_bad_fraction:
         refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
         refused_uri = FileSystems.join(output_dir, refused_name)
-        write_atomically(refused_uri, dead_letters_jsonl(dead_letters))
+        concatenate_atomically(refused_uri, part_paths)
         check_bad_fraction(
             num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
             dead_letters_uri=refused_uri,
             kept_message=("the dataset already in the folder was left as it was" if previous_exists
                           else "no dataset_info.json was written"),
         )
-    info = build_dataset_info(plan, results, num_dead_letters=len(dead_letters), config=config,
-                              settings=settings, content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
-                              dead_letters_by_reason=dict(collections.Counter(d.reason for d in dead_letters)))
+    info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
+                              content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
+                              dead_letters_by_reason=dict(by_reason))
     previous = _listed_files(info_path) if previous_exists else set()
     if previous_exists:
         delete_exactly([info_path])
     commit_shards(output_dir, results)
-    write_atomically(FileSystems.join(output_dir, DEAD_LETTERS_FILE), dead_letters_jsonl(dead_letters))
+    concatenate_atomically(FileSystems.join(output_dir, DEAD_LETTERS_FILE), part_paths)
     remove_leftovers(output_dir, keep=[r.file for r in results], previous=previous)
     text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     write_atomically(info_path, text.encode("utf-8"))
     return info
+
+
+def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
+    """The plan in one line, in the Keras style: what a user checks before a long run."""
+    splits = summary["splits"]
+    total = sum(s["num_examples"] for s in splits.values())
+    shown = ", ".join(f"{name} {s['num_examples']} ({s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''})"
+                      for name, s in splits.items())
+    ignored = sum(by_reason.values())
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
+    return (f"Found {total} images belonging to {len(summary['label_names'])} classes: {shown}; "
+            f"{ignored} listed files not used" + (f" ({reasons})" if reasons else ""))
+
+
+def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict) -> dict:
+    """--plan_only: plan.json (counts per split, shard counts, per-class counts per split, the
+    listing's dead letters by reason) and plan_dead_letters.jsonl, each written atomically."""
+    parts = sorted(dead_parts, key=lambda p: p["part"])
+    by_reason: collections.Counter[str] = collections.Counter()
+    for part in parts:
+        by_reason.update(part["by_reason"])
+    concatenate_atomically(FileSystems.join(output_dir, PLAN_DEAD_LETTERS_FILE),
+                           [FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts])
+    plan = {**summary, "settings": settings,
+            "dead_letters": {"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
+                             "file": PLAN_DEAD_LETTERS_FILE}}
+    write_atomically(FileSystems.join(output_dir, PLAN_FILE),
+                     (json.dumps(plan, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
+    delete_exactly([FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts])
+    return {**plan, "line": plan_line(summary, dict(by_reason))}

@@ -62,6 +62,10 @@ class ConversionOptions(PipelineOptions):
                            "split_label = ROOT/<split>/<label>/<image>; auto = split_label when every image is "
                            "three levels deep under top folders named like splits (train, validation, val, "
                            "test, ...), else label (default: %(default)s)")
+        group.add_argument("--plan_only", action="store_true", default=False,
+                           help="list and plan, read no image, and write plan.json (per split: examples and "
+                           "shards; per class counts; the listing's dead letters) into --output_dir: check a long "
+                           "job's class balance and shard count in seconds before paying for it")
         group.add_argument("--overwrite", action="store_true", default=False,
                            help="replace whatever dataset is already in --output_dir, once this run succeeds; "
                            "with --resume, continue an interrupted --overwrite run")

@@ -24,38 +24,33 @@ from beam_jobs.arguments import PROG, JobArguments, UsageError, help_parser, par
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
-from beam_jobs.discover import ListInputList, ListTree
+from beam_jobs.discover import ListInputList, ListTree, input_list_files
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
     DEAD_LETTERS_FILE,
     DROPPED_REASONS,
+    PLAN_FILE,
     TooManyBadInputsError,
     content_duplicate_groups,
+    dead_letter_part,
     finalize_outputs,
+    plan_line,
+    write_dead_letter_part,
+    write_plan,
     is_dataset_file,
     run_fingerprint,
 )
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.plan import DatasetPlan, estimate_example_bytes, labels_from_tree, plan_dataset
-from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.plan import estimate_example_bytes
+from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
+from beam_jobs.records import InputFile
 
 __all__ = ["ConvertImages", "main", "run"]
 
 _LOG = logging.getLogger("beam_jobs")
-
-
-def _make_plan(listing: list, *, from_tree: bool, source: str, tree_layout: str = "auto", **plan_args) -> DatasetPlan:
-    inputs = [item for item in listing if isinstance(item, InputFile)]
-    dead = [item for item in listing if isinstance(item, DeadLetter)]
-    if from_tree:
-        inputs, layout_dead = labels_from_tree(inputs, tree_layout)
-        dead += layout_dead
-    if not inputs and not dead:
-        raise JobError(f"no image files found in {redact(source)}")
-    return plan_dataset(inputs, dead_letters=dead, **plan_args)
 
 
 def _with_content_hash(item, *, max_file_bytes: int):
@@ -74,22 +69,26 @@ def _duplicate_groups(keyed):
     return content_duplicate_groups([keyed])
 
 
-def _shards_of(plan: DatasetPlan):
-    return plan.shards
-
-
-def _dead_letters_of(plan: DatasetPlan):
-    return plan.dead_letters
+def _log_plan(summary: dict, plan_parts: list[dict]) -> dict:
+    by_reason: dict[str, int] = {}
+    for part in plan_parts:
+        for reason, count in part["by_reason"].items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    _LOG.info("%s", plan_line(summary, by_reason))
+    return summary
 
 
 class ConvertImages(beam.PTransform):
-    """Lists, plans, converts and finalises: the whole job as one transform."""
+    """Lists, plans, converts and finalises: the whole job as one transform.
+
+    With ``plan_only`` it stops after planning and writes plan.json instead of converting.
+    """
 
     def __init__(self, *, input_root: str | None, input_list: str | None, output_dir: str,
                  image_config: ImageConfig, split_fractions: dict[str, float] | None,
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
-                 allow_outside_root: bool = False, tree_layout: str = "auto") -> None:
+                 allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False) -> None:
         super().__init__()
         self._input_root = input_root
         self._input_list = input_list
@@ -104,9 +103,11 @@ class ConvertImages(beam.PTransform):
         self._resume = resume
         self._allow_outside_root = allow_outside_root
         self._tree_layout = tree_layout
+        self._plan_only = plan_only
 
     def expand(self, pipeline):
         config = self._config
+        output_dir = self._output_dir
         if self._input_root is not None:
             listing = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root)
         else:
@@ -120,31 +121,41 @@ class ConvertImages(beam.PTransform):
                 | "HashContent" >> beam.Map(_with_content_hash, max_file_bytes=config.max_file_bytes)
                 # InputFile(..., content_sha256) | DeadLetter
             )
-        plan = (
-            listing
-            | "GatherListing" >> beam.combiners.ToList()
-            | "PlanShards" >> beam.Map(
-                _make_plan,
-                from_tree=self._input_root is not None,
-                tree_layout=self._tree_layout,
-                source=self._input_root or self._input_list,
-                split_fractions=self._split_fractions,
-                num_shards=self._num_shards,
-                example_bytes=estimate_example_bytes(
-                    width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
-                ),
-                target_shard_bytes=self._target_shard_bytes,
-                dedup=self._dedup,
-            )
+        planned = listing | "PlanShards" >> PlanShards(
+            from_tree=self._input_root is not None,
+            tree_layout=self._tree_layout,
+            source=self._input_root or self._input_list,
+            split_fractions=self._split_fractions,
+            num_shards=self._num_shards,
+            example_bytes=estimate_example_bytes(
+                width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
+            ),
+            target_shard_bytes=self._target_shard_bytes,
+            dedup=self._dedup,
         )
-        # DatasetPlan (one element: label names, every ShardPlan, listing dead letters)
+        # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
+        # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
+        if self._plan_only:
+            plan_parts = (planned[PLAN_DEAD_LETTERS]
+                          | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
+                          | "GroupPlanDeadLetters" >> beam.GroupByKey()
+                          | "WritePlanDeadLetters" >> beam.Map(write_dead_letter_part, output_dir=output_dir,
+                                                              prefix="plan_dead_letters"))
+            return (planned[PLAN_SUMMARY]
+                    | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
+                                              settings=self._settings))
+            # dict: plan.json as written, plus its one-line summary
+        summary = planned[PLAN_SUMMARY] | "LogPlan" >> beam.Map(
+            _log_plan, beam.pvalue.AsList(
+                planned[PLAN_DEAD_LETTERS]
+                | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
+                | "CountPlanReasons" >> beam.CombinePerKey(sum)
+                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})))
         converted = (
-            plan
-            | "ShardPlans" >> beam.FlatMap(_shards_of)
-            # ShardPlan(split, index, num_shards, inputs)
+            planned["shards"]
             | "SpreadShards" >> beam.Reshuffle()
             | "ConvertShards" >> beam.ParDo(ConvertShardFn(
-                config, self._output_dir, run_fingerprint=run_fingerprint(config, self._settings),
+                config, output_dir, run_fingerprint=run_fingerprint(config, self._settings),
                 resume=self._resume,
             )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
@@ -157,19 +168,25 @@ class ConvertImages(beam.PTransform):
             | "DuplicateGroups" >> beam.FlatMap(_duplicate_groups)
             # {"sha256", "files", "labels", "conflicting_labels"} for groups of two or more
         )
-        dead_letters = (
-            plan | "PlanDeadLetters" >> beam.FlatMap(_dead_letters_of),
-            converted[DEAD_LETTERS],
-        ) | "AllDeadLetters" >> beam.Flatten()
+        dead_parts = (
+            (planned[PLAN_DEAD_LETTERS], converted[DEAD_LETTERS])
+            | "AllDeadLetters" >> beam.Flatten()
+            | "KeyDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
+            | "GroupDeadLetters" >> beam.GroupByKey()
+            # (part, [DeadLetter, ...]): 1/DEAD_LETTER_PARTS of them each
+            | "WriteDeadLetterParts" >> beam.Map(write_dead_letter_part, output_dir=output_dir)
+            # {"part", "count", "by_reason"}
+        )
         return (
             converted.shards
             | "GatherShards" >> beam.combiners.ToList()
+            # [ShardResult, ...]: one small record per shard
             | "WriteManifest" >> beam.Map(
                 finalize_outputs,
-                plan=beam.pvalue.AsSingleton(plan),
-                dead_letters=beam.pvalue.AsList(dead_letters),
+                summary=beam.pvalue.AsSingleton(summary),
+                dead_parts=beam.pvalue.AsList(dead_parts),
                 content_duplicates=beam.pvalue.AsList(duplicates),
-                output_dir=self._output_dir,
+                output_dir=output_dir,
                 config=config,
                 settings=self._settings,
                 max_bad_fraction=self._max_bad_fraction,
@@ -242,8 +259,8 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         if "://" not in path and os.path.isdir(path):
             raise UsageError(f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
                              "the images (for a class-per-folder tree use --input)")
-        if not FileSystems.exists(path):
-            raise UsageError(f"--manifest {redact(path)} does not exist")
+        if not input_list_files(path):
+            raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
         return
     root = arguments.input_root
     if "://" not in root:
@@ -342,9 +359,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
     lock = None
     try:
         lock = acquire_output_lock(output_dir)
-        _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
-                          fingerprint=run_fingerprint(config, arguments.settings),
-                          preprocessing={**config.to_json(), **arguments.settings})
+        if not arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
+            _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
+                              fingerprint=run_fingerprint(config, arguments.settings),
+                              preprocessing={**config.to_json(), **arguments.settings})
         runner = _local_runner(options, argv, log_level=arguments.log_level)
         _LOG.info("converting %s into %s", redact(arguments.source), redact(output_dir))
         pipeline = beam.Pipeline(runner=runner, options=options)
@@ -354,7 +372,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             num_shards=arguments.num_shards, target_shard_bytes=arguments.target_shard_bytes,
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
-            tree_layout=arguments.tree_layout,
+            tree_layout=arguments.tree_layout, plan_only=arguments.plan_only,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             try:
@@ -370,7 +388,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         raise
     release_output_lock(lock)
     _log_counters(result)
-    with FileSystems.open(FileSystems.join(output_dir, DATASET_INFO)) as handle:
+    with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
         return json.loads(handle.read().decode("utf-8"))
 
 
@@ -486,4 +504,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         hint = " (--log_level DEBUG shows the full trace)" if trace_helps and level != "DEBUG" else ""
         print(f"{PROG}: error: {message}{hint}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(_summary(info, parse_job_arguments(argv)[0].output_dir))
+    arguments = parse_job_arguments(argv)[0]
+    if arguments.plan_only:
+        print(f"{plan_line(info, info['dead_letters']['by_reason'])}; wrote "
+              f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
+        return
+    print(_summary(info, arguments.output_dir))

@@ -10,6 +10,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
+    "concatenate_atomically",
     "delete_exactly",
     "list_folder",
     "list_tree",
@@ -79,6 +80,19 @@ def temp_name(file_name: str) -> str:
     """A unique, hidden name for a file being written; never a final name. Unique, so that two
     concurrent writers of the same file (a retried bundle) never share a temporary file."""
     return f".tmp-{uuid.uuid4().hex}-{file_name}"
+
+
+def concatenate_atomically(path: str, sources: list[str], *, chunk_bytes: int = 1 << 20) -> None:
+    """Writes the files ``sources``, in order, into ``path`` (all or nothing), streaming: memory
+    stays at one chunk however large the sources are."""
+    directory, name = path.rsplit("/", 1)
+    temp = f"{directory}/{temp_name(name)}"
+    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        for source in sources:
+            with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+                while chunk := handle.read(chunk_bytes):
+                    out.write(chunk)
+    FileSystems.rename([temp], [path])
 
 
 def write_atomically(path: str, data: bytes) -> None:

@@ -21,8 +21,10 @@ def test_csv_manifest_with_relative_and_absolute_uris():
     text = "uri,label,split\ncats/1.jpg,cat,train\n/data/dogs/2.png,dog,\n"
     rows = list(parse_input_list(text, list_uri="/data/manifest.csv"))
     assert rows == [
-        InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train"),
-        InputFile(filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None),
+        InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train",
+                  origin="/data/manifest.csv:2"),
+        InputFile(filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None,
+                  origin="/data/manifest.csv:3"),
     ]
 
 
@@ -38,7 +40,7 @@ def test_csv_bad_rows_are_dead_letters_with_line_numbers():
 def test_jsonl_manifest():
     text = '{"uri": "x/1.jpg", "label": "x"}\nnot json\n{"uri": "y/2.jpg"}\n'
     rows = list(parse_input_list(text, list_uri="gs://bucket/m.jsonl"))
-    assert rows[0] == InputFile(filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x")
+    assert rows[0] == InputFile(filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x", origin="gs://bucket/m.jsonl:1")
     assert [r.reason for r in rows[1:]] == ["bad_manifest_row", "bad_manifest_row"]
 
 

@@ -1,0 +1,247 @@
+"""Planning at cluster scale: labels, splits and shard places from combiners and per-input hashes.
+
+No step holds the listing in one element or one worker: the only global state is small (the tree
+layout's depths and top folders, the label names, per-split counts, and per-(split, bucket)
+counts, O(labels + splits x buckets)). Each input's shard and position follow from its own hash
+and those counts (see ``plan.bucket_offsets``), which gives exactly the plan of the in-memory
+``plan.plan_dataset``: the same round-robin over the split's global hash order.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+import apache_beam as beam
+
+from beam_jobs.errors import JobError
+from beam_jobs.paths import redact
+from beam_jobs.plan import (
+    DEFAULT_SPLIT,
+    ShardPlan,
+    assign_splits,
+    bucket_of,
+    bucket_offsets,
+    label_from_tree,
+    place_in_shard,
+    resolve_same_content,
+    resolve_same_path,
+    shard_digest,
+    split_shard_count,
+    tree_facts,
+    tree_reads_splits,
+)
+from beam_jobs.records import DeadLetter, InputFile
+
+__all__ = ["PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards"]
+
+PLAN_DEAD_LETTERS = "plan_dead_letters"
+PLAN_SUMMARY = "plan_summary"
+_INPUTS = "inputs"
+
+
+def _route(item):
+    """InputFile to the main output, DeadLetter to the dead letters."""
+    if isinstance(item, DeadLetter):
+        yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item)
+    else:
+        yield item
+
+
+def _tree_facts(f: InputFile) -> tuple[set[int], set[str]]:
+    return tree_facts([f])
+
+
+class _TreeFactsFn(beam.CombineFn):
+    """(depths of the images, top folders of three-level images): what decides a tree's layout,
+    small whatever the tree (one entry per depth and per top folder)."""
+
+    def create_accumulator(self):
+        return set(), set()
+
+    def add_input(self, accumulator, element):
+        accumulator[0].update(element[0])
+        accumulator[1].update(element[1])
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        depths, tops = set(), set()
+        for d, t in accumulators:
+            depths |= d
+            tops |= t
+        return depths, tops
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def _apply_layout(f: InputFile, facts, *, layout: str):
+    depths, tops = facts
+    item = label_from_tree(f, with_split=tree_reads_splits(depths, tops, layout), depths=depths, tops=tops)
+    yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item) if isinstance(item, DeadLetter) else item
+
+
+def _kept_by_path(group, *, dedup: str):
+    filename, rows = group
+    kept, dead = resolve_same_path(filename, rows)
+    for letter in dead:
+        yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, letter)
+    if kept is not None:
+        yield kept
+
+
+def _kept_by_content(group):
+    sha256, rows = group
+    kept, dead = resolve_same_content(sha256, rows)
+    for letter in dead:
+        yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, letter)
+    yield from kept
+
+
+def _with_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFile:
+    return assign_splits([f], fractions)[0]
+
+
+def _bucket_key(f: InputFile) -> tuple[str, int]:
+    return f.split, bucket_of(shard_digest(f.filename))
+
+
+def _layout(counts: Iterable[tuple[tuple[str, int], int]], *, num_shards, example_bytes, target_shard_bytes) -> dict:
+    """{split: {"count", "num_shards", "offsets": {bucket: offset}}} from per-(split, bucket) counts."""
+    by_split: dict[str, dict[int, int]] = collections.defaultdict(dict)
+    for (split, bucket), count in counts:
+        by_split[split][bucket] = count
+    layout = {}
+    for split, buckets in sorted(by_split.items()):
+        total = sum(buckets.values())
+        layout[split] = {
+            "count": total,
+            "num_shards": split_shard_count(total, num_shards=num_shards, example_bytes=example_bytes,
+                                            target_shard_bytes=target_shard_bytes),
+            "offsets": bucket_offsets(buckets),
+        }
+    return layout
+
+
+def _rank_bucket(group, layout: dict, label_names: tuple[str, ...]):
+    """Places one bucket's inputs: global rank = bucket offset + rank by digest inside the bucket."""
+    (split, bucket), members = group
+    split_layout = layout[split]
+    label_ids = {name: index for index, name in enumerate(label_names)}
+    ordered = sorted(members, key=lambda f: shard_digest(f.filename))
+    for index, f in enumerate(ordered):
+        shard, position = place_in_shard(split_layout["offsets"][bucket] + index, split_layout["num_shards"])
+        yield (split, shard), (position, replace(f, label_id=label_ids[f.label]))
+
+
+def _to_shard_plan(group, layout: dict) -> ShardPlan:
+    (split, index), members = group
+    ordered = tuple(f for _, f in sorted(members, key=lambda member: member[0]))
+    return ShardPlan(split, index, layout[split]["num_shards"], ordered)
+
+
+def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_counts: list, *, source: str) -> dict:
+    """The plan's small facts: what plan.json records, and what finalize needs."""
+    if num_listed == 0:
+        raise JobError(f"no image files found in {redact(source)}")
+    per_class: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for (split, label), count in sorted(class_counts):
+        per_class[split][label] = count
+    return {
+        "label_names": list(label_names),
+        "num_inputs": num_listed,
+        "splits": {split: {"num_examples": facts["count"], "num_shards": facts["num_shards"],
+                           "class_counts": dict(sorted(per_class[split].items()))}
+                   for split, facts in sorted(layout.items())},
+    }
+
+
+class PlanShards(beam.PTransform):
+    """InputFile | DeadLetter -> ShardPlans, with tagged outputs PLAN_DEAD_LETTERS and PLAN_SUMMARY.
+
+    The summary is one small dict (label names, input count, per-split counts, shard counts and
+    class counts); nothing else is global.
+    """
+
+    def __init__(self, *, from_tree: bool, tree_layout: str, source: str, split_fractions: dict | None,
+                 num_shards: int | None, example_bytes: int, target_shard_bytes: int, dedup: str) -> None:
+        super().__init__()
+        self._from_tree = from_tree
+        self._tree_layout = tree_layout
+        self._source = source
+        self._fractions = split_fractions or {DEFAULT_SPLIT: 1.0}
+        self._num_shards = num_shards
+        self._example_bytes = example_bytes
+        self._target_shard_bytes = target_shard_bytes
+        self._dedup = dedup
+
+    def expand(self, listing):
+        num_listed = listing | "CountListed" >> beam.combiners.Count.Globally()
+        routed = listing | "RouteListing" >> beam.FlatMap(_route).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+        inputs, dead = routed[_INPUTS], [routed[PLAN_DEAD_LETTERS]]
+        if self._from_tree:
+            facts = (inputs
+                     | "DepthsAndTops" >> beam.Map(_tree_facts)
+                     | "TreeFacts" >> beam.CombineGlobally(_TreeFactsFn()))
+            # (sorted depths, sorted top folders of three-level images): tiny, whatever the tree
+            laid_out = inputs | "ApplyTreeLayout" >> beam.FlatMap(
+                _apply_layout, beam.pvalue.AsSingleton(facts), layout=self._tree_layout,
+            ).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+            inputs = laid_out[_INPUTS]
+            dead.append(laid_out[PLAN_DEAD_LETTERS])
+        by_path = (inputs
+                   | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
+                   | "GroupByPath" >> beam.GroupByKey()
+                   # (filename, [InputFile, ...]): one group per path, almost always of one
+                   | "DropSamePath" >> beam.FlatMap(_kept_by_path, dedup=self._dedup)
+                   .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
+        inputs = by_path[_INPUTS]
+        dead.append(by_path[PLAN_DEAD_LETTERS])
+        if self._dedup == "content":
+            hashed, unhashed = inputs | "HashKnown" >> beam.Partition(
+                lambda f, _: 0 if f.content_sha256 is not None else 1, 2)
+            by_content = (hashed
+                          | "KeyByContent" >> beam.Map(lambda f: (f.content_sha256, f))
+                          | "GroupByContent" >> beam.GroupByKey()
+                          # (sha256, [InputFile, ...])
+                          | "DropSameContent" >> beam.FlatMap(_kept_by_content)
+                          .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
+            inputs = (by_content[_INPUTS], unhashed) | "KeptInputs" >> beam.Flatten()
+            dead.append(by_content[PLAN_DEAD_LETTERS])
+        inputs = inputs | "AssignSplits" >> beam.Map(_with_split, fractions=self._fractions)
+        # InputFile(split, label): one per kept input
+        label_names = (inputs
+                       | "Labels" >> beam.Map(lambda f: f.label)
+                       | "DistinctLabels" >> beam.Distinct()
+                       | "LabelList" >> beam.combiners.ToList()
+                       | "SortLabels" >> beam.Map(lambda labels: tuple(sorted(labels))))
+        # (label, ...): one small element
+        layout = (inputs
+                  | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
+                  | "CountPerBucket" >> beam.CombinePerKey(sum)
+                  # ((split, bucket), count): at most splits x NUM_BUCKETS
+                  | "BucketCounts" >> beam.combiners.ToList()
+                  | "SplitLayout" >> beam.Map(_layout, num_shards=self._num_shards, example_bytes=self._example_bytes,
+                                              target_shard_bytes=self._target_shard_bytes))
+        # {split: {count, num_shards, offsets}}: one small element
+        class_counts = (inputs
+                        | "KeyByClass" >> beam.Map(lambda f: ((f.split, f.label), 1))
+                        | "CountPerClass" >> beam.CombinePerKey(sum)
+                        | "ClassCounts" >> beam.combiners.ToList())
+        summary = (layout
+                   | "Summary" >> beam.Map(_summary, beam.pvalue.AsSingleton(label_names),
+                                           beam.pvalue.AsSingleton(num_listed), beam.pvalue.AsSingleton(class_counts),
+                                           source=self._source))
+        shards = (inputs
+                  | "KeyBySplitBucket" >> beam.Map(lambda f: (_bucket_key(f), f))
+                  | "GroupByBucket" >> beam.GroupByKey()
+                  # ((split, bucket), [InputFile, ...]): about 1/4096 of a split each
+                  | "RankInBucket" >> beam.FlatMap(_rank_bucket, beam.pvalue.AsSingleton(layout),
+                                                   beam.pvalue.AsSingleton(label_names))
+                  # ((split, shard), (position, InputFile with label_id))
+                  | "GroupByShard" >> beam.GroupByKey()
+                  | "ShardPlan" >> beam.Map(_to_shard_plan, beam.pvalue.AsSingleton(layout)))
+        # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
+        dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
+        return {"shards": shards, PLAN_DEAD_LETTERS: dead_letters, PLAN_SUMMARY: summary}
