@@ -1,0 +1,77 @@
+"""--plan_only and many-file input lists, through the CLI: a plan in seconds that the full run keeps."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+FLAGS = ["--image_size", "32", "--num_shards", "2", "--splits", "train=0.75,validation=0.25"]
+
+
+def _json(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_plan_only_reads_no_image_and_matches_the_full_run(tmp_path):
+    photos = tmp_path / "photos"
+    images = make_photo_tree(photos, num_images=16, seed=2)
+    rows = ["uri,label"] + [f"{p.relative_to(photos)},{p.parent.name}" for p in images]
+    rows += [f"ghost/missing-{i}.jpg,ghost" for i in range(3)]  # files that do not exist
+    (photos / "list.csv").write_text("\n".join(rows) + "\n")
+    plan_dir, out = tmp_path / "plan", tmp_path / "out"
+    result = run_cli("--manifest", photos / "list.csv", "--output_dir", plan_dir, "--plan_only", *FLAGS)
+    plan = _json(plan_dir / "plan.json")
+    assert sorted(p.name for p in plan_dir.iterdir()) == ["plan.json", "plan_dead_letters.jsonl"]
+    assert plan["num_inputs"] == len(images) + 3
+    assert sum(s["num_examples"] for s in plan["splits"].values()) == len(images) + 3
+    for split in plan["splits"].values():
+        assert sum(split["class_counts"].values()) == split["num_examples"]
+    assert result.stdout.startswith(f"Found {len(images) + 3} images belonging to {len(plan['label_names'])} classes")
+    full = run_cli("--manifest", photos / "list.csv", "--output_dir", out, "--max_bad_fraction", "0.2", *FLAGS)
+    assert plan["splits"] == _json(plan_dir / "plan.json")["splits"]
+    info = _json(out / "dataset_info.json")
+    assert info["dead_letters_by_reason"] == {"read_error": 3}
+    for split, facts in info["splits"].items():
+        planned = plan["splits"][split]
+        assert facts["num_shards"] == planned["num_shards"]
+        assert facts["num_examples"] == planned["num_examples"] - planned["class_counts"].get("ghost", 0)
+    assert result.stdout.split(";")[0] in full.stderr  # the full run logs the same plan
+
+
+def test_plan_only_beside_a_dataset_leaves_it_alone(tmp_path):
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=8, seed=5)
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *FLAGS)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    run_cli("--input", photos, "--output_dir", out, "--plan_only", *FLAGS)
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {k: v for k, v in after.items() if not k.startswith("plan")} == before
+
+
+def test_an_input_list_in_many_parts_is_one_dataset(tmp_path):
+    photos = tmp_path / "photos"
+    images = sorted(make_photo_tree(photos, num_images=12, seed=8))
+    for part in range(3):
+        rows = ["uri,label"] + [f"{p.relative_to(photos)},{p.parent.name}" for p in images[part::3]]
+        if part == 1:
+            rows.append("not-a-row")
+        (photos / f"part-{part}.csv").write_text("\n".join(rows) + "\n")
+    parts, single = tmp_path / "parts", tmp_path / "single"
+    run_cli("--manifest", photos / "part-*.csv", "--output_dir", parts, "--max_bad_fraction", "0.2", *FLAGS)
+    whole = ["uri,label"] + [f"{p.relative_to(photos)},{p.parent.name}" for p in images]
+    (photos / "all.csv").write_text("\n".join(whole) + "\n")
+    run_cli("--manifest", photos / "all.csv", "--output_dir", single, *FLAGS)
+    shards = sorted(p.name for p in single.glob("*.tfrecord"))
+    assert shards == sorted(p.name for p in parts.glob("*.tfrecord"))
+    for name in shards:
+        assert (parts / name).read_bytes() == (single / name).read_bytes()
+    dead = [json.loads(line) for line in (parts / "dead_letters.jsonl").read_text().splitlines()]
+    assert [(d["reason"], d["uri"]) for d in dead] == [("bad_manifest_row", f"{photos}/part-1.csv:6")]
