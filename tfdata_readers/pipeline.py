@@ -40,18 +40,23 @@ def _batches_per_epoch(
 ) -> int | None:
     """Batches every pipeline yields per epoch when dropping the remainder; None: all it reads.
 
-    With several pipelines each one yields `steps_per_epoch(global batch) x replicas it feeds`
-    batches, the same for all. Every pipeline holds at least that many full batches, because the
-    shares differ by at most one record and the split holds that many full global batches. A
-    pipeline whose share is one record longer drops one more record per epoch (a different one
-    each epoch, after the shuffle). Without `drop_remainder` the count is None: evaluation reads
-    everything, and the last batches may be partial or empty.
+    Under tf.distribute (any `input_context`, one pipeline or several) each pipeline yields exactly
+    `steps_per_epoch(global batch) x replicas it feeds` batches, the same for all. The strategy
+    deals a pipeline's consecutive batches to its replicas, so a global step is made of that many
+    consecutive batches: with one more batch (a pipeline feeding 2 replicas holds 3 full batches
+    of 60 examples at 16 a replica) the epoch's last global step would join this epoch's last
+    batch with the next epoch's first, and with `num_epochs=None` hold the same example twice.
+    Every pipeline holds at least that many full batches, because the shares differ by at most
+    one record and the split holds that many full global batches. A pipeline whose share is one
+    record longer drops one more record per epoch (a different one each epoch, after the
+    shuffle). Without `drop_remainder` the count is None: evaluation reads everything, and the
+    last batches may be partial or empty.
     """
     if not drop_remainder:
         return None
     global_batch = _global_batch(batch_size, input_context)
     steps = num_examples // global_batch
-    if not input_context or input_context.num_input_pipelines == 1:
+    if not input_context:
         return 0 if steps == 0 else None  # 0: the caller refuses a split smaller than one global batch
     replicas_per_pipeline = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
     return steps * replicas_per_pipeline

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 REPLICA_COUNTS = (1, 2, 3, 8)
 PER_REPLICA_BATCH = 2
+REPEAT_EPOCHS = 4
 
 
 def main(out: str, data_dirs: list[str]) -> None:
@@ -64,6 +65,29 @@ def main(out: str, data_dirs: list[str]) -> None:
                 results[f"{name} train epoch {number}"] = problem
             if epochs[0] == epochs[1]:
                 results[f"{name} train epoch 2"] = "epoch 2 has the same order as epoch 1"
+
+            # The README's recipe: num_epochs=None and Keras' steps_per_epoch. Every global step
+            # must be made of one pass (no key twice in it), every epoch of steps must hold each
+            # key at most once, and every per-replica batch must be full.
+            steps = tfdata_readers.steps_per_epoch(data_dir, "train", global_batch)
+            repeated = iter(tfdata_readers.distribute(
+                strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=4, num_epochs=None,
+            ))
+            problem = ""
+            for number in range(1, REPEAT_EPOCHS + 1):
+                epoch_keys: list[str] = []
+                for step in range(steps):
+                    _, _, meta = next(repeated)
+                    local = [[k.decode() for k in t.numpy()] for t in strategy.experimental_local_results(meta["key"])]
+                    step_keys = [k for keys in local for k in keys]
+                    if not problem and any(len(keys) != PER_REPLICA_BATCH for keys in local):
+                        problem = f"epoch {number} step {step}: per-replica batches of {[len(k) for k in local]}"
+                    if not problem and len(step_keys) != len(set(step_keys)):
+                        problem = f"epoch {number} step {step}: a global batch holds the same key twice"
+                    epoch_keys += step_keys
+                if not problem and len(epoch_keys) != len(set(epoch_keys)):
+                    problem = f"epoch {number} of {steps} steps holds the same key twice"
+            results[f"{name} train repeat"] = problem
     pathlib.Path(out).write_text(json.dumps(results, indent=1))
 
 

@@ -38,7 +38,7 @@ def mirrored_results(tmp_path_factory) -> tuple[dict[str, str], str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2, 3, 8])
 @pytest.mark.parametrize("shards", [1, 3, 11])
-@pytest.mark.parametrize("check", ["eval", "train epoch 1", "train epoch 2"])
+@pytest.mark.parametrize("check", ["eval", "train epoch 1", "train epoch 2", "train repeat"])
 def test_mirrored_exactly_once(mirrored_results, replicas: int, shards: int, check: str) -> None:
     results, _ = mirrored_results
     name = f"replicas={replicas} shards={shards} examples=23 {check}"

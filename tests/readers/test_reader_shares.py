@@ -124,3 +124,29 @@ def test_pipelines_agree_on_batches_per_epoch_and_evaluate_exactly_once(layout_d
     assert train_batches == [steps] * pipelines
     assert sorted(eval_keys) == expected
     assert max(eval_counts) - min(eval_counts) <= 1, eval_counts
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+@pytest.mark.parametrize("layout", [(48, 3), (50, 5)], ids=["48ex-3shards", "50ex-5shards"])
+def test_one_pipeline_feeding_several_replicas_yields_whole_global_steps(layout_dirs, layout, replicas: int) -> None:
+    """MirroredStrategy on one machine: one pipeline (num_input_pipelines=1) feeds every replica. Its
+    epoch must be exactly steps_per_epoch x replicas batches; one batch more would make the last
+    global step join two passes, and with num_epochs=None hold the same example twice."""
+    data_dir = layout_dirs[layout]
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
+    steps = tfdata_readers.steps_per_epoch(data_dir, "train", PER_PIPELINE_BATCH * replicas)
+    ds = tfdata_readers.make_dataset(
+        data_dir, "train", PER_PIPELINE_BATCH, input_context=context, training=True, seed=3, with_metadata=True,
+    )
+    assert len(_batches(ds)) == steps * replicas
+    repeated = tfdata_readers.make_dataset(
+        data_dir, "train", PER_PIPELINE_BATCH, input_context=context, training=True, seed=3, with_metadata=True,
+        num_epochs=None,
+    )
+    batches = _batches(repeated, EPOCHS * steps * replicas)
+    for step in range(EPOCHS * steps):  # the strategy deals `replicas` consecutive batches to one global step
+        keys = [k for batch in batches[step * replicas:(step + 1) * replicas] for k in batch]
+        assert len(keys) == len(set(keys)) == PER_PIPELINE_BATCH * replicas, step
+    for epoch in range(EPOCHS):
+        keys = [k for batch in batches[epoch * steps * replicas:(epoch + 1) * steps * replicas] for k in batch]
+        assert len(keys) == len(set(keys)), epoch
