@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.files import unlisted_shards
-from tfdata_readers.manifest import MANIFEST_NAME, ShardInfo, load_manifest
+from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, read_manifest, shard_file_problem
 from tfdata_readers.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
 from tfdata_readers.records import RECORD_OVERHEAD
 
@@ -42,16 +42,52 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _read_records(path: str, spec: Mapping[str, tf.io.FixedLenFeature]) -> tuple[int, list[str]]:
-    """(records read, problems): the first unreadable record and the first that `spec` cannot parse,
-    each with its index and byte offset."""
+def content_problem(record: bytes, info: DatasetInfo) -> str:
+    """How a record that parses disagrees with the manifest ("" if it does not): its image's height,
+    width, channels or format differ from `image`, or its label is not an index of `label_names`
+    or names another class than its `image/class/text`."""
+    features = tf.train.Example.FromString(record).features.feature
+
+    def value(key: str) -> Any:
+        feature = features[key]
+        return feature.int64_list.value[0] if feature.WhichOneof("kind") == "int64_list" else feature.bytes_list.value[0]
+
+    image = info.image
+    found = []
+    for key, expected in (("height", image.height), ("width", image.width), ("channels", image.channels)):
+        if value(f"image/{key}") != expected:
+            found.append(f"image/{key} {value(f'image/{key}')}, manifest image.{key} says {expected}")
+    fmt = value("image/format").decode(errors="replace")
+    if fmt.upper() != image.format:
+        found.append(f"image/format {fmt!r}, manifest image.format says {image.format!r}")
+    label, text = value("image/class/label"), value("image/class/text").decode(errors="replace")
+    if not 0 <= label < min(info.num_classes, len(info.label_names)):
+        found.append(f"label {label}, not in [0, num_classes={info.num_classes})")
+    elif info.label_names[label] != text:
+        found.append(f"label {label} is {info.label_names[label]!r} in label_names but the record's class text is {text!r}")
+    return "; ".join(found)
+
+
+def _read_records(
+    path: str, spec: Mapping[str, tf.io.FixedLenFeature], info: DatasetInfo | None = None
+) -> tuple[int, list[str]]:
+    """(records read, problems): the first unreadable record, the first that `spec` cannot parse and
+    the first that disagrees with the manifest `info` (see `content_problem`), each with its index and
+    byte offset."""
     count = offset = 0
     problems: list[str] = []
+    parse_failed = content_failed = False
     try:
         for tensor in tf.data.TFRecordDataset(path, buffer_size=_CHUNK):
             record = tensor.numpy()
-            if not problems and (problem := record_problem(record, spec)):
+            if not parse_failed and (problem := record_problem(record, spec)):
                 problems.append(f"record {count} at byte offset {offset} {problem}")
+                parse_failed = True
+            elif info is not None and not parse_failed and not content_failed and (
+                problem := content_problem(record, info)
+            ):
+                problems.append(f"record {count} at byte offset {offset} disagrees with {MANIFEST_NAME}: {problem}")
+                content_failed = True
             count += 1
             offset += len(record) + RECORD_OVERHEAD
     except tf.errors.OpError as e:
@@ -60,7 +96,9 @@ def _read_records(path: str, spec: Mapping[str, tf.io.FixedLenFeature]) -> tuple
     return count, problems
 
 
-def _check_shard(shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature]) -> list[ShardProblem]:
+def _check_shard(
+    shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature], info: DatasetInfo | None = None
+) -> list[ShardProblem]:
     if not tf.io.gfile.exists(shard.path):
         return [ShardProblem(shard.path, "missing")]
     problems = []
@@ -70,7 +108,7 @@ def _check_shard(shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature]) ->
     sha = _sha256(shard.path)
     if sha != shard.sha256:
         problems.append(ShardProblem(shard.path, f"sha256 {sha}, manifest says {shard.sha256}"))
-    count, record_problems = _read_records(shard.path, spec)
+    count, record_problems = _read_records(shard.path, spec, info)
     problems.extend(ShardProblem(shard.path, p) for p in record_problems)
     # A shard cut at a record boundary reads without error: only the manifest's count shows the loss.
     if count >= 0 and count != shard.num_examples:
@@ -104,6 +142,10 @@ def _check_dead_letters(data_dir: str, raw: Mapping[str, Any]) -> list[ShardProb
         if lacking:
             problems.append(ShardProblem(path, f"line {number} lacks field(s) {lacking}"))
             break
+        mistyped = {k: type(entry[k]).__name__ for k in DEAD_LETTER_FIELDS if not isinstance(entry[k], str)}
+        if mistyped:
+            problems.append(ShardProblem(path, f"line {number} has non-string field(s) {mistyped}; FORMAT.md says str"))
+            break
     declared = raw.get("num_dead_letters")
     if declared is not None and declared != len(lines):
         problems.append(ShardProblem(path, f"{len(lines)} dead letter(s), {MANIFEST_NAME} says {declared!r}"))
@@ -113,23 +155,38 @@ def _check_dead_letters(data_dir: str, raw: Mapping[str, Any]) -> list[ShardProb
 def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None) -> list[ShardProblem]:
     """Every problem found in the shards of `splits` (all splits by default); empty means all good.
 
-    Besides each listed shard, it reports features the manifest declares differently from the
-    format, a missing or malformed dead-letter file (or one whose line count differs from the
-    manifest's `num_dead_letters`), and files named like a shard of these splits (of any split, by default) that the
-    manifest does not list. A manifest it cannot read, or one of a newer schema_version, raises.
+    Besides each listed shard (its bytes, sha256, record count, and every record's keys, dtypes,
+    image size, channels and format, and label against `num_classes` and `label_names`), it
+    reports the manifest's structural problems (`read_manifest`: a shard listed twice or in two
+    splits, a path leaving the data dir, `num_classes` != `len(label_names)`, a wrong `num_shards`),
+    features the manifest declares differently from the format, a missing or malformed dead-letter
+    file (a line that is not a JSON object of string `uri`, `stage`, `reason`, `detail`, or a line
+    count that differs from `num_dead_letters`), and files named like a shard of these splits (of
+    any split, by default) that the manifest does not list. A shard whose path leaves the data dir
+    is not opened; one listed twice is checked once. A manifest it cannot parse, or one of a newer
+    schema_version, raises.
     """
-    info = load_manifest(data_dir)
+    info, manifest_problems = read_manifest(data_dir)
     manifest_path = os.path.join(info.data_dir, MANIFEST_NAME)
     names = list(splits) if splits else sorted(info.splits)
     keys = list(FEATURE_DTYPES)
-    problems = [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
+    problems = [ShardProblem(manifest_path, p) for p in manifest_problems]
+    problems += [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
     spec = feature_spec(keys)
     problems.extend(_check_dead_letters(info.data_dir, info.raw))
     for path in unlisted_shards(info, splits or None):
         problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
+    outside = {
+        os.path.join(info.data_dir, str(s.get("file")))
+        for split in info.raw["splits"].values() for s in split["shards"] if shard_file_problem(s.get("file"))
+    }
+    checked: set[str] = set()
     for name in names:
         for shard in info.split(name).shards:
-            problems.extend(_check_shard(shard, spec))
+            if shard.path in outside or shard.path in checked:
+                continue
+            checked.add(shard.path)
+            problems.extend(_check_shard(shard, spec, info))
     return problems
 
 
@@ -143,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         problems = verify(args.data_dir, args.split)
-        info = load_manifest(args.data_dir)
+        info, _ = read_manifest(args.data_dir)
     except (OSError, ValueError) as e:  # no manifest, bad JSON, newer schema_version, unknown split
         print(f"ERROR {e}", file=sys.stderr)
         return 1

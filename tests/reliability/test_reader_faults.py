@@ -322,3 +322,93 @@ def test_verify_reports_dead_letters_that_disagree_with_the_manifest(data_dir: p
     problems = [str(p) for p in tfdata_readers.verify(data_dir)]
     assert problems[0].startswith(f"{path}: line 2 is not JSON"), problems
     assert f"{path}: 2 dead letter(s), dataset_info.json says 0" in problems
+
+
+# Manifest edits that would make the reader deliver wrong data while every shard is intact.
+
+def _train_shard(manifest: dict, index: int = 0) -> dict:
+    return manifest["splits"]["train"]["shards"][index]
+
+
+def _in_two_splits(manifest: dict) -> None:
+    """Train/validation leakage: validation lists a training shard."""
+    manifest["splits"]["validation"]["shards"].append(dict(_train_shard(manifest)))
+    manifest["splits"]["validation"]["num_examples"] += _train_shard(manifest)["num_examples"]
+    manifest["splits"]["validation"]["num_shards"] += 1
+
+
+def _listed_twice(manifest: dict) -> None:
+    manifest["splits"]["train"]["shards"].append(dict(_train_shard(manifest)))
+    manifest["splits"]["train"]["num_examples"] += _train_shard(manifest)["num_examples"]
+    manifest["splits"]["train"]["num_shards"] += 1
+
+
+def _leaves_the_data_dir(manifest: dict) -> None:
+    _train_shard(manifest)["file"] = f"../data/{_train_shard(manifest)['file']}"
+
+
+def _absolute_path(manifest: dict) -> None:
+    _train_shard(manifest)["file"] = f"/tmp/{_train_shard(manifest)['file']}"
+
+
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (_in_two_splits, r"shard file 'train-00000-of-00003\.tfrecord' is listed in splits 'train' and 'validation'"),
+        (_listed_twice, r"shard file 'train-00000-of-00003\.tfrecord' is listed twice in split 'train'"),
+        (_leaves_the_data_dir, r"shard file '\.\./data/train-00000-of-00003\.tfrecord' is not a path inside the data dir"),
+        (_absolute_path, r"shard file '/tmp/train-00000-of-00003\.tfrecord' is not a path inside the data dir"),
+        (lambda m: m.update(num_classes=3), r"num_classes is 3 but label_names holds 7 name\(s\)"),
+        (lambda m: m["splits"]["train"].update(num_shards=5), r"split 'train' says num_shards 5 but lists 3 shard\(s\)"),
+    ],
+    ids=["in-two-splits", "listed-twice", "dot-dot", "absolute", "num-classes", "num-shards"],
+)
+def test_structural_manifest_edits_are_refused_at_start_up_and_reported_by_verify(
+    data_dir: pathlib.Path, edit, pattern: str
+) -> None:
+    shard_faults.edit_manifest(data_dir, edit)
+    for split in ("train", "validation"):
+        with pytest.raises(ValueError, match=rf"dataset_info\.json: .*{pattern}"):
+            tfdata_readers.make_dataset(data_dir, split, 4, training=True, seed=0)
+    with pytest.raises(ValueError, match=pattern):
+        tfdata_readers.load_manifest(data_dir)
+    cli = _verify_cli(data_dir)
+    assert cli.returncode == 1 and re.search(rf"MISMATCH \S*dataset_info\.json: .*{pattern}", cli.stderr), cli.stderr
+
+
+def _set_image(**values: object):
+    return lambda manifest: manifest["image"].update(values)
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (_set_image(height=64), "image/height 16, manifest image.height says 64"),
+        (_set_image(width=8), "image/width 16, manifest image.width says 8"),
+        (_set_image(channels=1), "image/channels 3, manifest image.channels says 1"),
+        (_set_image(format="PNG"), "image/format 'JPEG', manifest image.format says 'PNG'"),
+        (lambda m: m.update(label_names=[f"class{i}" for i in range(7)]),
+         r"label \d is 'class\d' in label_names but the record's class text is '\w+'"),
+        (lambda m: m.update(label_names=m["label_names"][:2], num_classes=2), r"label \d, not in \[0, num_classes=2\)"),
+    ],
+    ids=["height", "width", "channels", "format", "label-names", "label-out-of-range"],
+)
+def test_verify_reports_records_that_disagree_with_the_manifest(data_dir: pathlib.Path, edit, problem: str) -> None:
+    shard_faults.edit_manifest(data_dir, edit)
+    problems = [str(p) for p in tfdata_readers.verify(data_dir)]
+    for shard in ("train-00000-of-00003", "validation-00000-of-00001"):
+        assert any(re.search(
+            rf"{shard}\.tfrecord: record \d+ at byte offset \d+ disagrees with dataset_info\.json: {problem}", p
+        ) for p in problems), problems
+    assert _verify_cli(data_dir).returncode == 1
+
+
+def test_verify_reports_dead_letter_fields_of_the_wrong_type(data_dir: pathlib.Path) -> None:
+    path = data_dir / "dead_letters.jsonl"
+    path.write_text('{"uri": 1, "stage": null, "reason": [], "detail": "d"}\n')
+    shard_faults.edit_manifest(data_dir, lambda m: m.update(num_dead_letters=1))
+    assert [str(p) for p in tfdata_readers.verify(data_dir)] == [
+        f"{path}: line 1 has non-string field(s) {{'uri': 'int', 'stage': 'NoneType', 'reason': 'list'}}; "
+        f"FORMAT.md says str"
+    ]
+    assert _verify_cli(data_dir).returncode == 1
