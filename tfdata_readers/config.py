@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import tensorflow as tf
 
-__all__ = ["AUTOTUNE", "ReadConfig"]
+__all__ = ["AUTOTUNE", "MAX_SEED", "ReadConfig", "check_batch_size", "check_seed"]
 
 AUTOTUNE = tf.data.AUTOTUNE
 DecodePlacement = Literal["auto", "element", "batch"]
@@ -27,7 +28,31 @@ def _is_int(value: object) -> bool:
 
 
 def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (not a bool): inf and nan are refused wherever a number is expected."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_optional_bool(value: object) -> bool:
+    """None, True or False themselves: 1, 1.0 and 0.0 compare equal to True/False but are refused."""
+    return value is None or value is True or value is False
+
+
+# Seeds are int64 in TensorFlow's ops; a seed must be an int in [0, MAX_SEED).
+MAX_SEED = 2**63
+
+
+def check_batch_size(name: str, value: object) -> int:
+    """`value` if it is a positive int (not a bool); else a ValueError naming `name`."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive int (got {value!r})")
+    return value
+
+
+def check_seed(seed: object) -> int | None:
+    """`seed` if it is None or an int (not a bool) with 0 <= seed < 2**63; else a ValueError naming seed."""
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < MAX_SEED):
+        raise ValueError(f"seed must be None or an int with 0 <= seed < 2**63 (got {seed!r})")
+    return seed
 
 
 def _is_pair_of_reals(value: object) -> bool:
@@ -93,6 +118,10 @@ class ReadConfig:
         logged to stderr, and the epoch goes on. A record that is readable but does not match the
         format (a missing key, a wrong type) always fails, naming the shard, record and key.
 
+    `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
+    the crop ranges take finite numbers only.
+
+    A seed is None or an int (not a bool) with 0 <= seed < 2**63; anything else is a ValueError.
     What a seed reproduces (`make_dataset(..., training=True, seed=s)`):
       - Always, whatever `deterministic`: each example's crop and flip are a pure function of
         (`s`, the epoch, the example's `image/key/sha256`), where the epoch is the k-th pass over
@@ -148,10 +177,10 @@ class ReadConfig:
         for name in ("shuffle_files", "cache", "skip_corrupt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ReadConfig.{name} must be True or False (got {getattr(self, name)!r})")
-        if self.deterministic not in (None, True, False):
+        if not _is_optional_bool(self.deterministic):
             raise ValueError(f"ReadConfig.deterministic must be None, True or False (got {self.deterministic!r})")
         if self.scale is not None and (not _is_real(self.scale) or not self.scale > 0):
-            raise ValueError(f"ReadConfig.scale must be None or a number > 0 (got {self.scale!r})")
+            raise ValueError(f"ReadConfig.scale must be None or a finite number > 0 (got {self.scale!r})")
         if self.dtype not in ("float32", "uint8"):
             raise ValueError(f"ReadConfig.dtype is {self.dtype!r}; expected 'float32' or 'uint8'")
         if self.dtype == "uint8" and self.scale not in (None, _DEFAULT_SCALE):
@@ -160,13 +189,13 @@ class ReadConfig:
                 f"scale={self.scale!r}; scale the pixels on the device instead"
             )
         if not _is_pair_of_reals(self.crop_area_range) or not 0 < self.crop_area_range[0] <= self.crop_area_range[1] <= 1:
-            raise ValueError(f"ReadConfig.crop_area_range must satisfy 0 < low <= high <= 1 (got {self.crop_area_range!r})")
+            raise ValueError(f"ReadConfig.crop_area_range must be finite numbers with 0 < low <= high <= 1 (got {self.crop_area_range!r})")
         ratio = self.crop_aspect_ratio_range
         if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(
-                f"ReadConfig.crop_aspect_ratio_range must satisfy 0 < low <= high (got {self.crop_aspect_ratio_range!r})"
+                f"ReadConfig.crop_aspect_ratio_range must be finite numbers with 0 < low <= high (got {self.crop_aspect_ratio_range!r})"
             )
-        if self.drop_remainder not in (None, True, False):
+        if not _is_optional_bool(self.drop_remainder):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
 
     def resolved_deterministic(self, seed: int | None) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdata_readers.config import check_batch_size
 from tfdata_readers.pipeline import make_dataset
 
 __all__ = ["distribute"]
@@ -27,6 +28,7 @@ def distribute(
     same number of batches. `options` are `make_dataset`'s
     keyword options (training, seed, with_metadata, config, ReadConfig fields).
     """
+    check_batch_size("global_batch_size", global_batch_size)
     if global_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
             f"global_batch_size {global_batch_size} is not divisible by the "

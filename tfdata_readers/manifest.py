@@ -10,6 +10,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdata_readers.config import check_batch_size
+
 __all__ = [
     "MANIFEST_NAME",
     "SCHEMA_VERSION",
@@ -214,7 +216,6 @@ def steps_per_epoch(
     data_dir: str | os.PathLike[str], split: str, global_batch_size: int, *, drop_remainder: bool = True
 ) -> int:
     """Batches per epoch of `split` at `global_batch_size`: floor with `drop_remainder`, else ceil."""
-    if global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be >= 1 (got {global_batch_size!r})")
+    check_batch_size("global_batch_size", global_batch_size)
     n = num_examples(data_dir, split)
     return n // global_batch_size if drop_remainder else math.ceil(n / global_batch_size)

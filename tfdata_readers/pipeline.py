@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers import augment
-from tfdata_readers.config import ReadConfig
+from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decode import to_output
 from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
 from tfdata_readers.manifest import MANIFEST_NAME, ImageInfo, load_manifest
@@ -89,11 +89,12 @@ def make_dataset(
     (`seed`, the epoch, its key); otherwise there is no randomness. See `ReadConfig` for exactly
     what a seed reproduces. `input_context` (from `distribute`) selects this pipeline's share of
     the data: a contiguous range of the split's records, equal to one record across pipelines.
-    `options` override fields of `config` (see `ReadConfig`).
+    `options` override fields of `config` (see `ReadConfig`). `batch_size` is a positive int (not a
+    bool); `seed` is None or an int (not a bool) with 0 <= seed < 2**63.
     """
     config = (config or ReadConfig()).with_options(**options)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int (got {batch_size!r})")
+    check_batch_size("batch_size", batch_size)
+    check_seed(seed)
     data_dir = os.fspath(data_dir)
     info = load_manifest(data_dir)
     split_info = info.split(split)
@@ -124,7 +125,7 @@ def make_dataset(
     pipeline_id = share.pipeline_id
     # Per-pipeline seeds for the piece and record shuffles, so that pipelines draw different orders;
     # None stays random. Augmentation uses `seed` itself: it depends on the example, not the pipeline.
-    local_seed = None if seed is None else seed + 7919 * pipeline_id
+    local_seed = None if seed is None else (seed + 7919 * pipeline_id) % MAX_SEED
     placement = _placement(config, image, training)
 
     # (path, records in the shard, records to skip, records to take) per shard piece this pipeline reads.

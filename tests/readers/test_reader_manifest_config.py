@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -107,6 +108,19 @@ def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Pat
         ("shuffle_files", 1, r"ReadConfig\.shuffle_files.*1"),
         ("skip_corrupt", "no", r"ReadConfig\.skip_corrupt.*'no'"),
         ("num_epochs", True, r"ReadConfig\.num_epochs.*True"),
+        # Only finite numbers: inf or nan would give inf pixels or a crop that can never be drawn.
+        ("scale", float("inf"), r"ReadConfig\.scale must be None or a finite number.*inf"),
+        ("scale", float("nan"), r"ReadConfig\.scale.*nan"),
+        ("crop_area_range", (0.5, float("inf")), r"ReadConfig\.crop_area_range must be finite.*inf"),
+        ("crop_area_range", (float("nan"), 1.0), r"ReadConfig\.crop_area_range.*nan"),
+        ("crop_aspect_ratio_range", (0.75, float("inf")), r"ReadConfig\.crop_aspect_ratio_range must be finite.*inf"),
+        ("crop_aspect_ratio_range", (-float("inf"), 1.0), r"ReadConfig\.crop_aspect_ratio_range.*-inf"),
+        # None, True or False themselves: 1 == True and 0.0 == False are not bools.
+        ("deterministic", 1, r"ReadConfig\.deterministic must be None, True or False \(got 1\)"),
+        ("deterministic", 1.0, r"ReadConfig\.deterministic.*1\.0"),
+        ("deterministic", 0.0, r"ReadConfig\.deterministic.*0\.0"),
+        ("drop_remainder", 1, r"ReadConfig\.drop_remainder must be None, True or False \(got 1\)"),
+        ("drop_remainder", 0.0, r"ReadConfig\.drop_remainder.*0\.0"),
     ],
 )
 def test_config_rejects_bad_values(field: str, value: object, message: str) -> None:
@@ -145,3 +159,32 @@ def test_config_defaults_are_valid_and_frozen() -> None:
 def test_unknown_option_is_named(jpeg_dir: pathlib.Path) -> None:
     with pytest.raises(TypeError, match="shuffle_bufer"):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, shuffle_bufer=10)
+
+
+_BAD_BATCH_SIZES = [True, False, 0, -4, 2.5, 4.0, "4", None]
+
+
+@pytest.mark.parametrize("value", _BAD_BATCH_SIZES, ids=repr)
+def test_batch_sizes_must_be_positive_ints(jpeg_dir: pathlib.Path, value: object) -> None:
+    """A bool is not a batch size (True would be a batch of 1); 2.5 gave 20.0 steps, "4" a TypeError."""
+    with pytest.raises(ValueError, match=rf"^batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", value)
+    with pytest.raises(ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
+        tfdata_readers.steps_per_epoch(jpeg_dir, "train", value)
+    with pytest.raises(ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
+        tfdata_readers.distribute(tf.distribute.get_strategy(), jpeg_dir, "train", value)
+
+
+@pytest.mark.parametrize("seed", [True, False, -1, 2**63, 1.5, "a", 3.0], ids=repr)
+def test_seed_must_be_an_int_in_range(jpeg_dir: pathlib.Path, seed: object) -> None:
+    with pytest.raises(ValueError, match=rf"^seed must be None or an int with 0 <= seed < 2\*\*63 \(got {re.escape(repr(seed))}\)"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, seed=seed)
+
+
+def test_the_largest_seed_is_accepted(jpeg_dir: pathlib.Path) -> None:
+    """2**63 - 1 is valid, also for the pipelines whose per-pipeline seed is offset from it."""
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
+    image, _ = next(iter(tfdata_readers.make_dataset(
+        jpeg_dir, "train", 4, training=True, seed=2**63 - 1, input_context=context,
+    )))
+    assert image.shape == (4, 32, 32, 3)
