@@ -119,6 +119,13 @@ taskmanager.bind-host: $host
 taskmanager.host: $host
 taskmanager.numberOfTaskSlots: $slots
 taskmanager.memory.process.size: $tm_memory
+# A Beam job is many chained stages (listing, planning's combiners and GroupByKeys, conversion,
+# finalize), each with its own network channels: Flink's default network share (10% of the
+# memory, at least 64 MB) ran out of buffers at parallelism 2 ("Insufficient number of network
+# buffers"). Beam's portable batch runner uses little managed memory, so move some over.
+taskmanager.memory.network.fraction: 0.25
+taskmanager.memory.network.min: 256mb
+taskmanager.memory.managed.fraction: 0.2
 parallelism.default: 1
 rest.address: $host
 rest.bind-address: $host
