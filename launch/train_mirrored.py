@@ -61,24 +61,10 @@ def build_model(input_shape: tuple[int, int, int], num_classes: int, *, input_dt
     ])
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", required=True, help="directory (or gs://) with dataset_info.json")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--num_replicas", type=_positive_int, default=None,
-                        help="without GPUs: split the CPU into this many logical devices")
-    parser.add_argument("--global_batch_size", type=_positive_int, default=32)
-    parser.add_argument("--epochs", type=_positive_int, default=1)
-    parser.add_argument("--steps_per_epoch", type=_positive_int, default=None,
-                        help="default: from the manifest (more than one epoch's batches repeats the data)")
-    parser.add_argument("--image_size", type=_positive_int, default=None, help="train at this square size (default: stored)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--input_dtype", choices=("float32", "uint8"), default="float32",
-                        help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
-    parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
-    args = parser.parse_args(argv)
-
-    strategy = make_strategy(args.num_replicas)
+def _start(
+    args: argparse.Namespace, strategy: tf.distribute.Strategy
+) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset]:
+    """(manifest, steps per epoch, image size, dataset); raises OSError or ValueError naming what is wrong."""
     info = tfdata_readers.load_manifest(args.data_dir)
     full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size, drop_remainder=True)
     # Checked whether or not --steps_per_epoch is given: training drops the last partial batch, so
@@ -95,6 +81,35 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         strategy, args.data_dir, args.split, args.global_batch_size,
         training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
     )
+    return info, steps, size, dataset
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
+    parser = argparse.ArgumentParser(prog="train_mirrored.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", required=True, help="directory (or gs://) with dataset_info.json")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--num_replicas", type=_positive_int, default=None,
+                        help="without GPUs: split the CPU into this many logical devices")
+    parser.add_argument("--global_batch_size", type=_positive_int, default=32)
+    parser.add_argument("--epochs", type=_positive_int, default=1)
+    parser.add_argument("--steps_per_epoch", type=_positive_int, default=None,
+                        help="default: from the manifest (more than one epoch's batches repeats the data)")
+    parser.add_argument("--image_size", type=_positive_int, default=None, help="train at this square size (default: stored)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--input_dtype", choices=("float32", "uint8"), default="float32",
+                        help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
+    parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
+    args = parser.parse_args(argv)
+
+    strategy = make_strategy(args.num_replicas)
+    try:
+        info, steps, size, dataset = _start(args, strategy)
+    except (OSError, ValueError) as e:
+        # A refusal at start-up (no manifest, an unknown split, a split smaller than a global batch,
+        # a batch that the replicas do not divide, a bad shard or manifest) is the user's to fix: one
+        # line naming it and exit 2, as argparse does for a bad flag, not a traceback.
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     with strategy.scope():
         model = build_model((*size, info.image.channels), info.num_classes, input_dtype=args.input_dtype)
         model.compile(

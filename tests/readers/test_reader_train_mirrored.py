@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -57,6 +58,37 @@ def test_train_mirrored_refuses_a_split_smaller_than_a_global_batch_even_with_st
              "--num_replicas", "2", "--global_batch_size", "16", *extra],
             capture_output=True, text=True, env=env, cwd=_REPO, timeout=300,
         )
-        assert train.returncode != 0
-        assert "split 'train' has 10 examples: fewer than one global batch of 16" in train.stderr, train.stderr[-3000:]
-        assert "StopIteration" not in train.stderr
+        assert train.returncode == 2, train.stderr[-3000:]
+        assert "train_mirrored.py: error: split 'train' has 10 examples: fewer than one global batch of 16" in (
+            train.stderr
+        ), train.stderr[-3000:]
+        assert "StopIteration" not in train.stderr and "Traceback" not in train.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--split", "test"], r"split 'test' is not in \S*dataset_info\.json; expected one of \['train'\]"),
+        (["--global_batch_size", "5"], r"global_batch_size 5 is not divisible by the 2 replicas in sync"),
+        (["--seed", "-1"], r"seed must be None or an int with 0 <= seed < 2\*\*63 \(got -1\)"),
+        (["--data_dir", "/nonexistent/out"], r"no manifest at /nonexistent/out/dataset_info\.json"),
+    ],
+    ids=["unknown-split", "indivisible-batch", "negative-seed", "missing-data-dir"],
+)
+def test_train_mirrored_start_up_refusals_are_one_error_line_and_exit_2(
+    tmp_path: pathlib.Path, args: list[str], message: str
+) -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import reader_fixtures
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (10, 2)}, image_size=(16, 16))
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
+         "--num_replicas", "2", "--global_batch_size", "4", *args],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=300,
+    )
+    assert train.returncode == 2, train.stderr[-3000:]
+    errors = [line for line in train.stderr.splitlines() if line.startswith("train_mirrored.py: error: ")]
+    assert len(errors) == 1 and re.search(message, errors[0]), train.stderr[-3000:]
+    assert "Traceback" not in train.stderr
