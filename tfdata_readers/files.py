@@ -32,14 +32,22 @@ class ShardError(IOError):
     """A shard file is missing, has the wrong size, or is in the data dir but not in the manifest."""
 
 
-def check_shards(shards: tuple[ShardInfo, ...]) -> None:
-    """Fails naming the first shard that is missing or whose byte size differs from the manifest."""
+def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False) -> None:
+    """Fails naming the first shard that is missing or whose byte size differs from the manifest.
+
+    With `skip_corrupt` a size mismatch (a truncated shard) is only logged as a warning: reading
+    then stops at the first missing or unreadable record, and the records lost are counted
+    (`skipped_records()`). A missing shard always fails.
+    """
     for shard in shards:
         if not tf.io.gfile.exists(shard.path):
             raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist")
         size = tf.io.gfile.stat(shard.path).length
         if size != shard.bytes:
-            raise ShardError(f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}")
+            message = f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}"
+            if not skip_corrupt:
+                raise ShardError(message)
+            logger.warning("%s; skip_corrupt=True: reading it anyway, and counting the records lost", message)
 
 
 # A final shard name (docs/FORMAT.md); the writer's hidden staged and temp names start with ".".

@@ -62,6 +62,27 @@ def _batches_per_epoch(
     return steps * replicas_per_pipeline
 
 
+def _require_records(records: tf.data.Dataset, needed: int, message: str) -> tf.data.Dataset:
+    """`records` ((serialized, name) pairs), failing with `message` at their end if there were fewer
+    than `needed`. Only used with `skip_corrupt` under tf.distribute, where a pipeline that lost more
+    records than its share can spare would yield fewer batches than the others."""
+    end = tf.data.Dataset.from_tensors((tf.constant(""), tf.constant(""), tf.constant(True)))
+    marked = records.map(lambda serialized, name: (serialized, name, tf.constant(False))).concatenate(end)
+
+    def count(read: tf.Tensor, element: tuple[tf.Tensor, tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, Any]:
+        serialized, name, is_end = element
+        ok = tf.logical_or(tf.logical_not(is_end), read >= needed)
+        checked = tf.debugging.Assert(ok, [message, read], summarize=1)
+        with tf.control_dependencies([checked]):
+            return read + tf.cast(tf.logical_not(is_end), tf.int64), (tf.identity(serialized), name, is_end)
+
+    return (
+        marked.scan(tf.constant(0, tf.int64), count)
+        .filter(lambda serialized, name, is_end: tf.logical_not(is_end))
+        .map(lambda serialized, name, is_end: (serialized, name))
+    )
+
+
 def _placement(config: ReadConfig, image: ImageInfo, training: bool) -> str:
     if config.decode_placement != "auto":
         return config.decode_placement
@@ -109,7 +130,7 @@ def make_dataset(
     spec = feature_spec(keys, info.features, where=os.path.join(data_dir, MANIFEST_NAME))
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
-    check_shards(share.shards(split_info))
+    check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt)
 
     image = info.image
     out_size = config.image_size or (image.height, image.width)
@@ -147,6 +168,18 @@ def make_dataset(
         num_parallel_calls=config.num_parallel_reads,
         deterministic=deterministic,
     )  # (serialized, name)
+    if config.skip_corrupt and batches_per_epoch is not None:
+        records = _require_records(
+            records, batches_per_epoch * batch_size,
+            f"tfdata_readers: input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
+            f"{data_dir}) read fewer than the {batches_per_epoch * batch_size} records it needs for the "
+            f"{batches_per_epoch} batches of {batch_size} that every pipeline must yield per epoch under "
+            f"tf.distribute: skip_corrupt=True skipped corrupt records of its share (see skipped_records() "
+            f"and the warnings above). Yielding fewer batches would make pipelines disagree on step counts "
+            f"and global steps straddle two passes, so the reader stops instead. Repair or re-convert the "
+            f"shard (python -m tfdata_readers.verify names it), or evaluate (drop_remainder=False), "
+            f"which reads what is left. Records read:",
+        )
     if config.cache:
         records = records.cache()
     if training:

@@ -20,14 +20,20 @@ __all__ = [
 # Bytes a TFRecord adds around each record's data: 8-byte length, 4-byte CRC of it, 4-byte CRC of the data.
 RECORD_OVERHEAD = 16
 
-_skipped: collections.Counter[str] = collections.Counter()
+# Shard path -> the indices of its records lost so far: a set, so a record lost again in the next
+# epoch (or by another dataset over the same shard) is counted once.
+_skipped: dict[str, set[int]] = collections.defaultdict(set)
 _skipped_lock = threading.Lock()
 
 
 def skipped_records() -> dict[str, int]:
-    """Records lost per shard path so far in this process, when `ReadConfig.skip_corrupt` is on."""
+    """Distinct records lost per shard path so far in this process, when `ReadConfig.skip_corrupt` is on.
+
+    A record lost in every epoch counts once: the count is how many of the shard's records the
+    reader could not deliver, not how many times it failed to.
+    """
     with _skipped_lock:
-        return dict(_skipped)
+        return {path: len(records) for path, records in _skipped.items() if records}
 
 
 def reset_skipped_records() -> None:
@@ -36,10 +42,10 @@ def reset_skipped_records() -> None:
         _skipped.clear()
 
 
-def _count_skipped(path: bytes, lost: np.int64) -> np.int64:
+def _count_skipped(path: bytes, first: np.int64, end: np.int64) -> np.int64:
     with _skipped_lock:
-        _skipped[path.decode()] += int(lost)
-    return lost
+        _skipped[path.decode()].update(range(int(first), int(end)))
+    return np.int64(end - first)
 
 
 def tensorflow_read_error(path: str) -> str:
@@ -126,7 +132,7 @@ def read_shard(
                     "read by this pipeline; unreadable from byte offset", offset, ":", reason, ")",
                     output_stream=sys.stderr,
                 )
-                return tf.numpy_function(_count_skipped, [path, lost], tf.int64)
+                return tf.numpy_function(_count_skipped, [path, tf.maximum(count, skip), end], tf.int64)
             message = tf.strings.join([
                 "corrupt or truncated shard ", path, ": first unreadable record at byte offset ",
                 tf.strings.as_string(offset), " (record ", tf.strings.as_string(count), ") - read ",

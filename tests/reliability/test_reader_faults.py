@@ -412,3 +412,65 @@ def test_verify_reports_dead_letter_fields_of_the_wrong_type(data_dir: pathlib.P
         f"FORMAT.md says str"
     ]
     assert _verify_cli(data_dir).returncode == 1
+
+
+# skip_corrupt: a loss is counted once per record, truncated shards are read, and under tf.distribute
+# a pipeline that would come up short of batches fails instead of yielding fewer than the others.
+
+def test_skip_corrupt_counts_a_record_lost_every_epoch_once(data_dir: pathlib.Path) -> None:
+    shard_faults.flip_record_byte(data_dir / SHARD, 3, "data")
+    tfdata_readers.reset_skipped_records()
+    ds = tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, skip_corrupt=True, num_epochs=3)
+    assert len(_keys(ds)) == 3 * (24 - 5)
+    assert len(_keys(ds)) == 3 * (24 - 5)  # iterated again: still the same 5 records
+    assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 5}
+
+
+@pytest.mark.parametrize("cut", ["boundary", "mid-record"])
+def test_skip_corrupt_reads_a_truncated_shard_and_counts_the_loss(data_dir: pathlib.Path, cut: str, caplog) -> None:
+    """The start-up size check is a warning with skip_corrupt=True: records 5-7 of the shard are lost."""
+    expected = reader_fixtures.expected_keys(data_dir, "train")
+    offset, length = shard_faults.record_offsets(data_dir / SHARD)[5]
+    full = (data_dir / SHARD).stat().st_size
+    size = offset if cut == "boundary" else offset + length // 2
+    shard_faults.truncate(data_dir / SHARD, size)
+    tfdata_readers.reset_skipped_records()
+    for training in (False, True):
+        keys = _keys(tfdata_readers.make_dataset(
+            data_dir, "train", 1, training=training, seed=0, with_metadata=True, skip_corrupt=True,
+        ))
+        assert sorted(keys) == sorted(expected[:8 + 5] + expected[16:])
+    assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 3}
+    assert f"{SHARD} has {size} bytes; the manifest says {full}; skip_corrupt=True" in caplog.text
+    with pytest.raises(tfdata_readers.ShardError, match=rf"{re.escape(SHARD)} has {size} bytes"):
+        tfdata_readers.make_dataset(data_dir, "train", 4)  # without skip_corrupt: still refused
+
+
+@pytest.mark.parametrize(
+    "pipelines, replicas", [(2, 2), (1, 2)], ids=["2-pipelines", "1-pipeline-2-replicas"],
+)
+def test_skip_corrupt_under_tf_distribute_fails_rather_than_yield_fewer_batches(
+    data_dir: pathlib.Path, pipelines: int, replicas: int
+) -> None:
+    """24 examples, global batch 2 x 2: every pipeline must yield 12 records' batches; one that lost
+    records would yield fewer, so step counts would disagree (or a global step straddle two passes)."""
+    shard_faults.flip_record_byte(data_dir / SHARD, 3, "data")  # shard 1 loses records 3-7
+    for pipeline_id in range(pipelines):
+        context = tf.distribute.InputContext(pipelines, pipeline_id, replicas)
+        ds = tfdata_readers.make_dataset(
+            data_dir, "train", 2, input_context=context, training=True, seed=0, with_metadata=True, skip_corrupt=True,
+        )
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"input pipeline \d of \d .* read fewer than the \d+ "
+                           r"records it needs for the \d+ batches of 2 that every pipeline must yield"):
+            _keys(ds)
+
+
+def test_skip_corrupt_under_tf_distribute_tolerates_a_loss_the_share_can_spare(data_dir: pathlib.Path) -> None:
+    """Global batch 5 x 2: 2 steps of 24 examples need 20 records; losing 1 leaves 23, so every batch is full."""
+    shard_faults.flip_record_byte(data_dir / SHARD, 7, "data")
+    context = tf.distribute.InputContext(1, 0, 2)
+    ds = tfdata_readers.make_dataset(
+        data_dir, "train", 5, input_context=context, training=True, seed=0, with_metadata=True, skip_corrupt=True,
+    )
+    keys = _keys(ds)
+    assert len(keys) == len(set(keys)) == 20
