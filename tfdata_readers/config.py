@@ -114,9 +114,14 @@ class ReadConfig:
       crop_aspect_ratio_range: width/height range of the training random-resized crop.
       skip_corrupt: when False (default), a corrupt or truncated shard fails with an error naming it
         and the byte offset of its first unreadable record. When True, reading that shard stops at
-        the corrupt record, the records lost are counted per shard (see `skipped_records()`) and
-        logged to stderr, and the epoch goes on. A record that is readable but does not match the
-        format (a missing key, a wrong type) always fails, naming the shard, record and key.
+        the corrupt record, the records lost are counted per shard (see `skipped_records()`:
+        distinct records, so a record lost every epoch counts once) and logged to stderr, and the
+        epoch goes on. A shard whose size differs from the manifest (truncated) is then read too,
+        with a warning, instead of being refused at start-up. Under tf.distribute when dropping
+        the remainder (training), a pipeline that lost more records than its share can spare
+        would yield fewer batches than the others, so step counts would disagree: it fails at the
+        end of its reads instead, naming the cause. A record that is readable but does not match
+        the format (a missing key, a wrong type) always fails, naming the shard, record and key.
 
     `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
     the crop ranges take finite numbers only.
