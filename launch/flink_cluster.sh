@@ -13,14 +13,17 @@ Usage: launch/flink_cluster.sh start|stop|status|fetch [options]
 
   start   install Flink (first run), write a loopback config, start a JobManager, the
           TaskManager(s) and a Beam SDK worker pool; waits until all are ready
+          and prints the submit_flink.sh flags that reach it; refuses while the state dir's
+          cluster is still running
   stop    stop everything that 'start' started in the same --state_dir (safe to repeat)
   status  print the cluster overview from the REST API and the worker pool's state;
           exits 1 when the cluster is not up
+          (stop and status read the ports that start saved in the state dir, unless given)
   fetch   install the Flink distribution and build Beam's Flink job server jar into the cache
           (start and submit_flink.sh do it on first use; fetch does it ahead of time)
 
 Options (defaults in brackets):
-  --flink_version V        Flink release of the cluster [$ITT_FLINK_VERSION_DEFAULT]
+  --flink_version V        Flink release of the cluster, X.Y.Z [$ITT_FLINK_VERSION_DEFAULT]
   --beam_runner_version V  Beam Java runner of the job server that fetch builds [$ITT_BEAM_RUNNER_VERSION_DEFAULT];
                            both defaults come from launch/flink_job_server/pom.xml
   --state_dir DIR          config, pid files and logs [\$(cache)/cluster]
@@ -65,13 +68,14 @@ restart_attempts=3
 restart_delay="2 s"
 heartbeat_timeout_ms=15000
 timeout=90
+given_ports=" "
 while (($#)); do
   case "$1" in
     --flink_version) itt_need_value "$@"; flink_version=$2; shift 2 ;;
     --state_dir) itt_need_value "$@"; state_dir=$2; shift 2 ;;
-    --rest_port) itt_need_value "$@"; rest_port=$2; shift 2 ;;
-    --rpc_port) itt_need_value "$@"; rpc_port=$2; shift 2 ;;
-    --worker_pool_port) itt_need_value "$@"; worker_pool_port=$2; shift 2 ;;
+    --rest_port) itt_need_value "$@"; rest_port=$2; given_ports+="rest_port "; shift 2 ;;
+    --rpc_port) itt_need_value "$@"; rpc_port=$2; given_ports+="rpc_port "; shift 2 ;;
+    --worker_pool_port) itt_need_value "$@"; worker_pool_port=$2; given_ports+="worker_pool_port "; shift 2 ;;
     --taskmanagers) itt_need_value "$@"; taskmanagers=$2; shift 2 ;;
     --slots) itt_need_value "$@"; slots=$2; shift 2 ;;
     --taskmanager_memory) itt_need_value "$@"; tm_memory=$2; shift 2 ;;
@@ -85,11 +89,34 @@ while (($#)); do
     *) itt_die "unknown option '$1' (see --help)" ;;
   esac
 done
-for n in "$rest_port" "$rpc_port" "$worker_pool_port" "$taskmanagers" "$slots" "$timeout" "$restart_attempts"; do
-  [[ "$n" =~ ^[0-9]+$ ]] || itt_die "expected a number (got '$n')"
-done
+[[ "$flink_version" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] \
+  || itt_die "--flink_version must be a full release X.Y.Z, e.g. $ITT_FLINK_VERSION_DEFAULT (got '$flink_version')"
+[[ -n "$state_dir" ]] || itt_die "--state_dir must not be empty"
+# Absolute, so that Flink's logging and a stop from another directory find the same files.
+state_dir=$(realpath -m -- "$state_dir")
+ports_file="$state_dir/ports"
+# stop and status use the ports that start saved, unless given.
+if [[ "$command" == stop || "$command" == status ]] && [[ -f "$ports_file" ]]; then
+  while IFS='=' read -r key value; do
+    case "$key" in
+      rest_port|rpc_port|worker_pool_port)
+        [[ "$given_ports" == *" $key "* ]] || printf -v "$key" '%s' "$value" ;;
+    esac
+  done <"$ports_file"
+fi
+itt_need_port --rest_port "$rest_port"
+itt_need_port --rpc_port "$rpc_port"
+itt_need_port --worker_pool_port "$worker_pool_port" 0
+itt_need_int --taskmanagers "$taskmanagers" 1
+itt_need_int --slots "$slots" 1
+itt_need_int --timeout "$timeout" 1
+itt_need_int --restart_attempts "$restart_attempts" 0
+itt_need_int --heartbeat_timeout_ms "$heartbeat_timeout_ms" 1
+rest_port=$((10#$rest_port)) rpc_port=$((10#$rpc_port)) worker_pool_port=$((10#$worker_pool_port))
 
 host=127.0.0.1
+# What /proc/PID/cmdline of a process in the pid files must contain for stop to kill it.
+FLINK_DAEMON_CLASSES=(org.apache.flink.runtime.entrypoint. org.apache.flink.runtime.taskexecutor.TaskManagerRunner)
 conf_dir="$state_dir/conf"
 log_dir="$state_dir/log"
 pid_dir="$state_dir/pid"
@@ -124,7 +151,7 @@ taskmanager.memory.process.size: $tm_memory
 # memory, at least 64 MB) ran out of buffers at parallelism 2 ("Insufficient number of network
 # buffers"). Beam's portable batch runner uses little managed memory, so move some over.
 taskmanager.memory.network.fraction: 0.25
-taskmanager.memory.network.min: 256mb
+taskmanager.memory.network.min: 128mb
 taskmanager.memory.managed.fraction: 0.2
 parallelism.default: 1
 rest.address: $host
@@ -145,7 +172,7 @@ io.tmp.dirs: $state_dir/tmp
 EOF
   mkdir -p "$state_dir/tmp"
   printf '%s\n' "$FLINK_HOME" >"$state_dir/flink_home"
-  printf '%s\n' "$worker_pool_port" >"$state_dir/worker_pool_port"
+  printf 'rest_port=%s\nrpc_port=%s\nworker_pool_port=%s\n' "$rest_port" "$rpc_port" "$worker_pool_port" >"$ports_file"
   printf '%s:%s\n' "$host" "$rest_port" >"$conf_dir/masters"
   printf '%s\n' "$host" >"$conf_dir/workers"
 }
@@ -167,33 +194,59 @@ print(json.load(sys.stdin)["taskmanagers"])' 2>/dev/null || echo 0)
   done
 }
 
-do_stop() {
-  FLINK_HOME="$(itt_cache_dir)/flink-$flink_version/pyflink"
-  [[ -f "$state_dir/flink_home" ]] && FLINK_HOME=$(cat "$state_dir/flink_home")
-  if [[ -x "$FLINK_HOME/bin/taskmanager.sh" && -d "$conf_dir" ]]; then
-    flink_env
-    # In parallel: each waits for its daemons to exit (SIGTERM, then SIGKILL after a grace period).
-    "$FLINK_HOME/bin/taskmanager.sh" stop-all >/dev/null 2>&1 &
-    "$FLINK_HOME/bin/jobmanager.sh" stop-all >/dev/null 2>&1 &
-  fi
-  itt_stop_pid "$pool_pidfile" 15
-  wait || true
-  # Flink's stop sends SIGTERM and returns; make sure nothing outlives 'stop'.
-  local f pid waited=0
+# live_pids: the pids in the state dir's pid files that are still this cluster's processes.
+live_pids() {
+  local f pid
   for f in "$pid_dir"/*.pid; do
     [[ -f "$f" ]] || continue
     while read -r pid; do
+      if [[ "$f" == "$pool_pidfile" ]]; then
+        itt_pid_is "$pid" "$ITT_WORKER_POOL_MARKER" && echo "$pid"
+      else
+        itt_pid_is "$pid" "${FLINK_DAEMON_CLASSES[@]}" && echo "$pid"
+      fi
+    done <"$f"
+  done
+  return 0
+}
+
+do_stop() {
+  local f pid waited=0 pids=()
+  # Only pids whose command line is a Flink daemon's (or the worker pool's) are killed; a stale
+  # pid file (a crash, a reboot) may name a process of someone else by now.
+  itt_stop_pid "$pool_pidfile" 15 "$ITT_WORKER_POOL_MARKER" &
+  for f in "$pid_dir"/*.pid; do
+    [[ -f "$f" && "$f" != "$pool_pidfile" ]] || continue
+    while read -r pid; do
       [[ -n "$pid" ]] || continue
-      while kill -0 "$pid" 2>/dev/null && (( waited < 20 )); do sleep 1; waited=$((waited + 1)); done
-      kill -KILL "$pid" 2>/dev/null || true
+      if itt_pid_is "$pid" "${FLINK_DAEMON_CLASSES[@]}"; then
+        pids+=("$pid")
+        kill -TERM "$pid" 2>/dev/null || true
+      elif kill -0 "$pid" 2>/dev/null; then
+        itt_log "pid $pid in $f is not a Flink process (any more); not stopped"
+      fi
     done <"$f"
     rm -f "$f"
   done
-  itt_log "stopped (state dir $state_dir)"
+  # Flink exits within seconds of SIGTERM; make sure nothing outlives 'stop'.
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    while kill -0 "$pid" 2>/dev/null && (( waited < 20 )); do sleep 1; waited=$((waited + 1)); done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  wait || true
+}
+
+# The first line of the JobManager's logs that says why it failed: a "Caused by", else an error.
+jobmanager_error() {
+  local logs=("$log_dir"/*standalonesession*.log "$log_dir"/*standalonesession*.out) line
+  line=$(cat "${logs[@]}" 2>/dev/null | grep -m 1 'Caused by' || true)
+  [[ -n "$line" ]] || line=$(cat "${logs[@]}" 2>/dev/null | grep -m 1 -E 'ERROR|Exception|Error' || true)
+  printf '%s\n' "${line:0:300}"
 }
 
 case "$command" in
   fetch)
+    if [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]]; then itt_need_jar FLINK_JOB_SERVER_JAR "$FLINK_JOB_SERVER_JAR"; fi
     itt_need_java "Flink and its job server"
     itt_need_job_server_tools "$(itt_flink_minor "$flink_version")" "$beam_runner_version"
     FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
@@ -203,15 +256,26 @@ case "$command" in
     ;;
   start)
     itt_need_java "Flink"
+    running=$(live_pids | tr '\n' ' ')
+    [[ -z "$running" ]] \
+      || itt_die "a cluster of state dir $state_dir is already running (pids ${running% }); stop it first: launch/flink_cluster.sh stop --state_dir $state_dir"
     itt_need_free_port "$host" "$rest_port" --rest_port
     itt_need_free_port "$host" "$rpc_port" --rpc_port
     (( worker_pool_port == 0 )) || itt_need_free_port "$host" "$worker_pool_port" --worker_pool_port
     FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
+    rm -f "$pid_dir"/*.pid  # stale ones (nothing in them runs any more, checked above)
     write_config
     flink_env
     trap 'itt_log "start failed; stopping what was started"; do_stop' ERR
+    trap 'trap - ERR; itt_log "interrupted; stopping what was started"; do_stop; exit 130' INT TERM
     "$FLINK_HOME/bin/jobmanager.sh" start >/dev/null
-    itt_wait_port "$host" "$rest_port" "$timeout"
+    jm_pid=$(tail -n 1 "$pid_dir"/*standalonesession.pid 2>/dev/null || true)
+    if ! itt_wait_port "$host" "$rest_port" "$timeout" "$jm_pid"; then
+      why=$(jobmanager_error)
+      trap - ERR
+      do_stop
+      itt_die "the JobManager did not come up${why:+: $why} (logs: $log_dir)"
+    fi
     for ((i = 0; i < taskmanagers; i++)); do
       # Named tm-0, tm-1, ... in the REST API, in the order of the pids in the pid file.
       "$FLINK_HOME/bin/taskmanager.sh" start -D "taskmanager.resource-id=tm-$i" >/dev/null
@@ -220,13 +284,25 @@ case "$command" in
     if (( worker_pool_port != 0 )); then
       itt_start_worker_pool "$host" "$worker_pool_port" "$pool_pidfile" "$log_dir/worker-pool.log"
     fi
-    trap - ERR
-    itt_log "Flink $flink_version up: web UI http://$host:$rest_port, flink_master $host:$rest_port," \
-      "$taskmanagers TaskManager(s) x $slots slots" \
-      "$( (( worker_pool_port != 0 )) && echo ", worker pool $host:$worker_pool_port")"
+    trap - ERR INT TERM
+    summary="$taskmanagers TaskManager(s) x $slots slots"
+    submit_flags="--flink_master $host:$rest_port"
+    if (( worker_pool_port != 0 )); then
+      summary+=", worker pool $host:$worker_pool_port"
+      submit_flags+=" --environment_config $host:$worker_pool_port"
+    else
+      submit_flags+=" --environment_type DOCKER (no worker pool: --worker_pool_port 0)"
+    fi
+    itt_log "Flink $flink_version up: web UI http://$host:$rest_port, $summary"
+    itt_log "submit with: launch/submit_flink.sh $submit_flags --parallelism N (N <= $((taskmanagers * slots))) JOB_ARGS"
     ;;
   stop)
+    if [[ ! -d "$state_dir" ]]; then
+      itt_log "nothing to stop: no state dir $state_dir"
+      exit 0
+    fi
     do_stop
+    itt_log "stopped (state dir $state_dir, REST port $rest_port)"
     ;;
   status)
     if ! overview=$(rest_get /overview 2>/dev/null); then
@@ -234,8 +310,8 @@ case "$command" in
       exit 1
     fi
     echo "Flink at http://$host:$rest_port: $overview"
-    if [[ -f "$pool_pidfile" ]] && kill -0 "$(cat "$pool_pidfile")" 2>/dev/null; then
-      echo "worker pool: running (pid $(cat "$pool_pidfile"), port $(cat "$state_dir/worker_pool_port" 2>/dev/null || echo "$worker_pool_port"))"
+    if [[ -f "$pool_pidfile" ]] && itt_pid_is "$(head -n 1 "$pool_pidfile")" "$ITT_WORKER_POOL_MARKER"; then
+      echo "worker pool: running (pid $(cat "$pool_pidfile"), port $worker_pool_port)"
     else
       echo "worker pool: not running"
     fi
