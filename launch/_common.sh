@@ -30,6 +30,44 @@ itt_need_java() {
     || itt_die "Java is missing: $1 needs a JDK 11 or 17 on PATH (e.g. apt-get install openjdk-17-jdk-headless, or set JAVA_HOME)"
 }
 
+# itt_need_port OPTION VALUE [MIN]: dies with one line naming OPTION unless VALUE is a TCP port
+# (MIN..65535; MIN is 1 unless given, 0 where 0 means "none").
+itt_need_port() {
+  local min=${3:-1}
+  [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= min && 10#$2 <= 65535 )) \
+    || itt_die "$1 must be a port number from $min to 65535 (got '$2')"
+}
+
+# itt_need_int OPTION VALUE MIN: dies with one line naming OPTION unless VALUE is a whole number >= MIN.
+itt_need_int() {
+  [[ "$2" =~ ^[0-9]+$ ]] || itt_die "$1 expected a number (got '$2')"
+  (( 10#$2 >= $3 )) || itt_die "$1 must be at least $3 (got '$2')"
+}
+
+# itt_need_jar WHAT PATH: dies with one line naming WHAT (the variable or flag it came from) unless
+# PATH is an existing jar (a zip: it starts with PK\x03\x04). URLs are left to Beam to download.
+itt_need_jar() {
+  local what=$1 jar=$2 magic
+  [[ "$jar" =~ ^[a-z]+:// ]] && return 0
+  [[ -f "$jar" ]] || itt_die "$what: no such file '$jar' (a Beam Flink job server jar; launch/flink_cluster.sh fetch builds one)"
+  magic=$(head -c 4 -- "$jar" | od -An -tx1 | tr -d ' \n')
+  [[ "$magic" == 504b0304 ]] \
+    || itt_die "$what: '$jar' is not a jar (no zip header); pass Beam's Flink job server jar (launch/flink_cluster.sh fetch builds one)"
+}
+
+# itt_pid_is PID PATTERN...: true when PID is alive and its command line (/proc/PID/cmdline)
+# contains one of the PATTERNs; a pid that was reused by another program is not ours to kill.
+itt_pid_is() {
+  local pid=$1 cmdline pattern
+  shift
+  [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  for pattern in "$@"; do
+    [[ "$cmdline" == *"$pattern"* ]] && return 0
+  done
+  return 1
+}
+
 # itt_need_free_port HOST PORT OPTION: dies with one line when something already listens there.
 itt_need_free_port() {
   if itt_port_open "$1" "$2"; then
@@ -94,11 +132,17 @@ itt_wait_port() {
   done
 }
 
-# itt_stop_pid PIDFILE [TIMEOUT_S]: SIGTERM the process group (or process) in PIDFILE, then SIGKILL.
+# itt_stop_pid PIDFILE [TIMEOUT_S [MARKER]]: SIGTERM the process group (or process) in PIDFILE,
+# then SIGKILL. With MARKER, only a process whose command line contains it is stopped (else the
+# pid file is stale: its pid may belong to another program by now) and the pid file is removed.
 itt_stop_pid() {
-  local pidfile=$1 timeout=${2:-15} pid waited=0
+  local pidfile=$1 timeout=${2:-15} marker=${3:-} pid waited=0
   [[ -f "$pidfile" ]] || return 0
-  pid=$(cat "$pidfile")
+  pid=$(head -n 1 "$pidfile")
+  if [[ -n "$marker" ]] && ! itt_pid_is "$pid" "$marker"; then
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && itt_log "pid $pid in $pidfile is not ours any more; not stopped"
+    pid=""
+  fi
   if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     while kill -0 "$pid" 2>/dev/null && (( waited < timeout )); do
@@ -191,7 +235,9 @@ itt_ensure_job_server_jar() {
 # This pool never kills on StopWorker: a worker exits by itself when its runner hangs up its
 # control stream (a finished environment, or a killed TaskManager). It only reaps the exited ones,
 # and kills what is left when the pool stops.
+ITT_WORKER_POOL_MARKER=itt-worker-pool
 ITT_WORKER_POOL_PY='
+# itt-worker-pool (the marker that flink_cluster.sh stop looks for in /proc/PID/cmdline)
 import logging, os, sys, time
 import grpc
 from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
@@ -248,6 +294,8 @@ itt_start_worker_pool() {
   echo "$pid" >"$pidfile"
   itt_wait_port "$host" "$port" 60 "$pid" || { tail -20 "$logfile" >&2; return 1; }
 }
+
+ITT_JOB_SERVICE_MARKER=apache_beam.runners.portability.local_job_service_main
 
 # itt_start_job_service HOST PORT PIDFILE LOGFILE: Beam's Python portable job service (it runs
 # jobs with the FnApiRunner, handing work to the SDK environment that each job names).

@@ -3,10 +3,15 @@ Maven missing, a port in use, a cluster of another Flink minor version than the 
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -116,9 +121,10 @@ def test_submit_flink_refuses_a_cluster_of_another_minor_version(flink_cluster, 
     assert not (tmp_path / "empty-cache").exists() and not (tmp_path / "out").exists()
 
 
-def test_submit_flink_refuses_a_job_server_built_for_another_minor_version():
+def test_submit_flink_refuses_a_job_server_built_for_another_minor_version(tmp_path):
+    jar = _jar(tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar")
     proc = _run([str(LAUNCH / "submit_flink.sh"), "--dry-run", "--flink_version", "1.20",
-                 "--flink_job_server_jar", "/jars/beam-runners-flink-1.19-job-server-2.62.0.jar",
+                 "--flink_job_server_jar", jar,
                  "--input", "x", "--output_dir", "y"])
     line = _one_error_line(proc, "submit_flink.sh")
     assert "built for Flink 1.19" in line
@@ -145,3 +151,384 @@ def test_the_pom_pins_the_pairing_the_scripts_default_to():
     help_text = _run([str(LAUNCH / "flink_cluster.sh"), "--help"]).stdout
     assert f"[{FLINK_VERSION}]" in help_text and "[2.62.0]" in help_text
     assert pathlib.Path(LAUNCH / "flink_job_server" / "pom.xml").is_file()
+
+
+# --- A stand-in Flink distribution: the daemons are small Python processes whose command lines name
+# Flink's entrypoint classes (as the real JVMs' do); the JobManager answers REST /overview. Lets the
+# start/stop/status logic of flink_cluster.sh be tested in seconds, without a JVM.
+
+_FAKE_DAEMON_SH = """#!/usr/bin/env bash
+kind=$1 class=$2 action=$3
+[[ "$action" == start ]] || exit 0
+mkdir -p "$FLINK_PID_DIR" "$FLINK_LOG_DIR"
+"$PYTHON" "$(dirname "$0")/fake_daemon.py" "$class" "$kind" >>"$FLINK_LOG_DIR/flink-test-$kind-0-host.log" 2>&1 </dev/null &
+echo $! >>"$FLINK_PID_DIR/flink-test-$kind.pid"
+"""
+
+_FAKE_DAEMON_PY = """
+import http.server, json, os, pathlib, re, sys, time
+cls, kind = sys.argv[1], sys.argv[2]
+conf = pathlib.Path(os.environ["FLINK_CONF_DIR"], "config.yaml").read_text()
+value = lambda key: re.search("^" + re.escape(key) + ": (.*)$", conf, re.M).group(1)
+mode = os.environ.get("FAKE_FLINK", "")
+if kind == "taskexecutor":
+    time.sleep(600)
+    sys.exit()
+if mode == "jm-dies":
+    print("2026 INFO starting")
+    print("2026 ERROR Could not start cluster entrypoint StandaloneSessionClusterEntrypoint.")
+    print("Caused by: java.net.BindException: Could not start rest endpoint on any port (fake)")
+    sys.exit(1)
+pid_dir = pathlib.Path(os.environ["FLINK_PID_DIR"])
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        tms = [] if mode == "tm-never" else [p for f in pid_dir.glob("*taskexecutor.pid") for p in f.read_text().split()]
+        slots = int(value("taskmanager.numberOfTaskSlots"))
+        body = json.dumps({"taskmanagers": len(tms), "slots-total": len(tms) * slots, "flink-version": "1.19.3"})
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(value("rest.port"))), Handler).serve_forever()
+"""
+
+
+def _pids_under(folder: pathlib.Path) -> list[int]:
+    return [int(p) for f in folder.rglob("*.pid") for p in f.read_text().split() if p.strip().isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _ours(pid: int) -> bool:
+    try:
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"fake_daemon.py" in cmdline or b"itt-worker-pool" in cmdline
+
+
+@pytest.fixture
+def fake_flink(tmp_path):
+    """(env, run): an environment whose cache holds the stand-in Flink 1.19.3, and a runner of
+    flink_cluster.sh with it. Every process it starts is killed at the end, whatever happened."""
+    home = tmp_path / "cache" / f"flink-{FLINK_VERSION}" / "pyflink"
+    (home / "bin").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "conf").mkdir()
+    (home / "lib" / f"flink-dist-{FLINK_VERSION}.jar").write_bytes(b"PK\x03\x04")
+    (home / "conf" / "config.yaml").write_text("env:\n  java:\n    opts:\n      all: -Dfake=1\n")
+    (home / "conf" / "log4j.properties").write_text("")
+    (home / "conf" / "logback.xml").write_text("")
+    (home / "bin" / "fake_daemon.py").write_text(_FAKE_DAEMON_PY)
+    (home / "bin" / "fake-daemon.sh").write_text(_FAKE_DAEMON_SH)
+    (home / "bin" / "jobmanager.sh").write_text(
+        '#!/usr/bin/env bash\nexec "$(dirname "$0")/fake-daemon.sh" standalonesession '
+        'org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint "$@"\n')
+    (home / "bin" / "taskmanager.sh").write_text(
+        '#!/usr/bin/env bash\nexec "$(dirname "$0")/fake-daemon.sh" taskexecutor '
+        'org.apache.flink.runtime.taskexecutor.TaskManagerRunner "$@"\n')
+    for script in (home / "bin").glob("*.sh"):
+        script.chmod(0o755)
+    env = job_env()
+    env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "cache")
+
+    def run(command: str, *args: str, cwd=None, extra_env=None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(LAUNCH / "flink_cluster.sh"), command, *args], env={**env, **(extra_env or {})},
+                              cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+    try:
+        yield env, run
+    finally:
+        for pid in _pids_under(tmp_path):
+            if _ours(pid):
+                os.kill(pid, 9)
+
+
+def _ports(*names: str) -> list[str]:
+    return [x for name in names for x in (name, str(free_port()))]
+
+
+def test_flink_cluster_start_twice_on_one_state_dir_is_refused(fake_flink, tmp_path):
+    # It overwrote the pid files: the first cluster (and its worker pool) could no longer be stopped.
+    _, run = fake_flink
+    state = str(tmp_path / "state")
+    first = run("start", "--state_dir", state, *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0")
+    assert first.returncode == 0, first.stderr
+    pids = _pids_under(tmp_path / "state")
+    assert len(pids) == 2 and all(map(_alive, pids))
+    second = run("start", "--state_dir", state, *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0")
+    line = _one_error_line(second, "flink_cluster.sh")
+    assert "already running" in line and "stop it first" in line
+    assert sorted(_pids_under(tmp_path / "state")) == sorted(pids)
+    assert run("stop", "--state_dir", state).returncode == 0
+    assert not any(map(_alive, pids))
+
+
+def test_flink_cluster_stop_kills_only_its_own_processes(fake_flink, tmp_path):
+    # A stale pid file (a crash, a reboot) may name someone else's process by now.
+    _, run = fake_flink
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        pid_dir = tmp_path / "state" / "pid"
+        pid_dir.mkdir(parents=True)
+        (pid_dir / "flink-x-standalonesession.pid").write_text(f"{stranger.pid}\n")
+        (pid_dir / "worker-pool.pid").write_text(f"{stranger.pid}\n")
+        proc = run("stop", "--state_dir", str(tmp_path / "state"))
+        assert proc.returncode == 0, proc.stderr
+        assert stranger.poll() is None, "stop killed a process that is not the cluster's"
+        assert not list(pid_dir.glob("*.pid"))
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_flink_cluster_relative_state_dir_is_made_absolute(fake_flink, tmp_path):
+    _, run = fake_flink
+    (tmp_path / "elsewhere").mkdir()
+    proc = run("start", "--state_dir", "state", *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    config = (tmp_path / "state" / "conf" / "config.yaml").read_text()
+    assert f"io.tmp.dirs: {tmp_path}/state/tmp" in config
+    pids = _pids_under(tmp_path / "state")
+    assert pids and all(map(_alive, pids))
+    # From another directory, the same relative name is another state dir: nothing runs there.
+    proc = run("stop", "--state_dir", "state", cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0 and "nothing to stop" in proc.stderr, proc.stderr
+    assert all(map(_alive, pids))
+    proc = run("stop", "--state_dir", "../state", cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0 and "stopped" in proc.stderr, proc.stderr
+    assert not any(map(_alive, pids))
+
+
+def test_flink_cluster_remembers_its_ports_and_prints_the_submit_flags(fake_flink, tmp_path):
+    _, run = fake_flink
+    state = str(tmp_path / "state")
+    rest, rpc, pool = free_port(), free_port(), free_port()
+    proc = run("start", "--state_dir", state, "--rest_port", str(rest), "--rpc_port", str(rpc),
+               "--worker_pool_port", str(pool), "--slots", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "3 slots, worker pool" in proc.stderr  # not "3 slots , worker pool"
+    assert f"launch/submit_flink.sh --flink_master 127.0.0.1:{rest} --environment_config 127.0.0.1:{pool}" \
+        in proc.stderr, proc.stderr
+    status = run("status", "--state_dir", state)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"Flink at http://127.0.0.1:{rest}" in status.stdout
+    assert f"worker pool: running" in status.stdout and f"port {pool})" in status.stdout
+    pids = _pids_under(tmp_path / "state")
+    assert len(pids) == 3
+    assert run("stop", "--state_dir", state).returncode == 0
+    assert not any(map(_alive, pids))
+    assert not port_in_use(rest) and not port_in_use(pool)
+    assert run("status", "--state_dir", state).returncode == 1
+
+
+def port_in_use(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_interrupting_flink_cluster_start_stops_what_it_started(fake_flink, tmp_path, signum):
+    env, _ = fake_flink
+    rest = free_port()
+    start = subprocess.Popen(
+        [str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"), "--rest_port", str(rest),
+         *_ports("--rpc_port"), "--worker_pool_port", "0", "--timeout", "60"],
+        env={**env, "FAKE_FLINK": "tm-never"}, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_pids_under(tmp_path / "state")) < 2:  # the JobManager and the TaskManager run
+            assert time.monotonic() < deadline and start.poll() is None, "start did not get that far"
+            time.sleep(0.2)
+        pids = _pids_under(tmp_path / "state")
+        start.send_signal(signum)
+        _, err = start.communicate(timeout=60)
+    finally:
+        if start.poll() is None:
+            start.kill()
+    assert start.returncode != 0, err
+    assert "interrupted; stopping what was started" in err
+    assert not any(map(_alive, pids)), "start left daemons running"
+
+
+def test_a_jobmanager_that_dies_ends_the_wait_with_its_error(fake_flink, tmp_path):
+    _, run = fake_flink
+    began = time.monotonic()
+    proc = run("start", "--state_dir", str(tmp_path / "state"), *_ports("--rest_port", "--rpc_port"),
+               "--worker_pool_port", "0", "--timeout", "60", extra_env={"FAKE_FLINK": "jm-dies"})
+    assert time.monotonic() - began < 30, "waited for the port of a JobManager that had died"
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("[flink_cluster.sh] error: the JobManager did not come up"), proc.stderr
+    assert "Caused by: java.net.BindException" in last
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--rest_port", "0", "port number from 1 to 65535"),
+    ("--rpc_port", "70000", "port number from 1 to 65535"),
+    ("--worker_pool_port", "65536", "port number from 0 to 65535"),
+    ("--slots", "0", "at least 1"),
+    ("--taskmanagers", "0", "at least 1"),
+    ("--slots", "abc", "expected a number (got 'abc')"),
+    ("--flink_version", "1.19", "X.Y.Z"),
+])
+def test_flink_cluster_checks_ranges_naming_the_option(option, value, says, tmp_path):
+    proc = _run([str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"), option, value])
+    line = _one_error_line(proc, "flink_cluster.sh")
+    assert line.startswith(f"[flink_cluster.sh] error: {option} ") and says in line, line
+    assert not (tmp_path / "state").exists()
+
+
+def _jar(path: pathlib.Path, data: bytes = b"PK\x03\x04rest of a zip") -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-a-zip"])
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_bad_job_server_jar_is_one_line_before_anything_else(kind, via, tmp_path):
+    jar = tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar"
+    if kind == "not-a-zip":
+        jar.write_text("<html>404 Not Found</html>")
+    env = job_env()
+    env["FLINK_JOB_SERVER_JAR"] = str(jar) if via == "env" else ""
+    named = "FLINK_JOB_SERVER_JAR" if via == "env" else "--flink_job_server_jar"
+    flag = ["--flink_job_server_jar", str(jar)] if via == "flag" else []
+    for args in (["--dry-run"], ["--flink_master", f"127.0.0.1:{free_port()}"]):
+        proc = _run([str(LAUNCH / "submit_flink.sh"), *args, *flag, "--input", "x", "--output_dir", "y"], env=env)
+        line = _one_error_line(proc, "submit_flink.sh")
+        assert named in line and ("no such file" if kind == "missing" else "not a jar") in line, line
+    if via == "env":
+        env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "empty-cache")
+        line = _one_error_line(_run([str(LAUNCH / "flink_cluster.sh"), "fetch"], env=env), "flink_cluster.sh")
+        assert named in line
+        assert not (tmp_path / "empty-cache").exists()
+
+
+def test_submit_flink_checks_the_job_arguments_before_the_cluster():
+    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", f"127.0.0.1:{free_port()}",
+                 "--input", "x", "--output_dir", "y", "--num_shards=-3"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("images-to-tfrecords: error: --num_shards"), proc.stderr
+
+
+class _FakeRest:
+    """A Flink REST API on loopback: /overview, /jobs/overview (a job appears once `submitted` is
+    set), and the PATCH requests it got."""
+
+    def __init__(self, slots: int) -> None:
+        rest = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/overview":
+                    body = {"flink-version": FLINK_VERSION, "slots-total": slots, "taskmanagers": 1}
+                else:
+                    body = {"jobs": [{"jid": "0123abcd", "state": "RUNNING"}] if rest.submitted.is_set() else []}
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(json.dumps(body).encode())
+
+            def do_PATCH(self):
+                rest.patches.append(self.path)
+                self.send_response(202)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        self.submitted = threading.Event()
+        self.patches: list[str] = []
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.master = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_rest():
+    servers = []
+
+    def make(slots: int) -> _FakeRest:
+        servers.append(_FakeRest(slots))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def test_submit_flink_refuses_more_parallelism_than_the_clusters_slots(fake_rest, tmp_path):
+    # The job would wait for slots forever, RUNNING, with no word.
+    rest = fake_rest(2)
+    env = job_env()
+    env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "empty-cache")
+    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", rest.master, "--parallelism", "3",
+                 "--input", "x", "--output_dir", "y"], env=env)
+    line = _one_error_line(proc, "submit_flink.sh")
+    assert "--parallelism 3" in line and "2 task slots" in line
+    assert not (tmp_path / "empty-cache").exists()
+
+
+def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
+    rest = fake_rest(2)
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "sleepy_job.py").write_text(
+        "import os, pathlib, time\npathlib.Path(os.environ['SLEEPY_MARK']).touch()\ntime.sleep(120)\n")
+    env = job_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'mods'}{os.pathsep}{env['PYTHONPATH']}"
+    env["SLEEPY_MARK"] = str(tmp_path / "started")
+    jar = _jar(tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar")
+    submit = subprocess.Popen(
+        [str(LAUNCH / "submit_flink.sh"), "--flink_master", rest.master, "--flink_job_server_jar", jar,
+         "--job_module", "sleepy_job", "--input", "x"],
+        env=env, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert time.monotonic() < deadline and submit.poll() is None, "the job never started"
+            time.sleep(0.2)
+        rest.submitted.set()
+        submit.send_signal(signal.SIGTERM)
+        _, err = submit.communicate(timeout=60)
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+    assert submit.returncode == 143, err
+    assert rest.patches == ["/jobs/0123abcd?mode=cancel"], err
+    assert "cancelled Flink job(s) 0123abcd" in err
+
+
+@pytest.mark.parametrize("option", ["--job_port", "--worker_pool_port"])
+def test_run_portable_checks_its_ports(option, tmp_path):
+    for value in ("0", "abc", "65536"):
+        proc = _run([str(LAUNCH / "run_portable.sh"), "--dry-run", option, value, "--input", "x", "--output_dir", "y"])
+        line = _one_error_line(proc, "run_portable.sh")
+        assert f"{option} must be a port number" in line
+    # gRPC binds with SO_REUSEPORT: the service would start beside this listener and the job hang.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _run([str(LAUNCH / "run_portable.sh"), option, str(port), "--log_dir", str(tmp_path / "logs"),
+                     "--input", "x", "--output_dir", str(tmp_path / "out")])
+    line = _one_error_line(proc, "run_portable.sh")
+    assert f"port {port} " in line and option in line and "in use" in line
+    assert not (tmp_path / "out").exists()
