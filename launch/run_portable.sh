@@ -63,6 +63,14 @@ done
 
 host=127.0.0.1
 py=$(itt_python)
+[[ -z "$job_port" ]] || itt_need_port --job_port "$job_port"
+[[ -z "$worker_pool_port" ]] || itt_need_port --worker_pool_port "$worker_pool_port"
+# gRPC binds with SO_REUSEPORT: a service started on a port in use starts beside the other
+# listener, and the job then hangs talking to the wrong one. Refuse such a port up front.
+if (( ! dry_run )); then
+  [[ -z "$job_port" || -n "$job_endpoint" ]] || itt_need_free_port "$host" "$job_port" --job_port
+  [[ -z "$worker_pool_port" || -n "$worker_pool" ]] || itt_need_free_port "$host" "$worker_pool_port" --worker_pool_port
+fi
 job_port=${job_port:-$(itt_free_port)}
 worker_pool_port=${worker_pool_port:-$(itt_free_port)}
 job_endpoint=${job_endpoint:-$host:$job_port}
@@ -88,8 +96,8 @@ fi
 mkdir -p "$log_dir"
 status=1
 cleanup() {
-  itt_stop_pid "$log_dir/job-service.pid" 15
-  itt_stop_pid "$log_dir/worker-pool.pid" 15
+  itt_stop_pid "$log_dir/job-service.pid" 15 "$ITT_JOB_SERVICE_MARKER"
+  itt_stop_pid "$log_dir/worker-pool.pid" 15 "$ITT_WORKER_POOL_MARKER"
   if (( status == 0 && started_log_dir )); then
     rm -rf "$log_dir"
   elif (( status != 0 )); then

@@ -92,6 +92,13 @@ case "$flink_minor" in
   *) itt_die "--flink_version $flink_version is not supported by Beam's FlinkRunner (expected 1.19, 1.20, 2.0, 2.1 or 2.2)" ;;
 esac
 
+# A bad jar fails late, inside Beam, with a Java stack trace: check it before anything else.
+if [[ -n "$job_server_jar" ]]; then
+  itt_need_jar --flink_job_server_jar "$job_server_jar"
+elif [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]]; then
+  itt_need_jar FLINK_JOB_SERVER_JAR "$FLINK_JOB_SERVER_JAR"
+fi
+
 py=$(itt_python)
 case "$environment_type" in
   EXTERNAL)
@@ -113,7 +120,16 @@ case "$environment_type" in
   *) itt_die "--environment_type must be EXTERNAL, DOCKER or PROCESS (got '$environment_type')" ;;
 esac
 
+# The job's own argument checks, before contacting the cluster or building anything.
+pipeline_args=(--runner=FlinkRunner "--flink_master=$flink_master" "--flink_version=$flink_minor"
+  "--parallelism=$parallelism" "--environment_type=$environment_type"
+  "--environment_config=$environment_config")
 if (( ! dry_run )); then
+  # Quiet when they pass (the job prints its own start); the job's one line when they do not.
+  if ! check=$(itt_check_job_arguments "$py" "$job_module" "${pipeline_args[@]}" ${job_args[@]+"${job_args[@]}"} 2>&1); then
+    printf '%s\n' "$check" >&2
+    exit 2
+  fi
   itt_need_java "the Flink job server"
   # The job server translates the pipeline for one Flink minor version; a cluster of another one
   # fails later with a Java stack trace, so ask the cluster first.
@@ -121,14 +137,20 @@ if (( ! dry_run )); then
 import json, sys, urllib.request
 try:
     with urllib.request.urlopen(sys.argv[1], timeout=10) as response:
-        print("version", json.load(response).get("flink-version", ""))
+        overview = json.load(response)
+    print("version", overview.get("flink-version") or "-", overview.get("slots-total", "-"))
 except Exception as e:  # one line for the caller, whatever went wrong
     print("unreachable", f"{type(e).__name__}: {e}")
 EOF
   )
   [[ "$probe" == version\ * ]] \
     || itt_die "no Flink REST API answers at http://$flink_master (${probe#unreachable }): start a cluster (launch/flink_cluster.sh start) or pass --flink_master HOST:PORT"
-  cluster_version=${probe#version }
+  read -r _ cluster_version cluster_slots <<<"$probe"
+  [[ "$cluster_version" != - ]] || cluster_version=""
+  # More parallelism than slots waits for slots forever (the job stays RUNNING, nothing happens).
+  if [[ "$cluster_slots" =~ ^[0-9]+$ ]] && (( parallelism > cluster_slots )); then
+    itt_die "--parallelism $parallelism is more than the cluster's $cluster_slots task slots (slots-total at http://$flink_master/overview): pass --parallelism $cluster_slots or less, or start a cluster with more (flink_cluster.sh start --slots N --taskmanagers N)"
+  fi
   if [[ -n "$cluster_version" && "$(itt_flink_minor "$cluster_version")" != "$flink_minor" ]]; then
     itt_die "the cluster at $flink_master runs Flink $cluster_version, but the job server is for Flink $flink_minor: pass --flink_version $(itt_flink_minor "$cluster_version") (its job server is built with launch/flink_cluster.sh fetch --flink_version $cluster_version, where the registry serves beam-runners-flink-$(itt_flink_minor "$cluster_version")), or submit to a Flink $flink_minor cluster"
   fi
@@ -164,6 +186,44 @@ if (( dry_run )); then
   exit 0
 fi
 
+# jobs_rest [CANCEL_NEW_SINCE]: without an argument, prints the ids of the cluster's jobs; with
+# the ids printed before the submission, cancels every job submitted since that has not ended.
+jobs_rest() {
+  "$py" - "http://$flink_master" "$@" <<'EOF'
+import json, sys, urllib.request
+base = sys.argv[1]
+jobs = json.load(urllib.request.urlopen(base + "/jobs/overview", timeout=5))["jobs"]
+if len(sys.argv) < 3:
+    print(" ".join(j["jid"] for j in jobs))
+    sys.exit()
+before = set(sys.argv[2].split())
+for job in jobs:
+    if job["jid"] not in before and job["state"] not in ("FINISHED", "FAILED", "CANCELED", "CANCELLING"):
+        request = urllib.request.Request(f"{base}/jobs/{job['jid']}?mode=cancel", method="PATCH")
+        urllib.request.urlopen(request, timeout=5).close()
+        print(job["jid"])
+EOF
+}
+
 itt_log "running: $(itt_quote_command "${cmd[@]}")"
+jobs_before=$(jobs_rest 2>/dev/null) || jobs_before="?"  # "?": unknown, so cancel nothing
 # The worker pool and the job server start `python`/`java` from PATH.
-PATH="$(dirname "$py"):$PATH" exec "${cmd[@]}"
+PATH="$(dirname "$py"):$PATH" "${cmd[@]}" &
+job_pid=$!
+on_signal() {
+  local cancelled=""
+  trap - INT TERM
+  if [[ "$jobs_before" != "?" ]]; then
+    cancelled=$(jobs_rest "${jobs_before:- }" 2>/dev/null | tr '\n' ' ' || true)
+  fi
+  itt_log "interrupted: ${cancelled:+cancelled Flink job(s) ${cancelled% } at http://$flink_master; }stopping the job's driver"
+  kill -TERM "$job_pid" 2>/dev/null || true
+  wait "$job_pid" 2>/dev/null || true
+  exit "$1"
+}
+# Interrupted, the driver would leave its job RUNNING on the cluster: cancel it through REST.
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+status=0
+wait "$job_pid" || status=$?
+exit "$status"
