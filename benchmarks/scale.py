@@ -124,6 +124,58 @@ def plan_rows(rows: int, work: pathlib.Path, *, code_dir: pathlib.Path, old: boo
     return result
 
 
+def _machine_peaks(stop: threading.Event, peaks: dict) -> None:
+    """Peak RSS of SDK worker processes (started by a worker pool, outside the job's own process
+    tree) and of Flink TaskManager JVMs, anywhere on this machine."""
+    while not stop.is_set():
+        for process in psutil.process_iter(["cmdline", "memory_info"]):
+            cmdline = " ".join(process.info["cmdline"] or [])
+            rss = process.info["memory_info"].rss if process.info["memory_info"] else 0
+            if "sdk_worker_main" in cmdline:
+                peaks["worker"] = max(peaks["worker"], rss)
+            elif "TaskManagerRunner" in cmdline:
+                peaks["taskmanager"] = max(peaks["taskmanager"], rss)
+        stop.wait(0.5)
+
+
+def plan_rows_on_flink(sizes: list[int], work: pathlib.Path) -> list[tuple[int, dict]]:
+    """--plan_only through FlinkRunner on a loopback cluster of 2 TaskManagers of 1 GB."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from runners import Cluster  # noqa: E402  (a sibling script)
+
+    jar = subprocess.run([str(REPO / "launch" / "flink_cluster.sh"), "fetch"], env=_env(REPO), check=True,
+                         capture_output=True, text=True).stderr.split("job server jar: ")[1].strip()
+    cluster = Cluster(work / "flink-scale", 2)
+    cluster.args[cluster.args.index("--taskmanager_memory") + 1] = "1024m"
+    results = []
+    try:
+        cluster.start()
+        for rows in sizes:
+            listing = write_input_list(work / f"lists/{rows}/list.csv", rows)
+            out = work / f"out-flink-{rows}"
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            peaks = {"worker": 0, "taskmanager": 0}
+            stop = threading.Event()
+            sampler = threading.Thread(target=_machine_peaks, args=(stop, peaks), daemon=True)
+            sampler.start()
+            result = measure([str(REPO / "launch" / "submit_flink.sh"), "--flink_master", cluster.flink_master,
+                              "--environment_config", cluster.worker_pool, "--parallelism", "4",
+                              "--flink_job_server_jar", jar, "--manifest", str(listing), "--output_dir", str(out),
+                              "--plan_only"], cwd=REPO, env=_env(REPO))
+            stop.set()
+            sampler.join()
+            result["worker_mb"] = peaks["worker"] / 2**20
+            result["taskmanager_mb"] = peaks["taskmanager"] / 2**20
+            if result["rc"] != 0:
+                print(result["stderr"][-3000:], file=sys.stderr)
+            print(f"flink {rows}: {result['wall_s']:.1f} s, largest SDK worker {result['worker_mb']:.0f} MB, "
+                  f"TaskManager {result['taskmanager_mb']:.0f} MB, rc {result['rc']}", flush=True)
+            results.append((rows, result))
+    finally:
+        cluster.stop()
+    return results
+
+
 def convert_photos(count: int, work: pathlib.Path) -> dict:
     from beam_jobs.sample_data import make_photo_tree
 
@@ -145,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--old_ref", default=None, help="a commit of the job before cluster-scale planning")
     parser.add_argument("--old_sizes", default="100000,400000")
     parser.add_argument("--photos", default="", help="e.g. 8000,50000")
+    parser.add_argument("--flink_sizes", default="", help="--plan_only on FlinkRunner, 2 TaskManagers of 1 GB")
     parser.add_argument("--work_dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "itt-scale")
     args = parser.parse_args(argv)
     work = args.work_dir
@@ -162,7 +215,16 @@ def main(argv: list[str] | None = None) -> None:
             rows_out.append((f"previous job ({args.old_ref}), full run of unreadable rows", rows, r))
             print(f"old {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker "
                   f"{r['worker_mb']:.0f} MB, tree {r['tree_mb']:.0f} MB, rc {r['rc']}", flush=True)
+    flink = plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work) if args.flink_sizes else []
     print()
+    if flink:
+        print("| FlinkRunner, 2 TaskManagers of 1 GB, parallelism 4, --plan_only | rows | wall s | rows/s | "
+              "largest SDK worker MB | largest TaskManager MB |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for rows, r in flink:
+            print(f"| {'ok' if r['rc'] == 0 else 'failed'} | {rows:,} | {r['wall_s']:.1f} | {rows / r['wall_s']:,.0f} | "
+                  f"{r['worker_mb']:,.0f} | {r['taskmanager_mb']:,.0f} |")
+        print()
     print("| job | rows | wall s | rows/s | largest SDK worker MB | runner process MB | process tree MB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, rows, r in rows_out:
