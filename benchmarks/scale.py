@@ -124,6 +124,27 @@ def plan_rows(rows: int, work: pathlib.Path, *, code_dir: pathlib.Path, old: boo
     return result
 
 
+# A bare GroupByKey on the local runner, with none of the job's code: how much of a worker's memory
+# is the runner's own handling of a shuffle.
+_GBK_PROBE = """
+import sys
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+path = sys.argv[1]
+options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=0"])
+with beam.Pipeline(options=options) as p:
+    _ = (p | beam.Create([path]) | beam.Reshuffle()
+         | "Lines" >> beam.FlatMap(lambda q: (line.split(",")[0] for line in open(q)))
+         | "Key" >> beam.Map(lambda uri: (uri, uri)) | beam.GroupByKey() | "One" >> beam.Map(lambda kv: 1)
+         | beam.combiners.Count.Globally())
+"""
+
+
+def gbk_probe(rows: int, work: pathlib.Path) -> dict:
+    listing = write_input_list(work / f"lists/{rows}/list.csv", rows)
+    return measure([sys.executable, "-c", _GBK_PROBE, str(listing)], cwd=REPO, env=_env(REPO))
+
+
 def _machine_peaks(stop: threading.Event, peaks: dict) -> None:
     """Peak RSS of SDK worker processes (started by a worker pool, outside the job's own process
     tree) and of Flink TaskManager JVMs, anywhere on this machine."""
@@ -198,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--old_sizes", default="100000,400000")
     parser.add_argument("--photos", default="", help="e.g. 8000,50000")
     parser.add_argument("--flink_sizes", default="", help="--plan_only on FlinkRunner, 2 TaskManagers of 1 GB")
+    parser.add_argument("--gbk_probe", default="", help="rows of a bare Create -> GroupByKey on the local runner")
     parser.add_argument("--work_dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "itt-scale")
     args = parser.parse_args(argv)
     work = args.work_dir
@@ -215,6 +237,10 @@ def main(argv: list[str] | None = None) -> None:
             rows_out.append((f"previous job ({args.old_ref}), full run of unreadable rows", rows, r))
             print(f"old {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker "
                   f"{r['worker_mb']:.0f} MB, tree {r['tree_mb']:.0f} MB, rc {r['rc']}", flush=True)
+    for rows in [int(x) for x in args.gbk_probe.split(",") if x]:
+        r = gbk_probe(rows, work)
+        print(f"bare GroupByKey of {rows:,} elements: {r['wall_s']:.1f} s, largest SDK worker {r['worker_mb']:.0f} MB, "
+              f"runner {r['runner_mb']:.0f} MB, rc {r['rc']}", flush=True)
     flink = plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work) if args.flink_sizes else []
     print()
     if flink:
