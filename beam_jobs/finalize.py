@@ -31,7 +31,6 @@ __all__ = [
     "commit_shards",
     "DEAD_LETTER_PARTS",
     "content_duplicate_groups",
-    "count_unusable",
     "dead_letter_part",
     "is_dataset_file",
     "remove_leftovers",
@@ -132,13 +131,6 @@ def build_dataset_info(
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
     }
-
-
-def count_unusable(dead_letters: Iterable[DeadLetter]) -> tuple[int, int]:
-    """(unusable inputs, inputs dropped as copies of another): only the first count is bad."""
-    dead = list(dead_letters)
-    dropped = sum(1 for d in dead if d.reason in DROPPED_REASONS)
-    return len(dead) - dropped, dropped
 
 
 def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: float, dead_letters_uri: str,

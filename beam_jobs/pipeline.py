@@ -28,7 +28,6 @@ from beam_jobs.discover import ListInputList, ListTree, input_list_files
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
-    DEAD_LETTERS_FILE,
     DROPPED_REASONS,
     PLAN_FILE,
     TooManyBadInputsError,

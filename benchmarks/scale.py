@@ -159,15 +159,15 @@ def _machine_peaks(stop: threading.Event, peaks: dict) -> None:
         stop.wait(0.5)
 
 
-def plan_rows_on_flink(sizes: list[int], work: pathlib.Path) -> list[tuple[int, dict]]:
-    """--plan_only through FlinkRunner on a loopback cluster of 2 TaskManagers of 1 GB."""
+def plan_rows_on_flink(sizes: list[int], work: pathlib.Path, *, tm_memory: str = "1024m") -> list[tuple[int, dict]]:
+    """--plan_only through FlinkRunner on a loopback cluster of 2 TaskManagers of ``tm_memory``."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from runners import Cluster  # noqa: E402  (a sibling script)
 
     jar = subprocess.run([str(REPO / "launch" / "flink_cluster.sh"), "fetch"], env=_env(REPO), check=True,
                          capture_output=True, text=True).stderr.split("job server jar: ")[1].strip()
     cluster = Cluster(work / "flink-scale", 2)
-    cluster.args[cluster.args.index("--taskmanager_memory") + 1] = "1024m"
+    cluster.args[cluster.args.index("--taskmanager_memory") + 1] = tm_memory
     results = []
     try:
         cluster.start()
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--old_ref", default=None, help="a commit of the job before cluster-scale planning")
     parser.add_argument("--old_sizes", default="100000,400000")
     parser.add_argument("--photos", default="", help="e.g. 8000,50000")
-    parser.add_argument("--flink_sizes", default="", help="--plan_only on FlinkRunner, 2 TaskManagers of 1 GB")
+    parser.add_argument("--flink_sizes", default="", help="--plan_only on FlinkRunner, 2 TaskManagers")
+    parser.add_argument("--flink_tm_memory", default="1024m", help="process size of each TaskManager")
     parser.add_argument("--gbk_probe", default="", help="rows of a bare Create -> GroupByKey on the local runner")
     parser.add_argument("--work_dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "itt-scale")
     args = parser.parse_args(argv)
@@ -241,10 +242,11 @@ def main(argv: list[str] | None = None) -> None:
         r = gbk_probe(rows, work)
         print(f"bare GroupByKey of {rows:,} elements: {r['wall_s']:.1f} s, largest SDK worker {r['worker_mb']:.0f} MB, "
               f"runner {r['runner_mb']:.0f} MB, rc {r['rc']}", flush=True)
-    flink = plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work) if args.flink_sizes else []
+    flink = (plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work, tm_memory=args.flink_tm_memory)
+             if args.flink_sizes else [])
     print()
     if flink:
-        print("| FlinkRunner, 2 TaskManagers of 1 GB, parallelism 4, --plan_only | rows | wall s | rows/s | "
+        print(f"| FlinkRunner, 2 TaskManagers of {args.flink_tm_memory}, parallelism 4, --plan_only | rows | wall s | rows/s | "
               "largest SDK worker MB | largest TaskManager MB |")
         print("|---|---:|---:|---:|---:|---:|")
         for rows, r in flink:
