@@ -101,6 +101,8 @@ class ListTree(beam.PTransform):
         )
 
 
+# URIs of signed object-store URLs can be long; the csv module's default cap is 128 KiB a field.
+csv.field_size_limit(16 << 20)
 # The input list: a CSV or JSONL file naming each image and its label (the --manifest flag).
 _REQUIRED_COLUMNS = ("uri", "label")
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -115,15 +117,21 @@ def _has_undecodable(values) -> bool:
     return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
 
-def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool) -> InputFile | DeadLetter:
+def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
+                  base: str | None = None) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
         return _bad_row(where, "the row is not valid UTF-8")
     missing = [column for column in _REQUIRED_COLUMNS if not str(row.get(column) or "").strip()]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
     entry = str(row["uri"]).strip()
+    # A relative uri is relative to its own list file's folder (``base``); the relative name of
+    # the input is taken against ``root``, common to every part of a pattern.
+    located = entry
+    if base and base != root and "://" not in entry and not entry.startswith("/") and "\x00" not in entry:
+        located = base + entry
     try:
-        uri, filename = resolve_inside_root(entry, root, allow_outside=allow_outside_root)
+        uri, filename = resolve_inside_root(located, root, allow_outside=allow_outside_root)
     except BadInputError as error:
         return DeadLetter(where, error.stage, error.reason, error.detail)
     if not is_image_filename(uri):
@@ -147,7 +155,7 @@ def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:
 
 
 def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_outside_root: bool = False,
-                     ) -> Iterator[InputFile | DeadLetter]:
+                     root: str | None = None) -> Iterator[InputFile | DeadLetter]:
     """Parses an input list: CSV (with a header naming uri, label and optionally split) or JSONL.
 
     ``data`` may be the whole file or a stream of its lines: rows are parsed one at a time, so a
@@ -158,9 +166,10 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
     the other rows are unaffected. A BOM and CRLF line ends are fine.
     """
     list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
-    root = list_uri.rsplit("/", 1)[0] + "/"
+    base = list_uri.rsplit("/", 1)[0] + "/"
+    root = (root or base).rstrip("/") + "/"
     lines = _text_lines(data)
-    convert = partial(_row_to_input, root=root, allow_outside_root=allow_outside_root)
+    convert = partial(_row_to_input, root=root, base=base, allow_outside_root=allow_outside_root)
     if list_uri.lower().endswith(_JSON_SUFFIXES):
         for number, line in enumerate(lines, start=1):
             line = line.rstrip("\r\n")
@@ -180,11 +189,24 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
             yield convert(row, where=where)
         return
     reader = csv.DictReader(lines)
-    columns = reader.fieldnames or []
+    try:
+        columns = reader.fieldnames
+    except csv.Error as error:
+        raise JobError(f"the input list {redact(list_uri)} has an unreadable header row: {error}") from None
+    if columns is None:
+        return  # An empty part: sharded exporters write them; it lists nothing.
     if not all(column in columns for column in _REQUIRED_COLUMNS):
         raise JobError(f"the input list {redact(list_uri)} must have a header row naming uri and label "
                        f"(got {columns!r})")
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:  # A field over the size limit, a NUL byte: this row only.
+            # csv counts a line once it is parsed: the failing one is the next.
+            yield _bad_row(f"{list_uri}:{reader.line_num + 1}", f"unreadable CSV row: {error}")
+            continue
         where = f"{list_uri}:{reader.line_num}"
         if None in row or any(value is None for value in row.values()):
             yield _bad_row(where, "wrong number of columns")
@@ -192,14 +214,25 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
         yield convert(row, where=where)
 
 
-def _read_input_list(list_uri: str, *, allow_outside_root: bool) -> Iterator[InputFile | DeadLetter]:
+def _read_input_list(list_uri: str, *, allow_outside_root: bool, root: str | None = None,
+                     ) -> Iterator[InputFile | DeadLetter]:
     """Streams one input list file's rows: memory is one row, whatever the file's size."""
     try:
         handle = FileSystems.open(list_uri, compression_type=CompressionTypes.UNCOMPRESSED)
     except Exception as error:
         raise JobError(f"cannot read the input list {redact(list_uri)}: {redact(str(error))}") from None
     with io.TextIOWrapper(handle, encoding="utf-8", errors="surrogateescape", newline="") as text:
-        yield from parse_input_list(text, list_uri=list_uri, allow_outside_root=allow_outside_root)
+        yield from parse_input_list(text, list_uri=list_uri, allow_outside_root=allow_outside_root, root=root)
+
+
+def input_list_root(list_uri: str) -> str:
+    """The folder that uris in an input list are relative to: the list's own folder, or for a
+    pattern of many parts the folder before its first glob character, so that one file named
+    from parts in different folders has one relative name (and dedup sees it once)."""
+    if FileSystems.exists(list_uri):
+        return list_uri.rsplit("/", 1)[0]
+    fixed = re.split(r"[\[*?]", list_uri, maxsplit=1)[0]
+    return fixed.rsplit("/", 1)[0]
 
 
 def input_list_files(list_uri: str) -> list[str]:
@@ -250,6 +283,7 @@ class ListInputList(beam.PTransform):
         # A bare "list.csv" is relative to the working directory, as on any command line.
         self._list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
         self._allow_outside_root = allow_outside_root
+        self._root = input_list_root(self._list_uri)
 
     def expand(self, pipeline):
         return (
@@ -258,6 +292,7 @@ class ListInputList(beam.PTransform):
             | "InputListFiles" >> beam.FlatMap(input_list_files)
             # path of one input list file
             | "SpreadListFiles" >> beam.Reshuffle()
-            | "ReadInputList" >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root)
+            | "ReadInputList" >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root,
+                                              root=self._root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )

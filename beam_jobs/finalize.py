@@ -207,7 +207,8 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
     That is: hidden temp and staged files and sidecars; the shards of the dataset this one replaces
     (``previous``, from its dataset_info.json) that are not in ``keep``; files named like a shard of
     one of this dataset's splits that it does not list (stale shards of an interrupted run with
-    another shard count, which readers would refuse); and a refused run's dead letters. Files of
+    another shard count, which readers would refuse); a refused run's dead letters; and the files
+    of an earlier --plan_only, which no longer describe what is there. Files of
     the user's that merely look like shards of another split ("backup-00000-of-00001.tfrecord")
     are never touched.
     """
@@ -220,7 +221,8 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
         if name in keep:
             continue
         shard = _SHARD_FILE.match(name)
-        if (name.startswith((".tmp-", ".staged-")) or name in previous or name == REFUSED_DEAD_LETTERS_FILE
+        if (name.startswith((".tmp-", ".staged-")) or name in previous
+                or name in (REFUSED_DEAD_LETTERS_FILE, PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
                 or (shard and shard["split"] in splits)):
             doomed.append(meta.path)
     delete_exactly(doomed)
@@ -290,23 +292,34 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     splits = summary["splits"]
     total = sum(s["num_examples"] for s in splits.values())
     shown = ", ".join(f"{name} {s['num_examples']} ({s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''})"
-                      for name, s in splits.items())
+                      for name, s in splits.items()) or "no split"
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
     return (f"Found {total} images belonging to {len(summary['label_names'])} classes: {shown}; "
             f"{ignored} listed files not used" + (f" ({reasons})" if reasons else ""))
 
 
-def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict) -> dict:
+def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,
+               max_bad_fraction: float = 1.0) -> dict:
     """--plan_only: plan.json (counts per split, shard counts, per-class counts per split, the
-    listing's dead letters by reason) and plan_dead_letters.jsonl, each written atomically."""
+    listing's dead letters by reason) and plan_dead_letters.jsonl, each written atomically.
+    ``would_fail`` says why the full run would fail already from the listing (or is None)."""
     parts = sorted(dead_parts, key=lambda p: p["part"])
     by_reason: collections.Counter[str] = collections.Counter()
     for part in parts:
         by_reason.update(part["by_reason"])
     concatenate_atomically(FileSystems.join(output_dir, PLAN_DEAD_LETTERS_FILE),
                            [FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts])
-    plan = {**summary, "settings": settings,
+    planned = sum(split["num_examples"] for split in summary["splits"].values())
+    unusable = sum(count for reason, count in by_reason.items() if reason not in DROPPED_REASONS)
+    considered = summary["num_inputs"] - (sum(by_reason.values()) - unusable)
+    verdict = None
+    if planned == 0:
+        verdict = "no input can become an example"
+    elif considered and unusable / considered > max_bad_fraction:
+        verdict = (f"{unusable} of {considered} inputs are refused already by the listing, more than "
+                   f"--max_bad_fraction={max_bad_fraction}: the full run would fail")
+    plan = {**summary, "settings": settings, "would_fail": verdict,
             "dead_letters": {"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
                              "file": PLAN_DEAD_LETTERS_FILE}}
     write_atomically(FileSystems.join(output_dir, PLAN_FILE),

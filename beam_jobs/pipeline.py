@@ -142,7 +142,7 @@ class ConvertImages(beam.PTransform):
                                                               prefix="plan_dead_letters"))
             return (planned[PLAN_SUMMARY]
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
-                                              settings=self._settings))
+                                              settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
         summary = planned[PLAN_SUMMARY] | "LogPlan" >> beam.Map(
             _log_plan, beam.pvalue.AsList(
@@ -507,5 +507,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments.plan_only:
         print(f"{plan_line(info, info['dead_letters']['by_reason'])}; wrote "
               f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
+        if info.get("would_fail"):
+            print(f"{PROG}: error: {info['would_fail']} (see "
+                  f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)
+            raise SystemExit(1)
         return
     print(_summary(info, arguments.output_dir))

@@ -128,6 +128,9 @@ def label_from_tree(f: InputFile, *, with_split: bool, depths: Iterable[int], to
         return replace(f, label=parts[0])
     if with_split and len(parts) == 3:
         why = f"the folder {parts[0]!r} cannot name a split (letters, digits, '_' and '-' only)"
+    elif not with_split and set(depths) == {3} and tops and all(t.lower() in KNOWN_SPLIT_NAMES for t in tops):
+        why = (f"--tree_layout label expects <label>/<image>, but this image is three levels deep "
+               f"(got {f.filename!r})")
     elif not with_split and set(depths) == {3}:
         shown = ", ".join(map(repr, sorted(tops)[:5]))
         why = (f"every image is three levels deep, but the top folders ({shown}) are not split names; "

@@ -152,7 +152,11 @@ taskmanager.memory.process.size: $tm_memory
 # buffers"). Beam's portable batch runner uses little managed memory, so move some over.
 taskmanager.memory.network.fraction: 0.25
 taskmanager.memory.network.min: 128mb
-taskmanager.memory.managed.fraction: 0.2
+taskmanager.memory.managed.fraction: 0.1
+# Beam's gRPC data plane to the SDK workers allocates direct (off-heap) buffers in the task's
+# threads; Flink reserves none for tasks by default, and a 1M-row plan died with
+# "OutOfMemoryError: Direct buffer memory".
+taskmanager.memory.task.off-heap.size: 256mb
 parallelism.default: 1
 rest.address: $host
 rest.bind-address: $host

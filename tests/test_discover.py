@@ -47,3 +47,11 @@ def test_jsonl_manifest():
 def test_csv_without_header_is_a_clear_error():
     with pytest.raises(ValueError, match="header"):
         list(parse_input_list("a.jpg,cat\n", list_uri="m.csv"))
+
+
+def test_an_unreadable_csv_row_is_a_dead_letter_and_an_empty_part_lists_nothing():
+    huge = "b" * (17 << 20)  # over the 16 MiB field limit: csv raises for this row only
+    rows = list(parse_input_list(f"uri,label\na.jpg,cat\n{huge}.jpg,dog\nc.jpg,cat\n", list_uri="/m/list.csv"))
+    assert [r.filename for r in rows if isinstance(r, InputFile)] == ["a.jpg", "c.jpg"]
+    assert [(r.uri, r.reason) for r in rows if isinstance(r, DeadLetter)] == [("/m/list.csv:3", "bad_manifest_row")]
+    assert list(parse_input_list("", list_uri="/m/empty.csv")) == []

@@ -75,3 +75,34 @@ def test_an_input_list_in_many_parts_is_one_dataset(tmp_path):
         assert (parts / name).read_bytes() == (single / name).read_bytes()
     dead = [json.loads(line) for line in (parts / "dead_letters.jsonl").read_text().splitlines()]
     assert [(d["reason"], d["uri"]) for d in dead] == [("bad_manifest_row", f"{photos}/part-1.csv:6")]
+
+
+def test_parts_in_different_folders_name_one_file_once_and_odd_parts_do_not_stop_the_run(tmp_path):
+    photos = tmp_path / "lists"
+    images = sorted(make_photo_tree(photos / "img", num_images=6, seed=4))
+    (photos / "sub").mkdir()
+    rows = ["uri,label"] + [f"img/{p.relative_to(photos / 'img')},{p.parent.name}" for p in images]
+    (photos / "part-1.csv").write_text("\n".join(rows) + "\n")
+    # The same first file again, from a part one folder down; a huge field; an empty part.
+    (photos / "sub" / "part-2.csv").write_text(
+        f"uri,label\n../img/{images[0].relative_to(photos / 'img')},{images[0].parent.name}\n"
+        f"img/{'a' * 200_000}.jpg,x\n")
+    (photos / "sub" / "part-3.csv").write_text("")
+    out = tmp_path / "out"
+    run_cli("--manifest", f"{photos}/**part-*.csv", "--output_dir", out, "--max_bad_fraction", "0.5", *FLAGS)
+    info = _json(out / "dataset_info.json")
+    assert sum(s["num_examples"] for s in info["splits"].values()) == len(images)
+    assert info["content_duplicates"] == []
+    assert info["dead_letters_by_reason"] == {"duplicate_input": 1, "read_error": 1}  # the long name
+
+
+def test_a_plan_that_cannot_succeed_says_so_and_a_full_run_replaces_it(tmp_path):
+    photos = tmp_path / "photos"
+    make_photo_tree(photos / "train", num_images=4, seed=6)
+    plan_dir = tmp_path / "out"
+    result = run_cli("--input", photos, "--output_dir", plan_dir, "--plan_only", "--tree_layout", "label",
+                     check=False)
+    assert result.returncode == 1 and "no input can become an example" in result.stderr
+    assert _json(plan_dir / "plan.json")["would_fail"] == "no input can become an example"
+    run_cli("--input", photos, "--output_dir", plan_dir, *FLAGS)
+    assert not (plan_dir / "plan.json").exists() and not (plan_dir / "plan_dead_letters.jsonl").exists()
