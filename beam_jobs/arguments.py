@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
-from beam_jobs.options import LOG_LEVELS, ConversionOptions
+from beam_jobs.options import ConversionOptions
 from beam_jobs.paths import redact
 
 __all__ = ["JobArguments", "UsageError", "help_parser", "main", "parse_job_arguments"]
@@ -190,8 +190,6 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     _finite("--target_shard_mb", flags.target_shard_mb, low=_MIN_TARGET_SHARD_MB, low_inclusive=True, high=2**20)
     _finite("--max_file_mb", flags.max_file_mb, low=0.0, high=2**20)
     _finite("--decode_timeout_s", flags.decode_timeout_s, low=0.0, high=86400.0)
-    if flags.log_level.upper() not in LOG_LEVELS:
-        raise UsageError(f"--log_level must be one of {', '.join(LOG_LEVELS)} (got {flags.log_level!r})")
     try:
         width, height = parse_image_size(flags.image_size)
         config = ImageConfig(
@@ -216,7 +214,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         overwrite=flags.overwrite,
         resume=flags.resume,
         allow_outside_root=flags.allow_outside_root,
-        log_level=flags.log_level.upper(),
+        log_level=flags.log_level,
         tree_layout=flags.tree_layout,
         plan_only=flags.plan_only,
     )
