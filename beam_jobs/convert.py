@@ -319,6 +319,10 @@ class ConvertShardFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
         for sha256, filename, label in done["content_keys"]:
             yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
+        # From the sidecar, so a shard kept by --resume (even one staged by an older version)
+        # reports the same counts as a freshly converted one.
+        classes = collections.Counter(label for _, _, label in done["content_keys"])
+        reasons = collections.Counter(reason for _, _, reason, _ in done["dead_letters"])
         yield ShardResult(
             split=shard.split,
             index=shard.index,
@@ -327,6 +331,8 @@ class ConvertShardFn(beam.DoFn):
             num_examples=done["num_examples"],
             bytes=done["bytes"],
             sha256=done["sha256"],
+            class_counts=tuple(sorted(classes.items())),
+            dead_letters_by_reason=tuple(sorted(reasons.items())),
         )
 
 
