@@ -41,6 +41,7 @@ DEAD_LETTERS = "dead_letters"
 CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
+_DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
 
 
 def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
@@ -307,7 +308,7 @@ class ConvertShardFn(beam.DoFn):
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
-        _LOG.info(
+        _DETAILS.info(
             "wrote %s: %d examples, %.1f MB, %d dead letters",
             shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
         )
