@@ -78,8 +78,11 @@ class ConsoleFilter:
             self.sink(line)
             return
         with self.lock:
-            self.terminal.write(line)
-            self.terminal.flush()
+            try:
+                self.terminal.write(line)
+                self.terminal.flush()
+            except (ValueError, OSError):  # Closed at the end of the run while a straggler still spoke.
+                pass
 
     def mute(self) -> None:
         """Drops everything from now on: after Ctrl-C the dying workers print pages of noise."""

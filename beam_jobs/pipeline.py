@@ -508,9 +508,28 @@ class _HideRunnerTraces(logging.Filter):
         return TooManyBadInputsError.__name__ not in record.getMessage()
 
 
+class _ConsoleFormatter(logging.Formatter):
+    """The job's own notices read as plain sentences; anything else (a warning, Beam's lines at
+    --log_level INFO) says its level and origin; DEBUG adds timestamps."""
+
+    def __init__(self, level: int) -> None:
+        prefix = "%(asctime)s " if level <= logging.DEBUG else ""
+        super().__init__(prefix + "%(levelname)s %(name)s: %(message)s")
+        self._plain = logging.Formatter(prefix + "%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and record.name.startswith("beam_jobs"):
+            return self._plain.format(record)
+        return super().format(record)
+
+
 def _configure_logging(level: str) -> None:
     numeric = getattr(logging, level, logging.WARNING)
-    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: Beam's import logs through the root logger, which configures it with logging's
+    # bare "INFO:name:message" format before this runs.
+    logging.basicConfig(level=numeric, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_ConsoleFormatter(numeric))
     logging.getLogger().setLevel(numeric)
     logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
     logging.getLogger("beam_jobs.details").setLevel(numeric)

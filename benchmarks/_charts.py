@@ -14,7 +14,7 @@ _DPI = 100
 
 def chart_size(num_bars: int) -> tuple[int, int]:
     """(width, height) in pixels: a fixed width, a row per pipeline."""
-    return 1100, round((1.4 + 0.42 * max(1, num_bars)) * _DPI)
+    return 1100, round((1.8 + 0.42 * max(1, num_bars)) * _DPI)
 
 
 def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str, baseline: str | None = None,
@@ -46,16 +46,18 @@ def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str,
         label = f"{value:,.0f}" + (f"  ({value / base:.1f}x)" if base else "")
         axes.text(bar.get_width() + peak * 0.01, bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
     if base:
-        axes.axvline(base, color="#616161", linestyle="--", linewidth=1)
-        axes.text(base, len(names) - 0.4, " baseline", color="#616161", fontsize=8, va="bottom")
+        axes.axvline(base, color="#616161", linestyle="--", linewidth=1, label=f"baseline: {baseline}")
     if limit:
-        axes.axvline(rates[limit], color="#c62828", linestyle=":", linewidth=1.2)
-        axes.text(rates[limit], len(names) - 0.4, " decode limit", color="#c62828", fontsize=8, va="bottom")
+        axes.axvline(rates[limit], color="#c62828", linestyle=":", linewidth=1.2, label=f"limit: {limit}")
+    if base or limit:
+        # At the foot of the figure, where it can cover no bar.
+        figure.legend(*axes.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.01), ncol=2,
+                      fontsize=8, frameon=False)
     axes.set_xlim(0, peak * 1.25)
     axes.set_xlabel(unit)
     axes.tick_params(axis="y", labelsize=8)
     axes.set_title(title, fontsize=10)
-    figure.subplots_adjust(left=0.42, right=0.97, top=1 - 0.55 / (height / _DPI), bottom=0.5 / (height / _DPI))
+    figure.subplots_adjust(left=0.42, right=0.97, top=1 - 0.45 / (height / _DPI), bottom=0.95 / (height / _DPI))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png", dpi=_DPI)
