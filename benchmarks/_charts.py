@@ -56,7 +56,7 @@ def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str,
     axes.set_xlim(0, peak * 1.25)
     axes.set_xlabel(unit)
     axes.tick_params(axis="y", labelsize=8)
-    axes.set_title(title, fontsize=10)
+    figure.suptitle(title, fontsize=10)  # centred on the figure: the bars' axes start far right of the names
     figure.subplots_adjust(left=0.42, right=0.97, top=1 - 0.45 / (height / _DPI), bottom=0.95 / (height / _DPI))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -134,12 +134,10 @@ def _measure_in_this_process(ctx: dict, name: str, *, repeats: int, seconds: flo
     iterator = iter(_methods(ctx)[name]())
     # The first batch is checked: a later one may be an evaluation epoch's partial last batch
     # (the split's size need not be a multiple of the batch), which is no fault of the pipeline.
-    batch = first = next(iterator)
+    batch = next(iterator)
     start = time.perf_counter()
     while time.perf_counter() - start < warmup_s:
-        batch = next(iterator)
-    del batch
-    batch = first
+        next(iterator)
     uint8_row = "limit" in name or "uint8" in name
     if tuple(batch[0].shape) != (BATCH, SIZE, SIZE, 3) or batch[0].dtype != (tf.uint8 if uint8_row else tf.float32):
         raise RuntimeError(f"{name} yields {batch[0].dtype} {batch[0].shape}; expected [32, 224, 224, 3]")
