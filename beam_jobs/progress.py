@@ -20,7 +20,7 @@ from collections.abc import Callable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.storage import list_folder, write_atomically
+from beam_jobs.storage import delete_exactly, list_folder, write_atomically
 
 __all__ = ["Progress", "StagingWatcher", "progress_file_name", "tally", "write_progress_plan"]
 
@@ -131,9 +131,10 @@ class StagingWatcher:
                 self._on_progress(done)
 
     def remove_progress_file(self) -> None:
+        # delete_exactly: FileSystems.delete reads "[" or "*" in an output folder's name as a pattern.
         try:
             if FileSystems.exists(self._progress_path):
-                FileSystems.delete([self._progress_path])
+                delete_exactly([self._progress_path])
         except Exception:  # A hidden file of a few hundred bytes; never worth failing a run for.
             pass
 
