@@ -1,4 +1,4 @@
-"""report.html: one self-contained page (pictures embedded as data URIs, no script, no fetch)
+"""report.html: one self-contained page (pictures embedded as data URIs, no script, nothing loaded from elsewhere)
 that any browser opens from disk or as an attachment."""
 
 from __future__ import annotations
