@@ -117,19 +117,49 @@ live_pids() {
   return 0
 }
 
+# ours_in_group PGID: true when a live process of process group PGID is one of ours (a worker
+# loop, or a server). The group's leader may be gone while its worker still runs.
+ours_in_group() {
+  local stat rest pid
+  for stat in /proc/[0-9]*/stat; do
+    rest=$(cat "$stat" 2>/dev/null) || continue
+    rest=${rest##*) }
+    read -r _ _ pgid _ <<<"$rest"
+    [[ "$pgid" == "$1" ]] || continue
+    pid=${stat#/proc/}
+    pid=${pid%/stat}
+    itt_pid_is "$pid" "$SERVER_MARKER" "$LOOP_MARKER" && return 0
+  done
+  return 1
+}
+
+# stop_group PIDFILE: SIGTERM the process group that start began with this pid (a dispatcher, or a
+# worker loop and its worker), then SIGKILL whatever of it is left after 15 s; never a group that
+# holds none of our processes (a stale pid file may name another program by now).
+stop_group() {
+  local pidfile=$1 pid waited=0
+  [[ -f "$pidfile" ]] || return 0
+  pid=$(head -n 1 "$pidfile")
+  if [[ "$pid" =~ ^[0-9]+$ ]] && ours_in_group "$pid"; then
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    while kill -0 -- "-$pid" 2>/dev/null && (( waited < 15 )); do
+      sleep 1
+      waited=$((waited + 1))
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
 do_stop() {
   local f
-  # Each process leads its own session (setsid): stopping a worker loop's group stops its worker too.
-  # Only pids whose command line is still ours are stopped; a stale pid file may name another program.
-  for f in "$pid_dir"/*.pid; do
-    [[ -f "$f" ]] || continue
-    if [[ "$f" == "$pid_dir/dispatcher.pid" ]]; then
-      itt_stop_pid "$f" 15 "$SERVER_MARKER" &
-    else
-      itt_stop_pid "$f" 15 "$LOOP_MARKER" &
-    fi
+  # Workers first (each process leads its own session, so a loop's group holds its worker too),
+  # then the dispatcher they report to.
+  for f in "$pid_dir"/worker-*.pid; do
+    [[ -f "$f" ]] && stop_group "$f" &
   done
   wait || true
+  stop_group "$pid_dir/dispatcher.pid"
 }
 
 case "$command" in

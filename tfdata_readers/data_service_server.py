@@ -114,15 +114,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         _check(args)
     except ValueError as e:
         parser.error(str(e))
-    # The servers run on TensorFlow's threads; this thread only waits for a signal to stop them.
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     try:
         server = _start(args)
     except Exception as e:  # a port in use, an unreachable dispatcher: one line, not a traceback
         print(f"{parser.prog}: error: could not start the {args.role}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    # The servers run on TensorFlow's threads; this thread only waits for a signal to stop them.
+    # Installed only now: a worker still registering with a dispatcher that is gone blocks in
+    # _start, and must die of SIGTERM's default action rather than wait for a stop it never reaches.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     print(f"tf.data service {args.role} listening on port {args.port} (pid {os.getpid()})", flush=True)
     stop.wait()
     print(f"tf.data service {args.role} stopping", flush=True)
