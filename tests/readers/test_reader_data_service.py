@@ -240,3 +240,45 @@ def test_a_worker_killed_mid_training_does_not_stop_the_stream(kill_results) -> 
     assert result["killed"] and result["outcome"] == "completed", result
     assert result["full_batches"] and result["delivered"] == 150 * 4, result
     assert result["seconds_after_kill"] < 120, result
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_two_trainer_workers_each_read_their_own_share_through_the_service(services, tmp_path: pathlib.Path) -> None:
+    """MultiWorkerMirroredStrategy: each trainer registers its own record range as its own job, so
+    the two trainers' evaluation epochs partition the split (12 + 11 of 23) through the service."""
+    import socket
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (23, 3)}, image_size=(16, 16))
+    expected = sorted(reader_fixtures.expected_keys(data_dir, "train"))
+    address, _ = services[2]
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    trainers = [f"localhost:{s.getsockname()[1]}" for s in sockets]
+    for s in sockets:
+        s.close()
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": trainers}, "task": {"type": "worker", "index": index}}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(_HERE / "data_service_multiworker.py"), str(tmp_path / f"t{index}.json"),
+             str(data_dir), address],
+            env={**_ENV, "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-4000:]
+    seen = [json.loads((tmp_path / f"t{i}.json").read_text()) for i in range(2)]
+    assert seen[0]["num_replicas_in_sync"] == 2
+    for run in ("eval1", "eval2"):
+        assert sorted(seen[0][run] + seen[1][run]) == expected, run
+        assert sorted(len(seen[i][run]) for i in range(2)) == [11, 12], run
+    # Training: every batch full (4 a replica), keys from the trainer's own share only.
+    for i in range(2):
+        assert len(seen[i]["train"]) == 4 * 4 and set(seen[i]["train"]) <= set(seen[i]["eval1"])
