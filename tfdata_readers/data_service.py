@@ -78,8 +78,8 @@ def through_service(
         service=address,
         max_outstanding_requests=max_outstanding_requests,
         # TensorFlow's default ("AUTO") compresses every batch with snappy. Decoded pixels barely
-        # compress, and benchmarks/data_service.py measured the trainer spending about as much CPU
-        # per image decompressing float32 batches as the plain reader spends decoding them.
+        # compress, and benchmarks/data_service.py measured the trainer at 0.47-0.69 CPU s per
+        # 1,000 float32 images with it, 0.32-0.45 without (the plain reader, decoding: 0.65-0.72).
         compression=None,
     ))
 
