@@ -65,9 +65,7 @@ def check_reachable(address: str, timeout_s: float) -> None:
         ) from None
 
 
-def through_service(
-    dataset: tf.data.Dataset, address: str, *, dynamic: bool, max_outstanding_requests: int | None = None
-) -> tf.data.Dataset:
+def through_service(dataset: tf.data.Dataset, address: str, *, dynamic: bool) -> tf.data.Dataset:
     """`dataset`, run by the service's workers: static (FILE) or dynamic (`distributed_epoch`) sharding.
 
     Each iteration is a new anonymous job with this iterator as its only reader.
@@ -76,7 +74,6 @@ def through_service(
     return dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=policy.DYNAMIC if dynamic else policy.FILE,
         service=address,
-        max_outstanding_requests=max_outstanding_requests,
         # TensorFlow's default ("AUTO") compresses every batch with snappy. Decoded pixels barely
         # compress, and benchmarks/data_service.py measured the trainer at 0.47-0.69 CPU s per
         # 1,000 float32 images with it, 0.32-0.45 without (the plain reader, decoding: 0.65-0.72).
