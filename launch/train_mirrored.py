@@ -1,13 +1,15 @@
 """Trains a small Keras CNN with model.fit under MirroredStrategy on the conversion job's shards.
 
     python launch/train_mirrored.py --data_dir OUT [--num_replicas 2] [--epochs 1] [--steps_per_epoch N]
-                                    [--input_dtype uint8]
+                                    [--input_dtype uint8] [--data_service grpc://HOST:PORT]
 
 On GPUs the strategy mirrors over all of them. `--num_replicas N` splits the CPU into N logical
 devices first, so the same script runs multi-replica on a laptop or in CI. Steps per epoch come
 from the manifest (`steps_per_epoch`), not from counting records. `--input_dtype uint8` feeds uint8
 batches and scales them inside the model (on each replica's device): a quarter of the bytes to copy,
-and no float conversion on the host.
+and no float conversion on the host. `--data_service ADDRESS` runs the reader's pipeline on a
+tf.data service (`launch/data_service.sh start` prints the address): this process only receives
+batches, and its CPUs are left to the training step.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def _start(
     dataset = tfdata_readers.distribute(
         strategy, args.data_dir, args.split, args.global_batch_size,
         training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
+        data_service=args.data_service,
     )
     return info, steps, size, dataset
 
@@ -98,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--input_dtype", choices=("float32", "uint8"), default="float32",
                         help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
+    parser.add_argument("--data_service", default=None, metavar="ADDRESS",
+                        help="grpc://HOST:PORT of a tf.data service dispatcher: decode on its workers")
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
 
@@ -118,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
             metrics=["accuracy"],
         )
     print(f"training on {strategy.num_replicas_in_sync} replica(s), {steps} steps/epoch, "
-          f"global batch {args.global_batch_size}, images {size} {args.input_dtype}")
+          f"global batch {args.global_batch_size}, images {size} {args.input_dtype}"
+          + (f", input from the tf.data service at {args.data_service}" if args.data_service else ""))
     history = model.fit(dataset, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
     losses = [float(v) for v in history.history["loss"]]
     if not all(math.isfinite(v) for v in losses):

@@ -12,6 +12,7 @@ __all__ = ["AUTOTUNE", "MAX_SEED", "ReadConfig", "check_batch_size", "check_seed
 
 AUTOTUNE = tf.data.AUTOTUNE
 DecodePlacement = Literal["auto", "element", "batch"]
+ServiceSharding = Literal["auto", "static", "dynamic"]
 OutputDtype = Literal["float32", "uint8"]
 _DEFAULT_SCALE = 1.0 / 255.0
 
@@ -122,6 +123,23 @@ class ReadConfig:
         would yield fewer batches than the others, so step counts would disagree: it fails at the
         end of its reads instead, naming the cause. A record that is readable but does not match
         the format (a missing key, a wrong type) always fails, naming the shard, record and key.
+      data_service: None (default) reads in this process. "grpc://HOST:PORT" (or "HOST:PORT"):
+        the address of a tf.data service dispatcher (`launch/data_service.sh start` prints it).
+        The whole pipeline then runs on the service's workers, and this process only receives
+        batches. Training needs `num_epochs=None` (with `model.fit(steps_per_epoch=...)`): the
+        workers stream batches without end, every one full. Evaluation delivers every example of
+        the pipeline's share exactly once per epoch, checked by count at the end of the epoch:
+        a worker lost mid-epoch makes the epoch fail with an error saying so rather than return
+        a wrong metric. `skip_corrupt` is refused (its counts would stay in the workers).
+        Shard paths must be readable from the workers (gs://, or a shared file system).
+      data_service_sharding: how the service's workers split the shard pieces. "auto" (default):
+        "static" when evaluating, "dynamic" when training. "static" (`ShardingPolicy.FILE`) deals
+        every worker a fixed part of the pieces, which needs the dispatcher's fixed worker list;
+        "dynamic" (`distributed_epoch`) hands out pieces one at a time to whichever worker asks.
+        Training is always dynamic ("static" is refused): a static worker would repeat its own
+        part at its own speed, so examples would be seen at different rates.
+      data_service_timeout_s: how long to try to connect to the dispatcher at start-up before
+        failing with an error naming the address (TensorFlow itself would keep retrying silently).
 
     `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
     the crop ranges take finite numbers only.
@@ -160,6 +178,9 @@ class ReadConfig:
     crop_area_range: tuple[float, float] = (0.08, 1.0)
     crop_aspect_ratio_range: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     skip_corrupt: bool = False
+    data_service: str | None = None
+    data_service_sharding: ServiceSharding = "auto"
+    data_service_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
@@ -199,6 +220,23 @@ class ReadConfig:
         if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(
                 f"ReadConfig.crop_aspect_ratio_range must be finite numbers with 0 < low <= high (got {self.crop_aspect_ratio_range!r})"
+            )
+        if self.data_service is not None:
+            from tfdata_readers.data_service import normalize_address
+
+            object.__setattr__(self, "data_service", normalize_address(self.data_service))
+            if self.skip_corrupt:
+                raise ValueError(
+                    "ReadConfig.skip_corrupt=True cannot be used with data_service: the records lost would "
+                    "be counted in the service's workers, not here; repair the shard or read without the service"
+                )
+        if self.data_service_sharding not in ("auto", "static", "dynamic"):
+            raise ValueError(
+                f"ReadConfig.data_service_sharding is {self.data_service_sharding!r}; expected 'auto', 'static' or 'dynamic'"
+            )
+        if not _is_real(self.data_service_timeout_s) or not self.data_service_timeout_s > 0:
+            raise ValueError(
+                f"ReadConfig.data_service_timeout_s must be a finite number > 0 (got {self.data_service_timeout_s!r})"
             )
         if not _is_optional_bool(self.drop_remainder):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")

@@ -27,6 +27,14 @@ def distribute(
     exactly one replica per epoch, and when training drops the remainder every pipeline yields the
     same number of batches. `options` are `make_dataset`'s
     keyword options (training, seed, with_metadata, config, ReadConfig fields).
+
+    With `data_service="grpc://HOST:PORT"` each input pipeline registers its own share with the
+    tf.data service and reads it as a job of its own, with itself as the only reader: under
+    `MirroredStrategy` (one pipeline) that is one job whose batches the strategy deals to the
+    replicas, as without the service; under `MultiWorkerMirroredStrategy` one job per trainer
+    worker. A shared job with `consumer_index`/`num_consumers` (coordinated reads) is not used:
+    it needs an endless dataset, so an evaluation epoch could not end, and the shares are exact
+    already.
     """
     check_batch_size("global_batch_size", global_batch_size)
     if global_batch_size % strategy.num_replicas_in_sync:

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdata_readers import augment
+from tfdata_readers import augment, data_service
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decode import to_output
 from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
@@ -89,6 +89,26 @@ def _placement(config: ReadConfig, image: ImageInfo, training: bool) -> str:
     return _AUTO_PLACEMENT[image.format, training]
 
 
+def _service_sharding(config: ReadConfig, training: bool) -> str:
+    """"static" or "dynamic": how the service's workers split the pieces; refuses what cannot hold."""
+    sharding = config.data_service_sharding
+    if sharding == "auto":
+        sharding = "dynamic" if training else "static"
+    if training and sharding == "static":
+        raise ValueError(
+            "data_service_sharding='static' is for evaluation: in training each worker would repeat its own "
+            "part at its own speed, so examples would be seen at different rates; use 'dynamic' (or 'auto')"
+        )
+    if training and config.num_epochs is not None:
+        raise ValueError(
+            f"training through the tf.data service needs num_epochs=None (got {config.num_epochs!r}): its "
+            f"workers each drop their own last partial batch, so a finite pass ends after a number of batches "
+            f"nobody knows in advance, and every new iteration is a new job that restarts the shuffle and "
+            f"augmentation seeds; stream with num_epochs=None and give model.fit steps_per_epoch=steps_per_epoch(...)"
+        )
+    return sharding
+
+
 def make_dataset(
     data_dir: str | os.PathLike[str],
     split: str,
@@ -112,6 +132,9 @@ def make_dataset(
     the data: a contiguous range of the split's records, equal to one record across pipelines.
     `options` override fields of `config` (see `ReadConfig`). `batch_size` is a positive int (not a
     bool); `seed` is None or an int (not a bool) with 0 <= seed < 2**63.
+
+    With `data_service` ("grpc://HOST:PORT"), the same pipeline runs on the tf.data service's
+    workers and this dataset only fetches its batches (see `tfdata_readers.data_service`).
     """
     config = (config or ReadConfig()).with_options(**options)
     check_batch_size("batch_size", batch_size)
@@ -131,6 +154,11 @@ def make_dataset(
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
     check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt)
+
+    service = config.data_service
+    sharding = _service_sharding(config, training) if service else None
+    if service:
+        data_service.check_reachable(service, config.data_service_timeout_s)
 
     image = info.image
     out_size = config.image_size or (image.height, image.width)
@@ -161,7 +189,10 @@ def make_dataset(
         piece_ds = piece_ds.shuffle(len(pieces), seed=local_seed, reshuffle_each_iteration=True)
     records = piece_ds.interleave(
         lambda path, count, skip, take: read_shard(
-            path, count, skip, take, buffer_size=config.read_buffer_size, skip_corrupt=config.skip_corrupt
+            path, count, skip, take, buffer_size=config.read_buffer_size, skip_corrupt=config.skip_corrupt,
+            # A service worker cannot call back into this process's Python to re-read the shard for
+            # TensorFlow's reason; the error still names the shard and the byte offset.
+            describe_errors=not service,
         ),
         cycle_length=config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH)),
         block_length=config.block_length,
@@ -234,7 +265,7 @@ def make_dataset(
         decoded = parsed.map(lambda f: (f, images(f, False)), **parallel)  # ({key: scalar}, [H,W,C])
         # Re-batching what was just unbatched gives the same batch boundaries.
         dataset = decoded.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
-    if batches_per_epoch is not None:
+    if batches_per_epoch is not None and not service:
         # Every pipeline yields the same number of batches per epoch, so their step counts agree.
         dataset = dataset.take(batches_per_epoch)
     if config.num_epochs != 1:
@@ -245,4 +276,20 @@ def make_dataset(
     options = tf.data.Options()
     # Sharding is done above from the InputContext; TensorFlow must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options)
+    dataset = dataset.with_options(options)
+    if not service:
+        return dataset
+
+    # Everything above runs on the service's workers; only what follows runs here.
+    dataset = data_service.through_service(dataset, service, dynamic=sharding == "dynamic")
+    if not drop_remainder and config.num_epochs is not None:
+        expected = share.num_examples * config.num_epochs
+        dataset = data_service.expect_examples(
+            dataset, expected,
+            f"tfdata_readers: the tf.data service at {service} ({sharding} sharding) did not deliver exactly the "
+            f"{expected} examples of input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
+            f"{data_dir}, {config.num_epochs} epoch(s)): a service worker was lost during the epoch. Dynamic "
+            f"sharding loses the pieces it was reading (fewer examples); static sharding reads its whole part again "
+            f"when it restarts (more). These results are not exactly once: run the evaluation again. Delivered:",
+        )
+    return dataset.prefetch(config.prefetch).with_options(options)

@@ -80,6 +80,7 @@ def read_shard(
     *,
     buffer_size: int,
     skip_corrupt: bool,
+    describe_errors: bool = True,
 ) -> tf.data.Dataset:
     """(serialized record, name) pairs of records `skip` to `skip + take` of one shard, checked
     against the manifest's count for it (`expected`; `take=None` reads to the end).
@@ -96,6 +97,9 @@ def read_shard(
     first unreadable record and TensorFlow's own reason; with `skip_corrupt` its loss is counted
     and logged instead. Chunking keeps the check's cost per record small; `unbatch` hands on
     single records again.
+
+    `describe_errors=False` leaves TensorFlow's own reason out of the error (finding it re-reads the
+    shard in Python, which a tf.data service worker cannot call back into).
 
     Each record's name, "shard PATH record I at byte offset O", is for `tf.io.parse_example`'s
     `example_names`: TensorFlow's own parse errors (a missing key, a wrong type) then name the
@@ -124,7 +128,10 @@ def read_shard(
 
         def on_short() -> tf.Tensor:
             lost = end - tf.maximum(count, skip)  # only this piece's records
-            reason = tf.numpy_function(_read_error_note, [path], tf.string)
+            if describe_errors:
+                reason = tf.numpy_function(_read_error_note, [path], tf.string)
+            else:
+                reason = tf.constant("python -m tfdata_readers.verify names the fault")
             if skip_corrupt:
                 tf.print(
                     "tfdata_readers: WARNING: skipped", lost, "corrupt or unreadable record(s) of shard", path,

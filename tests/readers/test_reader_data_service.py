@@ -1,0 +1,284 @@
+"""The reader through a real tf.data service (a dispatcher and worker processes on loopback, started
+by launch/data_service.sh): exactly once by key, training with train_mirrored.py, a worker SIGKILLed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import reader_fixtures
+import tfdata_readers
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+_HERE = pathlib.Path(__file__).resolve().parent
+_SCRIPT = _REPO / "launch" / "data_service.sh"
+_ENV = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": str(_REPO)}
+
+
+def _script(*args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(_SCRIPT), *args], capture_output=True, text=True, env=_ENV, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"data_service.sh {args[0]} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _pids(state_dir: pathlib.Path) -> list[int]:
+    return [int(p.read_text().split()[0]) for p in sorted((state_dir / "pid").glob("*.pid"))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return pathlib.Path(f"/proc/{pid}").exists() and "Z" not in pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def _processes_of(state_dir: pathlib.Path) -> list[int]:
+    """Every live process whose command line names this state dir or its ports (workers, loops, dispatcher)."""
+    ports = (state_dir / "ports").read_text()
+    marks = [str(state_dir).encode()] + [f"--port {p}".encode().replace(b" ", b"\0")
+                                         for line in ports.split() for p in line.split("=")[1].split(",")]
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"data_service" in cmdline and any(m in cmdline for m in marks) and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def _service(state_dir: pathlib.Path, workers: int) -> Iterator[str]:
+    """A running service (its dispatcher's address); stopped afterwards, checking that nothing is left."""
+    try:
+        start = _script("start", "--state_dir", str(state_dir), "--workers", str(workers))
+        address = start.stdout.strip().splitlines()[-1]
+        assert address.startswith("grpc://127.0.0.1:"), start.stdout
+        yield address
+    finally:
+        running = _processes_of(state_dir) if (state_dir / "ports").exists() else []
+        _script("stop", "--state_dir", str(state_dir))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(p) for p in running):
+            time.sleep(0.5)
+        assert not [p for p in running if _alive(p)], "processes left running after stop"
+        assert not _processes_of(state_dir)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory) -> Iterator[dict[int, tuple[str, pathlib.Path]]]:
+    """{workers: (address, state dir)} for services of 1 and 2 workers, started side by side."""
+    root = tmp_path_factory.mktemp("data_service")
+    with _service(root / "one", 1) as one, _service(root / "two", 2) as two:
+        yield {1: (one, root / "one"), 2: (two, root / "two")}
+
+
+@pytest.fixture(scope="module")
+def photo_shards(tmp_path_factory) -> pathlib.Path:
+    """The conversion job's shards of 72 real photos, 64 px JPEG, 4 shards (as test_reader_train_mirrored)."""
+    from beam_jobs.sample_data import make_photo_tree
+
+    root = tmp_path_factory.mktemp("service_photos")
+    make_photo_tree(root / "photos", num_images=72, size=(500, 375), seed=3)
+    convert = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", "--input", str(root / "photos"), "--output_dir", str(root / "shards"),
+         "--image_size", "64", "--encoding", "jpeg", "--num_shards", "4"],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=600,
+    )
+    assert convert.returncode == 0, convert.stderr[-4000:]
+    return root / "shards"
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_start_status_stop_leave_nothing_running(tmp_path: pathlib.Path) -> None:
+    state_dir = tmp_path / "state"
+    with _service(state_dir, 2):
+        status = _script("status", "--state_dir", str(state_dir))
+        assert status.stdout.count(": running") == 3, status.stdout
+        assert len(_pids(state_dir)) == 3 and all(_alive(p) for p in _pids(state_dir))
+        again = _script("start", "--state_dir", str(state_dir), check=False)
+        assert again.returncode == 2 and "already running" in again.stderr
+    assert _script("status", "--state_dir", str(state_dir), check=False).returncode == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["start", "--workers", "0"], "--workers must be at least 1"),
+        (["start", "--workers", "2", "--worker_ports", "5001"], "--worker_ports has 1 port(s) for --workers 2"),
+        (["start", "--dispatcher_port", "70000"], "--dispatcher_port must be a port number"),
+        (["restart"], "unknown command 'restart'"),
+    ],
+)
+def test_script_refuses_bad_arguments_with_one_line(tmp_path: pathlib.Path, args: list[str], message: str) -> None:
+    proc = _script(*args, "--state_dir", str(tmp_path / "s"), check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "s" / "pid").exists() or not list((tmp_path / "s" / "pid").iterdir())
+
+
+def test_an_unreachable_or_malformed_address_fails_at_once_naming_it(jpeg_dir: pathlib.Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"dispatcher grpc://127\.0\.0\.1:1 is unreachable"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="grpc://127.0.0.1:1")
+    assert time.monotonic() - start < 30
+    with pytest.raises(ValueError, match=r"data_service .*HOST:PORT.*got 'nohost'"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="nohost")
+
+
+def test_refuses_what_the_service_cannot_guarantee(jpeg_dir: pathlib.Path) -> None:
+    address = "grpc://127.0.0.1:1"  # refused before any connection is tried
+    with pytest.raises(ValueError, match="training through the tf.data service needs num_epochs=None"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, data_service=address)
+    with pytest.raises(ValueError, match="data_service_sharding='static' is for evaluation"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, num_epochs=None, data_service=address,
+                                    data_service_sharding="static")
+    with pytest.raises(ValueError, match="skip_corrupt=True cannot be used with data_service"):
+        tfdata_readers.ReadConfig(data_service=address, skip_corrupt=True)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.parametrize("workers", [1, 2])
+def test_exactly_once_through_the_service_under_mirrored_strategy(services, tmp_path: pathlib.Path, workers: int) -> None:
+    # 23 examples in 3 shards: not a multiple of the global batch, and shards the 2 workers split unevenly.
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (23, 3)}, image_size=(16, 16))
+    address, _ = services[workers]
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(_HERE / "data_service_check.py"), str(out), str(data_dir), address],
+        capture_output=True, text=True, env=_ENV, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert sorted(results) == ["eval dynamic", "eval static", "train"]
+    assert results == {"eval dynamic": [], "eval static": [], "train": []}
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_train_mirrored_through_the_service_on_real_photos(services, photo_shards, tmp_path: pathlib.Path) -> None:
+    address, _ = services[2]
+    history_json = tmp_path / "history.json"
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(photo_shards),
+         "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2", "--data_service", address,
+         "--history_json", str(history_json)],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    history = json.loads(history_json.read_text())
+    assert history["num_replicas"] == [2] and history["steps_per_epoch"] == [72 // 16]
+    assert len(history["loss"]) == 2 and all(0 < v < 100 for v in history["loss"])
+    assert f"input from the tf.data service at {address}" in train.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_train_mirrored_refuses_an_unreachable_service_with_one_line(photo_shards) -> None:
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(photo_shards),
+         "--num_replicas", "2", "--data_service", "grpc://127.0.0.1:1"],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=300,
+    )
+    errors = [line for line in train.stderr.splitlines() if line.startswith("train_mirrored.py: error: ")]
+    assert train.returncode == 2 and len(errors) == 1 and "grpc://127.0.0.1:1 is unreachable" in errors[0], train.stderr
+    assert "Traceback" not in train.stderr
+
+
+KILL_MODES = ("eval static", "eval dynamic", "train dynamic")
+
+
+@pytest.fixture(scope="module")
+def kill_results(services, tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("kill")
+    # 400 examples in 8 shards, batches of 4: 100 batches, so the kill lands mid-epoch.
+    data_dir = reader_fixtures.write_dataset(root / "data", splits={"train": (400, 8)}, image_size=(16, 16))
+    address, state_dir = services[2]
+    out = root / "results.json"
+    # The timeout is the hang check: each mode takes seconds (a restarted worker needs ~10 s).
+    proc = subprocess.run(
+        [sys.executable, str(_HERE / "data_service_kill_check.py"), str(out), str(data_dir), address,
+         str(state_dir / "pid" / "worker-1.pid"), *KILL_MODES],
+        capture_output=True, text=True, env=_ENV, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["eval static", "eval dynamic"])
+def test_a_worker_killed_mid_evaluation_gives_exactly_once_or_a_clear_error(kill_results, mode: str) -> None:
+    result = kill_results[mode]
+    assert result["killed"] and result["seconds_after_kill"] < 120, result
+    if result["outcome"] == "completed":  # the worker had finished its part before it died
+        assert result["delivered"] == result["distinct"] == result["expected"], result
+    else:
+        assert "did not deliver exactly the 400 examples" in result["error"], result
+        assert "a service worker was lost during the epoch" in result["error"], result
+        assert result["delivered"] != result["expected"] or result["distinct"] != result["expected"], result
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_worker_killed_mid_training_does_not_stop_the_stream(kill_results) -> None:
+    result = kill_results["train dynamic"]
+    assert result["killed"] and result["outcome"] == "completed", result
+    assert result["full_batches"] and result["delivered"] == 150 * 4, result
+    assert result["seconds_after_kill"] < 120, result
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_two_trainer_workers_each_read_their_own_share_through_the_service(services, tmp_path: pathlib.Path) -> None:
+    """MultiWorkerMirroredStrategy: each trainer registers its own record range as its own job, so
+    the two trainers' evaluation epochs partition the split (12 + 11 of 23) through the service."""
+    import socket
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (23, 3)}, image_size=(16, 16))
+    expected = sorted(reader_fixtures.expected_keys(data_dir, "train"))
+    address, _ = services[2]
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    trainers = [f"localhost:{s.getsockname()[1]}" for s in sockets]
+    for s in sockets:
+        s.close()
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": trainers}, "task": {"type": "worker", "index": index}}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(_HERE / "data_service_multiworker.py"), str(tmp_path / f"t{index}.json"),
+             str(data_dir), address],
+            env={**_ENV, "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-4000:]
+    seen = [json.loads((tmp_path / f"t{i}.json").read_text()) for i in range(2)]
+    assert seen[0]["num_replicas_in_sync"] == 2
+    for run in ("eval1", "eval2"):
+        assert sorted(seen[0][run] + seen[1][run]) == expected, run
+        assert sorted(len(seen[i][run]) for i in range(2)) == [11, 12], run
+    # Training: every batch full (4 a replica), keys from the trainer's own share only.
+    for i in range(2):
+        assert len(seen[i]["train"]) == 4 * 4 and set(seen[i]["train"]) <= set(seen[i]["eval1"])
