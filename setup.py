@@ -18,7 +18,10 @@ INSTALL_REQUIRES = [
     "google-crc32c>=1.7,<2",
 ]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
-TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", *SAMPLES_REQUIRE]
+GCP_REQUIRE = ["apache-beam[gcp]>=2.77.0,<3"]
+AWS_REQUIRE = ["apache-beam[aws]>=2.77.0,<3"]
+# The tests run the job against real gs:// and s3:// servers on loopback, so they need both clients.
+TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", *SAMPLES_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
 
 setup(
     name="images-to-tfrecords",
@@ -33,8 +36,8 @@ setup(
     extras_require={
         "test": TEST_REQUIRE,
         "samples": SAMPLES_REQUIRE,
-        "gcp": ["apache-beam[gcp]>=2.77.0,<3"],
-        "aws": ["apache-beam[aws]>=2.77.0,<3"],
+        "gcp": GCP_REQUIRE,
+        "aws": AWS_REQUIRE,
     },
     entry_points={
         "console_scripts": [
