@@ -306,7 +306,10 @@ def _probe_writable(output_dir: str) -> None:
     """
     probe = FileSystems.join(output_dir, temp_name("probe"))
     try:
-        FileSystems.create(probe).close()
+        # Not empty: Beam's S3 writer cannot write a zero-byte object (see storage._create_empty),
+        # and the probe should take the path every shard takes.
+        with FileSystems.create(probe) as handle:
+            handle.write(b"images-to-tfrecords write probe\n")
     except BaseException:
         try:  # A write that failed late (or was interrupted) may still have created the object.
             if FileSystems.exists(probe):
