@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from tests.cluster.conftest import free_port
+from tests.cluster.conftest import free_port, port_open
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -47,6 +47,17 @@ def _wait_http(url: str, process: subprocess.Popen, log: pathlib.Path, timeout: 
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"{url} did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_port(port: int, process: subprocess.Popen, log: pathlib.Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"port {port}: the process exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        if port_open(port):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port} after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 def _stop(process: subprocess.Popen) -> None:
