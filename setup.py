@@ -16,12 +16,18 @@ INSTALL_REQUIRES = [
     "pillow>=12.0,<14",
     "numpy>=2.0,<3",
     "google-crc32c>=1.7,<2",
+    "tqdm>=4.66,<5",  # the job's progress bar
 ]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
 GCP_REQUIRE = ["apache-beam[gcp]>=2.77.0,<3"]
 AWS_REQUIRE = ["apache-beam[aws]>=2.77.0,<3"]
-# The tests run the job against real gs:// and s3:// servers on loopback, so they need both clients.
-TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", *SAMPLES_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
+# Charts: the inspection report's class histogram and the benchmarks' bar charts (Agg backend).
+INSPECT_REQUIRE = ["matplotlib>=3.8,<4"]
+BENCH_REQUIRE = [*INSPECT_REQUIRE]
+# websocket-client drives a real headless Chromium over the DevTools protocol in the report's test;
+# the object-store tests run the job against real gs:// and s3:// servers, so they need both clients.
+TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", "websocket-client>=1.7,<2",
+                *SAMPLES_REQUIRE, *INSPECT_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
 
 setup(
     name="images-to-tfrecords",
@@ -36,6 +42,8 @@ setup(
     extras_require={
         "test": TEST_REQUIRE,
         "samples": SAMPLES_REQUIRE,
+        "inspect": INSPECT_REQUIRE,
+        "bench": BENCH_REQUIRE,
         "gcp": GCP_REQUIRE,
         "aws": AWS_REQUIRE,
     },
@@ -43,6 +51,7 @@ setup(
         "console_scripts": [
             "images-to-tfrecords=beam_jobs.pipeline:main",
             "verify-tfrecords=tfdata_readers.verify:main",
+            "inspect-tfrecords=tfdata_readers.inspect:main",
         ]
     },
 )

@@ -7,7 +7,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TextIO
 
 __all__ = ["HARNESS_CHATTER", "ConsoleFilter", "TracebackFilter", "hide_worker_tracebacks"]
 
@@ -57,11 +58,31 @@ class TracebackFilter:
 
 
 class ConsoleFilter:
-    """What passes: no tracebacks, no harness chatter, and nothing at all once muted."""
+    """What passes: no tracebacks, no harness chatter, and nothing at all once muted.
 
-    def __init__(self) -> None:
+    ``terminal`` is where the user's console really is (the original stderr), and ``lock``
+    serialises writes to it: a progress bar drawn there must clear itself before a line passes,
+    so it installs its own ``write`` as ``sink``.
+    """
+
+    def __init__(self, terminal: TextIO | None = None) -> None:
         self._tracebacks = TracebackFilter()
         self.muted = False
+        self.terminal: TextIO = terminal or sys.stderr
+        self.lock = threading.Lock()
+        self.sink: Callable[[str], None] | None = None
+
+    def emit(self, line: str) -> None:
+        """Passes a line that was kept to the sink, or straight to the terminal."""
+        if self.sink is not None:
+            self.sink(line)
+            return
+        with self.lock:
+            try:
+                self.terminal.write(line)
+                self.terminal.flush()
+            except (ValueError, OSError):  # Closed at the end of the run while a straggler still spoke.
+                pass
 
     def mute(self) -> None:
         """Drops everything from now on: after Ctrl-C the dying workers print pages of noise."""
@@ -80,24 +101,23 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[ConsoleFilter]:
     with print(), outside logging's reach; the failure itself reaches the user as one line from
     the job's entry point. With ``enabled`` False (--log_level DEBUG) nothing is filtered.
     """
-    console = ConsoleFilter()
     if not enabled:
-        yield console
+        yield ConsoleFilter()
         return
     sys.stderr.flush()
     original = os.dup(2)
+    terminal = os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace")
+    console = ConsoleFilter(terminal)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
 
     def pump() -> None:
         keep = console.keep
-        with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines, \
-                os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace") as out:
+        with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines:
             for line in lines:
                 if keep(line):
-                    out.write(line)
-                    out.flush()
+                    console.emit(line)
 
     thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
     thread.start()
@@ -109,3 +129,6 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[ConsoleFilter]:
         os.close(original)
         # ...once the worker processes that inherited it have exited too.
         thread.join(timeout=5)
+        console.sink = None
+        with console.lock:
+            terminal.close()

@@ -41,6 +41,7 @@ DEAD_LETTERS = "dead_letters"
 CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
+_DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
 
 
 def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
@@ -307,7 +308,7 @@ class ConvertShardFn(beam.DoFn):
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
-        _LOG.info(
+        _DETAILS.info(
             "wrote %s: %d examples, %.1f MB, %d dead letters",
             shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
         )
@@ -319,6 +320,10 @@ class ConvertShardFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
         for sha256, filename, label in done["content_keys"]:
             yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
+        # From the sidecar, so a shard kept by --resume (even one staged by an older version)
+        # reports the same counts as a freshly converted one.
+        classes = collections.Counter(label for _, _, label in done["content_keys"])
+        reasons = collections.Counter(reason for _, _, reason, _ in done["dead_letters"])
         yield ShardResult(
             split=shard.split,
             index=shard.index,
@@ -327,6 +332,8 @@ class ConvertShardFn(beam.DoFn):
             num_examples=done["num_examples"],
             bytes=done["bytes"],
             sha256=done["sha256"],
+            class_counts=tuple(sorted(classes.items())),
+            dead_letters_by_reason=tuple(sorted(reasons.items())),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import posixpath
 import re
@@ -20,6 +21,8 @@ from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.plan import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import list_tree, literal_pattern, match_literally
+
+_LOG = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -136,10 +139,14 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
         return DeadLetter(where, error.stage, error.reason, error.detail)
     if not is_image_filename(uri):
         return _bad_row(where, f"{redact(entry)!r} does not have an image file extension")
+    label = str(row["label"]).strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in label):
+        # A tab or newline in a label would break every table and file that prints it.
+        return _bad_row(where, f"label {label!r} contains control characters")
     split = str(row.get("split") or "").strip() or None
     if split is not None and not is_valid_split_name(split):
         return _bad_row(where, f"split {split!r} cannot name shard files (letters, digits, '_' and '-' only)")
-    return InputFile(filename=filename, uri=uri, label=str(row["label"]).strip(), split=split, origin=where)
+    return InputFile(filename=filename, uri=uri, label=label, split=split, origin=where)
 
 
 def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:
@@ -239,6 +246,12 @@ def input_list_files(list_uri: str) -> list[str]:
     """The files an input-list argument names: the file itself when it exists (whatever characters
     its name holds), else every file its pattern matches ("lists/part-*.csv"), sorted."""
     if FileSystems.exists(list_uri):
+        if re.search(r"[\[*?]", list_uri):
+            others = [meta.path for meta in match_literally([list_uri])[0] if meta.path != list_uri]
+            if others:
+                _LOG.warning("the input list %s exists, so it is read alone; as a pattern its name would "
+                             "also match %d other file(s), such as %s", redact(list_uri), len(others),
+                             redact(others[0]))
         return [list_uri]
     return sorted(meta.path for meta in match_literally([list_uri])[0])
 

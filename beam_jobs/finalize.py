@@ -98,11 +98,23 @@ def build_dataset_info(
     by_split: dict[str, list[ShardResult]] = {}
     for result in sorted(results):
         by_split.setdefault(result.split, []).append(result)
+    label_names = list(summary["label_names"])
     splits = {}
     for split, shards in sorted(by_split.items()):
+        classes: collections.Counter[str] = collections.Counter({name: 0 for name in label_names})
+        reasons: collections.Counter[str] = collections.Counter()
+        for s in shards:
+            classes.update(dict(s.class_counts))
+            reasons.update(dict(s.dead_letters_by_reason))
         splits[split] = {
             "num_examples": sum(s.num_examples for s in shards),
             "num_shards": len(shards),
+            # Every label, zeros included, so an empty class shows; counted from the examples
+            # written (not the plan), so they add up to num_examples.
+            "class_counts": {name: classes[name] for name in label_names},
+            # Dead letters of the conversion of this split's shards; those of the listing and
+            # planning have no split and are only in the dataset-wide dead_letters_by_reason.
+            "dead_letters_by_reason": dict(sorted(reasons.items())),
             "shards": [
                 {"file": s.file, "num_examples": s.num_examples, "bytes": s.bytes, "sha256": s.sha256}
                 for s in shards
@@ -111,7 +123,7 @@ def build_dataset_info(
     return {
         "schema_version": SCHEMA_VERSION,
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
-        "label_names": list(summary["label_names"]),
+        "label_names": label_names,
         "num_classes": len(summary["label_names"]),
         "image": {
             "height": config.height,

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import traceback
+import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -22,7 +23,7 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
 from beam_jobs.arguments import PROG, JobArguments, UsageError, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
-from beam_jobs.console import hide_worker_tracebacks
+from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
 from beam_jobs.discover import ListInputList, ListTree, input_list_files
 from beam_jobs.errors import BadInputError, JobError
@@ -45,11 +46,18 @@ from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_o
 from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
+from beam_jobs.progress import StagingWatcher, write_progress_plan
+from beam_jobs.progress_display import LineProgress, TtyProgress
 from beam_jobs.records import InputFile
+from beam_jobs.run_summary import outputs_lines, split_table
+from beam_jobs.runner_ui import watch_hint
 
 __all__ = ["ConvertImages", "main", "run"]
 
 _LOG = logging.getLogger("beam_jobs")
+# Per-shard lines, counters and the like: shown with --log_level INFO or DEBUG. By default the
+# console shows the plan, a progress bar and the final table instead (see StagingWatcher).
+_DETAILS = logging.getLogger("beam_jobs.details")
 
 
 def _with_content_hash(item, *, max_file_bytes: int):
@@ -68,12 +76,16 @@ def _duplicate_groups(keyed):
     return content_duplicate_groups([keyed])
 
 
-def _log_plan(summary: dict, plan_parts: list[dict]) -> dict:
+def _log_plan(summary: dict, plan_parts: list[dict], *, output_dir: str, run_id: str | None) -> dict:
+    """Logs the plan's line, and leaves it with the totals for the launching process's watcher."""
     by_reason: dict[str, int] = {}
     for part in plan_parts:
         for reason, count in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    _LOG.info("%s", plan_line(summary, by_reason))
+    line = plan_line(summary, by_reason)
+    _DETAILS.info("%s", line)
+    if run_id is not None:
+        write_progress_plan(output_dir, run_id, line=line, summary=summary)
     return summary
 
 
@@ -87,8 +99,10 @@ class ConvertImages(beam.PTransform):
                  image_config: ImageConfig, split_fractions: dict[str, float] | None,
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
-                 allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False) -> None:
+                 allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
+                 run_id: str | None = None) -> None:
         super().__init__()
+        self._run_id = run_id  # names the progress file the launching process watches (None: none)
         self._input_root = input_root
         self._input_list = input_list
         self._output_dir = output_dir
@@ -149,7 +163,8 @@ class ConvertImages(beam.PTransform):
                 planned[PLAN_DEAD_LETTERS]
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
-                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})))
+                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
+            output_dir=output_dir, run_id=self._run_id)
         converted = (
             planned["shards"]
             | "SpreadShards" >> beam.Reshuffle()
@@ -216,7 +231,8 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     if "--default_sdk_harness_log_level" not in given:
         worker.default_sdk_harness_log_level = log_level
     if "--sdk_harness_log_level_overrides" not in given:
-        overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG"}
+        overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
+                     "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level}
         if log_level != "DEBUG":
             # These two log each failed bundle's traceback, twice; the failure is what ends the
             # run, and main() reports it as one line (--log_level DEBUG shows them).
@@ -389,7 +405,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
                               fingerprint=run_fingerprint(config, arguments.settings),
                               preprocessing={**config.to_json(), **arguments.settings})
         runner = _local_runner(options, argv, log_level=arguments.log_level)
-        _LOG.info("converting %s into %s", redact(arguments.source), redact(output_dir))
+        _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
+        run_id = None if arguments.plan_only else uuid.uuid4().hex[:16]
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(
             input_root=arguments.input_root, input_list=arguments.input_list, output_dir=output_dir,
@@ -397,15 +414,29 @@ def run(argv: Sequence[str] | None = None) -> dict:
             num_shards=arguments.num_shards, target_shard_bytes=arguments.target_shard_bytes,
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
-            tree_layout=arguments.tree_layout, plan_only=arguments.plan_only,
+            tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
+            watcher, display = (None, None) if run_id is None else _watch(
+                console, output_dir, run_id, resume=arguments.resume, plain=arguments.log_level == "DEBUG")
+            succeeded = False
             try:
                 result = pipeline.run()
+                job_id = getattr(result, "job_id", None)
+                hint = watch_hint(options, job_id() if callable(job_id) else None)
+                if hint:
+                    console.emit(hint + "\n")
                 result.wait_until_finish()
+                succeeded = True
             except KeyboardInterrupt:
                 console.mute()  # The workers' dying words would bury the one line that matters.
                 raise
+            finally:
+                if watcher is not None:
+                    watcher.stop(succeeded=succeeded)
+                    console.sink = None
+                    display.close()
+                    watcher.remove_progress_file()
     except BaseException:
         if lock is not None:
             release_output_lock(lock)
@@ -415,6 +446,17 @@ def run(argv: Sequence[str] | None = None) -> dict:
     _log_counters(result)
     with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
         return json.loads(handle.read().decode("utf-8"))
+
+
+def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *, resume: bool,
+           plain: bool) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
+    """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
+    tty = not plain and console.terminal.isatty()
+    display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
+    if tty:
+        console.sink = display.write  # Lines that pass the filter print above the bar.
+    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update, resume=resume)
+    return watcher.start(), display
 
 
 def _log_counters(result) -> None:
@@ -427,7 +469,7 @@ def _log_counters(result) -> None:
     for counter in counters:
         totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (counter.committed or 0)
     if totals:
-        _LOG.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
+        _DETAILS.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
 
 
 def _summary(info: dict, output_dir: str) -> str:
@@ -492,11 +534,31 @@ class _HideRunnerTraces(logging.Filter):
         return TooManyBadInputsError.__name__ not in record.getMessage()
 
 
+class _ConsoleFormatter(logging.Formatter):
+    """The job's own notices read as plain sentences; anything else (a warning, Beam's lines at
+    --log_level INFO) says its level and origin; DEBUG adds timestamps."""
+
+    def __init__(self, level: int) -> None:
+        prefix = "%(asctime)s " if level <= logging.DEBUG else ""
+        super().__init__(prefix + "%(levelname)s %(name)s: %(message)s")
+        self._plain = logging.Formatter(prefix + "%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and record.name.startswith("beam_jobs"):
+            return self._plain.format(record)
+        return super().format(record)
+
+
 def _configure_logging(level: str) -> None:
     numeric = getattr(logging, level, logging.WARNING)
-    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: Beam's import logs through the root logger, which configures it with logging's
+    # bare "INFO:name:message" format before this runs.
+    logging.basicConfig(level=numeric, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_ConsoleFormatter(numeric))
     logging.getLogger().setLevel(numeric)
     logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
+    logging.getLogger("beam_jobs.details").setLevel(numeric)
     if numeric > logging.DEBUG:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_HideRunnerTraces())
@@ -538,4 +600,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)
             raise SystemExit(1)
         return
+    print(split_table(info))
     print(_summary(info, arguments.output_dir))
+    print("\n".join(outputs_lines(info, arguments.output_dir)))

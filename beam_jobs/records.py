@@ -46,7 +46,11 @@ class DeadLetter:
 
 @dataclass(frozen=True, order=True)
 class ShardResult:
-    """What one written shard holds, for dataset_info.json."""
+    """What one written shard holds, for dataset_info.json.
+
+    ``class_counts`` and ``dead_letters_by_reason`` are sorted (name, count) pairs: the per-split
+    class histogram and dead-letter table are sums of these, so no step re-reads the shards.
+    """
 
     split: str
     index: int
@@ -55,3 +59,5 @@ class ShardResult:
     num_examples: int
     bytes: int
     sha256: str
+    class_counts: tuple[tuple[str, int], ...] = ()
+    dead_letters_by_reason: tuple[tuple[str, int], ...] = ()

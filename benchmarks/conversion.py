@@ -8,6 +8,9 @@ the job's peak memory (the whole process tree) at N and 4N images.
 
     python benchmarks/conversion.py                 # 8000 photos of 500x375, 3 repeats
     python benchmarks/conversion.py --num_images 2000 --repeats 1   # a quick look
+
+Besides the table it draws the rates as a bar chart (--chart, default conversion.png in the work
+dir), the single-process loop marked as the baseline; it needs matplotlib (pip install ".[bench]").
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from beam_jobs.sample_data import make_photo_tree, source_photo_paths  # noqa: E402
+from benchmarks._charts import rate_chart  # noqa: E402
 
 IMAGE_SIZE = 224
 
@@ -180,6 +184,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory_base", type=int, default=2000, help="N for the N vs 4N peak-memory check")
     parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--chart", type=pathlib.Path, default=None,
+                        help="bar chart PNG of the rates [WORK_DIR/conversion.png]")
     args = parser.parse_args()
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="conversion-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -221,6 +227,11 @@ def main() -> None:
     small, large = memory[args.memory_base], memory[4 * args.memory_base]
     print(f"| job peak RSS (process tree), {args.memory_base} -> {4 * args.memory_base} images | "
           f"{small / 2**20:.0f} MB -> {large / 2**20:.0f} MB = +{(large / small - 1) * 100:.0f}% | <= +25% |")
+    chart = rate_chart(
+        rates, args.chart or work / "conversion.png", baseline="single-process loop (Pillow + TFRecordWriter)",
+        title=f"conversion: {args.num_images} photos 500x375 -> {IMAGE_SIZE} px JPEG shards, {os.cpu_count()} cores, "
+              f"median of {args.repeats}")
+    print(f"chart: {chart}")
     print(json.dumps({"rates": rates, "draft_ms": draft * 1000, "full_ms": full * 1000,
                       "peak_rss_mb": {k: v / 2**20 for k, v in memory.items()}}))
 

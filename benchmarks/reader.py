@@ -8,6 +8,10 @@ reader's dtype="uint8" row yield uint8). The reader's shards come from the conve
 (`python -m beam_jobs`). Each figure is the median of several repeats; every measurement runs in a
 fresh process, round-robin over the pipelines, after a warm-up long enough for tf.data's autotuner
 to settle (the reader's rate still rose for several seconds after 5 warm-up batches).
+
+Besides the table it draws the medians as a bar chart (--chart, default reader.png in the work
+dir), the from_generator baseline and the decode-only limit marked; it needs matplotlib
+(pip install ".[bench]").
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import _article_baselines as article  # noqa: E402
+from _charts import rate_chart  # noqa: E402
 
 import tfdata_readers  # noqa: E402
 from tfdata_readers.decode import to_float  # noqa: E402
@@ -127,9 +132,12 @@ def _methods(ctx: dict) -> dict[str, Callable[[], tf.data.Dataset]]:
 
 def _measure_in_this_process(ctx: dict, name: str, *, repeats: int, seconds: float, warmup_s: float) -> list[float]:
     iterator = iter(_methods(ctx)[name]())
-    batch, start = next(iterator), time.perf_counter()
+    # The first batch is checked: a later one may be an evaluation epoch's partial last batch
+    # (the split's size need not be a multiple of the batch), which is no fault of the pipeline.
+    batch = next(iterator)
+    start = time.perf_counter()
     while time.perf_counter() - start < warmup_s:
-        batch = next(iterator)
+        next(iterator)
     uint8_row = "limit" in name or "uint8" in name
     if tuple(batch[0].shape) != (BATCH, SIZE, SIZE, 3) or batch[0].dtype != (tf.uint8 if uint8_row else tf.float32):
         raise RuntimeError(f"{name} yields {batch[0].dtype} {batch[0].shape}; expected [32, 224, 224, 3]")
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one timed repeat")
     parser.add_argument("--warmup_s", type=float, default=5.0, help="seconds each pipeline runs before timing")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures here")
+    parser.add_argument("--chart", type=pathlib.Path, help="bar chart PNG of the medians [WORK_DIR/reader.png]")
     parser.add_argument("--only", help="comma-separated substrings: measure only the matching pipelines "
                         "(the problem pipeline and decode-only limit are always kept for the ratios)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one pipeline, in a child process
@@ -215,6 +224,12 @@ def main(argv: list[str] | None = None) -> None:
     print("* Method 1 as printed calls shard_id.numpy() inside interleave, which fails; the shard id is "
           "passed with from_generator(args=...) instead, as the article intends.")
     print("  The decode-only limit and the dtype=uint8 row yield uint8 batches; all other rows yield float32 in [0, 1].")
+    chart = rate_chart(
+        medians, args.chart or work / "reader.png", baseline="article: problem (from_generator + Pillow)",
+        limit="decode-only limit (in-memory JPEG bytes)",
+        title=f"reading {len(photos)} photos as batches of {BATCH} x {SIZE}x{SIZE}x3, {os.cpu_count()} cores, "
+              f"median of {args.rounds} processes x {args.repeats} repeats")
+    print(f"chart: {chart}")
     if args.json:
         args.json.write_text(json.dumps({"medians": medians, "rates": rates, "converter": converter}, indent=2))
     _print_determinism_cost(medians, rates)

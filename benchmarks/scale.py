@@ -125,13 +125,16 @@ def plan_rows(rows: int, work: pathlib.Path, *, code_dir: pathlib.Path, old: boo
 
 
 # A bare GroupByKey on the local runner, with none of the job's code: how much of a worker's memory
-# is the runner's own handling of a shuffle.
+# is the runner's own handling of a shuffle. FnApiRunner's GroupingBuffer.partition encodes each
+# worker's whole share of a GroupByKey's output as one bytes object, sent as one data-plane
+# message, so a worker's peak grows with (grouped data / workers): --gbk_probe_workers shows it.
 _GBK_PROBE = """
 import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-path = sys.argv[1]
-options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=0"])
+path, workers = sys.argv[1], sys.argv[2]
+options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+                           f"--direct_num_workers={workers}"])
 with beam.Pipeline(options=options) as p:
     _ = (p | beam.Create([path]) | beam.Reshuffle()
          | "Lines" >> beam.FlatMap(lambda q: (line.split(",")[0] for line in open(q)))
@@ -140,9 +143,9 @@ with beam.Pipeline(options=options) as p:
 """
 
 
-def gbk_probe(rows: int, work: pathlib.Path) -> dict:
+def gbk_probe(rows: int, work: pathlib.Path, workers: int = 0) -> dict:
     listing = write_input_list(work / f"lists/{rows}/list.csv", rows)
-    return measure([sys.executable, "-c", _GBK_PROBE, str(listing)], cwd=REPO, env=_env(REPO))
+    return measure([sys.executable, "-c", _GBK_PROBE, str(listing), str(workers)], cwd=REPO, env=_env(REPO))
 
 
 def _machine_peaks(stop: threading.Event, peaks: dict) -> None:
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flink_sizes", default="", help="--plan_only on FlinkRunner, 2 TaskManagers")
     parser.add_argument("--flink_tm_memory", default="1024m", help="process size of each TaskManager")
     parser.add_argument("--gbk_probe", default="", help="rows of a bare Create -> GroupByKey on the local runner")
+    parser.add_argument("--gbk_probe_workers", default="0", help="SDK worker counts for --gbk_probe (0: one per core)")
     parser.add_argument("--work_dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "itt-scale")
     args = parser.parse_args(argv)
     work = args.work_dir
@@ -239,9 +243,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"old {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker "
                   f"{r['worker_mb']:.0f} MB, tree {r['tree_mb']:.0f} MB, rc {r['rc']}", flush=True)
     for rows in [int(x) for x in args.gbk_probe.split(",") if x]:
-        r = gbk_probe(rows, work)
-        print(f"bare GroupByKey of {rows:,} elements: {r['wall_s']:.1f} s, largest SDK worker {r['worker_mb']:.0f} MB, "
-              f"runner {r['runner_mb']:.0f} MB, rc {r['rc']}", flush=True)
+        for workers in [int(x) for x in args.gbk_probe_workers.split(",") if x]:
+            r = gbk_probe(rows, work, workers)
+            print(f"bare GroupByKey of {rows:,} elements, {workers or 'one per core'} workers: {r['wall_s']:.1f} s, "
+                  f"largest SDK worker {r['worker_mb']:.0f} MB, runner {r['runner_mb']:.0f} MB, rc {r['rc']}", flush=True)
     flink = (plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work, tm_memory=args.flink_tm_memory)
              if args.flink_sizes else [])
     print()

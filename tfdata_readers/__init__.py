@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tfdata_readers.classes import class_counts
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.distribute import distribute
 from tfdata_readers.files import ShardError
@@ -15,6 +16,7 @@ __all__ = [
     "ReadConfig",
     "ShardError",
     "ShardProblem",
+    "class_counts",
     "distribute",
     "load_manifest",
     "make_dataset",

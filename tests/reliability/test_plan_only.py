@@ -106,3 +106,15 @@ def test_a_plan_that_cannot_succeed_says_so_and_a_full_run_replaces_it(tmp_path)
     assert _json(plan_dir / "plan.json")["would_fail"] == "no input can become an example"
     run_cli("--input", photos, "--output_dir", plan_dir, *FLAGS)
     assert not (plan_dir / "plan.json").exists() and not (plan_dir / "plan_dead_letters.jsonl").exists()
+
+
+def test_a_list_whose_literal_name_is_also_a_pattern_is_read_alone_with_a_warning(tmp_path):
+    photos = tmp_path / "photos"
+    images = make_photo_tree(photos, num_images=4, seed=5)
+    rows = "uri,label\n" + "".join(f"{p.relative_to(photos)},{p.parent.name}\n" for p in images)
+    (photos / "part-[1].csv").write_text(rows)  # the list the user named
+    (photos / "part-1.csv").write_text(rows.replace(",", ",other_", 1) + "ghost.jpg,x\n")  # what "[1]" matches
+    out = tmp_path / "plan"
+    result = run_cli("--manifest", photos / "part-[1].csv", "--output_dir", out, "--plan_only", *FLAGS)
+    assert _json(out / "plan.json")["num_inputs"] == 4
+    assert "is read alone" in result.stderr and "part-1.csv" in result.stderr

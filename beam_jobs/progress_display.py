@@ -1,0 +1,119 @@
+"""Showing a job's progress: a tqdm bar on a terminal, a plain line about every 10% elsewhere."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TextIO
+
+from tqdm import tqdm
+
+from beam_jobs.progress import Progress
+
+__all__ = ["LineProgress", "TtyProgress", "format_duration", "progress_line"]
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def progress_line(progress: Progress, *, elapsed_s: float, images_at_start: int = 0) -> str:
+    """One plain line: shards, images, percentage, rate and ETA. Pure, for logs and CI consoles.
+
+    ``images_at_start`` (shards kept by --resume) is left out of the rate, which they would inflate.
+    """
+    converted = progress.images_done - images_at_start
+    rate = converted / elapsed_s if elapsed_s > 0 else 0.0
+    left = progress.images_total - progress.images_done
+    eta = f", ETA {format_duration(left / rate)}" if rate > 0 and left > 0 else ""
+    return (f"progress: {progress.shards_done}/{progress.shards_total} shards, {progress.images_done}/"
+            f"{progress.images_total} images ({progress.fraction:.0%}), {rate:.0f} images/s{eta}, "
+            f"{format_duration(elapsed_s)} elapsed")
+
+
+class LineProgress:
+    """Writes the plan's line, then one progress line each time another tenth is done."""
+
+    def __init__(self, out: TextIO, lock: threading.Lock) -> None:
+        self._out = out
+        self._lock = lock
+        self._started = time.monotonic()
+        self._tenths = -1
+        self._at_start = 0
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            self._out.write(text.rstrip("\n") + "\n")
+            self._out.flush()
+
+    def plan(self, line: str, progress: Progress) -> None:
+        self._at_start = progress.images_done
+        self._tenths = int(progress.fraction * 10)
+        self.write(line)
+
+    def update(self, progress: Progress) -> None:
+        tenths = int(progress.fraction * 10)
+        if tenths > self._tenths:
+            self._tenths = tenths
+            self.write(progress_line(progress, elapsed_s=time.monotonic() - self._started,
+                                     images_at_start=self._at_start))
+
+    def close(self) -> None:
+        pass
+
+
+def _fixed_size(out: TextIO) -> dict:
+    """{} where the terminal reports its size (tqdm then follows it), else a fixed 100x24: tqdm
+    draws nothing on a terminal that reports 0 columns or rows (a pty with no window, as under
+    `script` or some CI runners)."""
+    try:
+        size = os.get_terminal_size(out.fileno())
+        if size.columns > 0 and size.lines > 0:
+            return {"dynamic_ncols": True}
+    except (OSError, ValueError):
+        pass
+    return {"ncols": 100, "nrows": 24}
+
+
+class TtyProgress:
+    """A tqdm bar of images, with shards done of total; other console lines print above it."""
+
+    _FORMAT = ("{l_bar}{bar}| {n_fmt}/{total_fmt} images [{elapsed}<{remaining}, {rate_fmt}]"
+               "{postfix}")
+
+    def __init__(self, out: TextIO, lock: threading.Lock) -> None:
+        self._out = out
+        self._lock = lock
+        self._bar: tqdm | None = None
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._bar is None:
+                self._out.write(text.rstrip("\n") + "\n")
+                self._out.flush()
+            else:
+                self._bar.write(text.rstrip("\n"), file=self._out)
+
+    def plan(self, line: str, progress: Progress) -> None:
+        self.write(line)
+        with self._lock:
+            self._bar = tqdm(total=progress.images_total, initial=progress.images_done, file=self._out,
+                             unit="img", desc="converting", bar_format=self._FORMAT, smoothing=0.1,
+                             **_fixed_size(self._out))
+            self._bar.set_postfix_str(f"shards {progress.shards_done}/{progress.shards_total}", refresh=True)
+
+    def update(self, progress: Progress) -> None:
+        with self._lock:
+            if self._bar is None:
+                return
+            self._bar.set_postfix_str(f"shards {progress.shards_done}/{progress.shards_total}", refresh=False)
+            self._bar.update(progress.images_done - self._bar.n)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None

@@ -1,0 +1,66 @@
+"""The end of a run on the console: a table per split, then where the outputs are."""
+
+from __future__ import annotations
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.finalize import DATASET_INFO
+from beam_jobs.paths import redact
+
+__all__ = ["outputs_lines", "split_table"]
+
+_LISTING = "(listing)"
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.2f}" if size < 10 * 2**20 else f"{size / 2**20:.1f}"
+
+
+def _reasons(by_reason: dict[str, int]) -> str:
+    total = sum(by_reason.values())
+    if not total:
+        return "0"
+    return f"{total} (" + ", ".join(f"{reason}: {n}" for reason, n in sorted(by_reason.items())) + ")"
+
+
+def split_table(info: dict) -> str:
+    """Examples, shards, MB and dead letters by reason per split, from dataset_info.json. Pure.
+
+    Dead letters of the listing and planning (bad rows, duplicates) have no split: they get a
+    row of their own, so the column adds up to the manifest's num_dead_letters.
+    """
+    rows = [("split", "examples", "shards", "MB", "dead letters")]
+    assigned: dict[str, int] = {}
+    totals = [0, 0, 0]
+    for name, split in info["splits"].items():
+        size = sum(shard["bytes"] for shard in split["shards"])
+        by_reason = split.get("dead_letters_by_reason", {})
+        for reason, n in by_reason.items():
+            assigned[reason] = assigned.get(reason, 0) + n
+        rows.append((name, str(split["num_examples"]), str(split["num_shards"]), _mb(size),
+                     _reasons(by_reason)))
+        totals = [totals[0] + split["num_examples"], totals[1] + split["num_shards"], totals[2] + size]
+    unassigned = {reason: n - assigned.get(reason, 0)
+                  for reason, n in info.get("dead_letters_by_reason", {}).items() if n > assigned.get(reason, 0)}
+    if unassigned:
+        rows.append((_LISTING, "", "", "", _reasons(unassigned)))
+    rows.append(("total", str(totals[0]), str(totals[1]), _mb(totals[2]),
+                 str(info.get("num_dead_letters", sum(assigned.values()) + sum(unassigned.values())))))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [row[i].rjust(widths[i]) for i in (1, 2, 3)] + [row[4]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def outputs_lines(info: dict, output_dir: str) -> list[str]:
+    """Where everything went: the shards' pattern per split, the manifest, the dead letters."""
+    where = redact(output_dir)
+    lines = []
+    for name, split in info["splits"].items():
+        n = split["num_shards"]
+        lines.append(f"  {FileSystems.join(where, f'{name}-*-of-{n:05d}.tfrecord')}")
+    lines.append(f"  {FileSystems.join(where, DATASET_INFO)}")
+    lines.append(f"  {FileSystems.join(where, info['dead_letters_file'])}")
+    return lines

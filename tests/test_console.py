@@ -1,0 +1,199 @@
+"""The job's console: the plan line, progress from the staging folder, the final table, no chatter."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_jobs.progress import Progress, StagingWatcher, progress_file_name, tally, write_progress_plan
+from beam_jobs.progress_display import LineProgress, progress_line
+from beam_jobs.run_summary import split_table
+from beam_jobs.runner_ui import watch_hint
+from tests.conftest import REPO, run_cli
+
+PLAN = {"line": "Found 30 images belonging to 2 classes", "splits": {
+    "train": {"num_examples": 20, "num_shards": 2}, "validation": {"num_examples": 10, "num_shards": 1}}}
+
+# What Beam's SDK workers and runner print at start-up and shutdown, and the apitools notice: none of
+# it may reach the default console. Written out here rather than imported from console.py, so that a
+# phrase dropped from the job's filter makes this test fail.
+CHATTER = re.compile(
+    r"semi_persistent|Pipeline_options|sdk harness|SDKHarness|insecure|control channel|control plane"
+    r"|state cache|data channel|Closing all cached|Done consuming|unparseable args|apitools|Logging handler"
+    r"|worker_handlers|starting control server|local_job_service|typehints|^INFO:|^WARNING:root", re.IGNORECASE)
+
+
+def test_tally_counts_only_the_sidecars_of_this_plan():
+    staged = {".staged-train-00000-of-00002.tfrecord.json": 11,
+              ".staged-validation-00000-of-00001.tfrecord.json": 10,
+              ".staged-train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
+              ".staged-test-00000-of-00001.tfrecord.json": 5}  # a split this plan lacks
+    assert tally(PLAN, staged) == Progress(shards_done=2, shards_total=3, images_done=21, images_total=30)
+
+
+def test_line_progress_prints_once_per_tenth():
+    out = io.StringIO()
+    display = LineProgress(out, threading.Lock())
+    display.plan(PLAN["line"], Progress(0, 3, 0, 30))
+    for done in (1, 2, 3, 4, 12, 13, 30):
+        display.update(Progress(done // 10, 3, done, 30))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == PLAN["line"]
+    percents = [int(re.search(r"\((\d+)%\)", line).group(1)) for line in lines[1:]]
+    assert percents == [10, 40, 100]  # 1/30 and 2/30 are under a tenth; 4/30 is in the same tenth as 3/30
+
+
+def test_progress_line_gives_rate_and_eta():
+    line = progress_line(Progress(1, 4, 50, 200), elapsed_s=10.0)
+    assert line == "progress: 1/4 shards, 50/200 images (25%), 5 images/s, ETA 0:30, 0:10 elapsed"
+
+
+def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
+    seen: list = []
+    watcher = StagingWatcher(str(tmp_path), "run1", on_plan=lambda line, p: seen.append((line, p)),
+                             on_progress=seen.append)
+    watcher.poll()
+    assert seen == []  # No plan yet: nothing to say.
+    (tmp_path / ".staged-train-00000-of-00002.tfrecord.json").write_text(
+        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]]}))
+    summary = {"splits": {name: dict(s) for name, s in PLAN["splits"].items()}}
+    write_progress_plan(str(tmp_path), "run1", line="Found it", summary=summary)
+    watcher.poll()
+    assert seen == [("Found it", Progress(1, 3, 10, 30))]
+    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(json.dumps({"num_examples": 10}))
+    watcher.poll()
+    watcher.poll()  # Unchanged: no second report.
+    assert seen[1:] == [Progress(2, 3, 20, 30)]
+    watcher.stop(succeeded=True)  # Finalize may already have removed the last sidecars.
+    assert seen[2:] == [Progress(3, 3, 30, 30)]
+    watcher.remove_progress_file()
+    assert not (tmp_path / progress_file_name("run1")).exists()
+
+
+def test_the_watcher_ignores_sidecars_older_than_the_run_unless_resuming(tmp_path):
+    old = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
+    old.write_text(json.dumps({"num_examples": 10}))
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    write_progress_plan(str(tmp_path), "r", line="plan", summary=PLAN)
+    for resume, expected in ((False, 0), (True, 1)):
+        seen: list = []
+        StagingWatcher(str(tmp_path), "r", on_plan=lambda line, p: seen.append(p), on_progress=seen.append,
+                       resume=resume).poll()
+        assert seen[0].shards_done == expected
+
+
+def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
+    info = {"num_dead_letters": 4, "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
+            "splits": {"train": {"num_examples": 9, "num_shards": 2, "dead_letters_by_reason": {"truncated": 2},
+                                 "shards": [{"bytes": 2**20}, {"bytes": 2**20}]},
+                       "validation": {"num_examples": 3, "num_shards": 1, "dead_letters_by_reason": {},
+                                      "shards": [{"bytes": 2**19}]}}}
+    rows = [line.split(None, 4) for line in split_table(info).splitlines()]
+    assert rows == [["split", "examples", "shards", "MB", "dead letters"],
+                    ["train", "9", "2", "2.00", "2 (truncated: 2)"],
+                    ["validation", "3", "1", "0.50", "0"],
+                    ["(listing)", "2", "(bad_manifest_row:", "2)"],
+                    ["total", "12", "3", "2.50", "4"]]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], None),
+    (["--runner=FlinkRunner", "--flink_master=10.0.0.5:8081"], "http://10.0.0.5:8081/#/job/running"),
+    (["--runner=FlinkRunner"], "embedded Flink"),
+    (["--runner=DataflowRunner", "--project=p1", "--region=europe-west4"],
+     "https://console.cloud.google.com/dataflow/jobs/europe-west4/JOB?project=p1"),
+])
+def test_cluster_runners_say_where_to_watch(argv, expected):
+    hint = watch_hint(PipelineOptions(argv), "JOB")
+    assert hint == expected if expected is None else expected in hint
+
+
+def _console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def default_run(photo_tree, tmp_path_factory):
+    root, good, broken = photo_tree
+    out = tmp_path_factory.mktemp("console")
+    result = run_cli("--input", root, "--output_dir", out, "--image_size", "48", "--num_shards", "4",
+                     "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5")
+    return result, json.loads((out / "dataset_info.json").read_text()), out, good, broken
+
+
+@pytest.mark.slow
+def test_default_console_is_the_plan_progress_and_a_table(default_run):
+    result, info, out, good, broken = default_run
+    lines = _console_lines(result.stderr)
+    # stderr holds the plan, then progress lines, and nothing else: no chatter, no INFO lines.
+    assert re.fullmatch(rf"Found {len(good) + len(broken)} images belonging to 9 classes: train \d+ \(4 shards\), "
+                        r"validation \d+ \(4 shards\); 0 listed files not used", lines[0]), result.stderr
+    progress = lines[1:]
+    assert progress and all(line.startswith("progress: ") for line in progress), result.stderr
+    assert progress[-1].startswith(f"progress: 8/8 shards, {len(good) + len(broken)}/{len(good) + len(broken)} "
+                                   "images (100%)"), progress
+    assert not [line for line in result.stderr.splitlines() if CHATTER.search(line)]
+    table = result.stdout.splitlines()
+    assert table[0].split() == ["split", "examples", "shards", "MB", "dead", "letters"]
+    rows = {line.split()[0]: line.split(None, 4) for line in table[1:4]}
+    for name, split in info["splits"].items():
+        reasons = split["dead_letters_by_reason"]
+        assert rows[name][1:3] == [str(split["num_examples"]), "4"]
+        assert rows[name][4] == (f"{sum(reasons.values())} (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items()))
+                                 + ")" if reasons else "0")
+    assert rows["total"][1:3] == [str(len(good)), "8"] and rows["total"][4] == str(len(broken))
+    for path in (out / "dataset_info.json", out / "dead_letters.jsonl", out / "train-*-of-00004.tfrecord"):
+        assert f"  {path}" in table
+    assert not list(out.glob(".progress-*"))  # The watcher's file goes with the run.
+
+
+@pytest.mark.slow
+def test_log_level_info_brings_the_details_back(photo_tree, tmp_path):
+    root = photo_tree[0]
+    result = run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "32", "--num_shards", "2",
+                     "--max_bad_fraction", "0.5", "--log_level", "INFO")
+    assert "wrote train-00000-of-00002.tfrecord:" in result.stderr
+    assert "counters: " in result.stderr
+    assert "starting control server" in result.stderr  # Beam's own INFO lines
+
+
+@pytest.mark.slow
+def test_on_a_terminal_progress_is_a_bar(photo_tree, tmp_path):
+    root = photo_tree[0]
+    main_fd, worker_fd = pty.openpty()
+    fcntl.ioctl(worker_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    args = ["--input", str(root), "--output_dir", str(tmp_path), "--image_size", "32", "--num_shards", "3",
+            "--max_bad_fraction", "0.5"]
+    proc = subprocess.Popen([sys.executable, "-m", "beam_jobs", *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=worker_fd)
+    os.close(worker_fd)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # EIO: every writer of the terminal has exited.
+            break
+        if not chunk:
+            break
+        screen += chunk
+    stdout, _ = proc.communicate(timeout=300)
+    os.close(main_fd)
+    assert proc.returncode == 0, screen.decode(errors="replace")
+    text = screen.decode("utf-8", errors="replace")
+    assert "Found " in text and "\rconverting: 100%|" in text and "shards 3/3" in text, text
+    assert "progress: " not in text  # Plain lines are for consoles that are not terminals.
+    assert not [line for line in text.replace("\r", "\n").splitlines() if CHATTER.search(line)]
+    assert "split" in stdout.decode()

@@ -1,0 +1,205 @@
+"""Inspection of a dataset the job really wrote: class counts, pictures, and report.html in a real browser."""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import tfdata_readers as tfr
+from tests.browser import BROWSER_NAMES, Chromium, find_browser
+from tests.conftest import REPO, run_cli
+from tfdata_readers.inspection.class_chart import balance, chart_size
+from tfdata_readers.inspection.gather import gather
+from tfdata_readers.inspection.sheet import TILES_CHUNK, sheet_layout
+
+SEED = 3
+N = 12
+
+
+def _inspect(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tfdata_readers.inspect", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def dataset(photo_tree, tmp_path_factory) -> pathlib.Path:
+    """The job's output for 36 real photos in 9 classes plus 7 broken files (dead letters)."""
+    out = tmp_path_factory.mktemp("inspected") / "data"
+    run_cli("--input", photo_tree[0], "--output_dir", out, "--image_size", "64x48", "--num_shards", "2",
+            "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5")
+    return out
+
+
+@pytest.fixture(scope="module")
+def inspected(dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    result = _inspect(dataset, "--out", out, "--num_examples", N, "--seed", SEED, "--augmented")
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary = find_browser()
+    if binary is None:
+        pytest.fail(f"no headless Chromium found (looked for $CHROME_BIN and {', '.join(BROWSER_NAMES)} on PATH): "
+                    "install Debian's chromium-headless-shell (apt-get install chromium-headless-shell), which "
+                    ".ci/run does when it is missing, or set CHROME_BIN")
+    with Chromium(binary) as chromium:
+        yield chromium
+
+
+def _labels_in_records(data_dir: pathlib.Path, split: str) -> collections.Counter:
+    info = json.loads((data_dir / "dataset_info.json").read_text())
+    spec = {"image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    counts = collections.Counter()
+    for shard in info["splits"][split]["shards"]:
+        for record in tf.data.TFRecordDataset(str(data_dir / shard["file"])):
+            counts[int(tf.io.parse_single_example(record, spec)["image/class/label"])] += 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_class_counts_are_those_of_the_records_and_fit_class_weight(dataset, split):
+    counts = tfr.class_counts(dataset, split)
+    info = tfr.load_manifest(dataset)
+    assert list(counts) == list(range(info.num_classes))  # every class, zeros included, in id order
+    assert {k: v for k, v in counts.items() if v} == dict(_labels_in_records(dataset, split))
+    assert sum(counts.values()) == tfr.num_examples(dataset, split)
+
+
+@pytest.mark.slow
+def test_the_job_records_dead_letters_per_split(dataset, photo_tree):
+    info = json.loads((dataset / "dataset_info.json").read_text())
+    per_split = collections.Counter()
+    for split in info["splits"].values():
+        per_split.update(split["dead_letters_by_reason"])
+    assert dict(per_split) == info["dead_letters_by_reason"] == dict(collections.Counter(photo_tree[2].values()))
+
+
+@pytest.mark.parametrize("count, augmented, columns, rows", [(64, False, 8, 8), (12, True, 4, 3), (5, False, 5, 1),
+                                                             (0, False, 1, 1)])
+def test_sheet_layout(count, augmented, columns, rows):
+    layout = sheet_layout(count, image_size=(48, 64), tile=160, augmented=augmented)
+    assert (layout.columns, layout.rows, len(layout.tiles)) == (columns, rows, count)
+    assert layout.picture == (160, 120)  # the longer side fills the tile, the aspect ratio is kept
+    for left, top, right, bottom in layout.tiles:
+        assert 0 <= left < right <= layout.width and 0 <= top < bottom <= layout.height
+        assert right - left == (2 * 160 + 5 if augmented else 160)
+    boxes = sorted(layout.tiles)
+    assert all(a[2] <= b[0] or a[3] <= b[1] or b[3] <= a[1] for a, b in zip(boxes, boxes[1:]))  # no overlap
+
+
+def test_balance_flags_empty_classes():
+    assert balance({"a": 10, "b": 2, "c": 0}) == balance({"c": 0, "b": 2, "a": 10})
+    summary = balance({"a": 10, "b": 2, "c": 0})
+    assert (summary.ratio, summary.largest, summary.smallest, summary.empty) == (5.0, "a", "b", ("c",))
+    assert balance({"a": 0}).ratio is None
+
+
+@pytest.mark.slow
+def test_contact_sheets_show_the_seeded_sample_with_its_labels(dataset, inspected):
+    out, result = inspected
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = gather(dataset, num_examples=N, seed=SEED, augmented=True)
+    for split, sample in report.samples.items():
+        examples = sample.examples
+        assert len(examples) == min(N, tfr.num_examples(dataset, split)) and sample.error is None
+        sheet = Image.open(out / f"contact_sheet-{split}.png")
+        layout = sheet_layout(len(examples), image_size=(48, 64), augmented=True)
+        assert sheet.size == (layout.width, layout.height)
+        tiles = json.loads(sheet.text[TILES_CHUNK])
+        assert [(t["label"], t["filename"]) for t in tiles] == [(e.label, e.filename) for e in examples]
+        assert all(t["filename"].split("/")[0] == t["label"] for t in tiles)  # the tree's folder is the class
+        pixels = np.asarray(sheet.convert("RGB"), np.float32)
+        for tile, example in zip(tiles, examples):
+            left, top, _, bottom = tile["box"]
+            stored = np.asarray(Image.fromarray(example.image).resize(layout.picture, Image.Resampling.LANCZOS),
+                                np.float32)
+            shown = pixels[top:bottom, left:left + layout.picture[0]]
+            assert np.abs(shown - stored).mean() < 2.0, tile  # this tile shows this example
+            assert example.augmented is not None and example.augmented.shape == example.image.shape
+            caption = pixels[bottom + 2:bottom + 34, left:left + layout.picture[0]]
+            assert (caption < 128).any(), tile  # text was drawn under it
+    # The same seed draws the same sample; another seed another one.
+    again = gather(dataset, num_examples=N, seed=SEED)
+    other = gather(dataset, num_examples=N, seed=SEED + 1)
+    names = lambda r: [e.filename for e in r.samples["train"].examples]  # noqa: E731
+    assert names(again) == names(report) != names(other)
+
+
+@pytest.mark.slow
+def test_class_chart_and_text_summary(dataset, inspected):
+    out, result = inspected
+    info = tfr.load_manifest(dataset)
+    assert Image.open(out / "class_counts.png").size == chart_size(len(info.splits), info.num_classes)
+    lines = result.stdout.splitlines()
+    assert f"{sum(s.num_examples for s in info.splits.values())} examples in 2 split(s), 9 classes" in lines[0]
+    empty = [info.label_names[i] for i, n in tfr.class_counts(dataset, "validation").items() if n == 0]
+    validation = next(line for line in lines if line.strip().startswith("validation"))
+    assert (f"EMPTY classes: {', '.join(empty)}" in validation) if empty else "EMPTY" not in validation
+    assert "problems: 0" in lines and lines[-1].startswith("wrote ")
+
+
+@pytest.mark.slow
+def test_report_opens_in_a_real_browser_with_the_manifests_numbers(dataset, inspected, browser, tmp_path):
+    out, _ = inspected
+    info = json.loads((dataset / "dataset_info.json").read_text())
+    browser.open(out / "report.html")
+    assert browser.console_errors() == []
+    images = browser.evaluate("Array.from(document.images).map(i => ({id: i.id, w: i.naturalWidth, "
+                              "h: i.naturalHeight, src: i.src.slice(0, 15)}))")
+    assert sorted(i["id"] for i in images) == ["class-counts", "contact-sheet-train", "contact-sheet-validation"]
+    assert all(i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/") for i in images), images
+    table = "id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(r => Array.from(r.cells).map(c => c.textContent))"
+    shards = browser.evaluate(f"({table})('shards')")
+    expected = [[split, s["file"], str(s["num_examples"]), f"{s['bytes'] / 2**20:.2f}", "verified"]
+                for split, meta in sorted(info["splits"].items()) for s in meta["shards"]]
+    assert shards == expected
+    classes = browser.evaluate(f"({table})('classes')")
+    assert classes == [[str(i), name] + [str(info["splits"][s]["class_counts"][name]) for s in sorted(info["splits"])]
+                       for i, name in enumerate(info["label_names"])]
+    dead = browser.evaluate(f"({table})('dead-letters')")
+    assert {row[0]: int(row[1]) for row in dead} == info["dead_letters_by_reason"]
+    card = dict(browser.evaluate(f"({table})('card')"))
+    assert card["producer"] == f"images-to-tfrecords {info['producer']['version']}"
+    assert card["examples"] == str(sum(s["num_examples"] for s in info["splits"].values()))
+    assert "Every shard verified" in browser.evaluate("document.getElementById('status').textContent")
+    shot = Image.open(browser.screenshot(tmp_path / "report.png"))
+    assert shot.width >= 1000 and shot.height > 1500  # the whole page, pictures included
+
+
+@pytest.mark.slow
+def test_a_damaged_dataset_gets_a_report_that_says_so(dataset, browser, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(dataset, damaged)
+    info = json.loads((damaged / "dataset_info.json").read_text())
+    missing = info["splits"]["train"]["shards"][0]["file"]
+    truncated = info["splits"]["validation"]["shards"][1]["file"]
+    (damaged / missing).unlink()
+    data = (damaged / truncated).read_bytes()
+    (damaged / truncated).write_bytes(data[: len(data) // 2])
+    out = tmp_path / "report"
+    result = _inspect(damaged, "--out", out, "--num_examples", 8)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"train/{missing}: missing" in result.stdout
+    assert f"validation/{truncated}:" in result.stdout
+    browser.open(out / "report.html")
+    assert browser.console_errors() == []
+    status = browser.evaluate("document.getElementById('status').textContent")
+    assert "problem(s) found" in status and missing in status and truncated in status
+    rows = {r[1]: r[4] for r in browser.evaluate(
+        "Array.from(document.querySelectorAll('#shards tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))")}
+    assert rows[missing] == "missing" and rows[truncated] != "verified"
+    assert sum(r == "verified" for r in rows.values()) == len(rows) - 2
+    assert all(w > 0 for w in browser.evaluate("Array.from(document.images).map(i => i.naturalWidth)"))

@@ -1,0 +1,135 @@
+"""CLI: `python -m tfdata_readers.inspect DATA_DIR --out DIR`: contact sheets, class histogram,
+report.html and a text summary of a converted dataset, read through this reader.
+
+Exit status: 0 when every shard verified, 1 when the report records problems (it is written all
+the same: a missing or corrupt shard is something to show, not a reason to crash), 2 for bad
+arguments or no readable dataset_info.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from tfdata_readers.inspection.class_chart import balance, draw_class_counts
+from tfdata_readers.inspection.gather import Inspection, gather
+from tfdata_readers.inspection.html_report import render_report
+from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png
+
+__all__ = ["main", "text_summary", "write_inspection"]
+
+PROG = "python -m tfdata_readers.inspect"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63-1 (got {text!r})")
+    return value
+
+
+def text_summary(report: Inspection, written: list[str]) -> str:
+    """What the report shows, in a few lines for the terminal."""
+    info = report.info
+    producer = info.raw.get("producer", {})
+    total = sum(s.num_examples for s in info.splits.values())
+    lines = [f"{report.data_dir}: {total} examples in {len(info.splits)} split(s), {info.num_classes} classes, "
+             f"{info.image.width}x{info.image.height} {info.image.format} "
+             f"({producer.get('name', '?')} {producer.get('version', '?')})"]
+    width = max((len(s) for s in report.splits), default=5)
+    for split in report.splits:
+        rows = [r for r in report.shards if r.split == split]
+        summary = balance(report.class_counts[split])
+        ratio = "no examples" if summary.ratio is None else (
+            f"largest/smallest {summary.ratio:.1f} ({summary.largest}/{summary.smallest})")
+        empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
+        lines.append(f"  {split:<{width}}  {info.splits[split].num_examples:>7} examples  {len(rows):>4} shards  "
+                     f"{sum(r.bytes for r in rows) / 2**20:8.2f} MB  {sum(r.verified for r in rows)}/{len(rows)} "
+                     f"verified  {ratio}{empty}")
+    if report.class_counts_source != "dataset_info.json":
+        lines.append(f"  class counts {report.class_counts_source}")
+    dead = sum(g.count for g in report.dead_letters)
+    reasons = ", ".join(f"{g.reason}: {g.count}" for g in report.dead_letters)
+    lines.append(f"dead letters: {dead}" + (f" ({reasons})" if reasons else ""))
+    problems = [f"{r.split}/{r.file}: {p}" for r in report.shards for p in r.problems] + list(report.other_problems)
+    problems += [f"sample of {s.split}: {s.error}" for s in report.samples.values() if s.error]
+    if report.dead_letters_note:
+        problems.append(report.dead_letters_note)
+    lines.append(f"problems: {len(problems)}" + "".join(f"\n  {p}" for p in problems))
+    lines.append("wrote " + ", ".join(written))
+    return "\n".join(lines)
+
+
+def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = False, tile: int = 160) -> list[str]:
+    """Draws and writes the pictures and the page; returns the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    info = report.info
+    image_size = (info.image.height, info.image.width)
+    sheets, written = {}, []  # sheets: split -> JPEG for the page; the PNG files keep every pixel
+    for split, sample in report.samples.items():
+        title = (f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed {report.seed}, "
+                 f"{info.image.width}x{info.image.height} {info.image.format}"
+                 + (" (left: stored, right: training view)" if augmented else ""))
+        sheet, tiles = draw_contact_sheet(sample.examples, title=title, image_size=image_size, tile=tile,
+                                          augmented=augmented, note=sample.error)
+        sheets[split] = sheet_jpeg(sheet)
+        path = os.path.join(out_dir, f"contact_sheet-{split}.png")
+        with open(path, "wb") as handle:
+            handle.write(sheet_png(sheet, tiles))
+        written.append(path)
+    chart = draw_class_counts({s: report.class_counts[s] for s in report.splits},
+                              title=f"examples per class ({os.path.basename(report.data_dir.rstrip('/'))})")
+    path = os.path.join(out_dir, "class_counts.png")
+    with open(path, "wb") as handle:
+        handle.write(chart)
+    written.append(path)
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(render_report(report, sheets=sheets, chart=chart))
+    written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Draw contact sheets and a class histogram of a converted dataset, read through "
+        "tfdata_readers (what training sees), and write them with a self-contained report.html.")
+    parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
+    parser.add_argument("--out", required=True, help="folder for contact_sheet-<split>.png, class_counts.png, report.html")
+    parser.add_argument("--num_examples", type=_positive, default=64, help="examples per contact sheet [64]")
+    parser.add_argument("--seed", type=_seed, default=0, help="which examples are drawn, and the training view's crops [0]")
+    parser.add_argument("--augmented", action="store_true", help="show each example's training view (crop, flip) beside it")
+    parser.add_argument("--split", action="append", help="split to sample (repeatable); default: all")
+    parser.add_argument("--scan", type=_positive, default=4096,
+                        help="records read per split to draw the sample from; shards are hash-mixed, so the first are "
+                        "as good as any [4096]")
+    parser.add_argument("--tile", type=int, default=160, help="largest side of one picture on the sheet, in pixels [160]")
+    args = parser.parse_args(argv)
+    if args.num_examples > args.scan:
+        parser.error(f"--num_examples {args.num_examples} is more than --scan {args.scan}")
+    if args.tile < 32:
+        parser.error(f"--tile must be at least 32 (got {args.tile})")
+    try:
+        report = gather(args.data_dir, num_examples=args.num_examples, seed=args.seed, augmented=args.augmented,
+                        scan=args.scan, splits=args.split)
+    except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    written = write_inspection(report, args.out, augmented=args.augmented, tile=args.tile)
+    print(text_summary(report, written))
+    problems = any(not r.verified for r in report.shards) or report.other_problems or any(
+        s.error for s in report.samples.values()) or report.dead_letters_note
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Gathers what an inspection shows: the manifest's card, verified shards, class counts, dead
+letters, and a reproducible sample of examples read through the reader, as training sees them.
+
+Nothing here draws or renders; a problem with the dataset (a missing or corrupt shard, an old
+manifest, no dead-letter file) becomes a note in the result rather than an exception, so that the
+report can say what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfdata_readers.classes import class_counts
+from tfdata_readers.manifest import DatasetInfo, read_manifest
+from tfdata_readers.pipeline import make_dataset
+from tfdata_readers.verification import verify
+
+__all__ = [
+    "DeadLetterGroup",
+    "Inspection",
+    "SampleExample",
+    "ShardRow",
+    "SplitSample",
+    "gather",
+    "sample_score",
+]
+
+_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRow:
+    """One shard in the report's table; `problems` is empty when its bytes, sha256 and records verified."""
+
+    split: str
+    file: str
+    num_examples: int
+    bytes: int
+    problems: tuple[str, ...]
+
+    @property
+    def verified(self) -> bool:
+        return not self.problems
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleExample:
+    """One sampled example: its pixels as the reader yields them (uint8 HxWxC), and with
+    `--augmented` its training view (the crop and flip of the first training epoch)."""
+
+    label_id: int
+    label: str
+    filename: str
+    key: str
+    image: np.ndarray
+    augmented: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSample:
+    """The sample of one split, and why it is short or empty, if it is (`error`)."""
+
+    split: str
+    examples: tuple[SampleExample, ...]
+    scanned: int
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterGroup:
+    reason: str
+    count: int
+    first_uris: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inspection:
+    """Everything the report, the pictures and the text summary show."""
+
+    data_dir: str
+    info: DatasetInfo
+    shards: tuple[ShardRow, ...]
+    other_problems: tuple[str, ...]  # manifest, dead-letter file, unlisted shards
+    class_counts: dict[str, dict[str, int]]  # split -> label name -> examples
+    class_counts_source: str
+    dead_letters: tuple[DeadLetterGroup, ...]
+    dead_letters_note: str | None
+    samples: dict[str, SplitSample]
+    seed: int
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted(self.info.splits)
+
+
+def sample_score(seed: int, key: str, filename: str) -> bytes:
+    """The order a sample is drawn in: a hash of the seed and the example, so the same seed picks
+    the same examples whatever order the records are read in."""
+    return hashlib.sha256(f"{seed}\0{key}\0{filename}".encode("utf-8")).digest()
+
+
+def _shard_rows(info: DatasetInfo, data_dir: str) -> tuple[tuple[ShardRow, ...], tuple[str, ...]]:
+    problems = verify(data_dir)
+    by_path: dict[str, list[str]] = {}
+    for problem in problems:
+        by_path.setdefault(problem.path, []).append(problem.problem)
+    rows = []
+    listed = set()
+    for name in sorted(info.splits):
+        for shard in info.splits[name].shards:
+            listed.add(shard.path)
+            rows.append(ShardRow(split=name, file=os.path.basename(shard.path), num_examples=shard.num_examples,
+                                 bytes=shard.bytes, problems=tuple(by_path.get(shard.path, ()))))
+    other = tuple(str(p) for p in problems if p.path not in listed)
+    return tuple(rows), other
+
+
+def _counted_from_shards(info: DatasetInfo, split: str) -> dict[str, int]:
+    """Labels counted from the records, for a manifest that predates class counts (corrupt records
+    and missing shards are skipped: the shard table reports them)."""
+    counts = dict.fromkeys(info.label_names, 0)
+    paths = [s.path for s in info.splits[split].shards if tf.io.gfile.exists(s.path)]
+    if not paths:
+        return counts
+    spec = {"image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    labels = (tf.data.TFRecordDataset(paths).ignore_errors().batch(1024)
+              .map(lambda b: tf.io.parse_example(b, spec)["image/class/label"]).ignore_errors())
+    for batch in labels:
+        for label, n in zip(*np.unique(batch.numpy(), return_counts=True)):
+            if 0 <= label < len(info.label_names):
+                counts[info.label_names[label]] += int(n)
+    return counts
+
+
+def _class_counts(info: DatasetInfo, data_dir: str) -> tuple[dict[str, dict[str, int]], str]:
+    try:
+        return ({split: {info.label_names[i]: n for i, n in class_counts(data_dir, split).items()}
+                 for split in sorted(info.splits)}, "dataset_info.json")
+    except ValueError as error:
+        note = f"counted from the shards: {error}"
+    return {split: _counted_from_shards(info, split) for split in sorted(info.splits)}, note
+
+
+def _dead_letters(info: DatasetInfo, data_dir: str, first: int) -> tuple[tuple[DeadLetterGroup, ...], str | None]:
+    name = info.raw.get("dead_letters_file", "dead_letters.jsonl")
+    path = os.path.join(data_dir, str(name))
+    if not tf.io.gfile.exists(path):
+        return (), f"{name} is missing"
+    groups: dict[str, list] = {}
+    bad_lines = 0
+    with tf.io.gfile.GFile(path, "r") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                reason, uri = str(entry["reason"]), str(entry["uri"])
+            except (ValueError, KeyError, TypeError):
+                bad_lines += 1
+                continue
+            group = groups.setdefault(reason, [0, []])
+            group[0] += 1
+            if len(group[1]) < first:
+                group[1].append(uri)
+    ordered = sorted(groups.items(), key=lambda item: (-item[1][0], item[0]))
+    note = f"{bad_lines} line(s) of {name} are not dead letters" if bad_lines else None
+    return tuple(DeadLetterGroup(reason, n, tuple(uris)) for reason, (n, uris) in ordered), note
+
+
+def _read_sample(data_dir: str, split: str, info: DatasetInfo, *, size: int, seed: int, scan: int,
+                 augmented: bool, skip_corrupt: bool) -> SplitSample:
+    """The `size` examples with the smallest `sample_score` among the first `scan` records.
+
+    The shards are hash-mixed samples of the split, so the first records are as good as any.
+    Both views come from `make_dataset`: evaluation (the stored image), and with `augmented` the
+    training path with `seed` in the same record order (no file or record shuffle), whose crop
+    and flip are, by the reader's contract, those of the first training epoch with that seed.
+    """
+    common = dict(with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt)
+    chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
+    scanned = 0
+    error = None
+    try:
+        views = [make_dataset(data_dir, split, _BATCH, **common)]
+        if augmented:
+            views.append(make_dataset(data_dir, split, _BATCH, training=True, seed=seed, shuffle_files=False,
+                                      shuffle_buffer_size=1, drop_remainder=False, **common))
+        for batches in zip(*views):
+            (images, labels, meta), train = batches[0], (batches[1] if augmented else None)
+            keys = [k.decode() for k in meta["key"].numpy()]
+            names = [f.decode() for f in meta["filename"].numpy()]
+            if train is not None and [k.decode() for k in train[2]["key"].numpy()] != keys:
+                raise ValueError("the training view read the records in another order than the evaluation view")
+            for i, (key, filename) in enumerate(zip(keys, names)):
+                if scanned >= scan:
+                    break
+                scanned += 1
+                rank = (_negate(sample_score(seed, key, filename)), filename, scanned)
+                if len(chosen) >= size and rank <= chosen[0][0]:
+                    continue
+                entry = (rank, SampleExample(
+                    label_id=int(labels[i]), label=meta["label_text"][i].numpy().decode(), filename=filename,
+                    key=key, image=images[i].numpy(), augmented=None if train is None else train[0][i].numpy()))
+                if len(chosen) < size:
+                    heapq.heappush(chosen, entry)
+                else:
+                    heapq.heapreplace(chosen, entry)
+            if scanned >= scan:
+                break
+    except (tf.errors.OpError, OSError, ValueError) as failure:
+        error = f"{type(failure).__name__}: {getattr(failure, 'message', None) or failure}"
+    examples = sorted((entry[1] for entry in chosen), key=lambda e: (e.label_id, e.filename))
+    return SplitSample(split=split, examples=tuple(examples), scanned=scanned, error=error)
+
+
+def _negate(score: bytes) -> bytes:
+    """Byte-wise complement: heapq keeps a min-heap, and the sample keeps the smallest scores."""
+    return bytes(255 - b for b in score)
+
+
+def gather(data_dir: str | os.PathLike[str], *, num_examples: int = 64, seed: int = 0, augmented: bool = False,
+           scan: int = 4096, first_dead_letters: int = 5, splits: list[str] | None = None) -> Inspection:
+    """Reads everything the inspection shows. Raises only when there is no manifest to read."""
+    data_dir = os.fspath(data_dir)
+    if "://" not in data_dir:
+        data_dir = os.path.abspath(data_dir)  # the report names where the dataset is, wherever it is opened
+    info, _ = read_manifest(data_dir)  # its structural problems come back from verify(), as other problems
+    shards, other = _shard_rows(info, data_dir)
+    counts, source = _class_counts(info, data_dir)
+    dead, dead_note = _dead_letters(info, data_dir, first_dead_letters)
+    damaged = {row.split for row in shards if not row.verified}
+    samples = {}
+    for split in splits or sorted(info.splits):
+        samples[split] = _read_sample(data_dir, split, info, size=num_examples, seed=seed, scan=scan,
+                                      augmented=augmented, skip_corrupt=split in damaged)
+    return Inspection(data_dir=data_dir, info=info, shards=shards, other_problems=other, class_counts=counts,
+                      class_counts_source=source, dead_letters=dead, dead_letters_note=dead_note,
+                      samples=samples, seed=seed)
