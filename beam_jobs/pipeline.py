@@ -305,13 +305,39 @@ def _make_output_dir(output_dir: str) -> list[str]:
         if not FileSystems.exists(output_dir):
             FileSystems.mkdirs(output_dir)
         # Fail now, with a clear message, rather than after converting everything.
-        probe = FileSystems.join(output_dir, temp_name("probe"))
-        FileSystems.create(probe).close()
-        delete_exactly([probe])
+        _probe_writable(output_dir)
     except Exception as error:
         _remove_created(created)
         raise UsageError(f"cannot write to --output_dir {redact(output_dir)}: {redact(str(error))}") from None
     return created
+
+
+def _probe_writable(output_dir: str) -> None:
+    """Writes and deletes a small object, removing it whatever happens in between.
+
+    On an object store the probe is an object in the user's bucket: a failure (or an interrupt)
+    after the write must not leave it behind. A store that accepts the write but refuses the
+    delete gets an error naming the object, since the job could not clean up its temp files
+    there either.
+    """
+    probe = FileSystems.join(output_dir, temp_name("probe"))
+    try:
+        # Not empty: Beam's S3 writer cannot write a zero-byte object (see storage._create_empty),
+        # and the probe should take the path every shard takes.
+        with FileSystems.create(probe) as handle:
+            handle.write(b"images-to-tfrecords write probe\n")
+    except BaseException:
+        try:  # A write that failed late (or was interrupted) may still have created the object.
+            if FileSystems.exists(probe):
+                delete_exactly([probe])
+        except Exception:  # The write's own error is the one to report.
+            pass
+        raise
+    try:
+        delete_exactly([probe])
+    except Exception as error:
+        raise OSError(f"wrote {probe} but could not delete it ({error}); the job deletes its temp files "
+                      "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
 def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str,

@@ -36,7 +36,8 @@ def _read(path: str) -> dict:
 
 
 def _is_stale(holder: dict) -> bool:
-    """A lock left by a killed run on this host (its process is gone) can be taken over."""
+    """A lock left by a killed run on this host (its process is gone) can be taken over, on a local
+    disk or an object store alike."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
     try:
@@ -72,10 +73,16 @@ def acquire_output_lock(output_dir: str) -> str:
                 handle.write(data)
             return path
         raise _locked(output_dir, path, _read(path))
-    if FileSystems.exists(path):
-        raise _locked(output_dir, path, _read(path))
-    write_atomically(path, data)
-    return path
+    for _ in range(2):
+        if FileSystems.exists(path):
+            holder = _read(path)
+            if _is_stale(holder):  # A run killed on this host; --resume after a kill must not stop here.
+                delete_exactly([path])
+                continue
+            raise _locked(output_dir, path, holder)
+        write_atomically(path, data)
+        return path
+    raise _locked(output_dir, path, _read(path))
 
 
 def _locked(output_dir: str, path: str, holder: dict) -> OutputLockedError:

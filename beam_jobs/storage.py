@@ -82,16 +82,27 @@ def temp_name(file_name: str) -> str:
     return f".tmp-{uuid.uuid4().hex}-{file_name}"
 
 
+def _chunks(sources: list[str], chunk_bytes: int):
+    for source in sources:
+        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            while chunk := handle.read(chunk_bytes):
+                yield chunk
+
+
 def concatenate_atomically(path: str, sources: list[str], *, chunk_bytes: int = 1 << 20) -> None:
     """Writes the files ``sources``, in order, into ``path`` (all or nothing), streaming: memory
     stays at one chunk however large the sources are."""
+    chunks = _chunks(sources, chunk_bytes)
+    first = next(chunks, None)
+    if first is None:
+        write_atomically(path, b"")
+        return
     directory, name = path.rsplit("/", 1)
     temp = f"{directory}/{temp_name(name)}"
     with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as out:
-        for source in sources:
-            with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-                while chunk := handle.read(chunk_bytes):
-                    out.write(chunk)
+        out.write(first)
+        for chunk in chunks:
+            out.write(chunk)
     FileSystems.rename([temp], [path])
 
 
@@ -99,6 +110,28 @@ def write_atomically(path: str, data: bytes) -> None:
     """Writes to a temporary name beside ``path``, then renames: readers see all or nothing."""
     directory, name = path.rsplit("/", 1)
     temp = f"{directory}/{temp_name(name)}"
-    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(data)
+    if data:
+        with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.write(data)
+    else:
+        _create_empty(temp)
     FileSystems.rename([temp], [path])
+
+
+def _create_empty(path: str) -> None:
+    """Creates a zero-byte file, on S3 too.
+
+    Beam's S3 writer always completes a multipart upload, even one with no parts, and S3 refuses
+    that ("You must specify at least one part"), so an empty object (an empty dead_letters.jsonl)
+    could not be written through ``FileSystems.create`` there. It is put in one request instead,
+    with the client and options Beam's own S3 filesystem uses.
+    """
+    filesystem = FileSystems.get_filesystem(path)
+    if filesystem.scheme() != "s3":
+        FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED).close()
+        return
+    from apache_beam.io.aws import s3io  # pylint: disable=import-outside-toplevel  # Only with [aws].
+
+    bucket, key = s3io.parse_s3_path(path)
+    client = s3io.S3IO(options=filesystem._options).client  # pylint: disable=protected-access
+    client.client.put_object(Bucket=bucket, Key=key, Body=b"")

@@ -235,14 +235,55 @@ itt_ensure_job_server_jar() {
 # This pool never kills on StopWorker: a worker exits by itself when its runner hangs up its
 # control stream (a finished environment, or a killed TaskManager). It only reaps the exited ones,
 # and kills what is left when the pool stops.
+# Beam's pool starts each worker as a bare SdkHarness that never learns the job's pipeline
+# options, so Beam's filesystems there have none: s3:// failed with "Must provide one of client
+# or options" (no endpoint, no keys). This pool starts workers as the SDK container's boot program
+# does: the worker asks the runner's provision service for the options, then runs sdk_worker_main,
+# which hands them to FileSystems (and applies the job's log levels).
 ITT_WORKER_POOL_MARKER=itt-worker-pool
 ITT_WORKER_POOL_PY='
 # itt-worker-pool (the marker that flink_cluster.sh stop looks for in /proc/PID/cmdline)
-import logging, os, sys, time
+import logging, os, subprocess, sys, time
 import grpc
 from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
 from apache_beam.runners.worker import worker_pool_main
 from apache_beam.utils import thread_pool_executor
+
+
+WORKER_PY = """
+import logging, os, sys
+import grpc
+from google.protobuf import json_format
+from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc
+from apache_beam.runners.worker import sdk_worker_main
+
+CREDENTIALS = {"s3_access_key_id", "s3_secret_access_key", "s3_session_token", "azure_connection_string"}
+
+
+class HideCredentials(logging.Filter):
+    # sdk_worker_main logs every pipeline option at INFO, keys included, into the logs of the runner.
+    def filter(self, record):
+        # A lone dict argument becomes record.args itself (logging treats it as a mapping for %(key)s).
+        if isinstance(record.args, dict):
+            record.args = {k: "<redacted>" if k in CREDENTIALS else v for k, v in record.args.items()}
+        return True
+
+
+logging.getLogger(sdk_worker_main.__name__).addFilter(HideCredentials())
+control, logs, provision, worker_id = sys.argv[1:5]
+with grpc.insecure_channel(provision) as channel:
+    info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
+        beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", worker_id)]).info
+os.environ.update({
+    "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
+    "CONTROL_API_SERVICE_DESCRIPTOR": f"url: {control!r}",
+    "LOGGING_API_SERVICE_DESCRIPTOR": f"url: {logs!r}" if logs else "",
+    "WORKER_ID": worker_id,
+})
+if not logs:
+    del os.environ["LOGGING_API_SERVICE_DESCRIPTOR"]
+sdk_worker_main.main(sys.argv[:1])
+"""
 
 
 class SharedWorkerPool(worker_pool_main.BeamFnExternalWorkerPoolServicer):
@@ -251,11 +292,14 @@ class SharedWorkerPool(worker_pool_main.BeamFnExternalWorkerPoolServicer):
         self.workers = []
 
     def StartWorker(self, request, context):
-        response = super().StartWorker(request, context)
-        process = self._worker_processes.pop(request.worker_id, None)
-        if process is not None:
-            self.workers.append(process)
-        return response
+        try:
+            process = subprocess.Popen(
+                ["python", "-c", WORKER_PY, request.control_endpoint.url, request.logging_endpoint.url,
+                 request.provision_endpoint.url, request.worker_id], close_fds=True)
+        except Exception as error:  # The runner shows this to the user.
+            return beam_fn_api_pb2.StartWorkerResponse(error=str(error))
+        self.workers.append(process)
+        return beam_fn_api_pb2.StartWorkerResponse()
 
     def StopWorker(self, request, context):
         self.workers = [p for p in self.workers if p.poll() is None]
@@ -327,4 +371,23 @@ itt_quote_command() {
   local out="" arg
   for arg in "$@"; do out+="$(printf '%q' "$arg") "; done
   printf '%s\n' "${out% }"
+}
+
+# Flags whose values are credentials: a logged command line shows <redacted> instead.
+ITT_SECRET_FLAGS_RE='^--(s3_access_key_id|s3_secret_access_key|s3_session_token)$'
+
+# itt_quote_command_redacted ARGS...: itt_quote_command with credential values replaced, for logs.
+itt_quote_command_redacted() {
+  local shown=() arg hide_next=0
+  for arg in "$@"; do
+    if (( hide_next )); then
+      shown+=("<redacted>"); hide_next=0
+    elif [[ "$arg" == *=* && "${arg%%=*}" =~ $ITT_SECRET_FLAGS_RE ]]; then
+      shown+=("${arg%%=*}=<redacted>")
+    else
+      [[ "$arg" =~ $ITT_SECRET_FLAGS_RE ]] && hide_next=1
+      shown+=("$arg")
+    fi
+  done
+  itt_quote_command "${shown[@]}"
 }

@@ -83,7 +83,7 @@ cmd=("$py" -m "$job_module"
   "--environment_config=$worker_pool"
   "${job_args[@]}")
 if (( dry_run )); then
-  itt_quote_command "${cmd[@]}"
+  itt_quote_command_redacted "${cmd[@]}"
   itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
   exit 0
 fi
@@ -114,7 +114,7 @@ if [[ "$worker_pool" == "$host:$worker_pool_port" ]]; then
   itt_start_worker_pool "$host" "$worker_pool_port" "$log_dir/worker-pool.pid" "$log_dir/worker-pool.log"
 fi
 
-itt_log "running: $(itt_quote_command "${cmd[@]}")"
+itt_log "running: $(itt_quote_command_redacted "${cmd[@]}")"
 set +e
 PATH="$(dirname "$py"):$PATH" "${cmd[@]}"
 status=$?

@@ -143,7 +143,7 @@ print(f"ok: project={gcp.project} region={gcp.region} temp_location={gcp.temp_lo
 '
 
 if (( dry_run )); then
-  itt_quote_command "${cmd[@]}"
+  itt_quote_command_redacted "${cmd[@]}"
   itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
   validate_log=$(mktemp "${TMPDIR:-/tmp}/submit_dataflow.XXXXXX")
   if ! result=$(PATH="$(dirname "$py"):$PATH" "$py" -c "$VALIDATE_PY" "${cmd[@]:3}" 2>"$validate_log"); then
@@ -158,5 +158,5 @@ fi
 
 "$py" -c 'import apache_beam.io.gcp.gcsio, google.cloud.storage, apitools' 2>/dev/null \
   || itt_die "DataflowRunner needs the GCP extras: $py -m pip install 'apache-beam[gcp]'"
-itt_log "running: $(itt_quote_command "${cmd[@]}")"
+itt_log "running: $(itt_quote_command_redacted "${cmd[@]}")"
 exec "${cmd[@]}"

@@ -181,7 +181,7 @@ cmd=("$py" -m "$job_module"
   "${job_args[@]}")
 
 if (( dry_run )); then
-  itt_quote_command "${cmd[@]}"
+  itt_quote_command_redacted "${cmd[@]}"
   itt_check_job_arguments "$py" "$job_module" "${cmd[@]:3}"
   exit 0
 fi
@@ -205,7 +205,7 @@ for job in jobs:
 EOF
 }
 
-itt_log "running: $(itt_quote_command "${cmd[@]}")"
+itt_log "running: $(itt_quote_command_redacted "${cmd[@]}")"
 jobs_before=$(jobs_rest 2>/dev/null) || jobs_before="?"  # "?": unknown, so cancel nothing
 # The worker pool and the job server start `python`/`java` from PATH.
 PATH="$(dirname "$py"):$PATH" "${cmd[@]}" &

@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.config import check_batch_size
+from tfdata_readers.schemes import check_readable_location
 
 __all__ = [
     "MANIFEST_NAME",
@@ -117,6 +118,7 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[s
     from its shard list.
     """
     data_dir = os.fspath(data_dir)
+    check_readable_location(data_dir)
     path = os.path.join(data_dir, MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"no manifest at {path}; was the conversion job run into {data_dir!r}?")
