@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
@@ -21,6 +21,7 @@ from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.plan import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import list_tree, literal_pattern, match_literally
+from beam_jobs.store_folders import list_one_level
 
 _LOG = logging.getLogger(__name__)
 
@@ -256,18 +257,20 @@ def input_list_files(list_uri: str) -> list[str]:
     return sorted(meta.path for meta in match_literally([list_uri])[0])
 
 
-def _first_level(root: str) -> list[str]:
-    """The units a tree is listed in, in parallel: each folder directly under a local root (and
-    each file there), or the whole root on an object store.
+def _first_level(root: str) -> list:
+    """The units a tree is listed in, in parallel: each folder directly under the root (listed
+    recursively by one worker) and each file there.
 
-    Beam's match() has no delimiter listing, so an object store's first-level "folders" cannot be
-    found without listing everything; there the tree is one recursive match (Beam's GCS and S3
-    listings are paged and lazy, so memory holds the matches, paths only). For very large object
-    store collections, an input list split into parts (``--manifest 'gs://b/lists/part-*.csv'``)
-    is read fully in parallel.
+    A local root is read with ``os.scandir``; an object store's with its delimiter listing (see
+    ``store_folders``), whose files come with their metadata already. A scheme without one is
+    listed as one recursive match of the whole root (paged and lazy, so memory holds paths only).
     """
     if "://" in root:
-        return [root]
+        level = list_one_level(root)
+        if level is None:
+            return [root]
+        folders, files = level
+        return [*folders, *files]
     units = []
     with os.scandir(root) as entries:
         for entry in entries:
@@ -277,11 +280,14 @@ def _first_level(root: str) -> list[str]:
     return sorted(units)
 
 
-def _list_unit(unit: str) -> list:
+def _list_unit(unit) -> list:
     """The files of one first-level unit: a folder's whole subtree, or a single file."""
+    if isinstance(unit, FileMetadata):  # an object-store file, listed with its metadata
+        return [unit]
     if "://" not in unit and os.path.isfile(unit):
         return match_literally([literal_pattern(unit)])[0]
-    return list_tree(unit)
+    # An object store's "folder/" marker objects (made by consoles and some tools) are no files.
+    return [meta for meta in list_tree(unit) if not meta.path.endswith("/")]
 
 
 class ListInputList(beam.PTransform):
