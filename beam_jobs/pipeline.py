@@ -170,7 +170,7 @@ class ConvertImages(beam.PTransform):
             | "SpreadShards" >> beam.Reshuffle()
             | "ConvertShards" >> beam.ParDo(ConvertShardFn(
                 config, output_dir, run_fingerprint=run_fingerprint(config, self._settings),
-                resume=self._resume,
+                resume=self._resume, run_id=self._run_id,
             )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
         # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
@@ -418,7 +418,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             watcher, display = (None, None) if run_id is None else _watch(
-                console, output_dir, run_id, resume=arguments.resume, plain=arguments.log_level == "DEBUG")
+                console, output_dir, run_id, plain=arguments.log_level == "DEBUG")
             succeeded = False
             try:
                 result = pipeline.run()
@@ -448,14 +448,14 @@ def run(argv: Sequence[str] | None = None) -> dict:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *, resume: bool,
+def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *,
            plain: bool) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
     """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
     tty = not plain and console.terminal.isatty()
     display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
     if tty:
         console.sink = display.write  # Lines that pass the filter print above the bar.
-    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update, resume=resume)
+    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update)
     return watcher.start(), display
 
 

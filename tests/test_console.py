@@ -44,6 +44,25 @@ def test_tally_counts_only_the_sidecars_of_this_plan():
     assert tally(PLAN, staged) == Progress(shards_done=2, shards_total=3, images_done=21, images_total=30)
 
 
+def test_tally_leaves_kept_shards_out_of_the_rate():
+    staged = {".staged-train-00000-of-00002.tfrecord.json": 11, ".staged-train-00001-of-00002.tfrecord.json": 9}
+    progress = tally(PLAN, staged, kept={".staged-train-00000-of-00002.tfrecord.json"})
+    assert (progress.images_done, progress.images_kept) == (20, 11)
+    assert progress_line(progress, elapsed_s=3.0).split(", ")[2] == "3 images/s"  # 9 converted in 3 s
+
+
+def test_line_progress_reports_shards_staged_before_the_plan_was_seen():
+    # A slow listing can see the plan file only after shards are staged: they are this run's work.
+    out = io.StringIO()
+    display = LineProgress(out, threading.Lock())
+    display.plan(PLAN["line"], Progress(1, 3, 10, 30))
+    display.update(Progress(2, 3, 20, 30))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == PLAN["line"]
+    assert [re.search(r"\((\d+)%\)", line).group(1) for line in lines[1:]] == ["33", "67"]
+    assert int(re.search(r", (\d+) images/s", lines[1]).group(1)) > 0  # Counted in the rate, not as if kept.
+
+
 def test_line_progress_prints_once_per_tenth():
     out = io.StringIO()
     display = LineProgress(out, threading.Lock())
@@ -68,12 +87,13 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     watcher.poll()
     assert seen == []  # No plan yet: nothing to say.
     (tmp_path / ".staged-train-00000-of-00002.tfrecord.json").write_text(
-        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]]}))
+        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]], "run_id": "run1"}))
     summary = {"splits": {name: dict(s) for name, s in PLAN["splits"].items()}}
     write_progress_plan(str(tmp_path), "run1", line="Found it", summary=summary)
     watcher.poll()
     assert seen == [("Found it", Progress(1, 3, 10, 30))]
-    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(json.dumps({"num_examples": 10}))
+    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(
+        json.dumps({"num_examples": 10, "run_id": "run1"}))
     watcher.poll()
     watcher.poll()  # Unchanged: no second report.
     assert seen[1:] == [Progress(2, 3, 20, 30)]
@@ -83,16 +103,60 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     assert not (tmp_path / progress_file_name("run1")).exists()
 
 
-def test_the_watcher_ignores_sidecars_older_than_the_run_unless_resuming(tmp_path):
-    old = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
-    old.write_text(json.dumps({"num_examples": 10}))
-    os.utime(old, (time.time() - 60, time.time() - 60))
-    write_progress_plan(str(tmp_path), "r", line="plan", summary=PLAN)
-    for resume, expected in ((False, 0), (True, 1)):
-        seen: list = []
-        StagingWatcher(str(tmp_path), "r", on_plan=lambda line, p: seen.append(p), on_progress=seen.append,
-                       resume=resume).poll()
-        assert seen[0].shards_done == expected
+def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
+    # --resume after an earlier run staged two shards: one is kept (convert rewrites its sidecar
+    # with this run's id), the other's sources changed and it is converted again.
+    kept = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
+    redone = tmp_path / ".staged-train-00001-of-00002.tfrecord.json"
+    for sidecar in (kept, redone):
+        sidecar.write_text(json.dumps({"num_examples": 10, "run_id": "earlier"}))
+    write_progress_plan(str(tmp_path), "now", line="plan", summary=PLAN)
+    seen: list = []
+    watcher = StagingWatcher(str(tmp_path), "now", on_plan=lambda line, p: seen.append(p), on_progress=seen.append)
+    watcher.poll()
+    assert seen == [Progress(0, 3, 0, 30)]  # Neither is done yet: either may still be redone.
+    kept.write_text(json.dumps({"num_examples": 10, "run_id": "now", "kept": True}))
+    watcher.poll()
+    assert seen[1:] == [Progress(1, 3, 10, 30, images_kept=10)]
+    redone.write_text(json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "r", "d"]], "run_id": "now"}))
+    os.utime(redone, (time.time() + 5, time.time() + 5))  # A listing's time may not change within a second.
+    watcher.poll()
+    assert seen[2:] == [Progress(2, 3, 20, 30, images_kept=10)]
+
+
+def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path):
+    from beam_jobs.config import ImageConfig
+    from beam_jobs.convert import ConvertShardFn
+    from beam_jobs.plan import plan_dataset
+    from beam_jobs.records import InputFile
+    from tests.photos import real_photo
+
+    photos = tmp_path / "photos"
+    (photos / "cat").mkdir(parents=True)
+    for i in range(4):
+        real_photo(size=(40, 30)).save(photos / "cat" / f"{i}.jpg")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def convert(run_id: str) -> dict:
+        inputs = [InputFile(f"cat/{p.name}", str(p), label="cat", size=p.stat().st_size, mtime=p.stat().st_mtime)
+                  for p in sorted((photos / "cat").iterdir())]
+        [shard] = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
+        fn = ConvertShardFn(ImageConfig(width=16, height=16), str(out), resume=True, run_id=run_id)
+        fn.setup()
+        try:
+            list(fn.process(shard))
+        finally:
+            fn.teardown()
+        return json.loads((out / ".staged-train-00000-of-00001.tfrecord.json").read_text())
+
+    first = convert("first")
+    assert first["run_id"] == "first" and "kept" not in first
+    again = convert("second")
+    assert (again["run_id"], again["kept"]) == ("second", True)
+    os.utime(photos / "cat" / "0.jpg", (time.time() + 10, time.time() + 10))  # A changed source.
+    redone = convert("third")
+    assert redone["run_id"] == "third" and "kept" not in redone
 
 
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
