@@ -204,6 +204,7 @@ class ConvertImages(beam.PTransform):
                 config=config,
                 settings=self._settings,
                 max_bad_fraction=self._max_bad_fraction,
+                run_id=self._run_id,
             )
             # dict: the dataset_info.json that was written
         )

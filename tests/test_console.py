@@ -159,6 +159,19 @@ def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path)
     assert redone["run_id"] == "third" and "kept" not in redone
 
 
+def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
+    from beam_jobs.finalize import remove_leftovers
+
+    folder = tmp_path / "out [1]*ü"  # Names a glob would read as a pattern.
+    folder.mkdir()
+    for name in (".progress-2901c11ee9ff447d.json", ".progress-[x]*.json", ".progress-own.json", "progress-mine.json"):
+        (folder / name).write_text("{}")
+    removed = remove_leftovers(str(folder), keep=[], run_id="own")
+    assert removed == [".progress-2901c11ee9ff447d.json", ".progress-[x]*.json"]
+    # Its own goes once the launching process has had its last look (StagingWatcher.remove_progress_file).
+    assert sorted(p.name for p in folder.iterdir()) == [".progress-own.json", "progress-mine.json"]
+
+
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
     info = {"num_dead_letters": 4, "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
             "splits": {"train": {"num_examples": 9, "num_shards": 2, "dead_letters_by_reason": {"truncated": 2},
@@ -261,3 +274,19 @@ def test_on_a_terminal_progress_is_a_bar(photo_tree, tmp_path):
     assert "progress: " not in text  # Plain lines are for consoles that are not terminals.
     assert not [line for line in text.replace("\r", "\n").splitlines() if CHATTER.search(line)]
     assert "split" in stdout.decode()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_console_quiet_and_ends_at_every_shard(photo_tree, tmp_path):
+    root = photo_tree[0]
+    args = ["--input", root, "--output_dir", tmp_path, "--image_size", "32", "--num_shards", "4"]
+    refused = run_cli(*args, "--max_bad_fraction", "0", check=False)  # The broken files: staged, not committed.
+    assert refused.returncode == 1 and list(tmp_path.glob(".staged-*.tfrecord.json"))
+    first = sorted(p for p in root.rglob("*.jpg"))[0]
+    os.utime(first, (time.time() + 10, time.time() + 10))  # Its shard is converted again.
+    (tmp_path / ".progress-0123456789abcdef.json").write_text("{}")  # A killed run's.
+    result = run_cli(*args, "--max_bad_fraction", "0.5", "--resume")
+    assert "kept " not in result.stderr and "INFO" not in result.stderr, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
+    assert progress and progress[-1].startswith("progress: 4/4 shards"), result.stderr
+    assert not list(tmp_path.glob(".progress-*"))
