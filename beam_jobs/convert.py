@@ -313,7 +313,7 @@ class ConvertShardFn(beam.DoFn):
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
         _DETAILS.info(
-            "wrote %s: %d examples, %.1f MB, %d dead letters",
+            "wrote %s: %d examples, %.3g MiB, %d dead letters",
             shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
         )
         yield from self._outputs(shard, done)

@@ -318,8 +318,9 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
                       for name, s in splits.items()) or "no split"
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
-    return (f"Found {total} images belonging to {len(summary['label_names'])} classes: {shown}; "
-            f"{ignored} listed files not used" + (f" ({reasons})" if reasons else ""))
+    classes = len(summary["label_names"])
+    return (f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
+            f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
 
 
 def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,

@@ -473,14 +473,18 @@ def _log_counters(result) -> None:
         _DETAILS.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _summary(info: dict, output_dir: str) -> str:
-    splits = ", ".join(f"{name}: {s['num_examples']} examples in {s['num_shards']} shards"
+    splits = ", ".join(f"{name}: {_plural(s['num_examples'], 'example')} in {_plural(s['num_shards'], 'shard')}"
                        for name, s in info["splits"].items())
     by_reason = info.get("dead_letters_by_reason", {})
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable = info["num_dead_letters"] - dropped
     copies = f", {dropped} copies dropped (--dedup)" if dropped else ""
-    return (f"wrote {splits} to {redact(output_dir)}; {unusable} inputs could not be used{copies} "
+    return (f"wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used{copies} "
             f"(see {info['dead_letters_file']})")
 
 

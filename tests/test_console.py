@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.progress import Progress, StagingWatcher, progress_file_name, tally, write_progress_plan
 from beam_jobs.progress_display import LineProgress, progress_line
-from beam_jobs.run_summary import split_table
+from beam_jobs.run_summary import format_mib, split_table
 from beam_jobs.runner_ui import watch_hint
 from tests.conftest import REPO, run_cli
 
@@ -172,6 +172,24 @@ def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [".progress-own.json", "progress-mine.json"]
 
 
+def test_console_lines_say_1_shard_1_input_1_class():
+    from beam_jobs.finalize import plan_line
+    from beam_jobs.pipeline import _summary
+
+    plan = {"label_names": ["china"], "splits": {"train": {"num_examples": 1, "num_shards": 1}}}
+    assert plan_line(plan, {"empty_file": 1}) == (
+        "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)")
+    info = {"splits": {"train": {"num_examples": 1, "num_shards": 1}}, "num_dead_letters": 1,
+            "dead_letters_by_reason": {"empty_file": 1}, "dead_letters_file": "dead_letters.jsonl"}
+    assert _summary(info, "/d") == ("wrote train: 1 example in 1 shard to /d; 1 input could not be used "
+                                    "(see dead_letters.jsonl)")
+
+
+@pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (15 * 2**20, "15.0")])
+def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
+    assert format_mib(size) == shown
+
+
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
     info = {"num_dead_letters": 4, "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
             "splits": {"train": {"num_examples": 9, "num_shards": 2, "dead_letters_by_reason": {"truncated": 2},
@@ -179,7 +197,7 @@ def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
                        "validation": {"num_examples": 3, "num_shards": 1, "dead_letters_by_reason": {},
                                       "shards": [{"bytes": 2**19}]}}}
     rows = [line.split(None, 4) for line in split_table(info).splitlines()]
-    assert rows == [["split", "examples", "shards", "MB", "dead letters"],
+    assert rows == [["split", "examples", "shards", "MiB", "dead letters"],
                     ["train", "9", "2", "2.00", "2 (truncated: 2)"],
                     ["validation", "3", "1", "0.50", "0"],
                     ["(listing)", "2", "(bad_manifest_row:", "2)"],
@@ -224,7 +242,7 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
                                    "images (100%)"), progress
     assert not [line for line in result.stderr.splitlines() if CHATTER.search(line)]
     table = result.stdout.splitlines()
-    assert table[0].split() == ["split", "examples", "shards", "MB", "dead", "letters"]
+    assert table[0].split() == ["split", "examples", "shards", "MiB", "dead", "letters"]
     rows = {line.split()[0]: line.split(None, 4) for line in table[1:4]}
     for name, split in info["splits"].items():
         reasons = split["dead_letters_by_reason"]

@@ -22,6 +22,7 @@ from tfdata_readers.inspection.gather import gather
 from tfdata_readers.inspect import PROG
 from tfdata_readers.inspect import main as inspect_main
 from tfdata_readers.inspection.sheet import TILES_CHUNK, _fit, draw_contact_sheet, sheet_layout
+from tfdata_readers.inspection.units import format_mib, plural
 from tfdata_readers.records import tensorflow_reason
 from tfdata_readers.verification import _read_records
 
@@ -147,7 +148,7 @@ def test_class_chart_and_text_summary(dataset, inspected):
     info = tfr.load_manifest(dataset)
     assert Image.open(out / "class_counts.png").size == chart_size(len(info.splits), info.num_classes)
     lines = result.stdout.splitlines()
-    assert f"{sum(s.num_examples for s in info.splits.values())} examples in 2 split(s), 9 classes" in lines[0]
+    assert f"{sum(s.num_examples for s in info.splits.values())} examples in 2 splits, 9 classes" in lines[0]
     empty = [info.label_names[i] for i, n in tfr.class_counts(dataset, "validation").items() if n == 0]
     validation = next(line for line in lines if line.strip().startswith("validation"))
     assert (f"EMPTY classes: {', '.join(empty)}" in validation) if empty else "EMPTY" not in validation
@@ -166,7 +167,7 @@ def test_report_opens_in_a_real_browser_with_the_manifests_numbers(dataset, insp
     assert all(i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/") for i in images), images
     table = "id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(r => Array.from(r.cells).map(c => c.textContent))"
     shards = browser.evaluate(f"({table})('shards')")
-    expected = [[split, s["file"], str(s["num_examples"]), f"{s['bytes'] / 2**20:.2f}", "verified"]
+    expected = [[split, s["file"], str(s["num_examples"]), format_mib(s["bytes"]), "verified"]
                 for split, meta in sorted(info["splits"].items()) for s in meta["shards"]]
     assert shards == expected
     classes = browser.evaluate(f"({table})('classes')")
@@ -293,3 +294,14 @@ def test_an_empty_split_sheet_keeps_its_title(tmp_path):
     assert _fit(draw, long_title, ImageFont.load_default(size=18), 200, keep_start=True).startswith("validation: 0")
     top = np.asarray(cut.convert("L"))[5:30, :40]
     assert (top < 128).any()  # The title's first letters are drawn at the left edge.
+
+
+@pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (3 * 2**20, "3.00"),
+                                         (15 * 2**20, "15.0")])
+def test_sizes_are_mib_with_two_significant_digits(size, shown):
+    assert format_mib(size) == shown
+
+
+def test_counts_read_in_the_singular_for_one():
+    assert [plural(1, "class", "classes"), plural(2, "class", "classes"), plural(1, "split")] == [
+        "1 class", "2 classes", "1 split"]

@@ -18,6 +18,7 @@ from tfdata_readers.inspection.class_chart import balance, draw_class_counts
 from tfdata_readers.inspection.gather import Inspection, gather
 from tfdata_readers.inspection.html_report import render_report
 from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png
+from tfdata_readers.inspection.units import format_mib, plural
 
 __all__ = ["main", "text_summary", "write_inspection"]
 
@@ -80,7 +81,8 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
     info = report.info
     producer = info.raw.get("producer", {})
     total = sum(s.num_examples for s in info.splits.values())
-    lines = [f"{report.data_dir}: {total} examples in {len(info.splits)} split(s), {info.num_classes} classes, "
+    lines = [f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
+             f"{plural(info.num_classes, 'class', 'classes')}, "
              f"{info.image.width}x{info.image.height} {info.image.format} "
              f"({producer.get('name', '?')} {producer.get('version', '?')})"]
     width = max((len(s) for s in report.splits), default=5)
@@ -90,8 +92,10 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
         ratio = "no examples" if summary.ratio is None else (
             f"largest/smallest {summary.ratio:.1f} ({summary.largest}/{summary.smallest})")
         empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
-        lines.append(f"  {split:<{width}}  {info.splits[split].num_examples:>7} examples  {len(rows):>4} shards  "
-                     f"{sum(r.bytes for r in rows) / 2**20:8.2f} MB  {sum(r.verified for r in rows)}/{len(rows)} "
+        examples, shards = info.splits[split].num_examples, len(rows)
+        lines.append(f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "
+                     f"shard{'s' if shards != 1 else ' '}  {format_mib(sum(r.bytes for r in rows)):>8} MiB  "
+                     f"{sum(r.verified for r in rows)}/{len(rows)} "
                      f"verified  {ratio}{empty}")
     if report.class_counts_source != "dataset_info.json":
         lines.append(f"  class counts {report.class_counts_source}")
