@@ -21,7 +21,7 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-from beam_jobs.arguments import PROG, JobArguments, UsageError, help_parser, parse_job_arguments
+from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
@@ -519,7 +519,11 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
 
 
 def _peek_log_level(argv: Sequence[str]) -> str:
-    """--log_level before the full parse, so that logging is set up before Beam says anything."""
+    """--log_level (or -v) before the full parse, so that logging is set up before Beam says anything."""
+    try:
+        argv = expand_verbosity(argv)
+    except UsageError:  # Reported by the full parse.
+        pass
     for index, arg in enumerate(argv):
         if arg.startswith("--log_level="):
             return arg.split("=", 1)[1].upper()

@@ -190,6 +190,25 @@ def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
     assert format_mib(size) == shown
 
 
+@pytest.mark.parametrize("flags, level", [(["-v"], "INFO"), (["-vv"], "DEBUG"), (["-v", "-v"], "DEBUG"),
+                                          ([], "WARNING"), (["--log_level", "error"], "ERROR")])
+def test_v_is_short_for_log_level(flags, level, tmp_path):
+    from beam_jobs.arguments import parse_job_arguments
+    from beam_jobs.pipeline import _peek_log_level
+
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), *flags]
+    assert parse_job_arguments(argv)[0].log_level == level == _peek_log_level(argv)
+
+
+def test_v_and_log_level_together_are_refused_and_v_is_in_the_help(tmp_path, capsys):
+    from beam_jobs.arguments import UsageError, help_parser, parse_job_arguments
+
+    with pytest.raises(UsageError, match="give -v or --log_level, not both"):
+        parse_job_arguments(["--input", str(tmp_path), "--output_dir", str(tmp_path), "-v", "--log_level=DEBUG"])
+    help_parser().print_help()
+    assert "-v " in capsys.readouterr().out
+
+
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
     info = {"num_dead_letters": 4, "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
             "splits": {"train": {"num_examples": 9, "num_shards": 2, "dead_letters_by_reason": {"truncated": 2},
