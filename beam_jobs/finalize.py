@@ -219,7 +219,7 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
                      run_id: str | None = None) -> list[str]:
     """Deletes what a committed dataset must not have beside it; returns the names deleted.
 
-    That is: hidden temp, staged and progress files and sidecars; the shards of the dataset this one replaces
+    That is: hidden temp and staged files and sidecars; the shards of the dataset this one replaces
     (``previous``, from its dataset_info.json) that are not in ``keep``; files named like a shard of
     one of this dataset's splits that it does not list (stale shards of an interrupted run with
     another shard count, which readers would refuse); a refused run's dead letters; the files
@@ -240,9 +240,9 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
         if name in keep:
             continue
         shard = _SHARD_FILE.match(name)
-        # ".progress-": the progress file of a killed run (each run names its own), which --resume
-        # would otherwise leave beside the dataset for good.
-        if (name.startswith((".tmp-", ".staged-", ".progress-")) or name in previous
+        # A killed run's progress file (each run names its own) would otherwise stay beside the
+        # dataset for good; this run's own is the launching process's to remove (see above).
+        if (name.startswith((".tmp-", ".staged-")) or name in previous
                 or name in (REFUSED_DEAD_LETTERS_FILE, PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
                 or (_PROGRESS_FILE.match(name) and name != own_progress)
                 or (shard and shard["split"] in splits)):
