@@ -14,6 +14,7 @@ import difflib
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -23,7 +24,7 @@ from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.options import ConversionOptions
 from beam_jobs.paths import redact
 
-__all__ = ["JobArguments", "UsageError", "help_parser", "main", "parse_job_arguments"]
+__all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
 
 PROG = "images-to-tfrecords"
 
@@ -48,6 +49,27 @@ def _all_flags_parser() -> _RaisingParser:
     for cls in classes.values():
         cls._add_argparse_args(parser)  # pylint: disable=protected-access
     return parser
+
+
+_VERBOSE = re.compile(r"^-(v+)$")
+
+
+def expand_verbosity(argv: Sequence[str]) -> list[str]:
+    """``-v`` (and ``-vv``, or ``-v -v``) as ``--log_level INFO`` (``DEBUG``): the one short flag the
+    job takes, read before anything else parses the command line (Beam's parser knows no -v)."""
+    count = 0
+    rest = []
+    for arg in argv:
+        match = _VERBOSE.match(arg)
+        if match:
+            count += len(match.group(1))
+        else:
+            rest.append(arg)
+    if not count:
+        return rest
+    if any(arg == "--log_level" or arg.startswith("--log_level=") for arg in rest):
+        raise UsageError("give -v or --log_level, not both")
+    return [*rest, f"--log_level={'INFO' if count == 1 else 'DEBUG'}"]
 
 
 def _refuse_unknown(argv: Sequence[str]) -> None:
@@ -112,6 +134,9 @@ def help_parser() -> argparse.ArgumentParser:
         "An argument the job does not know is an error.",
     )
     ConversionOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+    parser.add_argument("-v", action="count", dest="verbosity",
+                        help="-v is --log_level INFO (per-shard lines, counters, Beam's own INFO lines); "
+                        "-vv is --log_level DEBUG")
     StandardOptions._add_argparse_args(parser)  # pylint: disable=protected-access
     return parser
 
@@ -173,7 +198,7 @@ _MIN_TARGET_SHARD_MB = 0.01
 
 def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOptions]:
     """Parses and checks the whole command line; raises UsageError naming the first bad value."""
-    argv = list(argv)
+    argv = expand_verbosity(argv)
     _refuse_unknown(argv)
     _refuse_repeats_and_blanks(argv)
     options = PipelineOptions(argv)

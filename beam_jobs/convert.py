@@ -182,8 +182,9 @@ class ConvertShardFn(beam.DoFn):
     """
 
     def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
-                 read_threads: int = 4) -> None:
+                 read_threads: int = 4, run_id: str | None = None) -> None:
         self._config = config
+        self._run_id = run_id  # written into each sidecar: what the launching process's watcher counts
         self._output_dir = output_dir
         self._run_fingerprint = run_fingerprint
         self._resume = resume
@@ -243,7 +244,8 @@ class ConvertShardFn(beam.DoFn):
             done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
             if done is not None:
                 self._shards_resumed.inc()
-                _LOG.info("kept %s: complete and verified from an earlier run", shard.file_name)
+                self._mark_kept(sidecar_path, done)
+                _DETAILS.info("kept %s: complete and verified from an earlier run", shard.file_name)
                 yield from self._outputs(shard, done)
                 return
         temp_path = FileSystems.join(self._output_dir, temp_name(shard.file_name))
@@ -304,15 +306,28 @@ class ConvertShardFn(beam.DoFn):
             "dead_letters": [[d.uri, d.stage, d.reason, d.detail] for d in dead_letters],
             "content_keys": content_keys,
         }
+        if self._run_id is not None:
+            done["run_id"] = self._run_id
         write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()
         _DETAILS.info(
-            "wrote %s: %d examples, %.1f MB, %d dead letters",
+            "wrote %s: %d examples, %.3g MiB, %d dead letters",
             shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
         )
         yield from self._outputs(shard, done)
+
+    def _mark_kept(self, sidecar_path: str, done: dict) -> None:
+        """Rewrites a kept shard's sidecar with this run's id, so that the watcher counts the shard
+        now, and as kept rather than converted (see progress.py). Its verified fields are unchanged."""
+        if self._run_id is None:
+            return
+        try:
+            write_atomically(sidecar_path, json.dumps({**done, "run_id": self._run_id, "kept": True},
+                                                      sort_keys=True).encode("utf-8"))
+        except Exception:  # Only the progress display would miss this shard; the shard itself is good.
+            _LOG.warning("could not mark %s as kept by this run", sidecar_path)
 
     @staticmethod
     def _outputs(shard: ShardPlan, done: dict):

@@ -16,6 +16,7 @@ from beam_jobs.config import ImageConfig
 from beam_jobs.convert import staged_name
 from beam_jobs.errors import Reason
 from beam_jobs.example import FEATURE_DTYPES
+from beam_jobs.progress import progress_file_name
 from beam_jobs.records import DeadLetter, ShardResult
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 
@@ -50,6 +51,7 @@ REFUSED_DEAD_LETTERS_FILE = "dead_letters.refused_run.jsonl"
 # Inputs dropped on purpose as copies of another (--dedup): reported, but not unusable.
 DROPPED_REASONS = frozenset({Reason.DUPLICATE_INPUT, Reason.DUPLICATE_CONTENT})
 _SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.tfrecord$")
+_PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")  # see progress.progress_file_name
 
 
 def is_dataset_file(name: str) -> bool:
@@ -213,30 +215,36 @@ def _listed_files(info_path: str) -> set[str]:
         return set()
 
 
-def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable[str] = ()) -> list[str]:
+def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable[str] = (),
+                     run_id: str | None = None) -> list[str]:
     """Deletes what a committed dataset must not have beside it; returns the names deleted.
 
-    That is: hidden temp, staged and progress files and sidecars; the shards of the dataset this one replaces
+    That is: hidden temp and staged files and sidecars; the shards of the dataset this one replaces
     (``previous``, from its dataset_info.json) that are not in ``keep``; files named like a shard of
     one of this dataset's splits that it does not list (stale shards of an interrupted run with
-    another shard count, which readers would refuse); a refused run's dead letters; and the files
-    of an earlier --plan_only, which no longer describe what is there. Files of
+    another shard count, which readers would refuse); a refused run's dead letters; the files
+    of an earlier --plan_only, which no longer describe what is there; and the progress files of
+    other runs (killed ones leave theirs). This run's own progress file (``run_id``) is left to the
+    launching process, which removes it after its last look: removed here, a short run could end
+    before the launching process ever read its plan. Files of
     the user's that merely look like shards of another split ("backup-00000-of-00001.tfrecord")
     are never touched.
     """
     keep = set(keep)
     splits = {_SHARD_FILE.match(name)["split"] for name in keep if _SHARD_FILE.match(name)}
     previous = set(previous)
+    own_progress = None if run_id is None else progress_file_name(run_id)
     doomed = []
     for meta in list_folder(output_dir):
         name = meta.path.rsplit("/", 1)[-1]
         if name in keep:
             continue
         shard = _SHARD_FILE.match(name)
-        # ".progress-": the progress file of a killed run (each run names its own), which --resume
-        # would otherwise leave beside the dataset for good.
-        if (name.startswith((".tmp-", ".staged-", ".progress-")) or name in previous
+        # A killed run's progress file (each run names its own) would otherwise stay beside the
+        # dataset for good; this run's own is the launching process's to remove (see above).
+        if (name.startswith((".tmp-", ".staged-")) or name in previous
                 or name in (REFUSED_DEAD_LETTERS_FILE, PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
+                or (_PROGRESS_FILE.match(name) and name != own_progress)
                 or (shard and shard["split"] in splits)):
             doomed.append(meta.path)
     delete_exactly(doomed)
@@ -253,6 +261,7 @@ def finalize_outputs(
     config: ImageConfig,
     settings: dict,
     max_bad_fraction: float,
+    run_id: str | None = None,
 ) -> dict:
     """Checks the bad fraction, then swaps the new dataset in: commit, clean up, manifest last.
 
@@ -295,7 +304,7 @@ def finalize_outputs(
         delete_exactly([info_path])
     commit_shards(output_dir, results)
     concatenate_atomically(FileSystems.join(output_dir, DEAD_LETTERS_FILE), part_paths)
-    remove_leftovers(output_dir, keep=[r.file for r in results], previous=previous)
+    remove_leftovers(output_dir, keep=[r.file for r in results], previous=previous, run_id=run_id)
     text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     write_atomically(info_path, text.encode("utf-8"))
     return info
@@ -309,8 +318,9 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
                       for name, s in splits.items()) or "no split"
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
-    return (f"Found {total} images belonging to {len(summary['label_names'])} classes: {shown}; "
-            f"{ignored} listed files not used" + (f" ({reasons})" if reasons else ""))
+    classes = len(summary["label_names"])
+    return (f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
+            f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
 
 
 def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,

@@ -21,7 +21,7 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-from beam_jobs.arguments import PROG, JobArguments, UsageError, help_parser, parse_job_arguments
+from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
@@ -170,7 +170,7 @@ class ConvertImages(beam.PTransform):
             | "SpreadShards" >> beam.Reshuffle()
             | "ConvertShards" >> beam.ParDo(ConvertShardFn(
                 config, output_dir, run_fingerprint=run_fingerprint(config, self._settings),
-                resume=self._resume,
+                resume=self._resume, run_id=self._run_id,
             )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
         # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
@@ -204,6 +204,7 @@ class ConvertImages(beam.PTransform):
                 config=config,
                 settings=self._settings,
                 max_bad_fraction=self._max_bad_fraction,
+                run_id=self._run_id,
             )
             # dict: the dataset_info.json that was written
         )
@@ -418,7 +419,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             watcher, display = (None, None) if run_id is None else _watch(
-                console, output_dir, run_id, resume=arguments.resume, plain=arguments.log_level == "DEBUG")
+                console, output_dir, run_id, plain=arguments.log_level == "DEBUG")
             succeeded = False
             try:
                 result = pipeline.run()
@@ -448,14 +449,14 @@ def run(argv: Sequence[str] | None = None) -> dict:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *, resume: bool,
+def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *,
            plain: bool) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
     """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
     tty = not plain and console.terminal.isatty()
     display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
     if tty:
         console.sink = display.write  # Lines that pass the filter print above the bar.
-    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update, resume=resume)
+    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update)
     return watcher.start(), display
 
 
@@ -472,14 +473,18 @@ def _log_counters(result) -> None:
         _DETAILS.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _summary(info: dict, output_dir: str) -> str:
-    splits = ", ".join(f"{name}: {s['num_examples']} examples in {s['num_shards']} shards"
+    splits = ", ".join(f"{name}: {_plural(s['num_examples'], 'example')} in {_plural(s['num_shards'], 'shard')}"
                        for name, s in info["splits"].items())
     by_reason = info.get("dead_letters_by_reason", {})
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable = info["num_dead_letters"] - dropped
     copies = f", {dropped} copies dropped (--dedup)" if dropped else ""
-    return (f"wrote {splits} to {redact(output_dir)}; {unusable} inputs could not be used{copies} "
+    return (f"wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used{copies} "
             f"(see {info['dead_letters_file']})")
 
 
@@ -514,7 +519,11 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
 
 
 def _peek_log_level(argv: Sequence[str]) -> str:
-    """--log_level before the full parse, so that logging is set up before Beam says anything."""
+    """--log_level (or -v) before the full parse, so that logging is set up before Beam says anything."""
+    try:
+        argv = expand_verbosity(argv)
+    except UsageError:  # Reported by the full parse.
+        pass
     for index, arg in enumerate(argv):
         if arg.startswith("--log_level="):
             return arg.split("=", 1)[1].upper()

@@ -6,6 +6,12 @@ each shard completes, is a staged shard and its sidecar in ``--output_dir`` (see
 and the plan step writes a small progress file there before any shard is converted. Listing that
 folder therefore tells shards and images done, on any runner whose output folder the launching
 machine can read, at the cost of one listing every few seconds.
+
+A sidecar counts only when it names this run's id: convert.py writes the id into every sidecar it
+writes, and rewrites the sidecar of a shard it keeps under --resume (with ``kept`` set). The id,
+not a modification time, decides, because a shard left by an earlier run may be kept or redone,
+which no time and no plan-time listing can tell, and because the clocks of the launching machine
+and of a remote store need not agree.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -49,6 +55,7 @@ class Progress:
     shards_total: int
     images_done: int
     images_total: int
+    images_kept: int = 0  # of images_done: in shards --resume kept from an earlier run (no work, no rate)
 
     @property
     def fraction(self) -> float:
@@ -57,21 +64,24 @@ class Progress:
         return self.shards_done / self.shards_total if self.shards_total else 0.0
 
 
-def tally(plan: dict, staged: dict[str, int]) -> Progress:
-    """Progress from the plan's splits and ``{sidecar name: inputs it accounts for}``.
+def tally(plan: dict, staged: dict[str, int], kept: Collection[str] = ()) -> Progress:
+    """Progress from the plan's splits and ``{sidecar name: inputs it accounts for}`` (this run's
+    sidecars only); ``kept`` names those of shards kept from an earlier run.
 
     Pure. Sidecars of another plan (another split, or another shard count left by an earlier
     run) are not counted.
     """
     splits = plan["splits"]
-    shards = images = 0
+    shards = images = images_kept = 0
     for name, inputs in staged.items():
         match = _SIDECAR.match(name)
         if match and match["split"] in splits and int(match["total"]) == splits[match["split"]]["num_shards"]:
             shards += 1
             images += inputs
+            images_kept += inputs if name in kept else 0
     return Progress(shards_done=shards, shards_total=sum(s["num_shards"] for s in splits.values()),
-                    images_done=images, images_total=sum(s["num_examples"] for s in splits.values()))
+                    images_done=images, images_total=sum(s["num_examples"] for s in splits.values()),
+                    images_kept=images_kept)
 
 
 def _read_json(path: str) -> dict | None:
@@ -86,24 +96,24 @@ class StagingWatcher:
     """Polls ``output_dir`` on a thread and reports the plan once, then each change of progress.
 
     ``on_plan(line, progress)`` is called once the plan step has written its progress file;
-    ``on_progress(progress)`` whenever a new shard is staged. Sidecars already there when the run
-    started count only with ``resume`` (their shards are verified and kept); otherwise they are
-    an earlier run's, about to be rewritten, and a sidecar counts once it is newer than the start.
-    Watching is best effort: a folder that cannot be listed leaves the run without progress, and
-    never fails it.
+    ``on_progress(progress)`` whenever a new shard is staged or kept. A sidecar counts once it
+    names ``run_id`` (see the module docstring): an earlier run's sidecar is about to be kept
+    (and rewritten with this run's id) or replaced. Watching is best effort: a folder that cannot
+    be listed leaves the run without progress, and never fails it.
     """
 
     def __init__(self, output_dir: str, run_id: str, *, on_plan: Callable[[str, Progress], None],
-                 on_progress: Callable[[Progress], None], resume: bool = False, interval_s: float = 0.5) -> None:
+                 on_progress: Callable[[Progress], None], interval_s: float = 0.5) -> None:
         self._output_dir = output_dir
+        self._run_id = run_id
         self._progress_path = FileSystems.join(output_dir, progress_file_name(run_id))
         self._on_plan = on_plan
         self._on_progress = on_progress
-        self._resume = resume
         self._interval_s = interval_s if "://" not in output_dir else max(interval_s, 5.0)
-        self._started = time.time()
         self._plan: dict | None = None
-        self._staged: dict[str, int] = {}  # sidecar name -> inputs it accounts for; kept once seen
+        self._staged: dict[str, int] = {}  # this run's sidecars -> inputs they account for; final once seen
+        self._kept: set[str] = set()  # of those, the sidecars of shards kept from an earlier run
+        self._others: dict[str, tuple] = {}  # other runs' sidecars -> (size, time) when read: reread on change
         self._last: Progress | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="staging-watcher", daemon=True)
@@ -124,8 +134,8 @@ class StagingWatcher:
             self._thread.join()
         self.poll()
         if succeeded and self._last is not None:
-            done = Progress(shards_done=self._last.shards_total, shards_total=self._last.shards_total,
-                            images_done=self._last.images_total, images_total=self._last.images_total)
+            done = dataclasses.replace(self._last, shards_done=self._last.shards_total,
+                                       images_done=self._last.images_total)
             if done != self._last:
                 self._last = done
                 self._on_progress(done)
@@ -152,11 +162,11 @@ class StagingWatcher:
                 if self._plan is None:
                     return
                 self._scan()
-                self._last = tally(self._plan, self._staged)
+                self._last = tally(self._plan, self._staged, self._kept)
                 self._on_plan(self._plan["line"], self._last)
                 return
             self._scan()
-            progress = tally(self._plan, self._staged)
+            progress = tally(self._plan, self._staged, self._kept)
             if progress != self._last:
                 self._last = progress
                 self._on_progress(progress)
@@ -168,8 +178,16 @@ class StagingWatcher:
             name = meta.path.rsplit("/", 1)[-1]
             if name in self._staged or not _SIDECAR.match(name):
                 continue
-            if not self._resume and (meta.last_updated_in_seconds or 0) < self._started - 1:
-                continue
+            state = (meta.size_in_bytes, meta.last_updated_in_seconds)
+            if self._others.get(name) == state and None not in state:
+                continue  # Another run's, unchanged since it was read.
             sidecar = _read_json(meta.path)
-            if sidecar is not None:
-                self._staged[name] = int(sidecar.get("num_examples", 0)) + len(sidecar.get("dead_letters", []))
+            if sidecar is None:
+                continue
+            if sidecar.get("run_id") != self._run_id:
+                self._others[name] = state
+                continue
+            self._others.pop(name, None)
+            self._staged[name] = int(sidecar.get("num_examples", 0)) + len(sidecar.get("dead_letters", []))
+            if sidecar.get("kept"):
+                self._kept.add(name)

@@ -20,12 +20,12 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def progress_line(progress: Progress, *, elapsed_s: float, images_at_start: int = 0) -> str:
+def progress_line(progress: Progress, *, elapsed_s: float) -> str:
     """One plain line: shards, images, percentage, rate and ETA. Pure, for logs and CI consoles.
 
-    ``images_at_start`` (shards kept by --resume) is left out of the rate, which they would inflate.
+    The images of shards kept by --resume are left out of the rate, which they would inflate.
     """
-    converted = progress.images_done - images_at_start
+    converted = progress.images_done - progress.images_kept
     rate = converted / elapsed_s if elapsed_s > 0 else 0.0
     left = progress.images_total - progress.images_done
     eta = f", ETA {format_duration(left / rate)}" if rate > 0 and left > 0 else ""
@@ -35,14 +35,17 @@ def progress_line(progress: Progress, *, elapsed_s: float, images_at_start: int 
 
 
 class LineProgress:
-    """Writes the plan's line, then one progress line each time another tenth is done."""
+    """Writes the plan's line, then one progress line each time another tenth is done.
+
+    The tenths count from zero whatever the progress when the plan is first seen: on a slow
+    listing, shards may be staged before the plan file shows, and they are this run's work.
+    """
 
     def __init__(self, out: TextIO, lock: threading.Lock) -> None:
         self._out = out
         self._lock = lock
         self._started = time.monotonic()
-        self._tenths = -1
-        self._at_start = 0
+        self._tenths = 0
 
     def write(self, text: str) -> None:
         with self._lock:
@@ -50,16 +53,14 @@ class LineProgress:
             self._out.flush()
 
     def plan(self, line: str, progress: Progress) -> None:
-        self._at_start = progress.images_done
-        self._tenths = int(progress.fraction * 10)
         self.write(line)
+        self.update(progress)
 
     def update(self, progress: Progress) -> None:
         tenths = int(progress.fraction * 10)
         if tenths > self._tenths:
             self._tenths = tenths
-            self.write(progress_line(progress, elapsed_s=time.monotonic() - self._started,
-                                     images_at_start=self._at_start))
+            self.write(progress_line(progress, elapsed_s=time.monotonic() - self._started))
 
     def close(self) -> None:
         pass
@@ -88,6 +89,7 @@ class TtyProgress:
         self._out = out
         self._lock = lock
         self._bar: tqdm | None = None
+        self._kept = 0
 
     def write(self, text: str) -> None:
         with self._lock:
@@ -100,17 +102,30 @@ class TtyProgress:
     def plan(self, line: str, progress: Progress) -> None:
         self.write(line)
         with self._lock:
-            self._bar = tqdm(total=progress.images_total, initial=progress.images_done, file=self._out,
+            self._kept = progress.images_kept
+            # initial: the kept images are no work of this run, and tqdm leaves them out of its rate.
+            self._bar = tqdm(total=progress.images_total, initial=progress.images_kept, file=self._out,
                              unit="img", desc="converting", bar_format=self._FORMAT, smoothing=0.1,
                              **_fixed_size(self._out))
-            self._bar.set_postfix_str(f"shards {progress.shards_done}/{progress.shards_total}", refresh=True)
+        self.update(progress)
 
     def update(self, progress: Progress) -> None:
         with self._lock:
             if self._bar is None:
                 return
+            kept = progress.images_kept - self._kept
+            if kept > 0:
+                # Shards kept by --resume count as done at once, without entering the rate.
+                self._kept = progress.images_kept
+                self._bar.initial += kept
+                self._bar.n += kept
+                self._bar.last_print_n += kept
             self._bar.set_postfix_str(f"shards {progress.shards_done}/{progress.shards_total}", refresh=False)
-            self._bar.update(progress.images_done - self._bar.n)
+            converted = progress.images_done - self._bar.n
+            if converted:
+                self._bar.update(converted)
+            else:  # Kept shards or the shard count alone changed: tqdm draws only on update().
+                self._bar.refresh()
 
     def close(self) -> None:
         with self._lock:

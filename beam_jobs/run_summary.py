@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import math
+
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.finalize import DATASET_INFO
 from beam_jobs.paths import redact
 
-__all__ = ["outputs_lines", "split_table"]
+__all__ = ["format_mib", "outputs_lines", "split_table"]
 
 _LISTING = "(listing)"
 
 
-def _mb(size: int) -> str:
-    return f"{size / 2**20:.2f}" if size < 10 * 2**20 else f"{size / 2**20:.1f}"
+def format_mib(size: int) -> str:
+    """Bytes in MiB (2**20), with two significant digits at least: a 4.6 KB shard reads 0.0044, not 0.00."""
+    mib = size / 2**20
+    if mib >= 10:
+        return f"{mib:.1f}"
+    if mib >= 0.01 or size == 0:
+        return f"{mib:.2f}"
+    return f"{mib:.{1 - math.floor(math.log10(mib))}f}"
 
 
 def _reasons(by_reason: dict[str, int]) -> str:
@@ -24,12 +32,12 @@ def _reasons(by_reason: dict[str, int]) -> str:
 
 
 def split_table(info: dict) -> str:
-    """Examples, shards, MB and dead letters by reason per split, from dataset_info.json. Pure.
+    """Examples, shards, MiB and dead letters by reason per split, from dataset_info.json. Pure.
 
     Dead letters of the listing and planning (bad rows, duplicates) have no split: they get a
     row of their own, so the column adds up to the manifest's num_dead_letters.
     """
-    rows = [("split", "examples", "shards", "MB", "dead letters")]
+    rows = [("split", "examples", "shards", "MiB", "dead letters")]
     assigned: dict[str, int] = {}
     totals = [0, 0, 0]
     for name, split in info["splits"].items():
@@ -37,14 +45,14 @@ def split_table(info: dict) -> str:
         by_reason = split.get("dead_letters_by_reason", {})
         for reason, n in by_reason.items():
             assigned[reason] = assigned.get(reason, 0) + n
-        rows.append((name, str(split["num_examples"]), str(split["num_shards"]), _mb(size),
+        rows.append((name, str(split["num_examples"]), str(split["num_shards"]), format_mib(size),
                      _reasons(by_reason)))
         totals = [totals[0] + split["num_examples"], totals[1] + split["num_shards"], totals[2] + size]
     unassigned = {reason: n - assigned.get(reason, 0)
                   for reason, n in info.get("dead_letters_by_reason", {}).items() if n > assigned.get(reason, 0)}
     if unassigned:
         rows.append((_LISTING, "", "", "", _reasons(unassigned)))
-    rows.append(("total", str(totals[0]), str(totals[1]), _mb(totals[2]),
+    rows.append(("total", str(totals[0]), str(totals[1]), format_mib(totals[2]),
                  str(info.get("num_dead_letters", sum(assigned.values()) + sum(unassigned.values())))))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = []

@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.progress import Progress, StagingWatcher, progress_file_name, tally, write_progress_plan
 from beam_jobs.progress_display import LineProgress, progress_line
-from beam_jobs.run_summary import split_table
+from beam_jobs.run_summary import format_mib, split_table
 from beam_jobs.runner_ui import watch_hint
 from tests.conftest import REPO, run_cli
 
@@ -42,6 +42,25 @@ def test_tally_counts_only_the_sidecars_of_this_plan():
               ".staged-train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
               ".staged-test-00000-of-00001.tfrecord.json": 5}  # a split this plan lacks
     assert tally(PLAN, staged) == Progress(shards_done=2, shards_total=3, images_done=21, images_total=30)
+
+
+def test_tally_leaves_kept_shards_out_of_the_rate():
+    staged = {".staged-train-00000-of-00002.tfrecord.json": 11, ".staged-train-00001-of-00002.tfrecord.json": 9}
+    progress = tally(PLAN, staged, kept={".staged-train-00000-of-00002.tfrecord.json"})
+    assert (progress.images_done, progress.images_kept) == (20, 11)
+    assert progress_line(progress, elapsed_s=3.0).split(", ")[2] == "3 images/s"  # 9 converted in 3 s
+
+
+def test_line_progress_reports_shards_staged_before_the_plan_was_seen():
+    # A slow listing can see the plan file only after shards are staged: they are this run's work.
+    out = io.StringIO()
+    display = LineProgress(out, threading.Lock())
+    display.plan(PLAN["line"], Progress(1, 3, 10, 30))
+    display.update(Progress(2, 3, 20, 30))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == PLAN["line"]
+    assert [re.search(r"\((\d+)%\)", line).group(1) for line in lines[1:]] == ["33", "67"]
+    assert int(re.search(r", (\d+) images/s", lines[1]).group(1)) > 0  # Counted in the rate, not as if kept.
 
 
 def test_line_progress_prints_once_per_tenth():
@@ -68,12 +87,13 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     watcher.poll()
     assert seen == []  # No plan yet: nothing to say.
     (tmp_path / ".staged-train-00000-of-00002.tfrecord.json").write_text(
-        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]]}))
+        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]], "run_id": "run1"}))
     summary = {"splits": {name: dict(s) for name, s in PLAN["splits"].items()}}
     write_progress_plan(str(tmp_path), "run1", line="Found it", summary=summary)
     watcher.poll()
     assert seen == [("Found it", Progress(1, 3, 10, 30))]
-    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(json.dumps({"num_examples": 10}))
+    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(
+        json.dumps({"num_examples": 10, "run_id": "run1"}))
     watcher.poll()
     watcher.poll()  # Unchanged: no second report.
     assert seen[1:] == [Progress(2, 3, 20, 30)]
@@ -83,16 +103,110 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     assert not (tmp_path / progress_file_name("run1")).exists()
 
 
-def test_the_watcher_ignores_sidecars_older_than_the_run_unless_resuming(tmp_path):
-    old = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
-    old.write_text(json.dumps({"num_examples": 10}))
-    os.utime(old, (time.time() - 60, time.time() - 60))
-    write_progress_plan(str(tmp_path), "r", line="plan", summary=PLAN)
-    for resume, expected in ((False, 0), (True, 1)):
-        seen: list = []
-        StagingWatcher(str(tmp_path), "r", on_plan=lambda line, p: seen.append(p), on_progress=seen.append,
-                       resume=resume).poll()
-        assert seen[0].shards_done == expected
+def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
+    # --resume after an earlier run staged two shards: one is kept (convert rewrites its sidecar
+    # with this run's id), the other's sources changed and it is converted again.
+    kept = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
+    redone = tmp_path / ".staged-train-00001-of-00002.tfrecord.json"
+    for sidecar in (kept, redone):
+        sidecar.write_text(json.dumps({"num_examples": 10, "run_id": "earlier"}))
+    write_progress_plan(str(tmp_path), "now", line="plan", summary=PLAN)
+    seen: list = []
+    watcher = StagingWatcher(str(tmp_path), "now", on_plan=lambda line, p: seen.append(p), on_progress=seen.append)
+    watcher.poll()
+    assert seen == [Progress(0, 3, 0, 30)]  # Neither is done yet: either may still be redone.
+    kept.write_text(json.dumps({"num_examples": 10, "run_id": "now", "kept": True}))
+    watcher.poll()
+    assert seen[1:] == [Progress(1, 3, 10, 30, images_kept=10)]
+    redone.write_text(json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "r", "d"]], "run_id": "now"}))
+    os.utime(redone, (time.time() + 5, time.time() + 5))  # A listing's time may not change within a second.
+    watcher.poll()
+    assert seen[2:] == [Progress(2, 3, 20, 30, images_kept=10)]
+
+
+def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path):
+    from beam_jobs.config import ImageConfig
+    from beam_jobs.convert import ConvertShardFn
+    from beam_jobs.plan import plan_dataset
+    from beam_jobs.records import InputFile
+    from tests.photos import real_photo
+
+    photos = tmp_path / "photos"
+    (photos / "cat").mkdir(parents=True)
+    for i in range(4):
+        real_photo(size=(40, 30)).save(photos / "cat" / f"{i}.jpg")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def convert(run_id: str) -> dict:
+        inputs = [InputFile(f"cat/{p.name}", str(p), label="cat", size=p.stat().st_size, mtime=p.stat().st_mtime)
+                  for p in sorted((photos / "cat").iterdir())]
+        [shard] = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
+        fn = ConvertShardFn(ImageConfig(width=16, height=16), str(out), resume=True, run_id=run_id)
+        fn.setup()
+        try:
+            list(fn.process(shard))
+        finally:
+            fn.teardown()
+        return json.loads((out / ".staged-train-00000-of-00001.tfrecord.json").read_text())
+
+    first = convert("first")
+    assert first["run_id"] == "first" and "kept" not in first
+    again = convert("second")
+    assert (again["run_id"], again["kept"]) == ("second", True)
+    os.utime(photos / "cat" / "0.jpg", (time.time() + 10, time.time() + 10))  # A changed source.
+    redone = convert("third")
+    assert redone["run_id"] == "third" and "kept" not in redone
+
+
+def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
+    from beam_jobs.finalize import remove_leftovers
+
+    folder = tmp_path / "out [1]*ü"  # Names a glob would read as a pattern.
+    folder.mkdir()
+    for name in (".progress-2901c11ee9ff447d.json", ".progress-[x]*.json", ".progress-own.json", "progress-mine.json"):
+        (folder / name).write_text("{}")
+    removed = remove_leftovers(str(folder), keep=[], run_id="own")
+    assert removed == [".progress-2901c11ee9ff447d.json", ".progress-[x]*.json"]
+    # Its own goes once the launching process has had its last look (StagingWatcher.remove_progress_file).
+    assert sorted(p.name for p in folder.iterdir()) == [".progress-own.json", "progress-mine.json"]
+
+
+def test_console_lines_say_1_shard_1_input_1_class():
+    from beam_jobs.finalize import plan_line
+    from beam_jobs.pipeline import _summary
+
+    plan = {"label_names": ["china"], "splits": {"train": {"num_examples": 1, "num_shards": 1}}}
+    assert plan_line(plan, {"empty_file": 1}) == (
+        "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)")
+    info = {"splits": {"train": {"num_examples": 1, "num_shards": 1}}, "num_dead_letters": 1,
+            "dead_letters_by_reason": {"empty_file": 1}, "dead_letters_file": "dead_letters.jsonl"}
+    assert _summary(info, "/d") == ("wrote train: 1 example in 1 shard to /d; 1 input could not be used "
+                                    "(see dead_letters.jsonl)")
+
+
+@pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (15 * 2**20, "15.0")])
+def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
+    assert format_mib(size) == shown
+
+
+@pytest.mark.parametrize("flags, level", [(["-v"], "INFO"), (["-vv"], "DEBUG"), (["-v", "-v"], "DEBUG"),
+                                          ([], "WARNING"), (["--log_level", "error"], "ERROR")])
+def test_v_is_short_for_log_level(flags, level, tmp_path):
+    from beam_jobs.arguments import parse_job_arguments
+    from beam_jobs.pipeline import _peek_log_level
+
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), *flags]
+    assert parse_job_arguments(argv)[0].log_level == level == _peek_log_level(argv)
+
+
+def test_v_and_log_level_together_are_refused_and_v_is_in_the_help(tmp_path, capsys):
+    from beam_jobs.arguments import UsageError, help_parser, parse_job_arguments
+
+    with pytest.raises(UsageError, match="give -v or --log_level, not both"):
+        parse_job_arguments(["--input", str(tmp_path), "--output_dir", str(tmp_path), "-v", "--log_level=DEBUG"])
+    help_parser().print_help()
+    assert "-v " in capsys.readouterr().out
 
 
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
@@ -102,7 +216,7 @@ def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
                        "validation": {"num_examples": 3, "num_shards": 1, "dead_letters_by_reason": {},
                                       "shards": [{"bytes": 2**19}]}}}
     rows = [line.split(None, 4) for line in split_table(info).splitlines()]
-    assert rows == [["split", "examples", "shards", "MB", "dead letters"],
+    assert rows == [["split", "examples", "shards", "MiB", "dead letters"],
                     ["train", "9", "2", "2.00", "2 (truncated: 2)"],
                     ["validation", "3", "1", "0.50", "0"],
                     ["(listing)", "2", "(bad_manifest_row:", "2)"],
@@ -147,7 +261,7 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
                                    "images (100%)"), progress
     assert not [line for line in result.stderr.splitlines() if CHATTER.search(line)]
     table = result.stdout.splitlines()
-    assert table[0].split() == ["split", "examples", "shards", "MB", "dead", "letters"]
+    assert table[0].split() == ["split", "examples", "shards", "MiB", "dead", "letters"]
     rows = {line.split()[0]: line.split(None, 4) for line in table[1:4]}
     for name, split in info["splits"].items():
         reasons = split["dead_letters_by_reason"]
@@ -197,3 +311,19 @@ def test_on_a_terminal_progress_is_a_bar(photo_tree, tmp_path):
     assert "progress: " not in text  # Plain lines are for consoles that are not terminals.
     assert not [line for line in text.replace("\r", "\n").splitlines() if CHATTER.search(line)]
     assert "split" in stdout.decode()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_console_quiet_and_ends_at_every_shard(photo_tree, tmp_path):
+    root = photo_tree[0]
+    args = ["--input", root, "--output_dir", tmp_path, "--image_size", "32", "--num_shards", "4"]
+    refused = run_cli(*args, "--max_bad_fraction", "0", check=False)  # The broken files: staged, not committed.
+    assert refused.returncode == 1 and list(tmp_path.glob(".staged-*.tfrecord.json"))
+    first = sorted(p for p in root.rglob("*.jpg"))[0]
+    os.utime(first, (time.time() + 10, time.time() + 10))  # Its shard is converted again.
+    (tmp_path / ".progress-0123456789abcdef.json").write_text("{}")  # A killed run's.
+    result = run_cli(*args, "--max_bad_fraction", "0.5", "--resume")
+    assert "kept " not in result.stderr and "INFO" not in result.stderr, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
+    assert progress and progress[-1].startswith("progress: 4/4 shards"), result.stderr
+    assert not list(tmp_path.glob(".progress-*"))

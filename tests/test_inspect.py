@@ -12,14 +12,19 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 import tfdata_readers as tfr
 from tests.browser import BROWSER_NAMES, Chromium, find_browser
 from tests.conftest import REPO, run_cli
 from tfdata_readers.inspection.class_chart import balance, chart_size
 from tfdata_readers.inspection.gather import gather
-from tfdata_readers.inspection.sheet import TILES_CHUNK, sheet_layout
+from tfdata_readers.inspect import PROG
+from tfdata_readers.inspect import main as inspect_main
+from tfdata_readers.inspection.sheet import TILES_CHUNK, _fit, draw_contact_sheet, sheet_layout
+from tfdata_readers.inspection.units import format_mib, plural
+from tfdata_readers.records import tensorflow_reason
+from tfdata_readers.verification import _read_records
 
 SEED = 3
 N = 12
@@ -143,7 +148,7 @@ def test_class_chart_and_text_summary(dataset, inspected):
     info = tfr.load_manifest(dataset)
     assert Image.open(out / "class_counts.png").size == chart_size(len(info.splits), info.num_classes)
     lines = result.stdout.splitlines()
-    assert f"{sum(s.num_examples for s in info.splits.values())} examples in 2 split(s), 9 classes" in lines[0]
+    assert f"{sum(s.num_examples for s in info.splits.values())} examples in 2 splits, 9 classes" in lines[0]
     empty = [info.label_names[i] for i, n in tfr.class_counts(dataset, "validation").items() if n == 0]
     validation = next(line for line in lines if line.strip().startswith("validation"))
     assert (f"EMPTY classes: {', '.join(empty)}" in validation) if empty else "EMPTY" not in validation
@@ -162,7 +167,7 @@ def test_report_opens_in_a_real_browser_with_the_manifests_numbers(dataset, insp
     assert all(i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/") for i in images), images
     table = "id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(r => Array.from(r.cells).map(c => c.textContent))"
     shards = browser.evaluate(f"({table})('shards')")
-    expected = [[split, s["file"], str(s["num_examples"]), f"{s['bytes'] / 2**20:.2f}", "verified"]
+    expected = [[split, s["file"], str(s["num_examples"]), format_mib(s["bytes"]), "verified"]
                 for split, meta in sorted(info["splits"].items()) for s in meta["shards"]]
     assert shards == expected
     classes = browser.evaluate(f"({table})('classes')")
@@ -203,3 +208,100 @@ def test_a_damaged_dataset_gets_a_report_that_says_so(dataset, browser, tmp_path
     assert rows[missing] == "missing" and rows[truncated] != "verified"
     assert sum(r == "verified" for r in rows.values()) == len(rows) - 2
     assert all(w > 0 for w in browser.evaluate("Array.from(document.images).map(i => i.naturalWidth)"))
+
+
+def _run_main(capsys, *args) -> tuple[int, str, str]:
+    try:
+        code = inspect_main([str(a) for a in args])
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("out, expected", [("afile", "--out {tmp}/afile is a file, not a folder"),
+                                           ("afile/sub", "--out {tmp}/afile/sub lies under {tmp}/afile, which is a file")])
+def test_an_out_that_is_a_file_is_refused_in_one_line_before_reading(tmp_path, capsys, out, expected):
+    (tmp_path / "afile").write_text("")
+    code, _, err = _run_main(capsys, tmp_path / "no-dataset-here", "--out", tmp_path / out)
+    assert (code, err) == (2, f"{PROG}: error: {expected.format(tmp=tmp_path)}\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-examples", "4"], "unrecognized argument --num-examples; did you mean --num_examples?"),
+    (["--num", "4"], "unrecognized argument --num; did you mean --num_examples?"),  # no abbreviations
+    (["--augment"], "unrecognized argument --augment; did you mean --augmented?"),
+    (["--num_examples", "9", "--scan", "5"], "--num_examples 9 is more than --scan 5"),
+])
+def test_flag_errors_are_one_line_and_name_what_was_given(tmp_path, capsys, args, message):
+    code, _, err = _run_main(capsys, tmp_path, "--out", tmp_path / "o", *args)
+    assert (code, err) == (2, f"{PROG}: error: {message}\n")
+
+
+@pytest.mark.slow
+def test_an_unknown_split_is_refused_before_anything_is_read_or_created(dataset, tmp_path, capsys):
+    code, out, err = _run_main(capsys, dataset, "--out", tmp_path / "o", "--split", "nosuch", "--split", "train")
+    assert code == 2 and out == "" and not (tmp_path / "o").exists()
+    assert err == (f"{PROG}: error: split 'nosuch' is not in {dataset}/dataset_info.json; "
+                   "expected one of ['train', 'validation']\n")
+
+
+@pytest.mark.slow
+def test_more_examples_than_a_split_holds_is_capped_with_a_note(dataset, tmp_path, capsys):
+    code, out, _ = _run_main(capsys, dataset, "--out", tmp_path / "o", "--num_examples", 100000, "--split",
+                             "validation")
+    size = tfr.num_examples(dataset, "validation")
+    assert code == 0 and f"note: --num_examples 100000 is more than validation holds: its sheet shows all {size}" in out
+    assert len(json.loads(Image.open(tmp_path / "o" / "contact_sheet-validation.png").text[TILES_CHUNK])) == size
+    code, out, _ = _run_main(capsys, dataset, "--out", tmp_path / "p", "--scan", 5, "--split", "validation")
+    assert code == 0  # --scan alone lowers the default --num_examples rather than contradicting it
+
+
+def test_tensorflow_errors_lose_their_internals():
+    raw = ("{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:localhost/replica:0/task:0/device:"
+           "CPU:0}} truncated record at 28594' failed with Read less bytes than requested [Op:IteratorGetNext] name: ")
+    assert tensorflow_reason(raw) == "truncated record at 28594"
+    assert tensorflow_reason("corrupted record at 12") == "corrupted record at 12"
+
+
+def test_a_truncated_shard_is_named_with_its_record_and_byte(tmp_path):
+    path = str(tmp_path / "s.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for _ in range(3):
+            writer.write(b"x" * 1000)
+    data = pathlib.Path(path).read_bytes()
+    pathlib.Path(path).write_bytes(data[:2500])
+    count, problems = _read_records(path, {})
+    assert (count, problems) == (-1, ["unreadable from record 2 (byte 2032): truncated record"])
+
+
+def test_finding_a_read_error_prints_no_deprecation_warning(tmp_path):
+    path = tmp_path / "s.tfrecord"
+    path.write_bytes(b"\x00" * 20)
+    code = f"from tfdata_readers.records import tensorflow_read_error as e; print(e({str(path)!r}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr[-2000:]
+    assert "deprecated" not in result.stderr and "{{function_node" not in result.stdout
+
+
+def test_an_empty_split_sheet_keeps_its_title(tmp_path):
+    sheet, tiles = draw_contact_sheet([], title="validation: 0 examples", image_size=(48, 64))
+    assert tiles == []
+    long_title = "validation: 0 of 0 examples, seed 0, 64x48 JPEG (left: stored, right: training view)"
+    cut, _ = draw_contact_sheet([], title=long_title, image_size=(48, 64))
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    # The start is kept (the split and its count); only the end gives way.
+    assert _fit(draw, long_title, ImageFont.load_default(size=18), 200, keep_start=True).startswith("validation: 0")
+    top = np.asarray(cut.convert("L"))[5:30, :40]
+    assert (top < 128).any()  # The title's first letters are drawn at the left edge.
+
+
+@pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (3 * 2**20, "3.00"),
+                                         (15 * 2**20, "15.0")])
+def test_sizes_are_mib_with_two_significant_digits(size, shown):
+    assert format_mib(size) == shown
+
+
+def test_counts_read_in_the_singular_for_one():
+    assert [plural(1, "class", "classes"), plural(2, "class", "classes"), plural(1, "split")] == [
+        "1 class", "2 classes", "1 split"]

@@ -9,6 +9,7 @@ arguments or no readable dataset_info.json.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -17,10 +18,48 @@ from tfdata_readers.inspection.class_chart import balance, draw_class_counts
 from tfdata_readers.inspection.gather import Inspection, gather
 from tfdata_readers.inspection.html_report import render_report
 from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png
+from tfdata_readers.inspection.units import format_mib, plural
 
 __all__ = ["main", "text_summary", "write_inspection"]
 
 PROG = "python -m tfdata_readers.inspect"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Refuses abbreviations (a prefix such as --num would silently mean --num_examples) and
+    answers a misspelt flag with the one it resembles, as the conversion job does."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        """One line, as every other error of this command (and of the job): no usage block."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            name = message[len(prefix):].split()[0].split("=", 1)[0]
+            known = [option for action in self._actions for option in action.option_strings]
+            guess = [option for option in known if name.startswith("--") and option.startswith(name)]
+            if len(guess) != 1:  # Compared without the dashes, which every flag shares.
+                bare = {option.lstrip("-"): option for option in known}
+                close = difflib.get_close_matches(name.lstrip("-").replace("-", "_"), list(bare), n=1, cutoff=0.6)
+                guess = [bare[c] for c in close]
+            hint = f"did you mean {guess[0]}?" if name.startswith("-") and guess else f"see {self.prog} --help"
+            message = f"unrecognized argument {name}; {hint}"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _out_problem(out: str) -> str | None:
+    """Why --out cannot be the folder the report goes to (None if it can), checked before reading."""
+    if "://" in out:
+        return None
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out {out} is a file, not a folder"
+    folder = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"--out {out} lies under {folder}, which is a file"
+    return None
 
 
 def _positive(text: str) -> int:
@@ -37,12 +76,13 @@ def _seed(text: str) -> int:
     return value
 
 
-def text_summary(report: Inspection, written: list[str]) -> str:
+def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = ()) -> str:
     """What the report shows, in a few lines for the terminal."""
     info = report.info
     producer = info.raw.get("producer", {})
     total = sum(s.num_examples for s in info.splits.values())
-    lines = [f"{report.data_dir}: {total} examples in {len(info.splits)} split(s), {info.num_classes} classes, "
+    lines = [f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
+             f"{plural(info.num_classes, 'class', 'classes')}, "
              f"{info.image.width}x{info.image.height} {info.image.format} "
              f"({producer.get('name', '?')} {producer.get('version', '?')})"]
     width = max((len(s) for s in report.splits), default=5)
@@ -52,8 +92,10 @@ def text_summary(report: Inspection, written: list[str]) -> str:
         ratio = "no examples" if summary.ratio is None else (
             f"largest/smallest {summary.ratio:.1f} ({summary.largest}/{summary.smallest})")
         empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
-        lines.append(f"  {split:<{width}}  {info.splits[split].num_examples:>7} examples  {len(rows):>4} shards  "
-                     f"{sum(r.bytes for r in rows) / 2**20:8.2f} MB  {sum(r.verified for r in rows)}/{len(rows)} "
+        examples, shards = info.splits[split].num_examples, len(rows)
+        lines.append(f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "
+                     f"shard{'s' if shards != 1 else ' '}  {format_mib(sum(r.bytes for r in rows)):>8} MiB  "
+                     f"{sum(r.verified for r in rows)}/{len(rows)} "
                      f"verified  {ratio}{empty}")
     if report.class_counts_source != "dataset_info.json":
         lines.append(f"  class counts {report.class_counts_source}")
@@ -65,6 +107,7 @@ def text_summary(report: Inspection, written: list[str]) -> str:
     if report.dead_letters_note:
         problems.append(report.dead_letters_note)
     lines.append(f"problems: {len(problems)}" + "".join(f"\n  {p}" for p in problems))
+    lines.extend(f"note: {note}" for note in notes)
     lines.append("wrote " + ", ".join(written))
     return "\n".join(lines)
 
@@ -76,9 +119,12 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
     image_size = (info.image.height, info.image.width)
     sheets, written = {}, []  # sheets: split -> JPEG for the page; the PNG files keep every pixel
     for split, sample in report.samples.items():
-        title = (f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed {report.seed}, "
-                 f"{info.image.width}x{info.image.height} {info.image.format}"
-                 + (" (left: stored, right: training view)" if augmented else ""))
+        if not sample.examples:
+            title = f"{split}: {info.splits[split].num_examples} examples"  # Nothing to explain the layout of.
+        else:
+            title = (f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed "
+                     f"{report.seed}, {info.image.width}x{info.image.height} {info.image.format}"
+                     + (" (left: stored, right: training view)" if augmented else ""))
         sheet, tiles = draw_contact_sheet(sample.examples, title=title, image_size=image_size, tile=tile,
                                           augmented=augmented, note=sample.error)
         sheets[split] = sheet_jpeg(sheet)
@@ -100,32 +146,43 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Draw contact sheets and a class histogram of a converted dataset, read through "
         "tfdata_readers (what training sees), and write them with a self-contained report.html.")
     parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
     parser.add_argument("--out", required=True, help="folder for contact_sheet-<split>.png, class_counts.png, report.html")
-    parser.add_argument("--num_examples", type=_positive, default=64, help="examples per contact sheet [64]")
+    parser.add_argument("--num_examples", type=_positive, default=None,
+                        help="examples per contact sheet, at most the split's size [64]")
     parser.add_argument("--seed", type=_seed, default=0, help="which examples are drawn, and the training view's crops [0]")
     parser.add_argument("--augmented", action="store_true", help="show each example's training view (crop, flip) beside it")
     parser.add_argument("--split", action="append", help="split to sample (repeatable); default: all")
-    parser.add_argument("--scan", type=_positive, default=4096,
+    parser.add_argument("--scan", type=_positive, default=None,
                         help="records read per split to draw the sample from; shards are hash-mixed, so the first are "
-                        "as good as any [4096]")
+                        "as good as any [4096, or --num_examples if larger]")
     parser.add_argument("--tile", type=int, default=160, help="largest side of one picture on the sheet, in pixels [160]")
     args = parser.parse_args(argv)
-    if args.num_examples > args.scan:
+    # Each default gives way to the other flag when only that one is given: the message below
+    # then only ever names flags the user wrote.
+    if args.num_examples is not None and args.scan is not None and args.num_examples > args.scan:
         parser.error(f"--num_examples {args.num_examples} is more than --scan {args.scan}")
+    num_examples = args.num_examples or min(64, args.scan or 64)
+    scan = args.scan or max(4096, num_examples)
     if args.tile < 32:
         parser.error(f"--tile must be at least 32 (got {args.tile})")
+    if problem := _out_problem(args.out):
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     try:
-        report = gather(args.data_dir, num_examples=args.num_examples, seed=args.seed, augmented=args.augmented,
-                        scan=args.scan, splits=args.split)
+        report = gather(args.data_dir, num_examples=num_examples, seed=args.seed, augmented=args.augmented,
+                        scan=scan, splits=args.split)
     except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    notes = [f"--num_examples {num_examples} is more than {split} holds: its sheet shows all "
+             f"{report.info.splits[split].num_examples}" for split in report.samples
+             if args.num_examples is not None and 0 < report.info.splits[split].num_examples < num_examples]
     written = write_inspection(report, args.out, augmented=args.augmented, tile=args.tile)
-    print(text_summary(report, written))
+    print(text_summary(report, written, notes))
     problems = any(not r.verified for r in report.shards) or report.other_problems or any(
         s.error for s in report.samples.values()) or report.dead_letters_note
     return 1 if problems else 0

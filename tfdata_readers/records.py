@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import logging
+import re
 import sys
 import threading
 
@@ -15,6 +17,7 @@ __all__ = [
     "reset_skipped_records",
     "skipped_records",
     "tensorflow_read_error",
+    "tensorflow_reason",
 ]
 
 # Bytes a TFRecord adds around each record's data: 8-byte length, 4-byte CRC of it, 4-byte CRC of the data.
@@ -48,6 +51,18 @@ def _count_skipped(path: bytes, first: np.int64, end: np.int64) -> np.int64:
     return np.int64(end - first)
 
 
+# What TensorFlow wraps an eager op's error in: the function's name, the op, an empty name.
+_TF_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}|\[Op:[^\]]*\](?:\s*name:.*)?$", re.DOTALL)
+
+
+def tensorflow_reason(message: str) -> str:
+    """TensorFlow's error message without its internals: "{{function_node __wrapped__...}} truncated
+    record at 28594' failed with Read less bytes than requested [Op:IteratorGetNext] name: " becomes
+    "truncated record at 28594"."""
+    text = _TF_WRAPPING.sub("", message).split("' failed with ", 1)[0]
+    return " ".join(text.split()) or message.strip()
+
+
 def tensorflow_read_error(path: str) -> str:
     """TensorFlow's own message for the first unreadable record of `path`, "" if it reads to the end.
 
@@ -55,11 +70,18 @@ def tensorflow_read_error(path: str) -> str:
     TensorFlow says "corrupted record at N", where N is the offset of the part (length or data)
     whose checksum failed.
     """
+    # tf_record_iterator (plain Python, safe inside a tf.numpy_function) logs a deprecation warning
+    # on first use, which would reach the user's console beside the reason it exists to find.
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)
     try:
         for _ in tf.compat.v1.io.tf_record_iterator(path):
             pass
     except tf.errors.OpError as e:
-        return e.message
+        return tensorflow_reason(e.message)
+    finally:
+        tf_logger.setLevel(level)
     return ""
 
 

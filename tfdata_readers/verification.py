@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfdata_readers.files import unlisted_shards
 from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, read_manifest, shard_file_problem
 from tfdata_readers.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
-from tfdata_readers.records import RECORD_OVERHEAD
+from tfdata_readers.records import RECORD_OVERHEAD, tensorflow_reason
 
 __all__ = ["ShardProblem", "verify", "main"]
 
@@ -91,7 +91,9 @@ def _read_records(
             count += 1
             offset += len(record) + RECORD_OVERHEAD
     except tf.errors.OpError as e:
-        problems.insert(0, f"unreadable records from record {count} at byte offset {offset}: {e.message}")
+        reason = tensorflow_reason(e.message)
+        reason = reason[: -len(f" at {offset}")] if reason.endswith(f" at {offset}") else reason
+        problems.insert(0, f"unreadable from record {count} (byte {offset}): {reason}")
         return -1, problems
     return count, problems
 

@@ -87,7 +87,7 @@ def test_verify_reports_each_mismatch(copy_dir: pathlib.Path) -> None:
     problems = [str(p) for p in tfdata_readers.verify(copy_dir)]
     text = "\n".join(problems)
     assert "train-00000-of-00004.tfrecord: sha256" in text
-    assert "train-00000-of-00004.tfrecord: unreadable records" in text
+    assert "train-00000-of-00004.tfrecord: unreadable from record " in text
     assert "train-00002-of-00004.tfrecord: missing" in text
     assert "validation-00000-of-00001.tfrecord: 13 records, manifest says 14" in text
     assert tfdata_readers.verify(copy_dir, ["train"]) != [] and len(tfdata_readers.verify(copy_dir, ["train"])) == 3

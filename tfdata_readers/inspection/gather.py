@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfdata_readers.classes import class_counts
 from tfdata_readers.manifest import DatasetInfo, read_manifest
 from tfdata_readers.pipeline import make_dataset
+from tfdata_readers.records import tensorflow_reason
 from tfdata_readers.verification import verify
 
 __all__ = [
@@ -215,7 +216,7 @@ def _read_sample(data_dir: str, split: str, info: DatasetInfo, *, size: int, see
             if scanned >= scan:
                 break
     except (tf.errors.OpError, OSError, ValueError) as failure:
-        error = f"{type(failure).__name__}: {getattr(failure, 'message', None) or failure}"
+        error = f"{type(failure).__name__}: {tensorflow_reason(getattr(failure, 'message', None) or str(failure))}"
     examples = sorted((entry[1] for entry in chosen), key=lambda e: (e.label_id, e.filename))
     return SplitSample(split=split, examples=tuple(examples), scanned=scanned, error=error)
 
@@ -232,6 +233,10 @@ def gather(data_dir: str | os.PathLike[str], *, num_examples: int = 64, seed: in
     if "://" not in data_dir:
         data_dir = os.path.abspath(data_dir)  # the report names where the dataset is, wherever it is opened
     info, _ = read_manifest(data_dir)  # its structural problems come back from verify(), as other problems
+    unknown = [split for split in splits or () if split not in info.splits]
+    if unknown:  # Before any shard is read.
+        raise ValueError(f"split {unknown[0]!r} is not in {os.path.join(data_dir, 'dataset_info.json')}; "
+                         f"expected one of {sorted(info.splits)}")
     shards, other = _shard_rows(info, data_dir)
     counts, source = _class_counts(info, data_dir)
     dead, dead_note = _dead_letters(info, data_dir, first_dead_letters)

@@ -9,6 +9,7 @@ import json
 
 from tfdata_readers.inspection.class_chart import balance
 from tfdata_readers.inspection.gather import Inspection
+from tfdata_readers.inspection.units import format_mib
 
 __all__ = ["render_report"]
 
@@ -64,8 +65,8 @@ def _shards(report: Inspection) -> str:
         verdict = ('<span class="ok">verified</span>' if row.verified
                    else '<span class="bad">' + "<br>".join(_e(p) for p in row.problems) + "</span>")
         rows.append([_e(row.split), f"<code>{_e(row.file)}</code>", _e(row.num_examples),
-                     _e(f"{row.bytes / 2**20:.2f}"), verdict])
-    return _table("shards", ["split", "file", "examples", "MB", "bytes, sha256 and records"], rows, {2, 3})
+                     _e(format_mib(row.bytes)), verdict])
+    return _table("shards", ["split", "file", "examples", "MiB", "bytes, sha256 and records"], rows, {2, 3})
 
 
 def _classes(report: Inspection) -> str:

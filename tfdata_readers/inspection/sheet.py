@@ -70,11 +70,16 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 
 
-def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
-    """`text`, shortened from the left with an ellipsis until it fits: the end of a path (the
-    file name) is the part worth keeping."""
+def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int, *, keep_start: bool = False) -> str:
+    """`text`, shortened with an ellipsis until it fits: from the left by default, since the end of
+    a path (the file name) is the part worth keeping; from the right with `keep_start`, for a
+    title, whose start (the split and its count) is."""
     if draw.textlength(text, font=font) <= width:
         return text
+    if keep_start:
+        while text and draw.textlength(text + "…", font=font) > width:
+            text = text[:-1]
+        return text + "…"
     while text and draw.textlength("…" + text, font=font) > width:
         text = text[1:]
     return "…" + text
@@ -97,7 +102,8 @@ def draw_contact_sheet(examples: list[SampleExample] | tuple[SampleExample, ...]
     sheet = Image.new("RGB", (layout.width, layout.height), _BACKGROUND)
     draw = ImageDraw.Draw(sheet)
     title_font, label_font, name_font = _font(18), _font(13), _font(11)
-    draw.text((_GAP, 8), _fit(draw, title, title_font, layout.width - 2 * _GAP), fill=_CAPTION, font=title_font)
+    draw.text((_GAP, 8), _fit(draw, title, title_font, layout.width - 2 * _GAP, keep_start=True), fill=_CAPTION,
+              font=title_font)
     if note:
         draw.text((_GAP, 27), _fit(draw, note, name_font, layout.width - 2 * _GAP), fill=(180, 0, 0), font=name_font)
     tiles = []
