@@ -29,14 +29,13 @@ epoch instead of a silently wrong metric.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import tensorflow as tf
 
-from tfdata_readers.data_service_server import parse_host_port
+from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
-__all__ = ["check_reachable", "expect_examples", "normalize_address", "through_service"]
+__all__ = ["check_dispatcher", "expect_examples", "normalize_address", "through_service"]
 
 SHARDING_MODES = ("auto", "static", "dynamic")
 
@@ -44,25 +43,19 @@ SHARDING_MODES = ("auto", "static", "dynamic")
 def normalize_address(address: str) -> str:
     """"grpc://host:port" from "grpc://host:port" or "host:port"; a ValueError naming the value otherwise."""
     if not isinstance(address, str):
-        raise ValueError(f"data_service must be None or 'grpc://HOST:PORT' (got {address!r})")
-    host, port = parse_host_port(address, flag="ReadConfig.data_service ('grpc://HOST:PORT')")
+        raise ValueError(f"data_service must be None or {ACCEPTED_FORMS} (got {address!r})")
+    host, port = parse_host_port(address, flag="ReadConfig.data_service")
     return f"grpc://{host}:{port}"
 
 
-def check_reachable(address: str, timeout_s: float) -> None:
-    """Fails at once, naming the address, when nothing accepts connections there.
+def check_dispatcher(address: str, timeout_s: float) -> list[str]:
+    """The dispatcher's registered workers; a ConnectionError naming the address when no tf.data
+    dispatcher answers there within `timeout_s` (nothing listening, another program, no answer).
 
-    TensorFlow retries registering a dataset with an unreachable dispatcher for a long time
-    without a word, so a mistyped address would look like a hung trainer.
+    TensorFlow retries registering a dataset with such an address for a long time without a word,
+    so a mistyped address or a port reused by another program would look like a hung trainer.
     """
-    host, port = parse_host_port(address, flag="data_service")
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as e:
-        raise ConnectionError(
-            f"tf.data service dispatcher {address} is unreachable ({e.strerror or e}); start one with "
-            f"launch/data_service.sh start, or pass the address it printed"
-        ) from None
+    return ask_dispatcher(address, timeout_s)
 
 
 def through_service(dataset: tf.data.Dataset, address: str, *, dynamic: bool) -> tf.data.Dataset:

@@ -23,9 +23,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
-__all__ = ["main", "parse_host_port"]
+from tfdata_readers.dispatcher_client import ask_dispatcher, parse_host_port
+
+__all__ = ["main"]
 
 # A lost worker is noticed after this long without a heartbeat (TensorFlow's default is a minute),
 # so a SIGKILLed worker's tasks are dropped quickly and readers stop waiting for it.
@@ -35,15 +38,6 @@ WORKER_HEARTBEAT_MS = 1_000
 # worker memory until collected; TensorFlow's defaults keep them for minutes.
 JOB_GC_CHECK_INTERVAL_MS = 2_000
 JOB_GC_TIMEOUT_MS = 10_000
-
-
-def parse_host_port(text: str, *, flag: str) -> tuple[str, int]:
-    """(host, port) from "host:port" (a "grpc://" prefix is allowed); a ValueError naming `flag` otherwise."""
-    address = text.removeprefix("grpc://")
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{flag} must be HOST:PORT with a port from 1 to 65535 (got {text!r})")
-    return host, int(port)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_timeout_ms", type=int, default=DEFAULT_WORKER_TIMEOUT_MS,
                         help="dispatcher: a worker silent this long is considered lost")
     parser.add_argument("--dispatcher_address", default=None, help="worker: HOST:PORT of the dispatcher")
+    parser.add_argument("--dispatcher_timeout_s", type=float, default=60.0,
+                        help="worker: how long to wait for the dispatcher to answer before exiting with status 1 [60]")
     parser.add_argument("--worker_address", default=None,
                         help="worker: HOST:PORT under which clients reach it [localhost:--port]; must match "
                              "its entry in the dispatcher's --worker_addresses")
@@ -74,11 +70,36 @@ def _check(args: argparse.Namespace) -> None:
         parse_host_port(args.dispatcher_address, flag="--dispatcher_address")
         if args.worker_address:
             parse_host_port(args.worker_address, flag="--worker_address")
+        if not args.dispatcher_timeout_s > 0:
+            raise ValueError(f"--dispatcher_timeout_s must be > 0 (got {args.dispatcher_timeout_s})")
     else:
         for address in filter(None, args.worker_addresses.split(",")):
             parse_host_port(address, flag="--worker_addresses")
         if args.worker_timeout_ms < 1:
             raise ValueError(f"--worker_timeout_ms must be positive (got {args.worker_timeout_ms})")
+
+
+def _wait_for_dispatcher(address: str, timeout_s: float, prog: str) -> None:
+    """Returns once a tf.data dispatcher answers at `address`; exits with status 1 and one line after `timeout_s`.
+
+    TensorFlow's worker blocks registering with a dispatcher that does not answer, silently and
+    without end; on a real host the dispatcher may also simply start later, hence the wait.
+    """
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            ask_dispatcher(address, timeout_s=min(5.0, timeout_s))
+            return
+        except ConnectionError as e:
+            if time.monotonic() >= deadline:
+                print(f"{prog}: error: gave up after {timeout_s:g} s (--dispatcher_timeout_s): {e}",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(1) from None
+            if not said:
+                print(f"waiting for the tf.data service dispatcher at {address} ({e})", file=sys.stderr, flush=True)
+                said = True
+        time.sleep(1)
 
 
 def _start(args: argparse.Namespace):
@@ -114,9 +135,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         _check(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.role == "worker":
+        _wait_for_dispatcher(args.dispatcher_address, args.dispatcher_timeout_s, parser.prog)
     try:
         server = _start(args)
-    except Exception as e:  # a port in use, an unreachable dispatcher: one line, not a traceback
+    except Exception as e:  # a port in use: one line, not a traceback
         print(f"{parser.prog}: error: could not start the {args.role}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     # The servers run on TensorFlow's threads; this thread only waits for a signal to stop them.
