@@ -68,10 +68,12 @@ itt_pid_is() {
   return 1
 }
 
-# itt_need_free_port HOST PORT OPTION: dies with one line when something already listens there.
+# itt_need_free_port HOST PORT OPTION [STOP_HINT]: dies with one line when something already listens
+# there. STOP_HINT says how an earlier run of the calling script is stopped (default: Flink's).
 itt_need_free_port() {
+  local hint=${4:-launch/flink_cluster.sh stop}
   if itt_port_open "$1" "$2"; then
-    itt_die "port $2 on $1 ($3) is in use: stop what holds it (ss -ltnp 'sport = :$2' names it; an earlier cluster stops with launch/flink_cluster.sh stop), or pick a free port with $3"
+    itt_die "port $2 on $1 ($3) is in use: stop what holds it (ss -ltnp 'sport = :$2' names it; an earlier one of ours stops with $hint), or pick a free port with $3"
   fi
 }
 

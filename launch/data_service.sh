@@ -68,6 +68,7 @@ done
 [[ -n "$state_dir" ]] || itt_die "--state_dir must not be empty"
 state_dir=$(realpath -m -- "$state_dir")
 itt_need_int --workers "$workers" 1
+workers=$((10#$workers))  # "08" is eight, not an octal error
 itt_need_int --worker_timeout_ms "$worker_timeout_ms" 1
 itt_need_int --timeout "$timeout" 1
 
@@ -162,6 +163,8 @@ do_stop() {
   stop_group "$pid_dir/dispatcher.pid"
 }
 
+stop_hint="launch/data_service.sh stop --state_dir <its state dir>"
+
 case "$command" in
   _worker_loop)
     worker_loop
@@ -172,7 +175,7 @@ case "$command" in
       || itt_die "a data service of state dir $state_dir is already running (pids ${running% }); stop it first: launch/data_service.sh stop --state_dir $state_dir"
     if [[ -n "$dispatcher_port" ]]; then
       itt_need_port --dispatcher_port "$dispatcher_port"
-      itt_need_free_port "$host" "$dispatcher_port" --dispatcher_port
+      itt_need_free_port "$host" "$dispatcher_port" --dispatcher_port "$stop_hint"
     else
       dispatcher_port=$(itt_free_port)
     fi
@@ -181,7 +184,7 @@ case "$command" in
       (( ${#ports[@]} == workers )) || itt_die "--worker_ports has ${#ports[@]} port(s) for --workers $workers"
       for port in "${ports[@]}"; do
         itt_need_port --worker_ports "$port"
-        itt_need_free_port "$host" "$port" --worker_ports
+        itt_need_free_port "$host" "$port" --worker_ports "$stop_hint"
       done
     else
       ports=()
@@ -195,6 +198,11 @@ case "$command" in
       done
       worker_ports=$(IFS=','; echo "${ports[*]}")
     fi
+    # The dispatcher's journal is a previous run's (nothing of this state dir runs, checked above):
+    # it remembers that run's workers at their old, random ports, and static sharding then fails
+    # with "Worker ... is not in the workers list". The journal only helps a dispatcher restarted
+    # alone, among the same workers, which this script never does; a fresh start begins a fresh one.
+    rm -rf -- "$work_dir"
     mkdir -p "$pid_dir" "$log_dir" "$work_dir"
     rm -f "$pid_dir"/*.pid  # stale ones (nothing in them runs any more, checked above)
     printf 'dispatcher_port=%s\nworker_ports=%s\n' "$dispatcher_port" "$worker_ports" >"$ports_file"
