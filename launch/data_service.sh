@@ -135,7 +135,7 @@ ours_in_group() {
 }
 
 # stop_group PIDFILE: SIGTERM the process group that start began with this pid (a dispatcher, or a
-# worker loop and its worker), then SIGKILL whatever of it is left after 15 s; never a group that
+# worker loop and its worker), then SIGKILL whatever of it is left after 15 s (checked every 0.2 s); never a group that
 # holds none of our processes (a stale pid file may name another program by now).
 stop_group() {
   local pidfile=$1 pid waited=0
@@ -143,8 +143,8 @@ stop_group() {
   pid=$(head -n 1 "$pidfile")
   if [[ "$pid" =~ ^[0-9]+$ ]] && ours_in_group "$pid"; then
     kill -TERM -- "-$pid" 2>/dev/null || true
-    while kill -0 -- "-$pid" 2>/dev/null && (( waited < 15 )); do
-      sleep 1
+    while kill -0 -- "-$pid" 2>/dev/null && (( waited < 75 )); do
+      sleep 0.2
       waited=$((waited + 1))
     done
     kill -KILL -- "-$pid" 2>/dev/null || true
@@ -154,13 +154,12 @@ stop_group() {
 
 do_stop() {
   local f
-  # Workers first (each process leads its own session, so a loop's group holds its worker too),
-  # then the dispatcher they report to.
-  for f in "$pid_dir"/worker-*.pid; do
+  # Every group at once (each process leads its own session, so a loop's group holds its worker
+  # too): one after the other, stop took 7-11 s. Nothing is read any more, so the order does not matter.
+  for f in "$pid_dir"/worker-*.pid "$pid_dir/dispatcher.pid"; do
     [[ -f "$f" ]] && stop_group "$f" &
   done
   wait || true
-  stop_group "$pid_dir/dispatcher.pid"
 }
 
 stop_hint="launch/data_service.sh stop --state_dir <its state dir>"

@@ -152,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop.wait()
     print(f"tf.data service {args.role} stopping", flush=True)
     server.stop()
+    print(f"tf.data service {args.role} stopped", flush=True)
+    # Skips the interpreter's teardown of TensorFlow, which took seconds and has nothing to save.
+    os._exit(0)
 
 
 if __name__ == "__main__":
