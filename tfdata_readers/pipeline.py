@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -109,6 +110,33 @@ def _service_sharding(config: ReadConfig, training: bool) -> str:
     return sharding
 
 
+def _static_or_fallback(
+    config: ReadConfig, sharding: str, num_pieces: int, num_workers: int, split: str, data_dir: str
+) -> str:
+    """`sharding`, or "dynamic" when static sharding cannot deal every service worker a piece.
+
+    Static (FILE) sharding needs at least one shard piece per worker; with fewer TensorFlow fails
+    mid-read ("Could not apply FILE based sharding"). Dynamic sharding also delivers every example
+    exactly once while no worker fails, and the end-of-epoch count still catches a lost worker, so
+    "auto" falls back to it; an explicit "static" is refused, naming the fixes.
+    """
+    if sharding != "static" or num_pieces >= num_workers:
+        return sharding
+    if config.data_service_sharding == "auto":
+        logging.getLogger(__name__).info(
+            "split %r of %s: %d shard piece(s) for %d tf.data service workers, too few for static "
+            "sharding; reading with dynamic sharding (also exactly once, and counted)",
+            split, data_dir, num_pieces, num_workers,
+        )
+        return "dynamic"
+    raise ValueError(
+        f"data_service_sharding='static' needs at least one shard piece per tf.data service worker: split "
+        f"{split!r} of {data_dir} gives this input pipeline {num_pieces}, and the dispatcher at "
+        f"{config.data_service} has {num_workers} workers; use data_service_sharding='auto' or 'dynamic', "
+        f"convert with more shards (--num_shards), or start fewer workers"
+    )
+
+
 def make_dataset(
     data_dir: str | os.PathLike[str],
     split: str,
@@ -140,6 +168,10 @@ def make_dataset(
     check_batch_size("batch_size", batch_size)
     check_seed(seed)
     data_dir = os.fspath(data_dir)
+    if config.data_service and "://" not in data_dir:
+        # The workers open the shard paths in their own working directory, and TensorFlow retries
+        # a path they cannot open silently: hand them absolute paths, as this process sees them.
+        data_dir = os.path.abspath(data_dir)
     info = load_manifest(data_dir)
     split_info = info.split(split)
     if not split_info.shards:
@@ -158,7 +190,8 @@ def make_dataset(
     service = config.data_service
     sharding = _service_sharding(config, training) if service else None
     if service:
-        data_service.check_reachable(service, config.data_service_timeout_s)
+        workers = data_service.check_dispatcher(service, config.data_service_timeout_s)
+        sharding = _static_or_fallback(config, sharding, len(share.pieces), len(workers), split, data_dir)
 
     image = info.image
     out_size = config.image_size or (image.height, image.width)
