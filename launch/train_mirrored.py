@@ -15,6 +15,7 @@ batches, and its CPUs are left to the training step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import pathlib
@@ -26,6 +27,7 @@ import tensorflow as tf
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import tfdata_readers  # noqa: E402
+from tfdata_readers import dispatcher_client  # noqa: E402
 
 
 def _positive_int(text: str) -> int:
@@ -82,7 +84,7 @@ def _start(
     dataset = tfdata_readers.distribute(
         strategy, args.data_dir, args.split, args.global_batch_size,
         training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
-        data_service=args.data_service,
+        data_service=args.data_service, data_service_timeout_s=args.data_service_timeout_s,
     )
     return info, steps, size, dataset
 
@@ -103,8 +105,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
                         help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
     parser.add_argument("--data_service", default=None, metavar="ADDRESS",
                         help="grpc://HOST:PORT of a tf.data service dispatcher: decode on its workers")
+    parser.add_argument("--data_service_timeout_s", type=float, default=60.0, metavar="S",
+                        help="with --data_service: how long the dispatcher may not answer (at start-up, or while "
+                             "training) before this process stops with an error [60]")
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
+    if not args.data_service_timeout_s > 0:
+        parser.error(f"--data_service_timeout_s must be > 0 (got {args.data_service_timeout_s})")
 
     strategy = make_strategy(args.num_replicas)
     try:
@@ -125,7 +132,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     print(f"training on {strategy.num_replicas_in_sync} replica(s), {steps} steps/epoch, "
           f"global batch {args.global_batch_size}, images {size} {args.input_dtype}"
           + (f", input from the tf.data service at {args.data_service}" if args.data_service else ""))
-    history = model.fit(dataset, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
+    with contextlib.ExitStack() as stack:
+        if args.data_service:
+            # TensorFlow waits forever, silently, for a stopped service; this ends the process with
+            # one line instead (the main thread is blocked inside TensorFlow, out of reach of an exception).
+            stack.enter_context(dispatcher_client.DispatcherWatchdog(
+                args.data_service, args.data_service_timeout_s, prefix=f"{parser.prog}: error: "))
+        history = model.fit(dataset, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
     losses = [float(v) for v in history.history["loss"]]
     if not all(math.isfinite(v) for v in losses):
         raise FloatingPointError(f"loss is not finite: {losses}")
