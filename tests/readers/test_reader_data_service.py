@@ -4,11 +4,14 @@ by launch/data_service.sh): exactly once by key, training with train_mirrored.py
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -122,6 +125,8 @@ def test_start_status_stop_leave_nothing_running(tmp_path: pathlib.Path) -> None
         (["start", "--workers", "2", "--worker_ports", "5001"], "--worker_ports has 1 port(s) for --workers 2"),
         (["start", "--dispatcher_port", "70000"], "--dispatcher_port must be a port number"),
         (["restart"], "unknown command 'restart'"),
+        # "08" is eight (base 10), not an octal error that would start a service without workers.
+        (["start", "--workers", "08", "--worker_ports", "5001"], "--worker_ports has 1 port(s) for --workers 8"),
     ],
 )
 def test_script_refuses_bad_arguments_with_one_line(tmp_path: pathlib.Path, args: list[str], message: str) -> None:
@@ -137,6 +142,56 @@ def test_an_unreachable_or_malformed_address_fails_at_once_naming_it(jpeg_dir: p
     assert time.monotonic() - start < 30
     with pytest.raises(ValueError, match=r"data_service .*HOST:PORT.*got 'nohost'"):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="nohost")
+
+
+def test_a_port_in_use_names_this_scripts_stop_command(tmp_path: pathlib.Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        proc = _script("start", "--state_dir", str(tmp_path / "s"), "--dispatcher_port",
+                       str(held.getsockname()[1]), check=False)
+    assert proc.returncode == 2 and "is in use" in proc.stderr, proc.stderr
+    assert "launch/data_service.sh stop" in proc.stderr and "flink" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("address", ["http://127.0.0.1:5050", "ftp://x:1"])
+def test_an_address_with_another_scheme_is_refused_naming_the_accepted_forms(jpeg_dir, address: str) -> None:
+    with pytest.raises(ValueError, match=r"must be grpc://HOST:PORT or HOST:PORT \(got '(http|ftp)://"):
+        tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service=address)
+
+
+def test_a_server_that_is_not_a_dispatcher_fails_at_once_naming_it(jpeg_dir: pathlib.Path) -> None:
+    """A port reused by another program (here an HTTP server) used to hang the reader silently."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"grpc://127.0.0.1:{server.server_address[1]}"
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="is unreachable .*not a tf.data dispatcher"):
+            tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service=address, data_service_timeout_s=5)
+        assert time.monotonic() - start < 10
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_a_standalone_worker_without_its_dispatcher_exits_with_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.data_service_server", "--role", "worker", "--port", str(port),
+         "--dispatcher_address", "127.0.0.1:1", "--dispatcher_timeout_s", "2"],
+        capture_output=True, text=True, env=_ENV, timeout=120,
+    )
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    assert "gave up after 2 s" in errors[0] and "127.0.0.1:1 is unreachable" in errors[0], proc.stderr
+    assert "waiting for the tf.data service dispatcher at 127.0.0.1:1" in proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 60
 
 
 def test_refuses_what_the_service_cannot_guarantee(jpeg_dir: pathlib.Path) -> None:
@@ -282,3 +337,54 @@ def test_two_trainer_workers_each_read_their_own_share_through_the_service(servi
     # Training: every batch full (4 a replica), keys from the trainer's own share only.
     for i in range(2):
         assert len(seen[i]["train"]) == 4 * 4 and set(seen[i]["train"]) <= set(seen[i]["eval1"])
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_restarted_service_evaluates_relative_paths_and_small_splits_then_a_stop_ends_training(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One service, stopped and started again in the same state dir (the second start used to
+    inherit the first's dispatcher journal, and static sharding failed: "Worker ... is not in the
+    workers list"). Through it: a relative data dir (the workers' working directory is another:
+    the reader used to hand them relative paths and hang), a one-shard split with two workers
+    (static sharding cannot deal it; "auto" falls back to dynamic), and train_mirrored.py, which
+    must end with one error line soon after the service is stopped under it (it used to wait forever)."""
+    data_dir = reader_fixtures.write_dataset(
+        tmp_path / "data", splits={"train": (24, 4), "validation": (7, 1)}, image_size=(16, 16))
+    state_dir = tmp_path / "state"
+    with _service(state_dir, 2):
+        pass
+    with _service(state_dir, 2) as address:
+        monkeypatch.chdir(tmp_path)
+        from tfdata_readers.audit import epoch_keys
+
+        for split in ("train", "validation"):
+            dataset = tfdata_readers.make_dataset("data", split, 4, with_metadata=True, data_service=address)
+            assert sorted(epoch_keys(dataset)) == sorted(reader_fixtures.expected_keys(data_dir, split)), split
+        with pytest.raises(ValueError, match="data_service_sharding='static' needs at least one shard piece per "
+                                             "tf.data service worker: .* gives this input pipeline 1, .* has 2 workers"):
+            tfdata_readers.make_dataset("data", "validation", 4, data_service=address, data_service_sharding="static")
+
+        train = subprocess.Popen(
+            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", "data", "--num_replicas", "2",
+             "--global_batch_size", "4", "--epochs", "10000", "--data_service", address,
+             "--data_service_timeout_s", "4"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_ENV, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and "training on" not in train.stdout.readline():
+                assert train.poll() is None, train.stderr.read()[-3000:]
+            time.sleep(3)  # a few steps through the service
+            assert train.poll() is None, train.stderr.read()[-3000:]
+            _script("stop", "--state_dir", str(state_dir))
+            stopped = time.monotonic()
+            _, err = train.communicate(timeout=60)
+        finally:
+            if train.poll() is None:
+                train.kill()
+        assert time.monotonic() - stopped < 30
+        errors = [line for line in err.splitlines() if line.startswith("train_mirrored.py: error: ")]
+        assert train.returncode == 1 and len(errors) == 1, err[-3000:]
+        assert f"dispatcher {address} has not answered for" in errors[0], errors
