@@ -29,13 +29,15 @@ epoch instead of a silently wrong metric.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
-__all__ = ["check_dispatcher", "expect_examples", "normalize_address", "through_service"]
+__all__ = ["check_dispatcher", "check_workers_see", "expect_examples", "normalize_address", "through_service"]
 
 SHARDING_MODES = ("auto", "static", "dynamic")
 
@@ -56,6 +58,48 @@ def check_dispatcher(address: str, timeout_s: float) -> list[str]:
     so a mistyped address or a port reused by another program would look like a hung trainer.
     """
     return ask_dispatcher(address, timeout_s)
+
+
+def check_workers_see(address: str, paths: Sequence[str], timeout_s: float) -> None:
+    """Fails, naming the address, unless every service worker answers within `timeout_s` that it
+    can see every path in `paths`.
+
+    The workers open the shard paths this process lists; TensorFlow retries a path a worker cannot
+    open without a word and without end (a relative path, a local disk the workers do not share).
+    So a tiny job is run first, by every worker (`parallel_epochs`), yielding the paths it cannot
+    find. It runs in a daemon thread so that a service whose workers never answer (none
+    registered, all hung) fails after `timeout_s` instead of hanging here.
+    """
+    probe = tf.data.Dataset.from_tensor_slices(tf.constant(sorted(set(paths)), tf.string)).filter(
+        lambda path: tf.equal(tf.size(tf.io.matching_files(path)), 0)
+    ).apply(tf.data.experimental.service.distribute(processing_mode="parallel_epochs", service=address))
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["missing"] = sorted({p.decode() for p in probe.as_numpy_iterator()})
+        except Exception as e:  # reported below, in this thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="tf.data service path check", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ConnectionError(
+            f"the tf.data service at {address} did not run a check of the shard paths within {timeout_s:g} s "
+            f"(data_service_timeout_s): are its workers running and registered (launch/data_service.sh status)?"
+        )
+    if "error" in outcome:
+        error = outcome["error"]
+        first = getattr(error, "message", str(error)).strip().splitlines()[0]
+        raise ConnectionError(f"the tf.data service at {address} could not check the shard paths: {first}") from None
+    if outcome["missing"]:
+        missing = outcome["missing"]
+        raise FileNotFoundError(
+            f"tf.data service workers at {address} cannot see {len(missing)} of the {len(set(paths))} shard "
+            f"file(s), e.g. {missing[0]}: the workers open the paths this process reads, so the shards must be "
+            f"readable on every worker at the same path (gs://, or a shared file system)"
+        )
 
 
 def through_service(dataset: tf.data.Dataset, address: str, *, dynamic: bool) -> tf.data.Dataset:

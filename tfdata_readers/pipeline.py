@@ -192,6 +192,7 @@ def make_dataset(
     if service:
         workers = data_service.check_dispatcher(service, config.data_service_timeout_s)
         sharding = _static_or_fallback(config, sharding, len(share.pieces), len(workers), split, data_dir)
+        data_service.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
 
     image = info.image
     out_size = config.image_size or (image.height, image.width)

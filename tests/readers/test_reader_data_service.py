@@ -388,3 +388,27 @@ def test_a_restarted_service_evaluates_relative_paths_and_small_splits_then_a_st
         errors = [line for line in err.splitlines() if line.startswith("train_mirrored.py: error: ")]
         assert train.returncode == 1 and len(errors) == 1, err[-3000:]
         assert f"dispatcher {address} has not answered for" in errors[0], errors
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_shards_the_workers_cannot_see_fail_at_start_up_naming_one(
+    services, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard this process sees but the workers do not (here: removed between the reader's own
+    check and the workers' check) used to hang the reader silently, TensorFlow retrying the open."""
+    import tfdata_readers.pipeline as pipeline
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (8, 2)}, image_size=(16, 16))
+    checked = pipeline.check_shards
+
+    def check_then_hide_one(shards, **kwargs):
+        checked(shards, **kwargs)
+        os.remove(shards[1].path)
+
+    monkeypatch.setattr(pipeline, "check_shards", check_then_hide_one)
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"workers at grpc://.* cannot see 1 of the 2 shard file\(s\), e\.g\. "
+                                                r".*train-00001-of-00002.*readable on every worker at the same path"):
+        tfdata_readers.make_dataset(data_dir, "train", 4, data_service=services[2][0])
+    assert time.monotonic() - start < 30
