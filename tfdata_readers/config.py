@@ -131,15 +131,22 @@ class ReadConfig:
         the pipeline's share exactly once per epoch, checked by count at the end of the epoch:
         a worker lost mid-epoch makes the epoch fail with an error saying so rather than return
         a wrong metric. `skip_corrupt` is refused (its counts would stay in the workers).
-        Shard paths must be readable from the workers (gs://, or a shared file system).
+        The workers open the shard paths this process reads (a local `data_dir` is made
+        absolute first), so the shards must be readable on every worker at the same path (gs://,
+        or a shared file system); every worker checks this at start-up.
       data_service_sharding: how the service's workers split the shard pieces. "auto" (default):
         "static" when evaluating, "dynamic" when training. "static" (`ShardingPolicy.FILE`) deals
         every worker a fixed part of the pieces, which needs the dispatcher's fixed worker list;
         "dynamic" (`distributed_epoch`) hands out pieces one at a time to whichever worker asks.
         Training is always dynamic ("static" is refused): a static worker would repeat its own
-        part at its own speed, so examples would be seen at different rates.
-      data_service_timeout_s: how long to try to connect to the dispatcher at start-up before
-        failing with an error naming the address (TensorFlow itself would keep retrying silently).
+        part at its own speed, so examples would be seen at different rates. Static sharding
+        needs at least one shard piece per service worker: with fewer, "auto" evaluates with
+        dynamic sharding (also exactly once, and counted) and "static" is refused.
+      data_service_timeout_s: the start-up checks' deadline, after which they fail naming the
+        address (TensorFlow itself would retry silently and without end): the dispatcher must
+        answer as a tf.data dispatcher (nothing listening, another program, or no answer all
+        fail), and every worker must report that it sees the shard files. A service lost later,
+        while reading, is not covered here: see `dispatcher_client.DispatcherWatchdog`.
 
     `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
     the crop ranges take finite numbers only.

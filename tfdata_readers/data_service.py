@@ -20,6 +20,12 @@ with its own share of the records, and reads it as its own job: the shares are e
 and a job has one reader. Coordinated reads (one shared job, `consumer_index`/`num_consumers`)
 would need an endless dataset, so an evaluation epoch could never end.
 
+At start-up (`check_dispatcher`, `check_workers_see`, each bounded by `data_service_timeout_s`) the
+dispatcher must answer as one, and every worker must see every shard path: TensorFlow itself
+retries all of these silently and without end. A service lost later, mid-read, is beyond the
+reader's reach (its thread is blocked inside TensorFlow): `dispatcher_client.DispatcherWatchdog`
+ends the process with one line instead, as `launch/train_mirrored.py` does.
+
 A lost worker: TensorFlow's client waits for a failed worker to come back at the same address
 (`launch/data_service.sh` restarts it, as a cluster's scheduler would). Static sharding then reads
 that worker's part again from its start (duplicates); dynamic sharding loses the pieces the dead

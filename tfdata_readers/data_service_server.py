@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_addresses", default="",
                         help="dispatcher: comma-separated HOST:PORT of every worker (needed for static sharding)")
     parser.add_argument("--work_dir", default=None,
-                        help="dispatcher: directory for its journal, so a restarted dispatcher recovers its jobs")
+                        help="dispatcher: directory for its journal, so a restarted dispatcher recovers its jobs; "
+                             "empty it when the workers change (a journal's old workers break static sharding)")
     parser.add_argument("--worker_timeout_ms", type=int, default=DEFAULT_WORKER_TIMEOUT_MS,
                         help="dispatcher: a worker silent this long is considered lost")
     parser.add_argument("--dispatcher_address", default=None, help="worker: HOST:PORT of the dispatcher")
