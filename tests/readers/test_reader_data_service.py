@@ -412,3 +412,25 @@ def test_shards_the_workers_cannot_see_fail_at_start_up_naming_one(
                                                 r".*train-00001-of-00002.*readable on every worker at the same path"):
         tfdata_readers.make_dataset(data_dir, "train", 4, data_service=services[2][0])
     assert time.monotonic() - start < 30
+
+
+def test_the_dispatchers_worker_list_is_read_from_its_answer() -> None:
+    from tfdata_readers.dispatcher_client import _worker_addresses
+
+    # GetWorkersResponse as a 2-worker dispatcher of TensorFlow 2.21 sent it.
+    answer = b"\n\x11\n\x0f127.0.0.1:44329\n\x11\n\x0f127.0.0.1:37001"
+    assert _worker_addresses(answer) == ["127.0.0.1:44329", "127.0.0.1:37001"]
+    assert _worker_addresses(b"") == []
+
+
+def test_the_watchdog_reports_a_dispatcher_that_stopped_answering_once() -> None:
+    from tfdata_readers.dispatcher_client import DispatcherWatchdog
+
+    lost: list[str] = []
+    with DispatcherWatchdog("grpc://127.0.0.1:1", timeout_s=0.6, on_lost=lost.append, prefix="x: error: "):
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+    assert len(lost) == 1 and lost[0].startswith("x: error: the tf.data service dispatcher grpc://127.0.0.1:1 "
+                                                 "has not answered for"), lost
