@@ -347,7 +347,10 @@ def test_interrupting_flink_cluster_start_stops_what_it_started(fake_flink, tmp_
     start = subprocess.Popen(
         [str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"), "--rest_port", str(rest),
          *_ports("--rpc_port"), "--worker_pool_port", "0", "--timeout", "60"],
-        env={**env, "FAKE_FLINK": "tm-never"}, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+        env={**env, "FAKE_FLINK": "tm-never"}, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
+        # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and bash
+        # cannot trap a signal ignored at its start: give the script the default a terminal gives.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while len(_pids_under(tmp_path / "state")) < 2:  # the JobManager and the TaskManager run
