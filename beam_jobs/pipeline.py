@@ -234,6 +234,11 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     if "--sdk_harness_log_level_overrides" not in given:
         overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
                      "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level}
+        # sdk_worker_main logs every pipeline option (keys included) when a worker starts, and the
+        # runner relays that line; botocore at DEBUG logs request headers (a session token).
+        overrides.update({name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING),
+                                                          getattr(logging, quiet)))
+                          for name, quiet in _QUIET_LOGGERS.items()})
         if log_level != "DEBUG":
             # These two log each failed bundle's traceback, twice; the failure is what ends the
             # run, and main() reports it as one line (--log_level DEBUG shows them).
@@ -558,7 +563,47 @@ class _ConsoleFormatter(logging.Formatter):
         return super().format(record)
 
 
-def _configure_logging(level: str) -> None:
+# Credential options: their values never reach a log line the job prints.
+_CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token",
+                     "--azure_connection_string")
+# Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG: their
+# DEBUG lines print the pipeline options and each request's signed headers, credentials included
+# (an x-amz-security-token), and DEBUG output is what users paste into bug reports.
+_QUIET_LOGGERS = {"apache_beam.runners.worker.sdk_worker_main": "WARNING", "botocore": "INFO",
+                  "boto3": "INFO", "s3transfer": "INFO", "urllib3": "INFO", "google.auth": "INFO"}
+
+
+def _credential_values(argv: Sequence[str]) -> list[str]:
+    """The values given to credential flags, as ``--flag value`` or ``--flag=value``."""
+    values = []
+    for index, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name in _CREDENTIAL_FLAGS:
+            value = value if sep else (argv[index + 1] if index + 1 < len(argv) else "")
+            if len(value) >= 4:  # A one-letter "key" would redact every word holding that letter.
+                values.append(value)
+    return sorted(set(values), key=len, reverse=True)
+
+
+class _HideCredentials(logging.Filter):
+    """Replaces the credential values given on the command line wherever a log line holds them:
+    the runner relays workers' lines (their options included) as text, so matching by value is
+    what catches them all."""
+
+    def __init__(self, values: list[str]) -> None:
+        super().__init__()
+        self._values = values
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(value in message for value in self._values):
+            for value in self._values:
+                message = message.replace(value, "<redacted>")
+            record.msg, record.args = message, None
+        return True
+
+
+def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's
     # bare "INFO:name:message" format before this runs.
@@ -568,8 +613,12 @@ def _configure_logging(level: str) -> None:
     logging.getLogger().setLevel(numeric)
     logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
     logging.getLogger("beam_jobs.details").setLevel(numeric)
-    if numeric > logging.DEBUG:
-        for handler in logging.getLogger().handlers:
+    for name, quiet in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
+    for handler in logging.getLogger().handlers:
+        if secrets:
+            handler.addFilter(_HideCredentials(list(secrets)))
+        if numeric > logging.DEBUG:
             handler.addFilter(_HideRunnerTraces())
 
 
@@ -581,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     level = _peek_log_level(argv)
-    _configure_logging(level)
+    _configure_logging(level, secrets=_credential_values(argv))
     try:
         info = run(argv)
     except UsageError as error:

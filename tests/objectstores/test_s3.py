@@ -4,6 +4,7 @@ before any work, and no credential in any output."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -122,3 +123,28 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
         assert got[file_name] == (reference / file_name).read_bytes(), file_name
     # Not checked here: a shard whose upload the kill cut short stays an unfinished multipart
     # upload (Beam's S3 writer cannot abort it once killed); a bucket lifecycle rule removes those.
+
+
+def test_keys_with_question_marks_and_hashes_are_images_and_debug_logs_hide_credentials(minio, tmp_path_factory):
+    """"?" and "#" are ordinary characters of an S3 key (no query, no fragment): every image under
+    such a name becomes an example. Run at --log_level DEBUG with temporary credentials: neither
+    the secret key nor the session token appears in the output (the workers' option line and
+    botocore's signed headers used to print them)."""
+    photos = tmp_path_factory.mktemp("odd-keys") / "tree"
+    make_photo_tree(photos, num_images=6, seed=5)
+    images = [path for path in local_files(photos) if path.suffix == ".jpg"][:6]
+    keys = ["odd/cats/a?b.jpg", "odd/cats/c#d.jpg", "odd/dogs?/x[1].jpg", "odd/dogs?/y.jpg",
+            "odd/dogs#/1.jpg", "odd/dogs#/2.jpg"]
+    name = f"odd-{uuid.uuid4().hex[:8]}"
+    client = minio.client()
+    client.create_bucket(Bucket=name)
+    for key, path in zip(keys, images):
+        client.upload_file(str(path), name, key)
+    session = minio.session_credentials(["s3:*"])
+    result = run_job("--input", f"s3://{name}/odd", "--output_dir", f"s3://{name}/out", "--image_size", "16",
+                     "--num_shards", "1", *minio.job_flags(**session), "--log_level", "DEBUG")
+    info = json.loads(client.get_object(Bucket=name, Key="out/dataset_info.json")["Body"].read())
+    assert info["label_names"] == ["cats", "dogs#", "dogs?"]
+    assert info["splits"]["train"]["num_examples"] == 6, info["splits"]
+    assert_no_secret([session["secret_key"], session["session_token"], minio.secret_key],
+                     stdout=result.stdout, stderr=result.stderr)
