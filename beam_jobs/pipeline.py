@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import Sequence
 
@@ -273,6 +275,28 @@ def _differences(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
 
 
+def _check_endpoint_reachable(options: PipelineOptions, uris: Sequence[str], *, timeout: float = 5.0) -> None:
+    """Fails in seconds when --s3_endpoint_url refuses connections (a wrong port, a stopped server).
+
+    Beam's S3 client retries a refused connection with backoff for minutes before it reports
+    it, and a refused connection is never transient enough to wait for.
+    """
+    if not any(str(uri).lower().startswith("s3://") for uri in uris):
+        return
+    endpoint = options.get_all_options().get("s3_endpoint_url")
+    if not endpoint:
+        return
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
+            pass
+    except (OSError, ValueError) as error:
+        why = "connection refused" if isinstance(error, ConnectionRefusedError) else (
+            f"no answer in {timeout:g} s" if isinstance(error, TimeoutError) else str(error) or type(error).__name__)
+        raise UsageError(f"cannot reach --s3_endpoint_url {redact(endpoint)}: {why}") from None
+
+
 def _check_inputs_exist(arguments: JobArguments) -> None:
     """Fails before anything is created when the input cannot be what the flag says it is."""
     if arguments.input_list is not None:
@@ -399,6 +423,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
     FileSystems.set_options(options)
+    _check_endpoint_reachable(options, [arguments.source, arguments.output_dir])
     _check_inputs_exist(arguments)
     config = arguments.image_config
     output_dir = arguments.output_dir

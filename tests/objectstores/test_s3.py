@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,3 +149,19 @@ def test_keys_with_question_marks_and_hashes_are_images_and_debug_logs_hide_cred
     assert info["splits"]["train"]["num_examples"] == 6, info["splits"]
     assert_no_secret([session["secret_key"], session["session_token"], minio.secret_key],
                      stdout=result.stdout, stderr=result.stderr)
+
+
+def test_an_endpoint_that_refuses_connections_fails_in_seconds(minio, bucket):
+    """A wrong port used to mean minutes of retries with tracebacks before a wrapped error."""
+    with socket.socket() as closed:  # a port nobody listens on: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        flags = minio.job_flags()
+        flags[flags.index("--s3_endpoint_url") + 1] = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/refused", *JOB_FLAGS,
+                         *flags, check=False, timeout=120)
+    assert time.monotonic() - started < 60
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"images-to-tfrecords: error: cannot reach --s3_endpoint_url http://127.0.0.1:{port}: connection refused"]
