@@ -290,12 +290,17 @@ def finalize_outputs(
         refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
         refused_uri = FileSystems.join(output_dir, refused_name)
         concatenate_atomically(refused_uri, part_paths)
-        check_bad_fraction(
-            num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-            dead_letters_uri=refused_uri,
-            kept_message=("the dataset already in the folder was left as it was" if previous_exists
-                          else "no dataset_info.json was written"),
-        )
+        # The parts are all in the file just written; left behind they would be litter (on an
+        # object store, for good) and nothing reads them again: a --resume rerun writes its own.
+        delete_exactly(part_paths)
+        kept = ("the dataset already in the folder was left as it was" if previous_exists
+                else "no dataset_info.json was written")
+        if results:
+            kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far stay staged "
+                     "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
+                     "what changed (delete them to give up)")
+        check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
+                           dead_letters_uri=refused_uri, kept_message=kept)
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
                               dead_letters_by_reason=dict(by_reason))

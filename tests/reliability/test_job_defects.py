@@ -92,6 +92,11 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
                      check=False)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "left as it was" in _error_lines(result)[0]
+    # Its staged shards stay for --resume, and the message says so; its dead-letter parts, all
+    # in dead_letters.refused_run.jsonl, do not stay.
+    assert "stay staged (hidden .staged-* files) for a rerun with --resume" in _error_lines(result)[0]
+    hidden = [name for name in _files(out) if name.startswith(".")]
+    assert hidden and all(name.startswith(".staged-train-") for name in hidden), hidden
     visible = {name: data for name, data in _files(out).items() if not name.startswith(".")}
     refused = visible.pop("dead_letters.refused_run.jsonl")
     assert visible == before, "the old dataset changed"
