@@ -44,7 +44,7 @@ from beam_jobs.finalize import (
     run_fingerprint,
 )
 from beam_jobs.paths import redact
-from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
+from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
@@ -370,6 +370,10 @@ def _probe_writable(output_dir: str) -> None:
                       "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
+# The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
+_RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
+
+
 def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str,
                       preprocessing: dict) -> None:
     """Never mixes two datasets in one folder, and never deletes a dataset up front.
@@ -382,6 +386,14 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
     - neither: the folder must hold no dataset files at all.
     """
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
+    # A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
+    # between writing and renaming or deleting it leaves it, and it must not make the folder look
+    # like it holds a dataset. This run holds the lock, so no live run is writing one.
+    leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
+    if leftovers:
+        _LOG.info("removing %d temp file(s) of a killed run from %s: %s", len(leftovers), redact(output_dir),
+                  ", ".join(leftovers))
+        delete_exactly([names.pop(name) for name in leftovers])
     ours = sorted(name for name in names if is_dataset_file(name))
     if ours and overwrite:
         _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
@@ -650,7 +662,8 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
 
-    Exit 2 for a command line the job refuses, 1 for a run that failed, 130 when interrupted.
+    Exit 2 for a command line the job refuses (and an output folder another run holds), 1 for a run
+    that failed, 130 when interrupted.
     With --log_level DEBUG the full trace is printed first.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -658,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(level, secrets=_credential_values(argv))
     try:
         info = run(argv)
-    except UsageError as error:
+    except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -347,7 +347,7 @@ def test_a_second_run_into_a_busy_folder_is_refused(photos, tmp_path):
             time.sleep(0.05)
         assert lock.exists(), "the first run never took the lock"
         second = run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL, check=False)
-        _assert_one_clear_error(second, code=1, says="is writing into")
+        _assert_one_clear_error(second, code=2, says="is writing into")  # refused before any work
         assert f"process {first.pid}" in second.stderr
     finally:
         stdout, stderr = first.communicate(timeout=300)
@@ -362,8 +362,12 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(photos, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / ".images-to-tfrecords.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    # What a SIGKILL in the first seconds leaves: the probe, or the lock between write and rename.
+    # Neither is data: a plain rerun (no --resume) removes them instead of calling the folder taken.
+    (out / f".tmp-{'a' * 32}-probe").write_text("images-to-tfrecords write probe\n")
+    (out / f".tmp-{'b' * 32}-.images-to-tfrecords.lock").write_text("{}")
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    assert not (out / ".images-to-tfrecords.lock").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
