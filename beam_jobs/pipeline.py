@@ -318,6 +318,23 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         raise UsageError(f"--input {redact(root)}: no files found under it")
 
 
+def _check_output_outside_input(arguments: JobArguments) -> None:
+    """Refuses an --output_dir equal to or inside the --input tree: the dataset would be written
+    among the images, and a later run would list the output folder as one more class. An input
+    list names its images one by one, so its output may be anywhere."""
+    if arguments.input_list is not None:
+        return
+    root, output = arguments.input_root, arguments.output_dir
+    if "://" not in root and "://" not in output:
+        root, output = os.path.realpath(root), os.path.realpath(output)
+    root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
+    if output.startswith(root):
+        where = "is" if output == root else "lies inside"
+        raise UsageError(f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
+                         f"{redact(arguments.input_root)}; the dataset would be mixed with the images (and read as "
+                         "a class by the next run): choose an output folder outside it")
+
+
 def _make_output_dir(output_dir: str) -> list[str]:
     """Creates --output_dir (and its missing parents) and proves it writable; returns the folders
     it created, deepest first, so that a run that fails at once can remove them again."""
@@ -437,6 +454,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     FileSystems.set_options(options)
     _check_endpoint_reachable(options, [arguments.source, arguments.output_dir])
     _check_inputs_exist(arguments)
+    _check_output_outside_input(arguments)
     config = arguments.image_config
     output_dir = arguments.output_dir
     created = _make_output_dir(output_dir)

@@ -304,6 +304,38 @@ def test_bad_arguments_give_one_line_and_create_nothing(photos, tmp_path, args, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("inside", [".", "out", "astronaut/out"])
+def test_an_output_folder_in_the_input_tree_is_refused_before_any_work(photos, inside):
+    before = sorted(str(p) for p in photos.rglob("*"))
+    result = run_cli("--input", photos, "--output_dir", photos / inside, *SMALL, check=False)
+    _assert_one_clear_error(result, code=2, says="the --input tree")
+    assert sorted(str(p) for p in photos.rglob("*")) == before
+
+
+def test_a_flat_folder_is_refused_naming_the_layout_it_needs(photos, tmp_path):
+    """No class folders: every image is unexpected_layout; the one error line says the fix, and a
+    refused run that planned no shard leaves only its dead letters."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for index, image in enumerate(sorted(photos.rglob("*.jpg"))[:4]):
+        image.rename(flat / f"img{index}.jpg")
+    out = tmp_path / "out"
+    result = run_cli("--input", flat, "--output_dir", out, *SMALL, check=False)
+    _assert_one_clear_error(result, code=1, says="main reasons: unexpected_layout 4")
+    assert "put them in class folders, or give a CSV or JSONL list with --manifest" in _error_lines(result)[0]
+    assert sorted(p.name for p in out.iterdir()) == ["dead_letters.jsonl"]
+
+
+def test_an_input_list_of_entries_outside_its_folder_is_refused_naming_the_flag(photos, tmp_path):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    rows = "".join(f"{p},{p.parent.name}\n" for p in sorted(photos.rglob("*.jpg")))
+    (lists / "list.csv").write_text("uri,label\n" + rows)
+    result = run_cli("--manifest", lists / "list.csv", "--output_dir", tmp_path / "out", *SMALL, check=False)
+    _assert_one_clear_error(result, code=1, says="main reasons: outside_input_root 8")
+    assert "pass --allow_outside_root to accept them" in _error_lines(result)[0]
+
+
 def test_a_failure_inside_the_pipeline_is_one_line_and_leaves_no_folder(tmp_path):
     root = tmp_path / "no-images"
     (root / "cat").mkdir(parents=True)
