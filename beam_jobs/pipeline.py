@@ -45,7 +45,7 @@ from beam_jobs.finalize import (
 )
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
@@ -315,7 +315,8 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         if not os.path.isdir(root):
             raise UsageError(f"--input {root} does not exist")
     elif not list_tree(root, limit=1):
-        raise UsageError(f"--input {redact(root)}: no files found under it")
+        problem = bucket_problem(root)
+        raise UsageError(f"--input {redact(root)}: {problem or 'no files found under it'}")
 
 
 def _check_output_outside_input(arguments: JobArguments) -> None:

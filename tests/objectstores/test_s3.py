@@ -73,6 +73,14 @@ def test_credentials_are_not_in_any_error(minio, bucket):
     assert minio.keys(bucket, "never/") == []
 
 
+def test_a_missing_bucket_is_named_as_such(minio, bucket):
+    result = run_job("--input", "s3://no-such-bucket-here/tree", "--output_dir", f"s3://{bucket}/never2",
+                     *JOB_FLAGS, *minio.job_flags(), check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "images-to-tfrecords: error: --input s3://no-such-bucket-here/tree: bucket no-such-bucket-here does not exist"]
+
+
 def test_read_only_identity_fails_before_any_work(minio, bucket):
     read_only = minio.read_only_credentials()
     started = time.monotonic()
