@@ -17,7 +17,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.paths import redact, resolve_inside_root
+from beam_jobs.paths import is_http_url, redact, resolve_inside_root
 from beam_jobs.plan import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import list_tree, literal_pattern, match_literally
@@ -39,9 +39,13 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", 
 
 
 def is_image_filename(path: str) -> bool:
-    """True for names with an image extension, in any case ("IMG_1.JPG"); hidden files are never images."""
-    if "://" in path:
-        path = re.split(r"[?#]", path, maxsplit=1)[0]  # A URL's query is not part of its name.
+    """True for names with an image extension, in any case ("IMG_1.JPG"); hidden files are never images.
+
+    Only an http(s) URL has a query or fragment that is not part of its name; in a path on disk,
+    gs:// or s3:// "?" and "#" are ordinary characters of a name ("dogs?/x.jpg").
+    """
+    if is_http_url(path):
+        path = re.split(r"[?#]", path, maxsplit=1)[0]
     name = posixpath.basename(path.replace("\\", "/"))
     if name.startswith("."):
         return False

@@ -147,14 +147,37 @@ def build_dataset_info(
     }
 
 
+# What to do about the reasons that can refuse a whole run by themselves (a layout or a policy,
+# not a broken file): said on the console, since few open dead_letters.jsonl before retrying.
+_REASON_FIXES = {
+    Reason.OUTSIDE_INPUT_ROOT: ("entries outside the input list's folder (or symlinks out of the tree) are "
+                                      "refused: pass --allow_outside_root to accept them"),
+    Reason.UNEXPECTED_LAYOUT: ("images must sit in one folder per class (ROOT/<label>/<image>, or "
+                                     "ROOT/<split>/<label>/<image>): put them in class folders, or give a CSV "
+                                     "or JSONL list with --manifest"),
+}
+
+
+def refusal_hint(by_reason: dict[str, int]) -> str:
+    """The main reasons of a refusal (the three commonest), and the fix for those that have one."""
+    if not by_reason:
+        return ""
+    ranked = sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))
+    text = "main reasons: " + ", ".join(f"{reason} {count}" for reason, count in ranked[:3])
+    fixes = [_REASON_FIXES[reason] for reason, _ in ranked[:3] if reason in _REASON_FIXES]
+    return text + "".join(f"; {fix}" for fix in fixes)
+
+
 def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: float, dead_letters_uri: str,
-                       kept_message: str = "no dataset_info.json was written") -> None:
+                       kept_message: str = "no dataset_info.json was written",
+                       by_reason: dict[str, int] | None = None) -> None:
     """``num_dead`` counts unusable inputs only, ``num_inputs`` the inputs that were not dropped as
     copies: --dedup content drops copies on purpose, and they must not fail the job."""
     if num_inputs and num_dead / num_inputs > max_bad_fraction:
+        hint = refusal_hint(by_reason or {})
         raise TooManyBadInputsError(
             f"{num_dead} of {num_inputs} inputs ({num_dead / num_inputs:.1%}) could not be used, more than "
-            f"--max_bad_fraction={max_bad_fraction}; {kept_message}. "
+            f"--max_bad_fraction={max_bad_fraction}" + (f" ({hint})" if hint else "") + f"; {kept_message}. "
             f"See {dead_letters_uri} for each file and the reason."
         )
 
@@ -290,12 +313,19 @@ def finalize_outputs(
         refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
         refused_uri = FileSystems.join(output_dir, refused_name)
         concatenate_atomically(refused_uri, part_paths)
-        check_bad_fraction(
-            num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-            dead_letters_uri=refused_uri,
-            kept_message=("the dataset already in the folder was left as it was" if previous_exists
-                          else "no dataset_info.json was written"),
-        )
+        # The parts are all in the file just written; left behind they would be litter (on an
+        # object store, for good) and nothing reads them again: a --resume rerun writes its own.
+        delete_exactly(part_paths)
+        kept = ("the dataset already in the folder was left as it was" if previous_exists
+                else "no dataset_info.json was written")
+        if results:
+            kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far stay staged "
+                     "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
+                     "what changed (delete them to give up)")
+        check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
+                           dead_letters_uri=refused_uri, kept_message=kept,
+                           by_reason={reason: count for reason, count in by_reason.items()
+                                      if reason not in DROPPED_REASONS})
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
                               dead_letters_by_reason=dict(by_reason))

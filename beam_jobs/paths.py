@@ -9,19 +9,27 @@ import re
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 
-__all__ = ["redact", "resolve_inside_root"]
+__all__ = ["is_http_url", "redact", "resolve_inside_root"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# A URL's query string or fragment (signed-URL signatures, tokens) and its user:password@ part.
-_URL_SECRETS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@'\"]*@)?([^\s?#'\"]*)[?#][^\s'\"]*")
+# An http(s) URL's query string or fragment (signed-URL signatures, tokens). Only http(s) has
+# them: in a gs://, s3:// or local path "?" and "#" are ordinary characters of an object's name.
+_URL_SECRETS = re.compile(r"\b((?i:https?)://)(?:[^/\s@'\"]*@)?([^\s?#'\"]*)[?#][^\s'\"]*")
+# The user:password@ part of any URL.
 _URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]*@")
 
 
+def is_http_url(path: str) -> bool:
+    """True for an http:// or https:// URL, the only kind whose "?" starts a query."""
+    return path[:8].lower().startswith(("http://", "https://"))
+
+
 def redact(text: str) -> str:
-    """Removes query strings, fragments and user:password@ from every URL in ``text``.
+    """Removes query strings and fragments from every http(s) URL in ``text``, and user:password@
+    from every URL.
 
     Dead letters and logs are shared widely; a signed URL's signature must never reach them.
-    Plain local paths are left alone (a '?' can be part of a file name).
+    Other paths are left alone: a '?' or '#' can be part of a file or object name.
     """
     text = _URL_SECRETS.sub(lambda m: f"{m.group(1)}{m.group(2)}?<redacted>", text)
     return _URL_USERINFO.sub(r"\1<redacted>@", text)

@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import Sequence
 
@@ -42,8 +44,8 @@ from beam_jobs.finalize import (
     run_fingerprint,
 )
 from beam_jobs.paths import redact
-from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.storage import delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
+from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
@@ -234,6 +236,11 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     if "--sdk_harness_log_level_overrides" not in given:
         overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
                      "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level}
+        # sdk_worker_main logs every pipeline option (keys included) when a worker starts, and the
+        # runner relays that line; botocore at DEBUG logs request headers (a session token).
+        overrides.update({name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING),
+                                                          getattr(logging, quiet)))
+                          for name, quiet in _QUIET_LOGGERS.items()})
         if log_level != "DEBUG":
             # These two log each failed bundle's traceback, twice; the failure is what ends the
             # run, and main() reports it as one line (--log_level DEBUG shows them).
@@ -268,6 +275,28 @@ def _differences(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
 
 
+def _check_endpoint_reachable(options: PipelineOptions, uris: Sequence[str], *, timeout: float = 5.0) -> None:
+    """Fails in seconds when --s3_endpoint_url refuses connections (a wrong port, a stopped server).
+
+    Beam's S3 client retries a refused connection with backoff for minutes before it reports
+    it, and a refused connection is never transient enough to wait for.
+    """
+    if not any(str(uri).lower().startswith("s3://") for uri in uris):
+        return
+    endpoint = options.get_all_options().get("s3_endpoint_url")
+    if not endpoint:
+        return
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
+            pass
+    except (OSError, ValueError) as error:
+        why = "connection refused" if isinstance(error, ConnectionRefusedError) else (
+            f"no answer in {timeout:g} s" if isinstance(error, TimeoutError) else str(error) or type(error).__name__)
+        raise UsageError(f"cannot reach --s3_endpoint_url {redact(endpoint)}: {why}") from None
+
+
 def _check_inputs_exist(arguments: JobArguments) -> None:
     """Fails before anything is created when the input cannot be what the flag says it is."""
     if arguments.input_list is not None:
@@ -286,7 +315,25 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         if not os.path.isdir(root):
             raise UsageError(f"--input {root} does not exist")
     elif not list_tree(root, limit=1):
-        raise UsageError(f"--input {redact(root)}: no files found under it")
+        problem = bucket_problem(root)
+        raise UsageError(f"--input {redact(root)}: {problem or 'no files found under it'}")
+
+
+def _check_output_outside_input(arguments: JobArguments) -> None:
+    """Refuses an --output_dir equal to or inside the --input tree: the dataset would be written
+    among the images, and a later run would list the output folder as one more class. An input
+    list names its images one by one, so its output may be anywhere."""
+    if arguments.input_list is not None:
+        return
+    root, output = arguments.input_root, arguments.output_dir
+    if "://" not in root and "://" not in output:
+        root, output = os.path.realpath(root), os.path.realpath(output)
+    root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
+    if output.startswith(root):
+        where = "is" if output == root else "lies inside"
+        raise UsageError(f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
+                         f"{redact(arguments.input_root)}; the dataset would be mixed with the images (and read as "
+                         "a class by the next run): choose an output folder outside it")
 
 
 def _make_output_dir(output_dir: str) -> list[str]:
@@ -341,6 +388,10 @@ def _probe_writable(output_dir: str) -> None:
                       "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
+# The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
+_RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
+
+
 def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str,
                       preprocessing: dict) -> None:
     """Never mixes two datasets in one folder, and never deletes a dataset up front.
@@ -353,6 +404,14 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
     - neither: the folder must hold no dataset files at all.
     """
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
+    # A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
+    # between writing and renaming or deleting it leaves it, and it must not make the folder look
+    # like it holds a dataset. This run holds the lock, so no live run is writing one.
+    leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
+    if leftovers:
+        _LOG.info("removing %d temp file(s) of a killed run from %s: %s", len(leftovers), redact(output_dir),
+                  ", ".join(leftovers))
+        delete_exactly([names.pop(name) for name in leftovers])
     ours = sorted(name for name in names if is_dataset_file(name))
     if ours and overwrite:
         _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
@@ -394,7 +453,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
     FileSystems.set_options(options)
+    _check_endpoint_reachable(options, [arguments.source, arguments.output_dir])
     _check_inputs_exist(arguments)
+    _check_output_outside_input(arguments)
     config = arguments.image_config
     output_dir = arguments.output_dir
     created = _make_output_dir(output_dir)
@@ -558,7 +619,47 @@ class _ConsoleFormatter(logging.Formatter):
         return super().format(record)
 
 
-def _configure_logging(level: str) -> None:
+# Credential options: their values never reach a log line the job prints.
+_CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token",
+                     "--azure_connection_string")
+# Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG: their
+# DEBUG lines print the pipeline options and each request's signed headers, credentials included
+# (an x-amz-security-token), and DEBUG output is what users paste into bug reports.
+_QUIET_LOGGERS = {"apache_beam.runners.worker.sdk_worker_main": "WARNING", "botocore": "INFO",
+                  "boto3": "INFO", "s3transfer": "INFO", "urllib3": "INFO", "google.auth": "INFO"}
+
+
+def _credential_values(argv: Sequence[str]) -> list[str]:
+    """The values given to credential flags, as ``--flag value`` or ``--flag=value``."""
+    values = []
+    for index, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name in _CREDENTIAL_FLAGS:
+            value = value if sep else (argv[index + 1] if index + 1 < len(argv) else "")
+            if len(value) >= 4:  # A one-letter "key" would redact every word holding that letter.
+                values.append(value)
+    return sorted(set(values), key=len, reverse=True)
+
+
+class _HideCredentials(logging.Filter):
+    """Replaces the credential values given on the command line wherever a log line holds them:
+    the runner relays workers' lines (their options included) as text, so matching by value is
+    what catches them all."""
+
+    def __init__(self, values: list[str]) -> None:
+        super().__init__()
+        self._values = values
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(value in message for value in self._values):
+            for value in self._values:
+                message = message.replace(value, "<redacted>")
+            record.msg, record.args = message, None
+        return True
+
+
+def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's
     # bare "INFO:name:message" format before this runs.
@@ -568,23 +669,28 @@ def _configure_logging(level: str) -> None:
     logging.getLogger().setLevel(numeric)
     logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
     logging.getLogger("beam_jobs.details").setLevel(numeric)
-    if numeric > logging.DEBUG:
-        for handler in logging.getLogger().handlers:
+    for name, quiet in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
+    for handler in logging.getLogger().handlers:
+        if secrets:
+            handler.addFilter(_HideCredentials(list(secrets)))
+        if numeric > logging.DEBUG:
             handler.addFilter(_HideRunnerTraces())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
 
-    Exit 2 for a command line the job refuses, 1 for a run that failed, 130 when interrupted.
+    Exit 2 for a command line the job refuses (and an output folder another run holds), 1 for a run
+    that failed, 130 when interrupted.
     With --log_level DEBUG the full trace is printed first.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     level = _peek_log_level(argv)
-    _configure_logging(level)
+    _configure_logging(level, secrets=_credential_values(argv))
     try:
         info = run(argv)
-    except UsageError as error:
+    except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
+    "bucket_problem",
     "concatenate_atomically",
     "delete_exactly",
     "list_folder",
@@ -135,3 +136,26 @@ def _create_empty(path: str) -> None:
     bucket, key = s3io.parse_s3_path(path)
     client = s3io.S3IO(options=filesystem._options).client  # pylint: disable=protected-access
     client.client.put_object(Bucket=bucket, Key=key, Body=b"")
+
+
+def bucket_problem(uri: str) -> str | None:
+    """Why the S3 bucket of ``uri`` cannot be listed ("bucket x does not exist"), or None.
+
+    A listing of a bucket that does not exist comes back empty from Beam's S3 filesystem, which
+    would read as "no files found"; the bucket's own answer is the clearer message.
+    """
+    if not uri.lower().startswith("s3://"):
+        return None
+    from apache_beam.io.aws import s3io  # pylint: disable=import-outside-toplevel  # Only with [aws].
+
+    bucket, _ = s3io.parse_s3_path(uri if "/" in uri[5:] else uri + "/", object_optional=True)
+    filesystem = FileSystems.get_filesystem(uri)
+    client = s3io.S3IO(options=filesystem._options).client  # pylint: disable=protected-access
+    try:
+        client.client.head_bucket(Bucket=bucket)
+    except Exception as error:  # botocore's ClientError; its code says which problem
+        code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket"):
+            return f"bucket {bucket} does not exist"
+        return f"bucket {bucket} cannot be listed ({code or type(error).__name__})"
+    return None

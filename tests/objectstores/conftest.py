@@ -122,14 +122,18 @@ class Minio:
         MinIO evaluates them against its IAM policy engine, as it would a read-only user's; STS
         needs no admin client (mc) to set up.
         """
+        return self.session_credentials(["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"])
+
+    def session_credentials(self, actions: list[str]) -> dict[str, str]:
+        """Temporary credentials (STS AssumeRole, with a session token) allowed ``actions`` only."""
         import boto3  # pylint: disable=import-outside-toplevel
 
         sts = boto3.client("sts", endpoint_url=self.endpoint, region_name="us-east-1",
                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
         policy = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"],
+            "Effect": "Allow", "Action": actions,
             "Resource": ["arn:aws:s3:::*"]}]}
-        credentials = sts.assume_role(RoleArn="arn:minio:iam:::role/read-only", RoleSessionName="read-only",
+        credentials = sts.assume_role(RoleArn="arn:minio:iam:::role/read-only", RoleSessionName="session",
                                       Policy=json.dumps(policy), DurationSeconds=3600)["Credentials"]
         return {"access_key": credentials["AccessKeyId"], "secret_key": credentials["SecretAccessKey"],
                 "session_token": credentials["SessionToken"]}

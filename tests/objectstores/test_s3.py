@@ -4,9 +4,11 @@ before any work, and no credential in any output."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +73,14 @@ def test_credentials_are_not_in_any_error(minio, bucket):
     assert minio.keys(bucket, "never/") == []
 
 
+def test_a_missing_bucket_is_named_as_such(minio, bucket):
+    result = run_job("--input", "s3://no-such-bucket-here/tree", "--output_dir", f"s3://{bucket}/never2",
+                     *JOB_FLAGS, *minio.job_flags(), check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "images-to-tfrecords: error: --input s3://no-such-bucket-here/tree: bucket no-such-bucket-here does not exist"]
+
+
 def test_read_only_identity_fails_before_any_work(minio, bucket):
     read_only = minio.read_only_credentials()
     started = time.monotonic()
@@ -122,3 +132,44 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
         assert got[file_name] == (reference / file_name).read_bytes(), file_name
     # Not checked here: a shard whose upload the kill cut short stays an unfinished multipart
     # upload (Beam's S3 writer cannot abort it once killed); a bucket lifecycle rule removes those.
+
+
+def test_keys_with_question_marks_and_hashes_are_images_and_debug_logs_hide_credentials(minio, tmp_path_factory):
+    """"?" and "#" are ordinary characters of an S3 key (no query, no fragment): every image under
+    such a name becomes an example. Run at --log_level DEBUG with temporary credentials: neither
+    the secret key nor the session token appears in the output (the workers' option line and
+    botocore's signed headers used to print them)."""
+    photos = tmp_path_factory.mktemp("odd-keys") / "tree"
+    make_photo_tree(photos, num_images=6, seed=5)
+    images = [path for path in local_files(photos) if path.suffix == ".jpg"][:6]
+    keys = ["odd/cats/a?b.jpg", "odd/cats/c#d.jpg", "odd/dogs?/x[1].jpg", "odd/dogs?/y.jpg",
+            "odd/dogs#/1.jpg", "odd/dogs#/2.jpg"]
+    name = f"odd-{uuid.uuid4().hex[:8]}"
+    client = minio.client()
+    client.create_bucket(Bucket=name)
+    for key, path in zip(keys, images):
+        client.upload_file(str(path), name, key)
+    session = minio.session_credentials(["s3:*"])
+    result = run_job("--input", f"s3://{name}/odd", "--output_dir", f"s3://{name}/out", "--image_size", "16",
+                     "--num_shards", "1", *minio.job_flags(**session), "--log_level", "DEBUG")
+    info = json.loads(client.get_object(Bucket=name, Key="out/dataset_info.json")["Body"].read())
+    assert info["label_names"] == ["cats", "dogs#", "dogs?"]
+    assert info["splits"]["train"]["num_examples"] == 6, info["splits"]
+    assert_no_secret([session["secret_key"], session["session_token"], minio.secret_key],
+                     stdout=result.stdout, stderr=result.stderr)
+
+
+def test_an_endpoint_that_refuses_connections_fails_in_seconds(minio, bucket):
+    """A wrong port used to mean minutes of retries with tracebacks before a wrapped error."""
+    with socket.socket() as closed:  # a port nobody listens on: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        flags = minio.job_flags()
+        flags[flags.index("--s3_endpoint_url") + 1] = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/refused", *JOB_FLAGS,
+                         *flags, check=False, timeout=120)
+    assert time.monotonic() - started < 60
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"images-to-tfrecords: error: cannot reach --s3_endpoint_url http://127.0.0.1:{port}: connection refused"]

@@ -92,6 +92,11 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
                      check=False)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "left as it was" in _error_lines(result)[0]
+    # Its staged shards stay for --resume, and the message says so; its dead-letter parts, all
+    # in dead_letters.refused_run.jsonl, do not stay.
+    assert "stay staged (hidden .staged-* files) for a rerun with --resume" in _error_lines(result)[0]
+    hidden = [name for name in _files(out) if name.startswith(".")]
+    assert hidden and all(name.startswith(".staged-train-") for name in hidden), hidden
     visible = {name: data for name, data in _files(out).items() if not name.startswith(".")}
     refused = visible.pop("dead_letters.refused_run.jsonl")
     assert visible == before, "the old dataset changed"
@@ -183,7 +188,9 @@ def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
     root = tmp_path / "photos [2024] *?"
     make_photo_tree(root, num_images=6, seed=5, classes=["astronaut", "chelsea"])
     (root / "astronaut").rename(root / "cat [1]")
-    (root / "chelsea").rename(root / "dog*?")
+    (root / "chelsea").rename(root / "dog*?#")
+    first = sorted((root / "dog*?#").iterdir())[0]
+    first.rename(first.with_name("a?b#c.jpg"))
     out = tmp_path / "out [v1]"
     for attempt in range(2):  # The second run is refused without a flag, and must leave no probe.
         result = run_cli("--input", root, "--output_dir", out, *SMALL, check=False)
@@ -191,7 +198,7 @@ def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["dataset_info.json", "dead_letters.jsonl",
                      "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
-    assert _info(out)["label_names"] == ["cat [1]", "dog*?"]
+    assert _info(out)["label_names"] == ["cat [1]", "dog*?#"]
     assert sorted(_records(out)) == sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
     run_cli("--input", root, "--output_dir", out, *SMALL, "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == names
@@ -297,6 +304,38 @@ def test_bad_arguments_give_one_line_and_create_nothing(photos, tmp_path, args, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("inside", [".", "out", "astronaut/out"])
+def test_an_output_folder_in_the_input_tree_is_refused_before_any_work(photos, inside):
+    before = sorted(str(p) for p in photos.rglob("*"))
+    result = run_cli("--input", photos, "--output_dir", photos / inside, *SMALL, check=False)
+    _assert_one_clear_error(result, code=2, says="the --input tree")
+    assert sorted(str(p) for p in photos.rglob("*")) == before
+
+
+def test_a_flat_folder_is_refused_naming_the_layout_it_needs(photos, tmp_path):
+    """No class folders: every image is unexpected_layout; the one error line says the fix, and a
+    refused run that planned no shard leaves only its dead letters."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for index, image in enumerate(sorted(photos.rglob("*.jpg"))[:4]):
+        image.rename(flat / f"img{index}.jpg")
+    out = tmp_path / "out"
+    result = run_cli("--input", flat, "--output_dir", out, *SMALL, check=False)
+    _assert_one_clear_error(result, code=1, says="main reasons: unexpected_layout 4")
+    assert "put them in class folders, or give a CSV or JSONL list with --manifest" in _error_lines(result)[0]
+    assert sorted(p.name for p in out.iterdir()) == ["dead_letters.jsonl"]
+
+
+def test_an_input_list_of_entries_outside_its_folder_is_refused_naming_the_flag(photos, tmp_path):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    rows = "".join(f"{p},{p.parent.name}\n" for p in sorted(photos.rglob("*.jpg")))
+    (lists / "list.csv").write_text("uri,label\n" + rows)
+    result = run_cli("--manifest", lists / "list.csv", "--output_dir", tmp_path / "out", *SMALL, check=False)
+    _assert_one_clear_error(result, code=1, says="main reasons: outside_input_root 8")
+    assert "pass --allow_outside_root to accept them" in _error_lines(result)[0]
+
+
 def test_a_failure_inside_the_pipeline_is_one_line_and_leaves_no_folder(tmp_path):
     root = tmp_path / "no-images"
     (root / "cat").mkdir(parents=True)
@@ -340,7 +379,7 @@ def test_a_second_run_into_a_busy_folder_is_refused(photos, tmp_path):
             time.sleep(0.05)
         assert lock.exists(), "the first run never took the lock"
         second = run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL, check=False)
-        _assert_one_clear_error(second, code=1, says="is writing into")
+        _assert_one_clear_error(second, code=2, says="is writing into")  # refused before any work
         assert f"process {first.pid}" in second.stderr
     finally:
         stdout, stderr = first.communicate(timeout=300)
@@ -355,8 +394,12 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(photos, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / ".images-to-tfrecords.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    # What a SIGKILL in the first seconds leaves: the probe, or the lock between write and rename.
+    # Neither is data: a plain rerun (no --resume) removes them instead of calling the folder taken.
+    (out / f".tmp-{'a' * 32}-probe").write_text("images-to-tfrecords write probe\n")
+    (out / f".tmp-{'b' * 32}-.images-to-tfrecords.lock").write_text("{}")
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    assert not (out / ".images-to-tfrecords.lock").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):

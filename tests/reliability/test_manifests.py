@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from beam_jobs.discover import is_image_filename
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.errors import BadInputError
 from beam_jobs.sample_data import make_photo_tree
@@ -157,3 +158,20 @@ def test_secrets_in_uris_never_reach_dead_letters_or_logs(tmp_path):
         assert secret not in text
     assert redact(signed) == "https://storage.example.com/bucket/x.jpg?<redacted>"
     assert redact("s3://key:pw@bucket/a.jpg") == "s3://<redacted>@bucket/a.jpg"
+
+
+@pytest.mark.parametrize("path, image", [
+    ("s3://imgs/dogs?/x[1].jpg", True), ("gs://imgs/dogs#/1.jpg", True), ("s3://imgs/cats/a?b.png", True),
+    ("/data/dogs?/a#b.jpg", True), ("s3://imgs/notes?.txt", False),
+    ("https://host/x.jpg?X-Amz-Signature=abc", True), ("https://host/x.txt#a.jpg", False),
+])
+def test_question_marks_and_hashes_start_a_query_only_in_http_urls(path, image):
+    """In a gs://, s3:// or local path "?" and "#" are characters of the name: a listed image
+    there must never lose its extension (and be dropped) to a query that is not one."""
+    assert is_image_filename(path) is image
+
+
+def test_redaction_strips_queries_of_http_urls_only():
+    assert redact("s3://imgs/dogs?/x.jpg and gs://b/a#1.jpg") == "s3://imgs/dogs?/x.jpg and gs://b/a#1.jpg"
+    assert redact("HTTPS://h/x.jpg?sig=1") == "HTTPS://h/x.jpg?<redacted>"
+    assert redact("gs://user:pw@b/a?b.jpg") == "gs://<redacted>@b/a?b.jpg"
