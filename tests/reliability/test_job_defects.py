@@ -411,6 +411,6 @@ def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
     run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False)
     assert {k: v for k, v in _files(out).items() if not k.startswith(".") and "refused" not in k} == old
     resumed = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--resume",
-                      "--max_bad_fraction", "0.5", *SMALL)
+                      "--max_bad_fraction", "0.5", *SMALL, "--log_level", "INFO")  # INFO names kept shards
     assert resumed.stderr.count("complete and verified") == 2
     assert _info(out)["splits"]["train"]["num_shards"] == 2
