@@ -30,11 +30,16 @@ command -v go >/dev/null 2>&1 \
 build() {
   local name=$1 module=$2 patch=${3:-} bin tmp src
   bin="$cache/object-stores/${module##*@}${patch:+-$(sha256sum "$patch" | cut -c1-12)}/bin"
+  mkdir -p "$cache/object-stores"
+  # One build of NAME at a time: .ci/run starts the builds in the background while the tests
+  # begin, and a test fixture that needs the binary meanwhile waits here for that build.
+  exec {lock}>"$cache/object-stores/.build-$name.lock"
+  flock "$lock"
   if [[ -x "$bin/$name" ]]; then
+    exec {lock}>&-
     printf '%s\n' "$bin/$name"
     return
   fi
-  mkdir -p "$cache/object-stores"
   tmp=$(mktemp -d "$cache/object-stores/.build-$name.XXXXXX")
   log "building $module (first run only)"
   # CGO off: a static binary that needs no C toolchain. A build into a temp folder, moved into
@@ -60,6 +65,7 @@ build() {
   mkdir -p "$bin"
   mv -f "$tmp/$name" "$bin/$name"
   rm -rf "$tmp"
+  exec {lock}>&-
   printf '%s\n' "$bin/$name"
 }
 
