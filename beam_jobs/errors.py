@@ -37,6 +37,7 @@ class Reason:
     DUPLICATE_CONTENT = "duplicate_content"
     CONFLICTING_LABELS = "conflicting_labels"
     UNEXPECTED_LAYOUT = "unexpected_layout"
+    BAD_LABEL = "bad_label"
 
 
 class BadInputError(Exception):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from beam_jobs.errors import Reason, Stage
+from beam_jobs.names import is_valid_split_name
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
@@ -37,13 +37,6 @@ TREE_LAYOUTS = ("auto", "label", "split_label")
 # name makes the three-level tree ambiguous (ROOT/<label>/<year>/<image> is common too).
 KNOWN_SPLIT_NAMES = frozenset({"train", "training", "validation", "valid", "val", "dev", "test", "testing",
                                "eval", "evaluation", "holdout", "calibration"})
-# A split names shard files: letters, digits, "_" and "-", never "/", "." or spaces.
-_SPLIT_NAME = re.compile(r"[^\W][\w-]*")
-
-
-def is_valid_split_name(name: str) -> bool:
-    """Whether ``name`` can name a split, and so the start of its shard files' names."""
-    return bool(_SPLIT_NAME.fullmatch(name))
 
 # Rough bytes per pixel-channel of encoded photos, to turn --target_shard_mb into a shard count
 # before anything is encoded. Measured on the sample photos at 224 px: JPEG q95 ~0.2, PNG ~0.6.
