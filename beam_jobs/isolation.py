@@ -42,8 +42,8 @@ def needs_isolation(data: bytes, policy: str) -> bool:
 class DecoderStartupError(WorkerShutdownError):
     """The isolated decoder process did not become ready: it failed to start or to import the
     decoder's modules, or was still starting after its start-up limit. No input is to blame, so,
-    like a worker shutting down, it fails the shard (never staged; the runner retries it) rather
-    than dead-lettering the shard's images."""
+    like a worker shutting down, it fails the shard (never staged, so a retry or a --resume
+    converts it again) rather than dead-lettering the shard's images."""
 
 
 def _modules_to_import(function: Callable, args: Iterable) -> frozenset[str]:
