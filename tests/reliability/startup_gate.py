@@ -15,7 +15,7 @@ import pathlib
 import sys
 import time
 
-__all__ = ["GATE_ENV", "StartupGate", "wait_at_gate"]
+__all__ = ["GATE_ENV", "StartupGate", "die_at_start", "wait_at_gate"]
 
 GATE_ENV = "IMAGES_TO_TFRECORDS_TEST_STARTUP_GATE"
 _REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -39,6 +39,12 @@ def wait_at_gate() -> None:
         time.sleep(0.02)
 
 
+def die_at_start() -> None:
+    """In a multiprocessing child of a test that set GATE_ENV: exit at once, as a crash would."""
+    if os.environ.get(GATE_ENV) and _is_worker_child():
+        os._exit(70)
+
+
 class StartupGate:
     """The test's side: open and close the gate, and see which child processes reached it."""
 
@@ -50,11 +56,16 @@ class StartupGate:
 
     def hold_interpreter_start(self) -> None:
         """Holds every multiprocessing child before Python has even finished starting."""
+        self._at_interpreter_start("wait_at_gate")
+
+    def kill_at_interpreter_start(self) -> None:
+        """Makes every multiprocessing child die while Python starts: a worker that cannot start one."""
+        self._at_interpreter_start("die_at_start")
+
+    def _at_interpreter_start(self, hook: str) -> None:
         site = self.folder / "site"
         site.mkdir()
-        (site / "sitecustomize.py").write_text(
-            "from tests.reliability.startup_gate import wait_at_gate\nwait_at_gate()\n"
-        )
+        (site / "sitecustomize.py").write_text(f"from tests.reliability.startup_gate import {hook}\n{hook}()\n")
         path = [str(site), str(_REPO), os.environ.get("PYTHONPATH", "")]
         self._monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
 

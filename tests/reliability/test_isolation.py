@@ -245,6 +245,27 @@ def test_a_shard_converted_while_its_worker_shuts_down_is_never_staged(tmp_path)
     assert sorted(os.listdir(out)) == []
 
 
+@pytest.mark.slow
+def test_a_shard_whose_decoder_cannot_start_fails_whole_and_blames_no_image(tmp_path, monkeypatch):
+    """A worker that cannot start its decoder process fails the shard with one clear error: no
+    dead letter for a file that was never decoded, and nothing staged for --resume to trust."""
+    StartupGate(tmp_path / "gate", monkeypatch).kill_at_interpreter_start()
+    photo = tmp_path / "cat/0.tif"
+    photo.parent.mkdir()
+    photo.write_bytes(encode(real_photo("chelsea", (64, 48)), "TIFF"))
+    shard = plan_dataset([InputFile("cat/0.tif", str(photo), label="cat")], num_shards=1, example_bytes=1).shards[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    fn = ConvertShardFn(ImageConfig(width=32, height=32), str(out))
+    fn.setup()
+    try:
+        with pytest.raises(DecoderStartupError, match="died twice before it could take a call"):
+            list(fn.process(shard))
+    finally:
+        fn.teardown()
+    assert sorted(os.listdir(out)) == []
+
+
 @pytest.mark.parametrize("field, value", [("timeout_s", 0), ("timeout_s", float("nan")),
                                           ("startup_timeout_s", -1), ("startup_timeout_s", float("inf"))])
 def test_limits_that_are_not_positive_seconds_are_refused_naming_the_value(field, value):
