@@ -83,15 +83,15 @@ def test_a_missing_bucket_is_named_as_such(minio, bucket):
 
 def test_read_only_identity_fails_before_any_work(minio, bucket):
     read_only = minio.read_only_credentials()
-    started = time.monotonic()
     result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/read-only-out", *JOB_FLAGS,
                      *minio.job_flags(**read_only), check=False)
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if "error:" in line]
     assert line.startswith(f"images-to-tfrecords: error: cannot write to --output_dir s3://{bucket}/read-only-out: ")
     assert "Access Denied" in line or "AccessDenied" in line, line
-    assert "converting" not in result.stderr  # refused before the pipeline was built
-    assert time.monotonic() - started < 60
+    # Refused before the pipeline was built: its one line, and no converting line. A clock would
+    # say the same on an idle machine and flip on a cold, busy one (Python and Beam starting).
+    assert "converting" not in result.stderr
     assert minio.keys(bucket, "read-only-out/") == []
     assert minio.unfinished_uploads(bucket) == []
     assert_no_secret(list(read_only.values()) + [minio.secret_key], stdout=result.stdout, stderr=result.stderr)
@@ -112,7 +112,7 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
     process = subprocess.Popen([sys.executable, "-m", "beam_jobs", *args], cwd=REPO, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 400  # Only reached when something is wrong: a cold machine is slow.
         staged: list[str] = []
         while time.monotonic() < deadline and process.poll() is None and not staged:
             staged = [k for k in minio.keys(name, "out/") if k.startswith("out/.staged-train-")]
@@ -166,10 +166,10 @@ def test_an_endpoint_that_refuses_connections_fails_in_seconds(minio, bucket):
         port = closed.getsockname()[1]
         flags = minio.job_flags()
         flags[flags.index("--s3_endpoint_url") + 1] = f"http://127.0.0.1:{port}"
-        started = time.monotonic()
         result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/refused", *JOB_FLAGS,
-                         *flags, check=False, timeout=120)
-    assert time.monotonic() - started < 60
+                         *flags, check=False)
+    # The one line below comes only from the up-front reachability check, which runs before Beam's
+    # retrying S3 client is used at all; that, not a clock, shows no minutes of retries were spent.
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         f"images-to-tfrecords: error: cannot reach --s3_endpoint_url http://127.0.0.1:{port}: connection refused"]
