@@ -37,7 +37,7 @@ def find_browser() -> str | None:
 class Chromium:
     """One headless browser with one page. Use as a context manager."""
 
-    def __init__(self, binary: str, *, timeout_s: float = 60) -> None:
+    def __init__(self, binary: str, *, timeout_s: float = 180) -> None:
         self._timeout_s = timeout_s
         self._profile = tempfile.mkdtemp(prefix="chromium-profile-")
         self._process = subprocess.Popen(
