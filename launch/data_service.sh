@@ -255,7 +255,8 @@ case "$command" in
     describe() {  # NAME PIDFILE PORT MARKER
       local pid=""
       [[ -f "$2" ]] && pid=$(head -n 1 "$2")
-      if itt_pid_is "$pid" "$4" && itt_port_open "$host" "$3"; then
+      # Listening means this pid holds the port: another program answering there is not ours.
+      if itt_pid_is "$pid" "$4" && itt_port_owner "$3" "$pid" >/dev/null; then
         echo "$1: running (pid $pid, $host:$3)"
       else
         echo "$1: not running ($host:$3)"
@@ -270,7 +271,7 @@ case "$command" in
       [[ -f "$pid_dir/worker-$1.server" ]] && server=$(head -n 1 "$pid_dir/worker-$1.server")
       itt_pid_is "$loop" "$LOOP_MARKER" || loop=""
       itt_pid_is "$server" "$SERVER_MARKER" || server=""
-      if [[ -n "$loop" && -n "$server" ]] && itt_port_open "$host" "$2"; then
+      if [[ -n "$loop" && -n "$server" ]] && itt_port_owner "$2" "$server" >/dev/null; then
         echo "worker $1: running (pid $server, $host:$2; supervisor pid $loop)"
       elif [[ -n "$loop" ]]; then
         echo "worker $1: not running ($host:$2); its supervisor (pid $loop) is restarting it"

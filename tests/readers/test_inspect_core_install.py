@@ -22,7 +22,7 @@ def test_the_report_is_whole_without_matplotlib(jpeg_dir: pathlib.Path, tmp_path
     result = subprocess.run([sys.executable, "-m", "tfdata_readers.inspect", str(jpeg_dir), "--out", str(out)],
                             capture_output=True, text=True, env=env, cwd=_REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "matplotlib" not in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr == ""  # nothing missing, and none of TensorFlow's start-up lines either
     assert sorted(p.name for p in out.iterdir()) == [
         "class_counts.png", "contact_sheet-train.png", "contact_sheet-validation.png", "report.html"]
     chart = Image.open(out / "class_counts.png")
