@@ -21,13 +21,14 @@ INSTALL_REQUIRES = [
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
 GCP_REQUIRE = ["apache-beam[gcp]>=2.77.0,<3"]
 AWS_REQUIRE = ["apache-beam[aws]>=2.77.0,<3"]
-# Charts: the inspection report's class histogram and the benchmarks' bar charts (Agg backend).
-INSPECT_REQUIRE = ["matplotlib>=3.8,<4"]
-BENCH_REQUIRE = [*INSPECT_REQUIRE]
+# The inspection report draws with Pillow (a core dependency): its extra is kept, empty, so that
+# `pip install ".[inspect]"` from older instructions still works. The benchmarks' charts use matplotlib.
+INSPECT_REQUIRE: list[str] = []
+BENCH_REQUIRE = ["matplotlib>=3.8,<4"]
 # websocket-client drives a real headless Chromium over the DevTools protocol in the report's test;
 # the object-store tests run the job against real gs:// and s3:// servers, so they need both clients.
 TEST_REQUIRE = ["pytest>=8", "pytest-timeout>=2.3", "psutil>=6", "websocket-client>=1.7,<2",
-                *SAMPLES_REQUIRE, *INSPECT_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
+                *SAMPLES_REQUIRE, *BENCH_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
 
 setup(
     name="images-to-tfrecords",

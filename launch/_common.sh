@@ -116,17 +116,74 @@ except OSError:
     sys.exit(1)' "$1" "$2"
 }
 
-# itt_wait_port HOST PORT TIMEOUT_S [PID]: waits until the port accepts connections; fails early
-# if PID (the process that should open it) dies.
+# itt_port_owner PORT PID: exit 0 when a socket listening on PORT belongs to PID or one of its
+# descendants (/proc/net/tcp{,6} give the socket's inode, /proc/P/fd the processes holding it);
+# 1 when the listener is another process (its pid on stdout, when visible); 2 when none listens.
+# A port that answers is not enough: another program (another cluster's REST API) may hold it.
+ITT_PORT_OWNER_PY='import os, sys
+port, root = int(sys.argv[1]), int(sys.argv[2])
+inodes = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(table).read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            inodes.add(fields[9])
+if not inodes:
+    sys.exit(2)
+children = {}
+for name in os.listdir("/proc"):
+    if name.isdigit():
+        try:
+            stat = open(f"/proc/{name}/stat").read()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+ours, todo = set(), [root]
+while todo:
+    pid = todo.pop()
+    if pid not in ours:
+        ours.add(pid)
+        todo.extend(children.get(pid, []))
+def holders(pid):
+    try:
+        return {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return set()
+if any(holders(pid) & inodes for pid in ours):
+    sys.exit(0)
+others = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in ours and holders(n) & inodes]
+print(others[0] if others else "")
+sys.exit(1)'
+
+itt_port_owner() {
+  "$(itt_python)" -c "$ITT_PORT_OWNER_PY" "$1" "$2"
+}
+
+# itt_wait_port HOST PORT TIMEOUT_S [PID]: waits until the port accepts connections (with PID: until
+# PID, the process that should open it, or a child of it listens there); fails early if PID dies,
+# and says so when another process holds the port.
 itt_wait_port() {
-  local host=$1 port=$2 timeout=$3 pid=${4:-} waited=0
-  until itt_port_open "$host" "$port"; do
+  local host=$1 port=$2 timeout=$3 pid=${4:-} waited=0 owner="" rc
+  while :; do
+    if itt_port_open "$host" "$port"; then
+      [[ -n "$pid" ]] || return 0
+      rc=0
+      owner=$(itt_port_owner "$port" "$pid") || rc=$?
+      (( rc == 0 )) && return 0
+      (( rc == 1 )) && owner="another process${owner:+ (pid $owner)}" || owner=""
+    fi
     if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
-      itt_log "process $pid exited before $host:$port opened"
+      itt_log "process $pid exited before $host:$port opened${owner:+; port $port is held by $owner}"
+      ITT_PORT_HELD_BY=$owner
       return 1
     fi
     if (( waited >= timeout )); then
-      itt_log "timed out after ${timeout}s waiting for $host:$port"
+      itt_log "timed out after ${timeout}s waiting for $host:$port${owner:+; port $port is held by $owner}"
+      ITT_PORT_HELD_BY=$owner
       return 1
     fi
     sleep 1

@@ -93,17 +93,24 @@ read_ports() {
   done <"$ports_file"
 }
 
-# Runs one worker, and again whenever it dies (until stop kills this loop's process group).
+# Runs one worker, and again whenever it dies (until stop kills this loop's process group). The
+# worker's own pid goes to worker-I.server (status shows it; the loop's pid stays in worker-I.pid).
+# The worker is told this loop's pid (--parent_pid) and stops when the loop is gone, however it
+# died: a worker must never outlive its supervisor, unrestartable and unstoppable by pid file.
 worker_loop() {
-  local py port
+  local py port server=""
   read_ports
   IFS=',' read -r -a ports <<<"$worker_ports"
   port=${ports[$worker_index]}
   py="$(itt_python)"
+  trap '[[ -z "$server" ]] || kill -TERM "$server" 2>/dev/null || true; rm -f "$pid_dir/worker-$worker_index.server"; exit 0' TERM INT HUP
   while :; do
     "$py" -m tfdata_readers.data_service_server --role worker --port "$port" \
-      --dispatcher_address "$host:$dispatcher_port" --worker_address "$host:$port" || true
-    echo "[data_service.sh] worker $worker_index (port $port) exited; restarting it in 1 s" >&2
+      --dispatcher_address "$host:$dispatcher_port" --worker_address "$host:$port" --parent_pid $$ &
+    server=$!
+    echo "$server" >"$pid_dir/worker-$worker_index.server"
+    wait "$server" || true
+    echo "[data_service.sh] worker $worker_index (port $port, pid $server) exited; restarting it in 1 s" >&2
     sleep 1
   done
 }
@@ -203,7 +210,7 @@ case "$command" in
     # alone, among the same workers, which this script never does; a fresh start begins a fresh one.
     rm -rf -- "$work_dir"
     mkdir -p "$pid_dir" "$log_dir" "$work_dir"
-    rm -f "$pid_dir"/*.pid  # stale ones (nothing in them runs any more, checked above)
+    rm -f "$pid_dir"/*.pid "$pid_dir"/*.server  # stale ones (nothing in them runs any more, checked above)
     printf 'dispatcher_port=%s\nworker_ports=%s\n' "$dispatcher_port" "$worker_ports" >"$ports_file"
     addresses=""
     for port in "${ports[@]}"; do addresses+="${addresses:+,}$host:$port"; done
@@ -248,17 +255,39 @@ case "$command" in
     describe() {  # NAME PIDFILE PORT MARKER
       local pid=""
       [[ -f "$2" ]] && pid=$(head -n 1 "$2")
-      if itt_pid_is "$pid" "$4" && itt_port_open "$host" "$3"; then
+      # Listening means this pid holds the port: another program answering there is not ours.
+      if itt_pid_is "$pid" "$4" && itt_port_owner "$3" "$pid" >/dev/null; then
         echo "$1: running (pid $pid, $host:$3)"
       else
         echo "$1: not running ($host:$3)"
         up=0
       fi
     }
+    # A worker is up when its server runs and listens and its supervisor (the restart loop) runs;
+    # the pid shown is the server's, the one that serves (and that a kill of the worker means).
+    describe_worker() {  # INDEX PORT
+      local loop="" server=""
+      [[ -f "$pid_dir/worker-$1.pid" ]] && loop=$(head -n 1 "$pid_dir/worker-$1.pid")
+      [[ -f "$pid_dir/worker-$1.server" ]] && server=$(head -n 1 "$pid_dir/worker-$1.server")
+      itt_pid_is "$loop" "$LOOP_MARKER" || loop=""
+      itt_pid_is "$server" "$SERVER_MARKER" || server=""
+      if [[ -n "$loop" && -n "$server" ]] && itt_port_owner "$2" "$server" >/dev/null; then
+        echo "worker $1: running (pid $server, $host:$2; supervisor pid $loop)"
+      elif [[ -n "$loop" ]]; then
+        echo "worker $1: not running ($host:$2); its supervisor (pid $loop) is restarting it"
+        up=0
+      elif [[ -n "$server" ]]; then
+        echo "worker $1: unsupervised (pid $server, $host:$2): its supervisor is gone; restart the service"
+        up=0
+      else
+        echo "worker $1: not running ($host:$2)"
+        up=0
+      fi
+    }
     describe "dispatcher grpc://$host:$dispatcher_port" "$pid_dir/dispatcher.pid" "$dispatcher_port" "$SERVER_MARKER"
     IFS=',' read -r -a ports <<<"$worker_ports"
     for i in "${!ports[@]}"; do
-      describe "worker $i" "$pid_dir/worker-$i.pid" "${ports[$i]}" "$LOOP_MARKER"
+      describe_worker "$i" "${ports[$i]}"
     done
     (( up )) || exit 1
     ;;

@@ -274,11 +274,15 @@ case "$command" in
     trap 'trap - ERR; itt_log "interrupted; stopping what was started"; do_stop; exit 130' INT TERM
     "$FLINK_HOME/bin/jobmanager.sh" start >/dev/null
     jm_pid=$(tail -n 1 "$pid_dir"/*standalonesession.pid 2>/dev/null || true)
+    # The REST port must be the JobManager's own (itt_wait_port checks who listens): another
+    # cluster's REST API on the same port answered /overview and made a failed start look "up".
+    ITT_PORT_HELD_BY=""
     if ! itt_wait_port "$host" "$rest_port" "$timeout" "$jm_pid"; then
       why=$(jobmanager_error)
+      held=${ITT_PORT_HELD_BY:+port $rest_port (--rest_port) is held by $ITT_PORT_HELD_BY, not by this JobManager}
       trap - ERR
       do_stop
-      itt_die "the JobManager did not come up${why:+: $why} (logs: $log_dir)"
+      itt_die "the JobManager did not come up${held:+: $held}${why:+: $why} (logs: $log_dir)"
     fi
     for ((i = 0; i < taskmanagers; i++)); do
       # Named tm-0, tm-1, ... in the REST API, in the order of the pids in the pid file.
@@ -311,6 +315,12 @@ case "$command" in
   status)
     if ! overview=$(rest_get /overview 2>/dev/null); then
       echo "Flink: not reachable at http://$host:$rest_port"
+      exit 1
+    fi
+    # Only this state dir's JobManager counts: another cluster may answer on the same port.
+    jm_pid=$(tail -n 1 "$pid_dir"/*standalonesession.pid 2>/dev/null || true)
+    if ! itt_pid_is "$jm_pid" "${FLINK_DAEMON_CLASSES[@]}" || ! itt_port_owner "$rest_port" "$jm_pid" >/dev/null; then
+      echo "Flink at http://$host:$rest_port answers, but it is not this state dir's JobManager (state dir $state_dir): another cluster holds the port"
       exit 1
     fi
     echo "Flink at http://$host:$rest_port: $overview"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from tfdata_readers.classes import class_counts
+# First: the command lines import TensorFlow with its start-up noise kept off the terminal.
+from tfdata_readers._quiet_start import quiet_for_command_lines
+
+quiet_for_command_lines()
+
+from tfdata_readers.classes import class_counts  # noqa: E402
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.distribute import distribute
 from tfdata_readers.files import ShardError

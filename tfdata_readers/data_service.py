@@ -14,6 +14,13 @@ Which sharding, and why:
     pieces go to the others; a piece is handed out once per pass, so each pass delivers an
     example at most once. The stream never ends (`num_epochs=None`): every worker drops its own
     last partial batch, so a finite pass would end with a batch count the trainer cannot know.
+    A global step is whole: under tf.distribute the strategy deals each pipeline's consecutive
+    batches to its replicas, and batches from two workers, or from the end of one pass and the
+    start of the next, held the same example twice in one step. So the workers group the batches
+    of one step before the pass repeats (`group_steps`), and the trainer ungroups them
+    (`ungroup_steps`): a step is one worker's consecutive batches of one pass. A Keras epoch of
+    `steps_per_epoch` steps is still not a pass: the workers' passes are not aligned to it, and
+    each drops its last incomplete step.
 
 Under tf.distribute every input pipeline (one per trainer worker) registers its own pipeline,
 with its own share of the records, and reads it as its own job: the shares are exact already,
@@ -43,7 +50,8 @@ import tensorflow as tf
 
 from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
-__all__ = ["check_dispatcher", "check_workers_see", "expect_examples", "normalize_address", "through_service"]
+__all__ = ["check_dispatcher", "check_workers_see", "expect_examples", "group_steps", "normalize_address",
+           "replicas_per_step", "through_service", "ungroup_steps"]
 
 SHARDING_MODES = ("auto", "static", "dynamic")
 
@@ -122,6 +130,25 @@ def through_service(dataset: tf.data.Dataset, address: str, *, dynamic: bool) ->
         # 1,000 float32 images with it, 0.32-0.45 without (the plain reader, decoding: 0.65-0.72).
         compression=None,
     ))
+
+
+def replicas_per_step(input_context: tf.distribute.InputContext | None) -> int:
+    """How many consecutive batches of one input pipeline make one global step (its replicas)."""
+    if input_context is None:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+
+
+def group_steps(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+    """On the workers, before the pass repeats: `replicas` consecutive batches as one element, so
+    that the service hands a trainer a whole step or nothing (an incomplete last group is dropped,
+    as an incomplete batch is in training)."""
+    return dataset if replicas == 1 else dataset.batch(replicas, drop_remainder=True)
+
+
+def ungroup_steps(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+    """On the trainer: the batches of each group back in order, for the strategy to deal."""
+    return dataset if replicas == 1 else dataset.unbatch()
 
 
 def _empty_like(spec: tf.TensorSpec) -> tf.Tensor:

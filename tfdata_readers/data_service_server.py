@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_address", default=None,
                         help="worker: HOST:PORT under which clients reach it [localhost:--port]; must match "
                              "its entry in the dispatcher's --worker_addresses")
+    parser.add_argument("--parent_pid", type=int, default=None,
+                        help="stop when this process (a supervisor that restarts this one) is gone, so that no "
+                             "server outlives it unsupervised")
     return parser
 
 
@@ -103,6 +106,19 @@ def _wait_for_dispatcher(address: str, timeout_s: float, prog: str) -> None:
         time.sleep(1)
 
 
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Sends this process SIGTERM once `parent_pid` is no longer its parent (the supervisor died,
+    even of SIGKILL, which it cannot pass on): before the handler is installed that ends the
+    process at once, after it the server stops cleanly."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _start(args: argparse.Namespace):
     import tensorflow as tf  # imported only after the arguments are checked: it takes seconds
 
@@ -136,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _check(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.parent_pid is not None:
+        _watch_parent(args.parent_pid)
     if args.role == "worker":
         _wait_for_dispatcher(args.dispatcher_address, args.dispatcher_timeout_s, parser.prog)
     try:

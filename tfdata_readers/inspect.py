@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tfdata_readers.inspection.class_chart import balance, draw_class_counts
+from tfdata_readers.inspection.class_chart import balance, balance_text, draw_class_counts
 from tfdata_readers.inspection.gather import Inspection, gather
 from tfdata_readers.inspection.html_report import render_report
 from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png
@@ -89,8 +89,7 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
     for split in report.splits:
         rows = [r for r in report.shards if r.split == split]
         summary = balance(report.class_counts[split])
-        ratio = "no examples" if summary.ratio is None else (
-            f"largest/smallest {summary.ratio:.1f} ({summary.largest}/{summary.smallest})")
+        ratio = balance_text(summary)
         empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
         examples, shards = info.splits[split].num_examples, len(rows)
         lines.append(f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "

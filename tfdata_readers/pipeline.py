@@ -302,6 +302,10 @@ def make_dataset(
     if batches_per_epoch is not None and not service:
         # Every pipeline yields the same number of batches per epoch, so their step counts agree.
         dataset = dataset.take(batches_per_epoch)
+    # Through the service in training, a global step's batches travel as one element of one pass
+    # (see tfdata_readers.data_service): otherwise a step could hold an example twice.
+    step_group = data_service.replicas_per_step(input_context) if service and training else 1
+    dataset = data_service.group_steps(dataset, step_group)
     if config.num_epochs != 1:
         # Repeating the whole pipeline re-runs the file and record shuffles: a new order per pass.
         dataset = dataset.repeat(config.num_epochs)
@@ -316,6 +320,7 @@ def make_dataset(
 
     # Everything above runs on the service's workers; only what follows runs here.
     dataset = data_service.through_service(dataset, service, dynamic=sharding == "dynamic")
+    dataset = data_service.ungroup_steps(dataset, step_group)
     if not drop_remainder and config.num_epochs is not None:
         expected = share.num_examples * config.num_epochs
         dataset = data_service.expect_examples(

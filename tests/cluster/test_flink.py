@@ -206,3 +206,18 @@ def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
     proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(cluster.state_dir),
                        "--rest_port", str(cluster.rest_port)], timeout=60, check=False)
     assert proc.returncode == 1
+
+
+def test_another_clusters_rest_api_is_not_taken_for_this_state_dirs(flink_cluster, tmp_path):
+    # A real JobManager answers on the port; a state dir whose cluster did not start must not
+    # report it as its own (start checks the same thing: who listens, not only that someone does).
+    other = tmp_path / "other"
+    (other / "pid").mkdir(parents=True)
+    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(other),
+                       "--rest_port", str(flink_cluster.rest_port)], timeout=60, check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "not this state dir's JobManager" in proc.stdout, proc.stdout
+    # The cluster that does hold the port is still its own state dir's, and left alone.
+    mine = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir)],
+                      timeout=60)
+    assert mine.returncode == 0 and "Flink at http://127.0.0.1:" in mine.stdout

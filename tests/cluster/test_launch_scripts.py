@@ -180,6 +180,10 @@ if mode == "jm-dies":
     print("Caused by: java.net.BindException: Could not start rest endpoint on any port (fake)")
     sys.exit(1)
 pid_dir = pathlib.Path(os.environ["FLINK_PID_DIR"])
+if mode == "jm-waits":  # binds only once the test says so (after it let another server take the port)
+    go = pathlib.Path(os.environ["FLINK_CONF_DIR"]).parent / "go"
+    while not go.exists():
+        time.sleep(0.1)
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -193,7 +197,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-http.server.HTTPServer(("127.0.0.1", int(value("rest.port"))), Handler).serve_forever()
+try:
+    server = http.server.HTTPServer(("127.0.0.1", int(value("rest.port"))), Handler)
+except OSError as e:  # as Flink's JobManager: the bind error in its log, then exit
+    print("2026 ERROR Could not start cluster entrypoint StandaloneSessionClusterEntrypoint.")
+    print(f"Caused by: java.net.BindException: Could not start rest endpoint on any port ({e})", flush=True)
+    sys.exit(1)
+server.serve_forever()
 """
 
 
@@ -539,3 +549,63 @@ def test_run_portable_checks_its_ports(option, tmp_path):
     line = _one_error_line(proc, "run_portable.sh")
     assert f"port {port} " in line and option in line and "in use" in line
     assert not (tmp_path / "out").exists()
+
+
+class _StrangerFlink:
+    """Another cluster's REST API on a port: answers /overview as a healthy Flink would."""
+
+    def __init__(self, port: int) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"taskmanagers": 4, "slots-total": 8, "flink-version": "1.19.3"}).encode()
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_rest_port_answered_by_another_cluster_is_not_taken_for_ours(fake_flink, tmp_path):
+    # The port was free when start checked it; by the time the JobManager bound, another cluster
+    # held it, and its REST API answered start's readiness checks.
+    env, run = fake_flink
+    rest = free_port()
+    state = tmp_path / "state"
+    start = subprocess.Popen(
+        [str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(state), "--rest_port", str(rest),
+         *_ports("--rpc_port"), "--worker_pool_port", "0", "--timeout", "60"],
+        env={**env, "FAKE_FLINK": "jm-waits"}, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    stranger = None
+    try:
+        deadline = time.monotonic() + 60
+        while not list((state / "pid").glob("*standalonesession.pid")):  # its JobManager is starting
+            assert time.monotonic() < deadline and start.poll() is None, "start did not get that far"
+            time.sleep(0.1)
+        stranger = _StrangerFlink(rest)
+        (state / "go").write_text("")
+        _, err = start.communicate(timeout=120)
+        assert start.returncode == 2, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("[flink_cluster.sh] error: the JobManager did not come up"), err
+        assert f"port {rest}" in last and "another process" in last, last
+        assert "up: web UI" not in err
+        assert not any(map(_alive, _pids_under(state))), "start left daemons running"
+        # The other cluster is left alone, and status does not report it as this state dir's.
+        assert stranger.thread.is_alive()
+        status = run("status", "--state_dir", str(state))
+        assert status.returncode == 1 and "not this state dir's" in status.stdout, status.stdout
+    finally:
+        if start.poll() is None:
+            start.kill()
+        if stranger is not None:
+            stranger.close()

@@ -7,11 +7,11 @@ import base64
 import html
 import json
 
-from tfdata_readers.inspection.class_chart import balance
+from tfdata_readers.inspection.class_chart import balance, balance_text
 from tfdata_readers.inspection.gather import Inspection
 from tfdata_readers.inspection.units import format_mib
 
-__all__ = ["render_report"]
+__all__ = ["balance_footer", "render_report"]
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1280px;
@@ -69,17 +69,19 @@ def _shards(report: Inspection) -> str:
     return _table("shards", ["split", "file", "examples", "MiB", "bytes, sha256 and records"], rows, {2, 3})
 
 
+def balance_footer(split: str, counts: dict[str, int]) -> str:
+    """The line under the class table for one split: its balance, and its empty classes."""
+    summary = balance(counts)
+    empty = f", empty: {', '.join(summary.empty)}" if summary.empty else ""
+    return f"{split}: {balance_text(summary)}{empty}"
+
+
 def _classes(report: Inspection) -> str:
     splits = report.splits
     names = list(report.info.label_names)
     rows = [[_e(i), _e(name)] + [(_e(n) if (n := report.class_counts[s].get(name, 0)) else '<span class="bad">0</span>')
                                  for s in splits] for i, name in enumerate(names)]
-    footer = []
-    for s in splits:
-        summary = balance(report.class_counts[s])
-        ratio = "-" if summary.ratio is None else f"{summary.ratio:.1f}"
-        empty = f", empty: {', '.join(summary.empty)}" if summary.empty else ""
-        footer.append(f"{s}: largest/smallest {ratio} ({summary.largest} / {summary.smallest}){empty}")
+    footer = [balance_footer(s, report.class_counts[s]) for s in splits]
     source = "" if report.class_counts_source == "dataset_info.json" else f'<p class="muted">{_e(report.class_counts_source)}</p>'
     notes = "".join(f"<p>{_e(line)}</p>" for line in footer)
     return _table("classes", ["id", "class", *splits], rows, set(range(2, 2 + len(splits)))) + notes + source

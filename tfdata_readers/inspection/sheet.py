@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 from PIL.PngImagePlugin import PngInfo
 
 from tfdata_readers.inspection.gather import SampleExample
+from tfdata_readers.inspection.text import caption_font, displayable
 
 __all__ = ["SheetLayout", "TILES_CHUNK", "draw_contact_sheet", "sheet_jpeg", "sheet_layout", "sheet_png"]
 
@@ -27,6 +28,7 @@ _FAINT = (110, 110, 110)
 _TITLE_H = 40
 _CAPTION_H = 38
 _GAP = 10
+_MAX_TITLE_WIDTH = 1600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +45,11 @@ class SheetLayout:
 
 
 def sheet_layout(count: int, *, image_size: tuple[int, int], tile: int = 160, augmented: bool = False,
-                 columns: int | None = None) -> SheetLayout:
+                 columns: int | None = None, min_width: int = 0) -> SheetLayout:
     """Where each of `count` tiles goes. `image_size` is (height, width) of the examples; each
     picture is scaled to fit a `tile` x `tile` box keeping its aspect ratio (never enlarged more
-    than 4x, so that tiny images stay tiny and honest)."""
+    than 4x, so that tiny images stay tiny and honest). The sheet is at least `min_width` wide,
+    so that a short sample (or none) still shows its whole title."""
     if count < 0 or tile < 32:
         raise ValueError(f"count must be >= 0 and tile >= 32 (got count={count!r}, tile={tile!r})")
     height, width = image_size
@@ -62,18 +65,25 @@ def sheet_layout(count: int, *, image_size: tuple[int, int], tile: int = 160, au
         row, column = divmod(i, columns)
         left, top = _GAP + column * cell_w, _TITLE_H + row * cell_h
         tiles.append((left, top, left + tile_w, top + picture[1]))
-    return SheetLayout(width=_GAP + columns * cell_w, height=_TITLE_H + rows * cell_h, columns=columns, rows=rows,
+    return SheetLayout(width=max(_GAP + columns * cell_w, min_width), height=_TITLE_H + rows * cell_h, columns=columns, rows=rows,
                        picture=picture, tiles=tuple(tiles))
 
 
 def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
-    return ImageFont.load_default(size=size)
+    return caption_font(size)
+
+
+def _text_width(text: str, font) -> int:
+    """Pixels that `text` takes on one line, as `_fit` would draw it."""
+    return math.ceil(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(displayable(text, font), font=font))
 
 
 def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int, *, keep_start: bool = False) -> str:
     """`text`, shortened with an ellipsis until it fits: from the left by default, since the end of
     a path (the file name) is the part worth keeping; from the right with `keep_start`, for a
-    title, whose start (the split and its count) is."""
+    title, whose start (the split and its count) is. Control characters and glyphs the font
+    lacks are spelled out first (`displayable`): a newline in a label is drawn as \\n."""
+    text = displayable(text, font)
     if draw.textlength(text, font=font) <= width:
         return text
     if keep_start:
@@ -98,10 +108,13 @@ def draw_contact_sheet(examples: list[SampleExample] | tuple[SampleExample, ...]
     With `augmented` each tile shows the stored image and, to its right, its training view.
     `note` (why the sample is short or empty) is printed under the title.
     """
-    layout = sheet_layout(len(examples), image_size=image_size, tile=tile, augmented=augmented)
+    title_font, label_font, name_font = _font(18), _font(13), _font(11)
+    # Wide enough for the whole title and note (capped: a title is not a reason for a 10,000 px sheet).
+    wanted = max(_text_width(title, title_font), _text_width(note or "", name_font)) + 2 * _GAP
+    layout = sheet_layout(len(examples), image_size=image_size, tile=tile, augmented=augmented,
+                          min_width=min(wanted, _MAX_TITLE_WIDTH))
     sheet = Image.new("RGB", (layout.width, layout.height), _BACKGROUND)
     draw = ImageDraw.Draw(sheet)
-    title_font, label_font, name_font = _font(18), _font(13), _font(11)
     draw.text((_GAP, 8), _fit(draw, title, title_font, layout.width - 2 * _GAP, keep_start=True), fill=_CAPTION,
               font=title_font)
     if note:
