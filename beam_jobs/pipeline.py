@@ -27,7 +27,8 @@ from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
-from beam_jobs.discover import ListInputList, ListTree, input_list_files
+from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
+from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
@@ -78,13 +79,15 @@ def _duplicate_groups(keyed):
     return content_duplicate_groups([keyed])
 
 
-def _log_plan(summary: dict, plan_parts: list[dict], *, output_dir: str, run_id: str | None) -> dict:
-    """Logs the plan's line, and leaves it with the totals for the launching process's watcher."""
+def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str,
+              run_id: str | None) -> dict:
+    """Logs the plan's line, and leaves it with the totals for the launching process's watcher.
+    ``ignored`` holds (Ignored kind, count) for the entries the listing left out on purpose."""
     by_reason: dict[str, int] = {}
     for part in plan_parts:
         for reason, count in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    line = plan_line(summary, by_reason)
+    line = plan_line(summary, by_reason) + ignored_note(dict(ignored))
     _DETAILS.info("%s", line)
     if run_id is not None:
         write_progress_plan(output_dir, run_id, line=line, summary=summary)
@@ -124,11 +127,13 @@ class ConvertImages(beam.PTransform):
         config = self._config
         output_dir = self._output_dir
         if self._input_root is not None:
-            listing = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root)
+            listed = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root,
+                                                         with_ignored=True)
         else:
-            listing = pipeline | "ListInputList" >> ListInputList(
-                self._input_list, allow_outside_root=self._allow_outside_root)
-        # InputFile | DeadLetter
+            listed = pipeline | "ListInputList" >> ListInputList(
+                self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True)
+        listing, ignored = listed[LISTING], listed[IGNORED]
+        # listing: InputFile | DeadLetter; ignored: the Ignored kind of each entry left out on purpose
         if self._dedup == "content":
             listing = (
                 listing
@@ -166,6 +171,7 @@ class ConvertImages(beam.PTransform):
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
                 | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
+            beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement()),
             output_dir=output_dir, run_id=self._run_id)
         converted = (
             planned["shards"]
