@@ -13,7 +13,10 @@ import unicodedata
 
 import pytest
 
-from beam_jobs.discover import _first_level, _list_unit, is_image_filename, parse_input_list, relative_filename
+from apache_beam.io.filesystem import FileMetadata
+
+from beam_jobs.discover import (_first_level, _list_unit, _without_hidden, is_image_filename, parse_input_list,
+                                relative_filename)
 from beam_jobs.listing_policy import Decision, EntryFacts, IgnoredEntry, Kind, decide, ignored_note
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.sample_data import make_photo_tree
@@ -139,6 +142,7 @@ def messy(tmp_path, fifos):
     (root / "cat" / ".DS_Store").write_bytes(b"x")
     (root / "cat" / ".#1.jpg").symlink_to("user@host.1234")  # an editor's lock: dangling, hidden
     fifos(root / "cat" / "pipe.jpg")
+    (root / "cat" / "zero.jpg").symlink_to("/dev/zero")  # endless bytes: a device, never read
     sock = _bind_socket(root / "cat" / "sock.jpg")
     yield root, tmp_path
     sock.close()
@@ -152,7 +156,7 @@ def test_symlinked_folders_dangling_links_and_loops_are_never_silent(messy):
         (f"{root}/bird", "outside_input_root"), (f"{root}/fish", "dangling_symlink"),
         (f"{root}/self", "symlink_loop"), (f"{root}/cat/again", "symlink_loop"), (f"{root}/cat/up", "symlink_loop"),
     ])
-    assert _ignored(entries) == {"hidden": 4, "special": 2}
+    assert _ignored(entries) == {"hidden": 4, "special": 3}
 
 
 def test_a_symlinked_folder_out_of_the_root_is_followed_with_the_opt_in_flag(messy):
@@ -160,6 +164,15 @@ def test_a_symlinked_folder_out_of_the_root_is_followed_with_the_opt_in_flag(mes
     entries = _list_tree(root, allow_outside_root=True)
     assert "bird/4.jpg" in _files(entries, root)
     assert (f"{root}/bird", "outside_input_root") not in _dead(entries)
+
+
+def test_object_store_keys_under_hidden_names_are_skipped_once_per_hidden_folder():
+    unit = "gs://b/tree/cat/"
+    metas = [FileMetadata(unit + name, 1, 0.0) for name in
+             ["a.jpg", ".thumbnails/a.jpg", ".thumbnails/b.jpg", "x/.git/c.jpg", "._a.jpg", "a\\b.jpg"]]
+    kept = list(_without_hidden(iter(metas), unit=unit))
+    assert [m.path for m in kept if isinstance(m, FileMetadata)] == [unit + "a.jpg", unit + "a\\b.jpg"]
+    assert [m for m in kept if isinstance(m, IgnoredEntry)] == [IgnoredEntry("hidden")] * 3
 
 
 # -- whole runs, from the CLI -----------------------------------------------------------------------
