@@ -144,6 +144,11 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
                or (column == "uri" and not str(row[column]).strip())]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
+    # JSON can give any value: a number reads as its digits, but a list or an object as a label
+    # would become the text of its repr ("['cat']"), a class nobody named.
+    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool))]
+    if odd:
+        return _bad_row(where, f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})")
     entry = str(row["uri"]).strip()
     # A relative uri is relative to its own list file's folder (``base``); the relative name of
     # the input is taken against ``root``, common to every part of a pattern.
