@@ -195,7 +195,8 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
     are not UTF-8) becomes a dead letter naming its line as ``<list>:<line>``, and so does a row
     whose label or split the naming policy refuses (``bad_label``: blank, control characters) or
     whose local file is no regular file (a FIFO, a folder, a dangling symlink); the other rows are
-    unaffected. Labels are NFC-normalised and stripped, split names lower-cased (``names``). A BOM and CRLF line ends are fine.
+    unaffected. Labels are NFC-normalised and stripped, split names lower-cased (``names``). A BOM
+    and CRLF line ends are fine.
     """
     list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
     base = list_uri.rsplit("/", 1)[0] + "/"

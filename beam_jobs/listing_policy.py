@@ -157,7 +157,9 @@ def decide(facts: EntryFacts, *, allow_outside_root: bool, from_list: bool = Fal
     if facts.kind == Kind.MISSING:
         return Decision(Action.DEAD, Reason.DANGLING_SYMLINK)
     if facts.kind == Kind.SPECIAL:
-        return Decision(Action.DEAD, Reason.NOT_A_REGULAR_FILE) if from_list else Decision(Action.IGNORE, Ignored.SPECIAL)
+        if from_list:
+            return Decision(Action.DEAD, Reason.NOT_A_REGULAR_FILE)
+        return Decision(Action.IGNORE, Ignored.SPECIAL)
     if facts.kind == Kind.FOLDER:
         if from_list:
             return Decision(Action.DEAD, Reason.NOT_A_REGULAR_FILE)
@@ -217,7 +219,8 @@ def _link_target(path: str) -> str:
         return "?"
 
 
-def classify_local(path: str, *, real_root: str, open_folders: frozenset, allow_outside_root: bool) -> tuple[Decision, FileMetadata | DeadLetter | IgnoredEntry | None, tuple | None]:
+def classify_local(path: str, *, real_root: str, open_folders: frozenset, allow_outside_root: bool,
+                   ) -> tuple[Decision, FileMetadata | DeadLetter | IgnoredEntry | None, tuple | None]:
     """(decision, what to emit, the folder's (st_dev, st_ino) when it is to be listed) for one entry."""
     try:
         facts, target = local_facts(path, real_root=real_root, open_folders=open_folders,
@@ -237,8 +240,9 @@ def classify_local(path: str, *, real_root: str, open_folders: frozenset, allow_
 
 def walk_local(folder: str, *, real_root: str, open_folders: frozenset, allow_outside_root: bool,
                ) -> Iterator[FileMetadata | DeadLetter | IgnoredEntry]:
-    """Every listed file (FileMetadata), refused entry (DeadLetter) and ignored entry under the local ``folder``, depth first in name order, following symlinked
-    folders by the policy; ``open_folders`` holds the identities of ``folder`` and those above it."""
+    """Every listed file (FileMetadata), refused entry (DeadLetter) and ignored entry under the
+    local ``folder``, depth first in name order, following symlinked folders by the policy;
+    ``open_folders`` holds the identities of ``folder`` and those above it."""
     stack = [(folder, open_folders)]
     while stack:
         current, above = stack.pop()

@@ -155,6 +155,8 @@ class ConvertImages(beam.PTransform):
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
+        ignored_counts = beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement())
+        # [(Ignored kind, count)]
         if self._plan_only:
             plan_parts = (planned[PLAN_DEAD_LETTERS]
                           | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
@@ -162,6 +164,7 @@ class ConvertImages(beam.PTransform):
                           | "WritePlanDeadLetters" >> beam.Map(write_dead_letter_part, output_dir=output_dir,
                                                               prefix="plan_dead_letters"))
             return (planned[PLAN_SUMMARY]
+                    | "WithIgnored" >> beam.Map(lambda plan, counts: {**plan, "ignored": dict(counts)}, ignored_counts)
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
                                               settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
@@ -171,8 +174,7 @@ class ConvertImages(beam.PTransform):
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
                 | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
-            beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement()),
-            output_dir=output_dir, run_id=self._run_id)
+            ignored_counts, output_dir=output_dir, run_id=self._run_id)
         converted = (
             planned["shards"]
             | "SpreadShards" >> beam.Reshuffle()
@@ -714,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     arguments = parse_job_arguments(argv)[0]
     if arguments.plan_only:
-        print(f"{plan_line(info, info['dead_letters']['by_reason'])}; wrote "
+        print(f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
               f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
         if info.get("would_fail"):
             print(f"{PROG}: error: {info['would_fail']} (see "

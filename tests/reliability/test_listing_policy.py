@@ -221,6 +221,20 @@ def test_a_messy_tree_converts_by_the_policy_and_the_plan_line_counts_what_was_i
     assert _info(out2)["label_names"] == sorted([*classes, "a\\b", "bird"])
 
 
+@pytest.mark.slow
+def test_a_plan_counts_what_the_listing_ignored(tmp_path):
+    root = tmp_path / "root"
+    photos = make_photo_tree(root, num_images=4, seed=25)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    shutil.copy(photos[0], root / photos[0].parent.name / ".hidden.jpg")
+    (root / "README.txt").write_text("photos")
+    plan_dir = tmp_path / "plan"
+    result = run_cli("--input", root, "--output_dir", plan_dir, "--image_size", "32", "--plan_only")
+    assert "; ignored: 2 hidden, 1 non-image; wrote" in result.stdout
+    assert json.loads((plan_dir / "plan.json").read_text())["ignored"] == {"hidden": 2, "not_image": 1}
+
+
 # -- input lists ------------------------------------------------------------------------------------
 
 def test_list_labels_and_splits_follow_the_one_naming_policy():
