@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from typing import TypeVar
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -44,6 +45,7 @@ CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
+_T = TypeVar("_T")
 # The longest one source's open and read may take. Generous: a 64 MiB object over a slow link
 # reads well within it, while a hung mount or a FIFO would block a read for ever.
 READ_TIMEOUT_S = 300.0
@@ -89,8 +91,9 @@ def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def source_state(input_file: InputFile) -> list:
-    """[size, modification time] of an input's source, or [None, None] if it cannot be read.
+def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
+    """[size, modification time] of an input's source, or [None, None] if it cannot be read (or
+    gives no answer within ``timeout_s``: a hung mount hangs a stat as it hangs a read).
 
     A staged shard is reused by --resume only if every one of its sources still has the state
     recorded when it was converted: a replaced or repaired file changes size or time, and its
@@ -101,7 +104,7 @@ def source_state(input_file: InputFile) -> list:
     if input_file.size is not None and input_file.mtime is not None:
         return [input_file.size, input_file.mtime]
     try:
-        meta = FileSystems.get_filesystem(input_file.uri).metadata(input_file.uri)
+        meta = _within(timeout_s, partial(FileSystems.get_filesystem(input_file.uri).metadata, input_file.uri))
         return [meta.size_in_bytes, meta.last_updated_in_seconds]
     except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
         return [None, None]
@@ -148,7 +151,7 @@ def _read_bytes(uri: str, max_file_bytes: int) -> bytes:
         return handle.read(max_file_bytes + 1)
 
 
-def _within(timeout_s: float | None, call: Callable[[], bytes]) -> bytes:
+def _within(timeout_s: float | None, call: Callable[[], _T]) -> _T:
     """``call()``, or BadInputError ``read_timeout`` when it has not returned after ``timeout_s``.
 
     Beam's filesystems take no timeout, and a thread blocked in open() or read() (a FIFO without
@@ -282,7 +285,7 @@ class ConvertShardFn(beam.DoFn):
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
         # Before anything is read: a source that changes during the conversion then differs from
         # what the sidecar records, and a later --resume converts it again.
-        sources = list(self._pool.map(source_state, shard.inputs))
+        sources = list(self._pool.map(partial(source_state, timeout_s=self._read_timeout_s), shard.inputs))
         if self._resume:
             done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
             if done is not None:
