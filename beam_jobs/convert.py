@@ -7,8 +7,10 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from typing import TypeVar
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -30,6 +32,7 @@ __all__ = [
     "CONTENT_KEYS",
     "DEAD_LETTERS",
     "METRICS_NAMESPACE",
+    "READ_TIMEOUT_S",
     "ConvertShardFn",
     "convert_image",
     "shard_fingerprint",
@@ -42,6 +45,10 @@ CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
+_T = TypeVar("_T")
+# The longest one source's open and read may take. Generous: a 64 MiB object over a slow link
+# reads well within it, while a hung mount or a FIFO would block a read for ever.
+READ_TIMEOUT_S = 300.0
 
 
 def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
@@ -84,8 +91,9 @@ def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def source_state(input_file: InputFile) -> list:
-    """[size, modification time] of an input's source, or [None, None] if it cannot be read.
+def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
+    """[size, modification time] of an input's source, or [None, None] if it cannot be read (or
+    gives no answer within ``timeout_s``: a hung mount hangs a stat as it hangs a read).
 
     A staged shard is reused by --resume only if every one of its sources still has the state
     recorded when it was converted: a replaced or repaired file changes size or time, and its
@@ -96,7 +104,7 @@ def source_state(input_file: InputFile) -> list:
     if input_file.size is not None and input_file.mtime is not None:
         return [input_file.size, input_file.mtime]
     try:
-        meta = FileSystems.get_filesystem(input_file.uri).metadata(input_file.uri)
+        meta = _within(timeout_s, partial(FileSystems.get_filesystem(input_file.uri).metadata, input_file.uri))
         return [meta.size_in_bytes, meta.last_updated_in_seconds]
     except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
         return [None, None]
@@ -117,16 +125,17 @@ def sidecar_name(file_name: str) -> str:
     return f"{staged_name(file_name)}.json"
 
 
-def _read_source(input_file: InputFile, max_file_bytes: int) -> bytes:
-    """Reads a source file, refusing it before (or while) reading when it is too large."""
+def _read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float | None = READ_TIMEOUT_S) -> bytes:
+    """Reads a source file, refusing it before (or while) reading when it is too large, and when
+    it gives no answer within ``timeout_s`` (``read_timeout``)."""
     if input_file.size is not None and input_file.size > max_file_bytes:
         raise BadInputError(
             Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over the limit of {max_file_bytes}"
         )
     try:
-        # UNCOMPRESSED: Beam would otherwise gunzip a file that happens to end in .gz.
-        with FileSystems.open(input_file.uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            data = handle.read(max_file_bytes + 1)
+        data = _within(timeout_s, partial(_read_bytes, input_file.uri, max_file_bytes))
+    except BadInputError:
+        raise
     except Exception as error:
         raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
     if len(data) > max_file_bytes:
@@ -134,6 +143,42 @@ def _read_source(input_file: InputFile, max_file_bytes: int) -> bytes:
     if not data:
         raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
     return data
+
+
+def _read_bytes(uri: str, max_file_bytes: int) -> bytes:
+    # UNCOMPRESSED: Beam would otherwise gunzip a file that happens to end in .gz.
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read(max_file_bytes + 1)
+
+
+def _within(timeout_s: float | None, call: Callable[[], _T]) -> _T:
+    """``call()``, or BadInputError ``read_timeout`` when it has not returned after ``timeout_s``.
+
+    Beam's filesystems take no timeout, and a thread blocked in open() or read() (a FIFO without
+    a writer, a hung NFS or FUSE mount) cannot be interrupted. So the call runs on its own daemon
+    thread, which a timed-out read leaves behind: a daemon, so that it never keeps the worker from
+    exiting (a ThreadPoolExecutor's threads are joined at exit, and would).
+    """
+    if timeout_s is None:
+        return call()
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # handed to the caller's thread, as if raised there
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="read-source-timed", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise BadInputError(Stage.READ, Reason.READ_TIMEOUT,
+                            f"no answer after {timeout_s:g} s (a FIFO, or a hung mount?); the read was abandoned")
+    succeeded, value = outcome[0]
+    if not succeeded:
+        raise value
+    return value
 
 
 def _read_ahead(items: Iterable, read: Callable, *, pool: concurrent.futures.Executor, window: int) -> Iterator:
@@ -182,8 +227,9 @@ class ConvertShardFn(beam.DoFn):
     """
 
     def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
-                 read_threads: int = 4, run_id: str | None = None) -> None:
+                 read_threads: int = 4, run_id: str | None = None, read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self._config = config
+        self._read_timeout_s = read_timeout_s  # for each source's open and read: see _within
         self._run_id = run_id  # written into each sidecar: what the launching process's watcher counts
         self._output_dir = output_dir
         self._run_fingerprint = run_fingerprint
@@ -239,7 +285,7 @@ class ConvertShardFn(beam.DoFn):
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
         # Before anything is read: a source that changes during the conversion then differs from
         # what the sidecar records, and a later --resume converts it again.
-        sources = list(self._pool.map(source_state, shard.inputs))
+        sources = list(self._pool.map(partial(source_state, timeout_s=self._read_timeout_s), shard.inputs))
         if self._resume:
             done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
             if done is not None:
@@ -252,7 +298,7 @@ class ConvertShardFn(beam.DoFn):
         content_keys: list[tuple[str, str, str]] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
-        read = partial(_read_source, max_file_bytes=self._config.max_file_bytes)
+        read = partial(_read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=self._read_timeout_s)
         handle = FileSystems.create(temp_path, mime_type="application/octet-stream",
                                     compression_type=CompressionTypes.UNCOMPRESSED)
         try:

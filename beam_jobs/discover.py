@@ -7,7 +7,6 @@ import io
 import json
 import logging
 import os
-import posixpath
 import re
 from collections.abc import Iterable, Iterator
 from functools import partial
@@ -17,16 +16,20 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.paths import is_http_url, redact, resolve_inside_root
-from beam_jobs.plan import is_valid_split_name
+from beam_jobs.listing_policy import (IMAGE_EXTENSIONS, Ignored, IgnoredEntry, check_listed_file, classify_local,
+                                      is_image_filename, walk_local)
+from beam_jobs.names import clean_label, clean_split_name, is_hidden_name
+from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import DeadLetter, InputFile
-from beam_jobs.storage import list_tree, literal_pattern, match_literally
+from beam_jobs.storage import list_tree, match_literally
 from beam_jobs.store_folders import list_one_level
 
 _LOG = logging.getLogger(__name__)
 
 __all__ = [
+    "IGNORED",
     "IMAGE_EXTENSIONS",
+    "LISTING",
     "ListInputList",
     "ListTree",
     "is_image_filename",
@@ -34,24 +37,6 @@ __all__ = [
     "parse_input_list",
     "relative_filename",
 ]
-
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
-
-
-def is_image_filename(path: str) -> bool:
-    """True for names with an image extension, in any case ("IMG_1.JPG"); hidden files are never images.
-
-    Only an http(s) URL has a query or fragment that is not part of its name; in a path on disk,
-    gs:// or s3:// "?" and "#" are ordinary characters of a name ("dogs?/x.jpg").
-    """
-    if is_http_url(path):
-        path = re.split(r"[?#]", path, maxsplit=1)[0]
-    name = posixpath.basename(path.replace("\\", "/"))
-    if name.startswith("."):
-        return False
-    _, ext = posixpath.splitext(name)
-    return ext.lower() in IMAGE_EXTENSIONS
-
 
 def normalize_root(root: str) -> str:
     """The input root with exactly one trailing separator, so prefixes compare safely."""
@@ -61,10 +46,14 @@ def normalize_root(root: str) -> str:
 
 
 def relative_filename(root: str, path: str) -> str:
-    """``path`` relative to ``root`` with "/" separators; ValueError if it is not under it."""
+    """``path`` relative to ``root``; ValueError if it is not under it.
+
+    Only "/" separates names (on Linux, macOS and object stores alike): a backslash is a
+    character of a folder's or file's name, so "a\\b/1.jpg" is in the folder "a\\b".
+    """
     if not path.startswith(root):
         raise ValueError(f"{path!r} is not under the input root {root!r}")
-    return path[len(root):].replace("\\", "/")
+    return path[len(root):]
 
 
 def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | DeadLetter:
@@ -78,35 +67,57 @@ def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | D
                      mtime=meta.last_updated_in_seconds or None)
 
 
+LISTING = "listing"  # the output of ListTree and ListInputList: InputFile | DeadLetter
+IGNORED = "ignored"  # their second output: the Ignored kind of each entry left out on purpose
+
+
 class ListTree(beam.PTransform):
     """Lists every image file under ``root`` (recursively) as an InputFile without label or split,
-    one folder of the first level per unit of work (see ``_first_level``).
+    one folder of the first level per unit of work (see ``_first_level``), by the policy of
+    ``listing_policy`` (symlinked folders followed, hidden and special entries ignored).
 
     Labels and splits come from the folder layout, which the planner decides from the whole
-    tree's depths and top folders.
+    tree's depths and top folders. Returns the InputFile | DeadLetter PCollection; with
+    ``with_ignored``, {LISTING: that, IGNORED: the Ignored kind of each entry left out}, to count.
     """
 
-    def __init__(self, root: str, *, allow_outside_root: bool = False) -> None:
+    def __init__(self, root: str, *, allow_outside_root: bool = False, with_ignored: bool = False) -> None:
         super().__init__()
         self._root = normalize_root(root)
         self._allow_outside_root = allow_outside_root
+        self._with_ignored = with_ignored
 
     def expand(self, pipeline):
-        root = self._root
-        return (
+        root, allow = self._root, self._allow_outside_root
+        sorted_entries = (
             pipeline
             | "Root" >> beam.Create([root])
-            | "FirstLevel" >> beam.FlatMap(_first_level)
-            # a folder (or file) directly under the root: the units listed in parallel
+            | "FirstLevel" >> beam.FlatMap(_first_level, allow_outside_root=allow)
+            # a folder directly under the root (its path), or one decided entry there: the units
+            # listed in parallel
             | "SpreadFolders" >> beam.Reshuffle()
             # Every character of a path is literal ("photos [2024]"): fileio.MatchFiles would
             # read "[", "*" and "?" in it as glob syntax.
-            | "MatchFiles" >> beam.FlatMap(_list_unit)
-            # FileMetadata(path, size_in_bytes, last_updated_in_seconds)
-            | "KeepImages" >> beam.Filter(lambda meta: is_image_filename(meta.path))
-            | "ToInputFile" >> beam.Map(_listed_input, root=root, allow_outside_root=self._allow_outside_root)
-            # InputFile(filename, uri, size) | DeadLetter for a symlink that leads out of the root
+            | "ListUnits" >> beam.FlatMap(_list_unit, allow_outside_root=allow)
+            # FileMetadata(path, size_in_bytes, last_updated_in_seconds) | DeadLetter | IgnoredEntry
+            | "ToInputFile" >> beam.FlatMap(_sort_entry, root=root, allow_outside_root=allow).with_outputs(
+                IGNORED, main=LISTING)
+            # InputFile(filename, uri, size) | DeadLetter; IGNORED: the Ignored kind of each entry left out
         )
+        if not self._with_ignored:
+            return sorted_entries[LISTING]
+        return {LISTING: sorted_entries[LISTING], IGNORED: sorted_entries[IGNORED]}
+
+
+def _sort_entry(entry, *, root: str, allow_outside_root: bool):
+    if isinstance(entry, DeadLetter):
+        yield entry
+    elif isinstance(entry, IgnoredEntry):
+        yield beam.pvalue.TaggedOutput(IGNORED, entry.kind)
+    elif not is_image_filename(entry.path):
+        yield beam.pvalue.TaggedOutput(IGNORED, Ignored.NOT_IMAGE)
+    else:
+        yield _listed_input(entry, root=root, allow_outside_root=allow_outside_root)
 
 
 # URIs of signed object-store URLs can be long; the csv module's default cap is 128 KiB a field.
@@ -129,9 +140,15 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
                   base: str | None = None) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
         return _bad_row(where, "the row is not valid UTF-8")
-    missing = [column for column in _REQUIRED_COLUMNS if not str(row.get(column) or "").strip()]
+    missing = [column for column in _REQUIRED_COLUMNS if row.get(column) is None
+               or (column == "uri" and not str(row[column]).strip())]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
+    # JSON can give any value: a number reads as its digits, but a list or an object as a label
+    # would become the text of its repr ("['cat']"), a class nobody named.
+    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool))]
+    if odd:
+        return _bad_row(where, f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})")
     entry = str(row["uri"]).strip()
     # A relative uri is relative to its own list file's folder (``base``); the relative name of
     # the input is taken against ``root``, common to every part of a pattern.
@@ -140,17 +157,18 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
         located = base + entry
     try:
         uri, filename = resolve_inside_root(located, root, allow_outside=allow_outside_root)
+        # The one naming policy of tree folders too: "café" (NFC or NFD) and "cat " name one class.
+        label = clean_label(row["label"], where=where)
+        raw_split = str(row.get("split") or "").strip()
+        split = clean_split_name(raw_split, where=where) if raw_split else None
     except BadInputError as error:
         return DeadLetter(where, error.stage, error.reason, error.detail)
     if not is_image_filename(uri):
         return _bad_row(where, f"{redact(entry)!r} does not have an image file extension")
-    label = str(row["label"]).strip()
-    if any(ord(c) < 32 or ord(c) == 127 for c in label):
-        # A tab or newline in a label would break every table and file that prints it.
-        return _bad_row(where, f"label {label!r} contains control characters")
-    split = str(row.get("split") or "").strip() or None
-    if split is not None and not is_valid_split_name(split):
-        return _bad_row(where, f"split {split!r} cannot name shard files (letters, digits, '_' and '-' only)")
+    if "://" not in uri:
+        refused = check_listed_file(uri)  # a FIFO, a folder, a dangling symlink: never opened
+        if refused is not None:
+            return DeadLetter(where, refused.stage, refused.reason, f"{entry!r}: {refused.detail}")
     return InputFile(filename=filename, uri=uri, label=label, split=split, origin=where)
 
 
@@ -174,8 +192,11 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
     list of any length needs the memory of one row. Relative uris are relative to the list's
     folder, which is the input root: entries that leave it are refused unless
     ``allow_outside_root``. Each malformed row (missing or extra columns, bad JSON, bytes that
-    are not UTF-8, an empty label) becomes a dead letter naming its line as ``<list>:<line>``;
-    the other rows are unaffected. A BOM and CRLF line ends are fine.
+    are not UTF-8) becomes a dead letter naming its line as ``<list>:<line>``, and so does a row
+    whose label or split the naming policy refuses (``bad_label``: blank, control characters) or
+    whose local file is no regular file (a FIFO, a folder, a dangling symlink); the other rows are
+    unaffected. Labels are NFC-normalised and stripped, split names lower-cased (``names``). A BOM
+    and CRLF line ends are fine.
     """
     list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
     base = list_uri.rsplit("/", 1)[0] + "/"
@@ -261,55 +282,89 @@ def input_list_files(list_uri: str) -> list[str]:
     return sorted(meta.path for meta in match_literally([list_uri])[0])
 
 
-def _first_level(root: str) -> list:
-    """The units a tree is listed in, in parallel: each folder directly under the root (listed
-    recursively by one worker) and each file there.
+def _identity(path: str) -> tuple[int, int]:
+    status = os.stat(path)
+    return status.st_dev, status.st_ino
 
-    A local root is read with ``os.scandir``; an object store's with its delimiter listing (see
-    ``store_folders``), whose files come with their metadata already. A scheme without one is
-    listed as one recursive match of the whole root (paged and lazy, so memory holds paths only).
+
+def _first_level(root: str, *, allow_outside_root: bool = False) -> list:
+    """The units a tree is listed in, in parallel: each folder directly under the root (listed
+    recursively by one worker), and each entry there already decided (a file's FileMetadata, a
+    DeadLetter, an IgnoredEntry).
+
+    A local root is read here, by the policy of ``listing_policy``; an object store's with its
+    delimiter listing (see ``store_folders``), whose files come with their metadata already. A
+    scheme without one is listed as one recursive match of the whole root (paged and lazy, so
+    memory holds paths only).
     """
     if "://" in root:
         level = list_one_level(root)
         if level is None:
             return [root]
         folders, files = level
-        return [*folders, *files]
+        hidden = [IgnoredEntry(Ignored.HIDDEN) for path in [*folders, *(m.path for m in files)]
+                  if is_hidden_name(path.rstrip("/").rsplit("/", 1)[-1])]
+        return [*hidden, *(f for f in folders if not is_hidden_name(f.rstrip("/").rsplit("/", 1)[-1])),
+                *(m for m in files if not is_hidden_name(m.path.rsplit("/", 1)[-1]))]
+    real_root, open_folders = os.path.realpath(root), frozenset({_identity(root)})
     units = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            # Like os.walk, which the listing uses below the first level: no symlinked folders.
-            if entry.is_dir(follow_symlinks=False) or entry.is_file():
-                units.append(entry.path)
-    return sorted(units)
+    for name in sorted(os.listdir(root)):
+        _, emitted, identity = classify_local(os.path.join(root, name), real_root=real_root,
+                                              open_folders=open_folders, allow_outside_root=allow_outside_root)
+        units.append(os.path.join(root, name) if identity is not None else emitted)
+    return units
 
 
-def _list_unit(unit) -> list:
-    """The files of one first-level unit: a folder's whole subtree, or a single file."""
-    if isinstance(unit, FileMetadata):  # an object-store file, listed with its metadata
+def _list_unit(unit, *, allow_outside_root: bool = False) -> Iterable:
+    """The entries of one first-level unit: a folder's whole subtree, or the one decided entry."""
+    if not isinstance(unit, str):
         return [unit]
-    if "://" not in unit and os.path.isfile(unit):
-        return match_literally([literal_pattern(unit)])[0]
+    if "://" not in unit:
+        root = os.path.dirname(unit)  # a local unit is always a folder directly under the root
+        return walk_local(unit, real_root=os.path.realpath(root),
+                          open_folders=frozenset({_identity(root), _identity(unit)}),
+                          allow_outside_root=allow_outside_root)
     # An object store's "folder/" marker objects (made by consoles and some tools) are no files.
-    return [meta for meta in list_tree(unit) if not meta.path.endswith("/")]
+    return _without_hidden((meta for meta in list_tree(unit) if not meta.path.endswith("/")), unit=unit)
+
+
+def _without_hidden(metas: Iterable[FileMetadata], *, unit: str) -> Iterator[FileMetadata | IgnoredEntry]:
+    """Object-store files of one unit, with those under a hidden name left out: one IgnoredEntry
+    per hidden folder (or file), as a local listing counts them. A store has no folders to skip,
+    only keys; the unit's own name was decided by ``_first_level``."""
+    seen: set[str] = set()
+    base = unit.rstrip("/") + "/"
+    for meta in metas:
+        parts = relative_filename(base, meta.path).split("/")
+        hidden = next((i for i, part in enumerate(parts) if is_hidden_name(part)), None)
+        if hidden is None:
+            yield meta
+            continue
+        prefix = "/".join(parts[: hidden + 1])
+        if prefix not in seen:
+            seen.add(prefix)
+            yield IgnoredEntry(Ignored.HIDDEN)
 
 
 class ListInputList(beam.PTransform):
     """Reads CSV or JSONL input lists into InputFiles (with labels) and dead letters for bad rows.
 
     The argument may name one file or a pattern of many ("lists/part-*.csv"); the files are read
-    in parallel, each streamed row by row.
+    in parallel, each streamed row by row. Returns the InputFile | DeadLetter PCollection; with
+    ``with_ignored``, {LISTING: that, IGNORED: nothing (every row is used or dead-lettered)}, the
+    shape of ListTree's.
     """
 
-    def __init__(self, list_uri: str, *, allow_outside_root: bool = False) -> None:
+    def __init__(self, list_uri: str, *, allow_outside_root: bool = False, with_ignored: bool = False) -> None:
         super().__init__()
+        self._with_ignored = with_ignored
         # A bare "list.csv" is relative to the working directory, as on any command line.
         self._list_uri = list_uri if "://" in list_uri else os.path.abspath(list_uri)
         self._allow_outside_root = allow_outside_root
         self._root = input_list_root(self._list_uri)
 
     def expand(self, pipeline):
-        return (
+        listing = (
             pipeline
             | "InputListArgument" >> beam.Create([self._list_uri])
             | "InputListFiles" >> beam.FlatMap(input_list_files)
@@ -319,3 +374,6 @@ class ListInputList(beam.PTransform):
                                               root=self._root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )
+        if not self._with_ignored:
+            return listing
+        return {LISTING: listing, IGNORED: pipeline | "NothingIgnored" >> beam.Create([])}

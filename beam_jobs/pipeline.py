@@ -27,7 +27,8 @@ from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
-from beam_jobs.discover import ListInputList, ListTree, input_list_files
+from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
+from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
@@ -78,13 +79,15 @@ def _duplicate_groups(keyed):
     return content_duplicate_groups([keyed])
 
 
-def _log_plan(summary: dict, plan_parts: list[dict], *, output_dir: str, run_id: str | None) -> dict:
-    """Logs the plan's line, and leaves it with the totals for the launching process's watcher."""
+def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str,
+              run_id: str | None) -> dict:
+    """Logs the plan's line, and leaves it with the totals for the launching process's watcher.
+    ``ignored`` holds (Ignored kind, count) for the entries the listing left out on purpose."""
     by_reason: dict[str, int] = {}
     for part in plan_parts:
         for reason, count in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    line = plan_line(summary, by_reason)
+    line = plan_line(summary, by_reason) + ignored_note(dict(ignored))
     _DETAILS.info("%s", line)
     if run_id is not None:
         write_progress_plan(output_dir, run_id, line=line, summary=summary)
@@ -124,11 +127,13 @@ class ConvertImages(beam.PTransform):
         config = self._config
         output_dir = self._output_dir
         if self._input_root is not None:
-            listing = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root)
+            listed = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root,
+                                                         with_ignored=True)
         else:
-            listing = pipeline | "ListInputList" >> ListInputList(
-                self._input_list, allow_outside_root=self._allow_outside_root)
-        # InputFile | DeadLetter
+            listed = pipeline | "ListInputList" >> ListInputList(
+                self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True)
+        listing, ignored = listed[LISTING], listed[IGNORED]
+        # listing: InputFile | DeadLetter; ignored: the Ignored kind of each entry left out on purpose
         if self._dedup == "content":
             listing = (
                 listing
@@ -150,6 +155,8 @@ class ConvertImages(beam.PTransform):
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
+        ignored_counts = beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement())
+        # [(Ignored kind, count)]
         if self._plan_only:
             plan_parts = (planned[PLAN_DEAD_LETTERS]
                           | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
@@ -157,6 +164,7 @@ class ConvertImages(beam.PTransform):
                           | "WritePlanDeadLetters" >> beam.Map(write_dead_letter_part, output_dir=output_dir,
                                                               prefix="plan_dead_letters"))
             return (planned[PLAN_SUMMARY]
+                    | "WithIgnored" >> beam.Map(lambda plan, counts: {**plan, "ignored": dict(counts)}, ignored_counts)
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
                                               settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
@@ -166,7 +174,7 @@ class ConvertImages(beam.PTransform):
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
                 | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
-            output_dir=output_dir, run_id=self._run_id)
+            ignored_counts, output_dir=output_dir, run_id=self._run_id)
         converted = (
             planned["shards"]
             | "SpreadShards" >> beam.Reshuffle()
@@ -708,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     arguments = parse_job_arguments(argv)[0]
     if arguments.plan_only:
-        print(f"{plan_line(info, info['dead_letters']['by_reason'])}; wrote "
+        print(f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
               f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
         if info.get("would_fail"):
             print(f"{PROG}: error: {info['would_fail']} (see "

@@ -254,7 +254,8 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
     lines = _console_lines(result.stderr)
     # stderr holds the plan, then progress lines, and nothing else: no chatter, no INFO lines.
     assert re.fullmatch(rf"Found {len(good) + len(broken)} images belonging to 9 classes: train \d+ \(4 shards\), "
-                        r"validation \d+ \(4 shards\); 0 listed files not used", lines[0]), result.stderr
+                        r"validation \d+ \(4 shards\); 0 listed files not used; ignored: 1 hidden, 1 non-image",
+                        lines[0]), result.stderr
     progress = lines[1:]
     assert progress and all(line.startswith("progress: ") for line in progress), result.stderr
     assert progress[-1].startswith(f"progress: 8/8 shards, {len(good) + len(broken)}/{len(good) + len(broken)} "

@@ -55,3 +55,11 @@ def test_an_unreadable_csv_row_is_a_dead_letter_and_an_empty_part_lists_nothing(
     assert [r.filename for r in rows if isinstance(r, InputFile)] == ["a.jpg", "c.jpg"]
     assert [(r.uri, r.reason) for r in rows if isinstance(r, DeadLetter)] == [("/m/list.csv:3", "bad_manifest_row")]
     assert list(parse_input_list("", list_uri="/m/empty.csv")) == []
+
+
+def test_json_values_that_are_not_text_are_refused_not_printed_into_a_label():
+    text = ('{"uri": "1.jpg", "label": ["cat"]}\n{"uri": "2.jpg", "label": {"name": "cat"}}\n'
+            '{"uri": "3.jpg", "label": true}\n{"uri": "4.jpg", "label": 7}\n')
+    rows = list(parse_input_list(text, list_uri="/m/list.jsonl"))
+    assert [(r.uri, r.reason) for r in rows[:3]] == [(f"/m/list.jsonl:{n}", "bad_manifest_row") for n in (1, 2, 3)]
+    assert rows[3] == InputFile(filename="4.jpg", uri="/m/4.jpg", label="7", origin="/m/list.jsonl:4")
