@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from beam_jobs.errors import BadInputError, Reason, Stage
-from beam_jobs.names import clean_label, clean_split_name
+from beam_jobs.names import clean_label, clean_split_name, is_valid_split_name  # noqa: F401 (discover imports it from here)
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
