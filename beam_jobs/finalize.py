@@ -139,7 +139,7 @@ def build_dataset_info(
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
         # --splits that no input took); the console showed them under the plan line.
-        "warnings": list(summary.get("warnings", [])),
+        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits)],
         "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
@@ -149,6 +149,19 @@ def build_dataset_info(
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
     }
+
+
+def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
+    """Classes the plan gave a split that none of their examples reached (all dead letters): the
+    plan's warnings could not know, and a split silently without a class is a wrong dataset."""
+    warnings = []
+    for split, facts in splits.items():
+        planned = summary.get("splits", {}).get(split, {}).get("class_counts", {})
+        emptied = [label for label, count in facts["class_counts"].items() if not count and planned.get(label)]
+        if emptied:
+            warnings.append(f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
+                            f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter")
+    return warnings
 
 
 def _applied(settings: dict, summary: dict) -> dict:

@@ -98,3 +98,19 @@ def test_a_requested_split_that_receives_nothing_is_a_warning_in_the_plan(tmp_pa
     says = "--splits asks for 'hold-out', but none of the 9 inputs without a split went to it"
     assert any(w.startswith(says) for w in plan["warnings"])
     assert f"WARNING: {says}" in result.stdout
+
+
+def test_a_class_whose_examples_of_a_split_are_all_dead_letters_is_a_warning(tmp_path):
+    from tests.photos import encode, real_photo
+
+    sample, root, out = tmp_path / "sample", tmp_path / "tree", tmp_path / "out"
+    images = make_photo_tree(sample, num_images=6, size=(64, 48), seed=3)
+    for index, image in enumerate(images[:4]):
+        _copy(image, root / "train" / ("a" if index % 2 else "b") / f"{index}.jpg")
+    _copy(images[4], root / "validation" / "b" / "4.jpg")
+    (root / "validation" / "a").mkdir(parents=True)
+    (root / "validation" / "a" / "cut.jpg").write_bytes(encode(real_photo(), "JPEG")[:300])  # truncated
+    run_cli("--input", root, "--output_dir", out, "--max_bad_fraction", "0.5", *FLAGS)
+    info = _info(out)
+    assert info["splits"]["validation"]["class_counts"] == {"a": 0, "b": 1}
+    assert "split 'validation' has no example left of 'a': every input of it there is a dead letter" in info["warnings"]
