@@ -377,10 +377,18 @@ def plan_warnings(class_counts: Mapping[str, Mapping[str, int]], label_names: Se
                   requested: Mapping[str, float] | None, num_unsplit: int,
                   merged_folders: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     """What a user should know before a long run, from the plan's small facts: split folders
-    merged into one split, --splits that no input took, a requested split that received nothing,
-    and classes missing from a split. ``class_counts`` is {split: {label: count}}."""
+    merged into one split, classes whose names differ only by case, --splits that no input took,
+    a requested split that received nothing, and classes missing from a split. ``class_counts``
+    is {split: {label: count}}."""
     warnings = [f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
                 for split, folders in sorted((merged_folders or {}).items())]
+    by_folded: dict[str, list[str]] = defaultdict(list)
+    for label in label_names:
+        by_folded[label.casefold()].append(label)
+    # Labels are compared as written (a dataset may mean "US" and "us"), but case twins are
+    # more often one class typed twice: said, never merged behind the user's back.
+    warnings += [f"the classes {_shown(sorted(twins))} differ only by case; they are separate classes"
+                 for _, twins in sorted(by_folded.items()) if len(twins) > 1]
     if requested and num_unsplit == 0:
         warnings.append(f"--splits {','.join(requested)} was ignored: every input already has a split "
                         "(from the tree's split folders or the input list's split column)")

@@ -255,3 +255,11 @@ def test_splits_for_inputs_that_all_have_one_are_a_warning():
     files = [InputFile(f"train/a/{i}.jpg", f"u{i}", label="a", split="train") for i in range(3)]
     plan = plan_dataset(files, split_fractions={"train": 0.5, "validation": 0.5}, num_shards=1, example_bytes=1)
     assert any("was ignored" in w for w in plan.warnings)
+
+
+def test_classes_that_differ_only_by_case_stay_apart_with_a_warning():
+    labelled, _ = labels_from_tree([InputFile("Dog/1.jpg", "u1"), InputFile("dog/2.jpg", "u2"),
+                                    InputFile("cat/3.jpg", "u3")])
+    plan = plan_dataset(labelled, num_shards=1, example_bytes=1)
+    assert plan.label_names == ("Dog", "cat", "dog")
+    assert plan.warnings == ("the classes 'Dog', 'dog' differ only by case; they are separate classes",)
