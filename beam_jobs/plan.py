@@ -545,7 +545,9 @@ def plan_dataset(
 ) -> DatasetPlan:
     """Plans every shard of every split.
 
-    Within a split, inputs are sorted by a hash of their filename and dealt round-robin to the
+    Inputs without a split get one by ``split_rule`` (see assign_splits; given splits win), and
+    the plan's warnings say what a user should know before the run (see plan_warnings). Within a
+    split, inputs are sorted by a hash of their filename and dealt round-robin to the
     shards, so shard sizes differ by at most one example, every shard is a random-looking mix of
     classes, and the order inside a shard is by hash too. Everything depends on the filenames
     alone, never on listing order, runner or parallelism.
