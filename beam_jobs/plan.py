@@ -258,7 +258,7 @@ def stratified_counts(class_sizes: Mapping[str, int], fractions: Mapping[str, fl
     with at least as many inputs as there are splits (as many such classes as a split's quota
     allows, the largest first), rows and columns over their totals give back the units furthest
     above their ideal, then the units left go by largest remainder to cells whose row and column
-    still have room. Exact fractions and hash tie-breaks make it the same on every machine.
+    still have room. Integer arithmetic and hash tie-breaks make it the same on every machine.
     """
     splits = list(fractions)
     labels = sorted(class_sizes)
@@ -266,26 +266,31 @@ def stratified_counts(class_sizes: Mapping[str, int], fractions: Mapping[str, fl
     quotas = split_quotas(total, fractions)
     if total == 0:
         return {label: {split: 0 for split in splits} for label in labels}
-    ideal = {(c, s): Fraction(class_sizes[c] * quotas[s], total) for c in labels for s in splits}
-    cells = {cell: math.floor(value) for cell, value in ideal.items()}
+    # ideal[cell] is total times the ideal share, an integer: exact arithmetic, and fast (no Fraction).
+    ideal = {(c, s): class_sizes[c] * quotas[s] for c in labels for s in splits}
+    cells = {cell: value // total for cell, value in ideal.items()}
     floor = dict.fromkeys(ideal, 0)  # the lower bound of each cell
+    tie = {cell: _cell_tie(*cell) for cell in ideal}
     eligible = [c for c in labels if class_sizes[c] >= len(splits)]
     for s in splits:
-        for c in sorted(eligible, key=lambda c: (-ideal[c, s], _cell_tie(c, s)))[:quotas[s]]:
+        for c in sorted(eligible, key=lambda c: (-ideal[c, s], tie[c, s]))[:quotas[s]]:
             floor[c, s] = 1
             cells[c, s] = max(cells[c, s], 1)
 
+    def above_ideal(cell: tuple[str, str]) -> int:
+        return cells[cell] * total - ideal[cell]
+
     def give_back(members: list[tuple[str, str]], target: int) -> None:
-        # The cell furthest above its ideal first: the heap's key is ideal - cell.
-        heap = [(ideal[cell] - cells[cell], _cell_tie(*cell), cell) for cell in members]
+        # The cell furthest above its ideal first: the min-heap's key is ideal - cell.
+        heap = [(-above_ideal(cell), tie[cell], cell) for cell in members]
         heapq.heapify(heap)
         excess = sum(cells[cell] for cell in members) - target
         while excess > 0:  # Always possible: the lower bounds of a row or column fit its total.
-            _, tie, cell = heapq.heappop(heap)
+            _, _, cell = heapq.heappop(heap)
             if cells[cell] > floor[cell]:
                 cells[cell] -= 1
                 excess -= 1
-                heapq.heappush(heap, (ideal[cell] - cells[cell], tie, cell))
+                heapq.heappush(heap, (-above_ideal(cell), tie[cell], cell))
 
     for c in labels:
         give_back([(c, s) for s in splits], class_sizes[c])
@@ -293,15 +298,16 @@ def stratified_counts(class_sizes: Mapping[str, int], fractions: Mapping[str, fl
         give_back([(c, s) for c in labels], quotas[s])
     row_room = {c: class_sizes[c] - sum(cells[c, s] for s in splits) for c in labels}
     col_room = {s: quotas[s] - sum(cells[c, s] for c in labels) for s in splits}
-    heap = [(cells[cell] - ideal[cell], _cell_tie(*cell), cell) for cell in ideal]
+    # The largest remainder first: the min-heap's key is cell - ideal.
+    heap = [(above_ideal(cell), tie[cell], cell) for cell in ideal]
     heapq.heapify(heap)
     while heap:
-        _, tie, (c, s) = heapq.heappop(heap)
+        _, _, (c, s) = heapq.heappop(heap)
         if row_room[c] > 0 and col_room[s] > 0:
             cells[c, s] += 1
             row_room[c] -= 1
             col_room[s] -= 1
-            heapq.heappush(heap, (cells[c, s] - ideal[c, s], tie, (c, s)))
+            heapq.heappush(heap, (above_ideal((c, s)), tie[c, s], (c, s)))
     if any(row_room.values()) or any(col_room.values()):  # Impossible: every unit fits some cell.
         raise RuntimeError(f"stratified split counts do not add up: {row_room!r}, {col_room!r}")
     return {c: {s: cells[c, s] for s in splits} for c in labels}
