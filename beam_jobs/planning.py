@@ -246,7 +246,8 @@ class PlanShards(beam.PTransform):
     """InputFile | DeadLetter -> ShardPlans, with tagged outputs PLAN_DEAD_LETTERS and PLAN_SUMMARY.
 
     The summary is one small dict (label names, input count, per-split counts, shard counts and
-    class counts); nothing else is global.
+    class counts, the split rule, whether --splits was ignored, the plan's warnings); nothing
+    else is global. Inputs without a split get one by ``split_rule`` (plan.SPLIT_RULES).
     """
 
     def __init__(self, *, from_tree: bool, tree_layout: str, source: str, split_fractions: dict | None,
