@@ -35,6 +35,7 @@ __all__ = [
     "dead_letter_part",
     "is_dataset_file",
     "remove_leftovers",
+    "plan_warning_lines",
     "run_fingerprint",
     "write_dead_letter_part",
     "write_plan",
@@ -134,8 +135,11 @@ def build_dataset_info(
             "format": config.format_name,
         },
         "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
-        "preprocessing": {**config.to_json(), **settings},
+        "preprocessing": {**config.to_json(), **_applied(settings, summary)},
         "splits": splits,
+        # What the plan found worth a warning (merged split folders, classes missing from a split,
+        # --splits that no input took); the console showed them under the plan line.
+        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits)],
         "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
@@ -145,6 +149,27 @@ def build_dataset_info(
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
     }
+
+
+def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
+    """Classes the plan gave a split that none of their examples reached (all dead letters): the
+    plan's warnings could not know, and a split silently without a class is a wrong dataset."""
+    warnings = []
+    for split, facts in splits.items():
+        planned = summary.get("splits", {}).get(split, {}).get("class_counts", {})
+        emptied = [label for label, count in facts["class_counts"].items() if not count and planned.get(label)]
+        if emptied:
+            warnings.append(f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
+                            f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter")
+    return warnings
+
+
+def _applied(settings: dict, summary: dict) -> dict:
+    """The settings as applied: --splits (and its rule) that no input took are recorded as null,
+    not as fractions the dataset does not have. The fingerprint keeps the settings as given."""
+    if summary.get("splits_ignored"):
+        return {**settings, "splits": None, "split_rule": None}
+    return settings
 
 
 # What to do about the reasons that can refuse a whole run by themselves (a layout or a policy,
@@ -353,6 +378,12 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
             f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
 
 
+def plan_warning_lines(summary: dict) -> list[str]:
+    """The plan's warnings, one a line, to print under the plan line: where a user looks before a
+    long run (a class missing from a split, merged split folders, --splits that did nothing)."""
+    return [f"WARNING: {warning}" for warning in summary.get("warnings", [])]
+
+
 def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,
                max_bad_fraction: float = 1.0) -> dict:
     """--plan_only: plan.json (counts per split, shard counts, per-class counts per split, the
@@ -373,7 +404,7 @@ def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settin
     elif considered and unusable / considered > max_bad_fraction:
         verdict = (f"{unusable} of {considered} inputs are refused already by the listing, more than "
                    f"--max_bad_fraction={max_bad_fraction}: the full run would fail")
-    plan = {**summary, "settings": settings, "would_fail": verdict,
+    plan = {**summary, "settings": _applied(settings, summary), "would_fail": verdict,
             "dead_letters": {"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
                              "file": PLAN_DEAD_LETTERS_FILE}}
     write_atomically(FileSystems.join(output_dir, PLAN_FILE),

@@ -39,6 +39,7 @@ from beam_jobs.finalize import (
     dead_letter_part,
     finalize_outputs,
     plan_line,
+    plan_warning_lines,
     write_dead_letter_part,
     write_plan,
     is_dataset_file,
@@ -47,7 +48,7 @@ from beam_jobs.finalize import (
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.plan import estimate_example_bytes
+from beam_jobs.plan import DEFAULT_SPLIT_RULE, estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
@@ -87,7 +88,7 @@ def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (),
     for part in plan_parts:
         for reason, count in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    line = plan_line(summary, by_reason) + ignored_note(dict(ignored))
+    line = "\n".join([plan_line(summary, by_reason) + ignored_note(dict(ignored)), *plan_warning_lines(summary)])
     _DETAILS.info("%s", line)
     if run_id is not None:
         write_progress_plan(output_dir, run_id, line=line, summary=summary)
@@ -105,7 +106,7 @@ class ConvertImages(beam.PTransform):
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
                  allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE) -> None:
         super().__init__()
         self._run_id = run_id  # names the progress file the launching process watches (None: none)
         self._input_root = input_root
@@ -113,6 +114,7 @@ class ConvertImages(beam.PTransform):
         self._output_dir = output_dir
         self._config = image_config
         self._split_fractions = split_fractions
+        self._split_rule = split_rule
         self._num_shards = num_shards
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
@@ -146,6 +148,7 @@ class ConvertImages(beam.PTransform):
             tree_layout=self._tree_layout,
             source=self._input_root or self._input_list,
             split_fractions=self._split_fractions,
+            split_rule=self._split_rule,
             num_shards=self._num_shards,
             example_bytes=estimate_example_bytes(
                 width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
@@ -485,6 +488,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
             tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
+            split_rule=arguments.split_rule,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             watcher, display = (None, None) if run_id is None else _watch(
@@ -718,6 +722,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments.plan_only:
         print(f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
               f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
+        for warning in plan_warning_lines(info):
+            print(warning)
         if info.get("would_fail"):
             print(f"{PROG}: error: {info['would_fail']} (see "
                   f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)
