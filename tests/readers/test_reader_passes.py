@@ -172,3 +172,16 @@ def test_initial_epoch_with_one_endless_iterator(jpeg_dir) -> None:
 def test_initial_epoch_is_validated(jpeg_dir, bad) -> None:
     with pytest.raises(ValueError, match=f"initial_epoch.*{bad!r}"):
         tfr.make_dataset(jpeg_dir, "train", 4, training=True, initial_epoch=bad)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_cache_serves_later_passes_without_the_shards(tmp_path: pathlib.Path, training: bool) -> None:
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (12, 3)}, image_size=(16, 16))
+    dataset = tfr.make_dataset(data_dir, "train", 4, training=training, seed=0, cache=True, with_metadata=True)
+    first = _keys(dataset)
+    for shard in data_dir.glob("*.tfrecord"):
+        shard.unlink()
+    second = _keys(dataset)  # the next epoch: read from memory
+    assert sorted(second) == sorted(first)
+    if training:
+        assert second != first  # the record shuffle still changes every epoch
