@@ -48,6 +48,23 @@ def main(out: str, data_dir: str) -> None:
         results[f"{name} cardinality"] = cardinality
         results[f"{name} steps"] = cardinality if cardinality < 0 else steps(dataset)
 
+    # Resuming at epoch 2: the same steps, by key and by pixels, as epochs 2 and 3 of a run from 0.
+    def run_keys(initial_epoch: int, steps: int) -> list[tuple[list[str], float]]:
+        dataset = tfr.distribute(strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=3, image_size=16,
+                                 num_epochs=None, with_metadata=True, initial_epoch=initial_epoch)
+        out = []
+        for step, (image, _, meta) in enumerate(dataset):
+            if step == steps:
+                break
+            keys = [k.decode() for local in strategy.experimental_local_results(meta["key"]) for k in local.numpy()]
+            pixels = float(sum(tf.reduce_sum(local).numpy() for local in strategy.experimental_local_results(image)))
+            out.append((keys, pixels))
+        return out
+
+    per_epoch = 50 // GLOBAL_BATCH
+    results["resumed"] = run_keys(2, 2 * per_epoch)
+    results["uninterrupted"] = run_keys(0, 4 * per_epoch)[2 * per_epoch:]
+
     # Per-example weights, looked up from each example's label.
     weighted = tfr.distribute(strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=0, image_size=16,
                               class_weights=CLASS_WEIGHTS, with_metadata=True)

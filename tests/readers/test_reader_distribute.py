@@ -152,3 +152,10 @@ def test_fit_class_weight_with_a_distributed_dataset_names_the_supported_way(ker
     error = keras_results["class_weight error"]
     assert error.startswith("ValueError"), error
     assert "class_weights={label id: weight}" in error
+
+
+@pytest.mark.slow
+def test_distribute_initial_epoch_replays_the_uninterrupted_steps(keras_results) -> None:
+    resumed, uninterrupted = keras_results["resumed"], keras_results["uninterrupted"]
+    assert len(resumed) == len(uninterrupted) == 2 * (50 // 8)
+    assert resumed == uninterrupted  # keys and pixel sums of every global step of epochs 2 and 3
