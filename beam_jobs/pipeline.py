@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import traceback
 import urllib.parse
 import uuid
@@ -46,6 +47,7 @@ from beam_jobs.finalize import (
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.termination import Terminated, sigterm_as_interrupt, stop_child_processes
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
@@ -388,6 +390,8 @@ def _probe_writable(output_dir: str) -> None:
                       "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
+# Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
+_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
 # The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
 _RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
 
@@ -431,6 +435,25 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
             "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
             "the new run succeeds), or choose another folder"
         )
+
+
+def _clean_up_interrupted(output_dir: str) -> None:
+    """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
+
+    The workers die with the signal when it reached their process group (a terminal, `timeout`),
+    or live on writing when it reached this process only (Docker, Kubernetes); either way a shard
+    half written stays under a temp name. While this run holds the lock no other run writes
+    there, so every temp file in the folder is a killed writer's. Staged shards stay for --resume.
+    """
+    # The runner's threads that wait on each worker report its death as an uncaught exception
+    # with a traceback; after an interrupt that is expected, and the one line from main() says it.
+    threading.excepthook = lambda args: None
+    stop_child_processes()
+    try:
+        leftovers = [m.path for m in list_folder(output_dir) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
+        delete_exactly(leftovers)
+    except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
+        _LOG.warning("could not remove the temp files in %s: %s", redact(output_dir), error)
 
 
 def _remove_created(folders: list[str]) -> None:
@@ -499,7 +522,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
                     console.sink = None
                     display.close()
                     watcher.remove_progress_file()
-    except BaseException:
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt) and lock is not None:
+            _clean_up_interrupted(output_dir)
         if lock is not None:
             release_output_lock(lock)
         _remove_created(created)
@@ -682,22 +707,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
 
     Exit 2 for a command line the job refuses (and an output folder another run holds), 1 for a run
-    that failed, 130 when interrupted.
+    that failed, 130 when interrupted (SIGINT, Ctrl-C), 143 when terminated (SIGTERM), which is
+    what a shell reports for a job each signal ended.
     With --log_level DEBUG the full trace is printed first.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     level = _peek_log_level(argv)
     _configure_logging(level, secrets=_credential_values(argv))
     try:
-        info = run(argv)
+        with sigterm_as_interrupt():
+            info = run(argv)
     except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
         kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
-        print(f"{PROG}: interrupted; the shards finished so far are staged: rerun with {again} (and the same "
-              f"flags) to continue{kept}", file=sys.stderr)
+        staged = (f"the shards finished so far are staged: rerun with {again} (and the same flags) to "
+                  f"continue{kept}")
+        if isinstance(interrupt, Terminated):  # 128 + 15, as a shell reports a job SIGTERM ended
+            print(f"{PROG}: error: terminated (SIGTERM); {staged}", file=sys.stderr)
+            raise SystemExit(143) from None
+        print(f"{PROG}: interrupted; {staged}", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":
