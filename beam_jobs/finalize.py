@@ -309,7 +309,9 @@ def finalize_outputs(
     num_dead = sum(by_reason.values())
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable, considered = num_dead - dropped, summary["num_inputs"] - dropped
-    if considered and unusable / considered > max_bad_fraction:
+    # A dataset of no examples is never what a user wants, whatever --max_bad_fraction allows.
+    empty = not any(result.num_examples for result in results)
+    if empty or (considered and unusable / considered > max_bad_fraction):
         refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
         refused_uri = FileSystems.join(output_dir, refused_name)
         concatenate_atomically(refused_uri, part_paths)
@@ -322,10 +324,14 @@ def finalize_outputs(
             kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far stay staged "
                      "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
                      "what changed (delete them to give up)")
+        unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
         check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-                           dead_letters_uri=refused_uri, kept_message=kept,
-                           by_reason={reason: count for reason, count in by_reason.items()
-                                      if reason not in DROPPED_REASONS})
+                           dead_letters_uri=refused_uri, kept_message=kept, by_reason=unusable_by_reason)
+        hint = refusal_hint(unusable_by_reason)
+        raise TooManyBadInputsError(
+            f"no input became an example ({unusable} of {considered} inputs could not be used"
+            + (f"; {hint}" if hint else "") + f"); a dataset of no examples is refused, whatever "
+            f"--max_bad_fraction allows; {kept}. See {refused_uri} for each file and the reason.")
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
                               dead_letters_by_reason=dict(by_reason))
