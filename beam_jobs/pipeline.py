@@ -42,6 +42,7 @@ from beam_jobs.finalize import (
     write_dead_letter_part,
     write_plan,
     is_dataset_file,
+    is_own_plan,
     run_fingerprint,
 )
 from beam_jobs.paths import redact
@@ -437,6 +438,14 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
         )
 
 
+def _check_plan_file(output_dir: str) -> None:
+    """--plan_only replaces its own earlier plan.json, never a file of the user's of that name."""
+    path = FileSystems.join(output_dir, PLAN_FILE)
+    if FileSystems.exists(path) and not is_own_plan(path):
+        raise UsageError(f"--output_dir {redact(output_dir)} holds a {PLAN_FILE} that this job did not write "
+                         f"({redact(path)}); --plan_only would replace it: move it, or choose another folder")
+
+
 def _clean_up_interrupted(output_dir: str) -> None:
     """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
 
@@ -485,7 +494,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     lock = None
     try:
         lock = acquire_output_lock(output_dir)
-        if not arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
+        if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
+            _check_plan_file(output_dir)
+        else:
             _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
                               fingerprint=run_fingerprint(config, arguments.settings),
                               preprocessing={**config.to_json(), **arguments.settings})

@@ -161,3 +161,33 @@ def test_an_overwrite_run_with_no_usable_input_keeps_the_old_dataset(photos, tmp
     assert "no input became an example" in _error_lines(result)[0]
     assert "left as it was" in _error_lines(result)[0]
     assert {n: (out / n).read_bytes() for n in _names(out) if not n.startswith(".") and "refused" not in n} == before
+
+
+USERS_FILES = {"plan.json": b'{"my": "project plan"}\n', "notes.txt": b"mine\n",
+               "train-foo.tfrecord": b"the user's own records"}
+
+
+def test_the_users_files_survive_a_run_an_overwrite_run_and_a_plan_only_run(photos, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, data in USERS_FILES.items():
+        (out / name).write_bytes(data)
+    run_cli("--input", photos, "--output_dir", out, *ARGS)
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--overwrite")
+    assert {name: (out / name).read_bytes() for name in USERS_FILES} == USERS_FILES
+    # --plan_only refuses to replace a plan.json it did not write, naming it, and changes nothing.
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+    result = run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only", check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [error] = _error_lines(result)
+    assert "plan.json that this job did not write" in error and str(out / "plan.json") in error
+    assert {n: (out / n).read_bytes() for n in _names(out)} == before
+
+
+def test_the_jobs_own_plan_is_replaced_by_the_next_plan_and_removed_by_the_next_run(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only")
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only")
+    assert json.loads((out / "plan.json").read_text())["producer"]["name"] == "images-to-tfrecords"
+    run_cli("--input", photos, "--output_dir", out, *ARGS)
+    assert "plan.json" not in _names(out) and "plan_dead_letters.jsonl" not in _names(out)
