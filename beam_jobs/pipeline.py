@@ -26,7 +26,7 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
 from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
-from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
+from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
 from beam_jobs.discover import ListInputList, ListTree, input_list_files
 from beam_jobs.errors import BadInputError, JobError
@@ -163,7 +163,7 @@ class ConvertImages(beam.PTransform):
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
                                               settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
-        summary = planned[PLAN_SUMMARY] | "LogPlan" >> beam.Map(
+        summary = planned[PLAN_SUMMARY] | _LOG_PLAN_STEP >> beam.Map(
             _log_plan, beam.pvalue.AsList(
                 planned[PLAN_DEAD_LETTERS]
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
@@ -665,6 +665,13 @@ _QUIET_LOGGERS = {"apache_beam.runners.worker.sdk_worker_main": "WARNING", "boto
                   "boto3": "INFO", "s3transfer": "INFO", "urllib3": "INFO", "google.auth": "INFO"}
 
 
+# At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
+_CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
+# The step that logs the plan line on a worker; the launching process prints it from the
+# progress file already (see StagingWatcher), so its relayed copy is not shown.
+_LOG_PLAN_STEP = "LogPlan"
+
+
 def _credential_values(argv: Sequence[str]) -> list[str]:
     """The values given to credential flags, as ``--flag value`` or ``--flag=value``."""
     values = []
@@ -707,7 +714,11 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
     logging.getLogger("beam_jobs.details").setLevel(numeric)
     for name, quiet in _QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
+    for name in _CHATTY_BELOW_DEBUG:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING) if numeric > logging.DEBUG else numeric)
     for handler in logging.getLogger().handlers:
+        # First: the filters below read the relayed record's own message.
+        handler.addFilter(RelayedWorkerRecords(drop_steps=(_LOG_PLAN_STEP,)))
         if secrets:
             handler.addFilter(_HideCredentials(list(secrets)))
         if numeric > logging.DEBUG:
