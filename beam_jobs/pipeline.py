@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -48,7 +49,7 @@ from beam_jobs.finalize import (
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.termination import Terminated, sigterm_as_interrupt, stop_child_processes
+from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
 from beam_jobs.plan import estimate_example_bytes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
@@ -391,6 +392,9 @@ def _probe_writable(output_dir: str) -> None:
                       "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
+# This run's progress file (progress.progress_file_name); only this run's exists while it holds the lock
+# and finalize has not yet removed those of killed runs.
+_PROGRESS_FILE = re.compile(r"^\.progress-[0-9a-f]{16}\.json$")
 # Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
 _TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
 # The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
@@ -446,6 +450,30 @@ def _check_plan_file(output_dir: str) -> None:
                          f"({redact(path)}); --plan_only would replace it: move it, or choose another folder")
 
 
+def _write_stderr(text: str) -> None:
+    _write_to(sys.stderr, text)
+
+
+def _write_to(stream, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (ValueError, OSError):  # Closed: nowhere left to say it.
+        pass
+
+
+def _abandon(output_dir: str, lock: str, created: list[str]) -> None:
+    """What an interrupted run leaves, when the interrupt never reached run()'s own cleanup."""
+    _clean_up_interrupted(output_dir)
+    try:
+        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
+        delete_exactly([path for name, path in names.items() if _PROGRESS_FILE.match(name)])
+    except Exception:  # The progress file is hidden and small; the lock matters more.
+        pass
+    release_output_lock(lock)
+    _remove_created(created)
+
+
 def _clean_up_interrupted(output_dir: str) -> None:
     """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
 
@@ -492,8 +520,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
     output_dir = arguments.output_dir
     created = _make_output_dir(output_dir)
     lock = None
+    say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
     try:
         lock = acquire_output_lock(output_dir)
+        on_stuck(lambda signum: _abandon(output_dir, lock, created))
+        on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM) + "\n"))
         if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
             _check_plan_file(output_dir)
         else:
@@ -513,6 +544,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
+            say["now"] = lambda text: _write_to(console.terminal, text)
             watcher, display = (None, None) if run_id is None else _watch(
                 console, output_dir, run_id, plain=arguments.log_level == "DEBUG")
             succeeded = False
@@ -525,6 +557,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 result.wait_until_finish()
                 succeeded = True
             except KeyboardInterrupt:
+                interrupt_caught()
                 console.mute()  # The workers' dying words would bury the one line that matters.
                 raise
             finally:
@@ -534,8 +567,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
                     display.close()
                     watcher.remove_progress_file()
     except BaseException as error:
-        if isinstance(error, KeyboardInterrupt) and lock is not None:
-            _clean_up_interrupted(output_dir)
+        if isinstance(error, KeyboardInterrupt):
+            interrupt_caught()
+            if lock is not None:
+                _clean_up_interrupted(output_dir)
         if lock is not None:
             release_output_lock(lock)
         _remove_created(created)
@@ -725,6 +760,22 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
             handler.addFilter(_HideRunnerTraces())
 
 
+def _interrupted_line(argv: Sequence[str], *, terminated: bool) -> str:
+    again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
+    kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
+    staged = f"the shards finished so far are staged: rerun with {again} (and the same flags) to continue{kept}"
+    return f"{PROG}: error: terminated (SIGTERM); {staged}" if terminated else f"{PROG}: interrupted; {staged}"
+
+
+def _exit_now(code: int) -> None:
+    """Ends an interrupted run once run() has cleaned up: the local runner's threads that wait on a
+    bundle of a worker the signal killed would never finish, and a normal exit waits for them."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
 
@@ -743,15 +794,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as interrupt:
-        again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
-        kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
-        staged = (f"the shards finished so far are staged: rerun with {again} (and the same flags) to "
-                  f"continue{kept}")
-        if isinstance(interrupt, Terminated):  # 128 + 15, as a shell reports a job SIGTERM ended
-            print(f"{PROG}: error: terminated (SIGTERM); {staged}", file=sys.stderr)
-            raise SystemExit(143) from None
-        print(f"{PROG}: interrupted; {staged}", file=sys.stderr)
-        raise SystemExit(130) from None
+        terminated = isinstance(interrupt, Terminated)
+        print(_interrupted_line(argv, terminated=terminated), file=sys.stderr)
+        _exit_now(143 if terminated else 130)  # 128 + the signal, as a shell reports a job it ended
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":
             traceback.print_exc()

@@ -81,25 +81,26 @@ def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[i
     return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("moment, to_group", [
-    (_listing, True),
-    (_converting, True),
-    (_converting, False),  # Docker and Kubernetes signal the job's process only
-    (_finalizing, True),
-], ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group"])
-def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, tmp_path, moment, to_group):
+@pytest.mark.parametrize("moment, to_group, signum", [
+    (_listing, True, signal.SIGTERM),
+    (_converting, True, signal.SIGTERM),
+    (_converting, False, signal.SIGTERM),  # Docker and Kubernetes signal the job's process only
+    (_finalizing, True, signal.SIGTERM),
+    (_converting, True, signal.SIGINT),  # Ctrl-C: the terminal signals the whole group
+], ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group", "ctrl-c"])
+def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, tmp_path, moment, to_group, signum):
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
                                 *ARGS], cwd=REPO, start_new_session=True,
+                               # A suite started in the background inherits SIGINT ignored.
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(moment, out, process)
         workers = _descendants(process.pid)
+        os.kill(process.pid, signum)
         if to_group:  # as `timeout` does: the job's process, then its whole process group
-            os.kill(process.pid, signal.SIGTERM)
-            os.killpg(process.pid, signal.SIGTERM)
-        else:
-            os.kill(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, signum)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -110,6 +111,10 @@ def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, t
         # Finalize had already committed the dataset when the signal came: a whole dataset, then.
         assert moment is _finalizing, stderr[-3000:]
         assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"] == 48
+    elif signum == signal.SIGINT:
+        assert process.returncode == 130, (process.returncode, stderr[-3000:])
+        said = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: ")]
+        assert len(said) == 1 and "interrupted; " in said[0] and "--resume" in said[0], stderr[-3000:]
     else:
         assert process.returncode == 143, (process.returncode, stderr[-3000:])
         errors = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
@@ -191,3 +196,29 @@ def test_the_jobs_own_plan_is_replaced_by_the_next_plan_and_removed_by_the_next_
     assert json.loads((out / "plan.json").read_text())["producer"]["name"] == "images-to-tfrecords"
     run_cli("--input", photos, "--output_dir", out, *ARGS)
     assert "plan.json" not in _names(out) and "plan_dead_letters.jsonl" not in _names(out)
+
+
+def test_a_sigterm_the_blocked_main_thread_never_sees_still_cleans_up_and_exits_143(tmp_path):
+    # The main thread waits for ever on a lock with SIGTERM blocked, as a runner's does on a
+    # worker the signal killed: the Python-level handler never runs; the watchdog must act.
+    marker = tmp_path / "cleaned"
+    script = f"""
+import pathlib, signal, threading
+from beam_jobs.termination import on_stuck, sigterm_as_interrupt
+with sigterm_as_interrupt(stuck_after_s=1):
+    on_stuck(lambda signum: pathlib.Path({str(marker)!r}).write_text(str(signum)))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+    print("ready", flush=True)
+    never = threading.Lock()
+    never.acquire()
+    never.acquire()
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=120) == 143
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert marker.read_text() == str(int(signal.SIGTERM))
