@@ -72,7 +72,8 @@ class ImageConfig:
         return FORMAT_NAMES[self.encoding]
 
     def to_json(self) -> dict:
-        return {**asdict(self), "image_size": [self.height, self.width]}
+        # As --image_size takes it (WIDTHxHEIGHT); a [height, width] list read the other way round.
+        return {**asdict(self), "image_size": f"{self.width}x{self.height}"}
 
 
 def parse_image_size(text: str) -> tuple[int, int]:
