@@ -41,17 +41,17 @@ class _Guard:
         fd, from whichever thread the kernel delivered the signal to. The Python-level handler
         only runs when the main thread next runs Python code, and a runner's main thread may be
         blocked for ever on a worker the signal killed; this thread is not."""
-        while True:
-            try:
-                data = os.read(wakeup_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum in (signal.SIGTERM, signal.SIGINT) and not self._watching:
-                    self._watching = True
-                    self._watch(signum)
+        try:
+            while data := os.read(wakeup_fd, 64):
+                for signum in data:
+                    if signum in (signal.SIGTERM, signal.SIGINT) and not self._watching:
+                        self._watching = True
+                        self._watch(signum)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(wakeup_fd)  # Its write end was closed: the run is over.
 
     def _watch(self, signum: int) -> None:
         if self.caught.wait(self.stuck_after_s):
