@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "numpy>=2.0,<3",
     "google-crc32c>=1.7,<2",
     "tqdm>=4.66,<5",  # the job's progress bar
+    "psutil>=6,<8",  # ending the local runner's workers after Ctrl-C or SIGTERM
 ]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
 GCP_REQUIRE = ["apache-beam[gcp]>=2.77.0,<3"]

@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.options import ConversionOptions
+from beam_jobs.plan import DEFAULT_SPLIT_RULE
 from beam_jobs.paths import redact
 
 __all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
@@ -160,6 +161,7 @@ class JobArguments:
     log_level: str
     tree_layout: str = "auto"
     plan_only: bool = False
+    split_rule: str = DEFAULT_SPLIT_RULE
 
     @property
     def source(self) -> str:
@@ -172,7 +174,7 @@ class JobArguments:
     @property
     def settings(self) -> dict:
         """The settings besides ImageConfig that shape the output (part of the run fingerprint)."""
-        return {"splits": self.split_fractions, "num_shards": self.num_shards,
+        return {"splits": self.split_fractions, "split_rule": self.split_rule, "num_shards": self.num_shards,
                 "target_shard_mb": self.target_shard_mb, "dedup": self.dedup}
 
 
@@ -242,6 +244,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         log_level=flags.log_level,
         tree_layout=flags.tree_layout,
         plan_only=flags.plan_only,
+        split_rule=flags.split_rule,
     )
     return arguments, options
 

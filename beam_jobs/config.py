@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
+from beam_jobs.errors import BadInputError
 from beam_jobs.example import ENCODINGS, FORMAT_NAMES
 from beam_jobs.isolation import ISOLATION_POLICIES
+from beam_jobs.names import clean_split_name
 from beam_jobs.preprocess import RESIZE_MODES
 
 __all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
@@ -69,7 +72,8 @@ class ImageConfig:
         return FORMAT_NAMES[self.encoding]
 
     def to_json(self) -> dict:
-        return {**asdict(self), "image_size": [self.height, self.width]}
+        # As --image_size takes it (WIDTHxHEIGHT); a [height, width] list read the other way round.
+        return {**asdict(self), "image_size": f"{self.width}x{self.height}"}
 
 
 def parse_image_size(text: str) -> tuple[int, int]:
@@ -85,19 +89,33 @@ def parse_image_size(text: str) -> tuple[int, int]:
 
 
 def parse_splits(text: str) -> dict[str, float]:
-    """Parses "train=0.9,validation=0.1" into {"train": 0.9, "validation": 0.1}; they must sum to 1."""
+    """Parses "train=0.9,validation=0.1" into {"train": 0.9, "validation": 0.1}; they must sum to 1.
+
+    Names follow the one split-name policy (names.clean_split_name: lower case; letters, digits,
+    "_" and "-"), the same as split folders and an input list's split column, so ``hold-out`` is
+    a split here as it is there. Every fraction must be above 0: a split that is to receive
+    nothing is left out, not given 0.
+    """
     splits: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         name, sep, value = item.partition("=")
-        name = name.strip()
+        if not sep or not name.strip():
+            raise ValueError(f"--splits items must look like train=0.9 (got {item!r} in {text!r})")
+        try:
+            name = clean_split_name(name, where=f"--splits {text!r}")
+        except BadInputError as error:
+            raise ValueError(error.detail) from None
         try:
             fraction = float(value)
         except ValueError:
-            fraction = -1.0
-        if not sep or not name or not 0.0 < fraction <= 1.0 or not name.replace("_", "").isalnum():
-            raise ValueError(f"--splits items must look like train=0.9 (got {item!r} in {text!r})")
+            raise ValueError(f"--splits: the fraction of {name!r} must be a number such as 0.9 "
+                             f"(got {value.strip()!r} in {text!r})") from None
+        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
+            leave_out = "; leave a split out rather than give it 0" if fraction == 0 else ""
+            raise ValueError(f"--splits: the fraction of {name!r} must be > 0 and <= 1 "
+                             f"(got {value.strip()!r} in {text!r}){leave_out}")
         if name in splits:
-            raise ValueError(f"--splits names {name!r} twice (in {text!r})")
+            raise ValueError(f"--splits names {name!r} twice (in {text!r}; split names are lower case)")
         splits[name] = fraction
     if not splits or abs(sum(splits.values()) - 1.0) > 1e-6:
         raise ValueError(f"--splits fractions must sum to 1 (got {text!r})")

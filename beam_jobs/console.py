@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
-__all__ = ["HARNESS_CHATTER", "ConsoleFilter", "TracebackFilter", "hide_worker_tracebacks"]
+from apache_beam.portability.api import beam_fn_api_pb2
+from google.protobuf import text_format
+
+__all__ = ["HARNESS_CHATTER", "ConsoleFilter", "RelayedWorkerRecords", "TracebackFilter", "hide_worker_tracebacks"]
 
 # Lines the local runner's SDK worker processes print at every start and stop, whatever log level
 # they are given (they log before they receive it): nothing a user can act on.
@@ -20,6 +24,42 @@ HARNESS_CHATTER = re.compile(
     r"|No more requests from control plane|SDK Harness waiting|Closing all cached|Done consuming work"
     r"|Discarding unparseable args|apitools not found, and bigquery client libraries"
 )
+
+# The local runner relays each log record of its SDK workers through this logger, as
+# "Worker: <the LogEntry protobuf in text format, on one line>".
+_RELAY_LOGGER = "apache_beam.runners.portability.local_job_service"
+_RELAY_FORMAT = "Worker: %s"
+
+
+class RelayedWorkerRecords(logging.Filter):
+    """Turns a worker's record relayed by the local runner back into its own message.
+
+    Beam relays the whole LogEntry protobuf as text (``severity: INFO timestamp { seconds: ...``),
+    which buried the job's one line per shard at --log_level INFO. The entry is parsed with
+    protobuf's own text-format parser; records of the job's code then read as the job's own
+    lines do, others say their source location. Records from the steps in ``drop_steps`` are
+    dropped: the plan line, which the launching process prints from the progress file already.
+    """
+
+    def __init__(self, *, drop_steps: Sequence[str] = ()) -> None:
+        super().__init__()
+        self._drop_steps = tuple(drop_steps)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != _RELAY_LOGGER or record.msg != _RELAY_FORMAT or not record.args:
+            return True
+        try:
+            entry = text_format.Parse(str(record.args[0]), beam_fn_api_pb2.LogEntry())
+        except text_format.ParseError:  # Another Beam version's shape: shown as Beam gave it.
+            return True
+        ours = "/beam_jobs/" in entry.log_location
+        if ours and entry.transform_id.rsplit("/", 1)[-1] in self._drop_steps:
+            return False
+        record.name = "beam_jobs.details" if ours else f"worker {entry.log_location}"
+        record.msg = entry.message + (f"\n{entry.trace}" if entry.trace else "")
+        record.args = None
+        return True
+
 
 # The line a Python traceback ends with: "package.SomeError: message" (or a bare "SomeError").
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")

@@ -125,12 +125,17 @@ def sidecar_name(file_name: str) -> str:
     return f"{staged_name(file_name)}.json"
 
 
+def _limit_mb(max_file_bytes: int) -> str:
+    """The --max_file_mb value a byte limit came from, as the user typed it (64, not 64.0)."""
+    return f"{max_file_bytes / (1 << 20):g}"
+
+
 def _read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float | None = READ_TIMEOUT_S) -> bytes:
     """Reads a source file, refusing it before (or while) reading when it is too large, and when
     it gives no answer within ``timeout_s`` (``read_timeout``)."""
     if input_file.size is not None and input_file.size > max_file_bytes:
         raise BadInputError(
-            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over the limit of {max_file_bytes}"
+            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over --max_file_mb={_limit_mb(max_file_bytes)} ({max_file_bytes} bytes)"
         )
     try:
         data = _within(timeout_s, partial(_read_bytes, input_file.uri, max_file_bytes))
@@ -139,7 +144,8 @@ def _read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float
     except Exception as error:
         raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
     if len(data) > max_file_bytes:
-        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE, f"more than {max_file_bytes} bytes")
+        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE,
+                            f"more than {max_file_bytes} bytes, over --max_file_mb={_limit_mb(max_file_bytes)}")
     if not data:
         raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
     return data

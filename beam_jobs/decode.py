@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from PIL import Image, ImageOps
@@ -48,14 +51,42 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
+_PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
+
+
+def _too_many_pixels(error: Exception, max_pixels: int) -> BadInputError:
+    """Pillow's bomb refusal, told with the job's limit and flag (Pillow's message quotes its own)."""
+    found = _PILLOW_PIXELS.search(str(error))
+    pixels = found.group(1) if found else "more"
+    return BadInputError(Stage.DECODE, Reason.TOO_MANY_PIXELS, f"{pixels} pixels is over --max_pixels={max_pixels}")
+
+
+@contextlib.contextmanager
+def _pixel_limit(max_pixels: int) -> Iterator[None]:
+    """Makes --max_pixels Pillow's own limit for one decode, so that there is one limit only.
+
+    Pillow refuses images over twice Image.MAX_IMAGE_PIXELS (178,956,970 by default) wherever it
+    checks (at open, and at each GIF frame), and only warns between once and twice: a job limit
+    above its default had no effect, and a refusal quoted Pillow's number. With the limit set to
+    the job's and the warning raised as an error, every one of Pillow's checks refuses exactly
+    what the job's does. Called inside the caller's ``warnings.catch_warnings``.
+    """
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    warnings.simplefilter("error", Image.DecompressionBombWarning)
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+
+
 def _open_allowed(data: bytes, *, max_pixels: int) -> Image.Image:
     if not data:
         raise BadInputError(Stage.DECODE, Reason.EMPTY_FILE, "the file is empty")
     try:
-        # The pixel limit is ours (max_pixels); Pillow's DecompressionBombWarning only adds noise.
         image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
-    except Image.DecompressionBombError as error:
-        raise BadInputError(Stage.DECODE, Reason.TOO_MANY_PIXELS, str(error)) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise _too_many_pixels(error, max_pixels) from None
     except Image.UnidentifiedImageError:
         sniffed = sniff_format(data)
         if sniffed is not None and sniffed not in ALLOWED_FORMATS:
@@ -76,7 +107,7 @@ def _open_allowed(data: bytes, *, max_pixels: int) -> Image.Image:
         raise BadInputError(
             Stage.DECODE,
             Reason.TOO_MANY_PIXELS,
-            f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels}",
+            f"{width}x{height} = {width * height} pixels is over --max_pixels={max_pixels}",
         )
     return image
 
@@ -111,7 +142,8 @@ def decode_image(
     with warnings.catch_warnings(record=True) as caught:
         # Pillow reports corrupt EXIF with a UserWarning (at open or at getexif) rather than an error.
         warnings.simplefilter("always")
-        decoded = _decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+        with _pixel_limit(max_pixels):
+            decoded = _decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
     if "exif_malformed" not in decoded.events and any(
         issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught
     ):
@@ -133,6 +165,8 @@ def _decode(data: bytes, *, max_pixels: int, draft_size_for) -> DecodedImage:
     try:
         image.seek(0)  # Animated and multi-page files: always the first frame.
         image.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:  # a frame's size
+        raise _too_many_pixels(error, max_pixels) from None
     except Exception as error:
         message = f"{type(error).__name__}: {error}"
         reason = Reason.TRUNCATED if "truncat" in message.lower() else Reason.DECODE_ERROR

@@ -34,7 +34,9 @@ __all__ = [
     "content_duplicate_groups",
     "dead_letter_part",
     "is_dataset_file",
+    "is_own_plan",
     "remove_leftovers",
+    "plan_warning_lines",
     "run_fingerprint",
     "write_dead_letter_part",
     "write_plan",
@@ -134,8 +136,11 @@ def build_dataset_info(
             "format": config.format_name,
         },
         "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
-        "preprocessing": {**config.to_json(), **settings},
+        "preprocessing": {**config.to_json(), **_applied(settings, summary)},
         "splits": splits,
+        # What the plan found worth a warning (merged split folders, classes missing from a split,
+        # --splits that no input took); the console showed them under the plan line.
+        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits)],
         "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
@@ -145,6 +150,27 @@ def build_dataset_info(
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
     }
+
+
+def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
+    """Classes the plan gave a split that none of their examples reached (all dead letters): the
+    plan's warnings could not know, and a split silently without a class is a wrong dataset."""
+    warnings = []
+    for split, facts in splits.items():
+        planned = summary.get("splits", {}).get(split, {}).get("class_counts", {})
+        emptied = [label for label, count in facts["class_counts"].items() if not count and planned.get(label)]
+        if emptied:
+            warnings.append(f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
+                            f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter")
+    return warnings
+
+
+def _applied(settings: dict, summary: dict) -> dict:
+    """The settings as applied: --splits (and its rule) that no input took are recorded as null,
+    not as fractions the dataset does not have. The fingerprint keeps the settings as given."""
+    if summary.get("splits_ignored"):
+        return {**settings, "splits": None, "split_rule": None}
+    return settings
 
 
 # What to do about the reasons that can refuse a whole run by themselves (a layout or a policy,
@@ -238,6 +264,26 @@ def _listed_files(info_path: str) -> set[str]:
         return set()
 
 
+def is_own_plan(path: str) -> bool:
+    """True when ``path`` is a plan.json this job wrote (--plan_only), which a later run may replace
+    or remove; a user's own plan.json (anything else under that common name) is never touched.
+
+    Plans name their producer; older ones are known by their shape (``would_fail`` and a
+    ``dead_letters.file`` of plan_dead_letters.jsonl).
+    """
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            plan = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(plan, dict):
+        return False
+    producer, dead = plan.get("producer"), plan.get("dead_letters")
+    if isinstance(producer, dict):
+        return producer.get("name") == PRODUCER
+    return "would_fail" in plan and isinstance(dead, dict) and dead.get("file") == PLAN_DEAD_LETTERS_FILE
+
+
 def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable[str] = (),
                      run_id: str | None = None) -> list[str]:
     """Deletes what a committed dataset must not have beside it; returns the names deleted.
@@ -257,19 +303,22 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
     splits = {_SHARD_FILE.match(name)["split"] for name in keep if _SHARD_FILE.match(name)}
     previous = set(previous)
     own_progress = None if run_id is None else progress_file_name(run_id)
+    listing = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
+    # plan.json is a common name: only the job's own plan (and its dead letters) goes.
+    plan_files = ((PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
+                  if PLAN_FILE not in listing or is_own_plan(listing[PLAN_FILE]) else ())
     doomed = []
-    for meta in list_folder(output_dir):
-        name = meta.path.rsplit("/", 1)[-1]
+    for name, path in listing.items():
         if name in keep:
             continue
         shard = _SHARD_FILE.match(name)
         # A killed run's progress file (each run names its own) would otherwise stay beside the
         # dataset for good; this run's own is the launching process's to remove (see above).
         if (name.startswith((".tmp-", ".staged-")) or name in previous
-                or name in (REFUSED_DEAD_LETTERS_FILE, PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
+                or name == REFUSED_DEAD_LETTERS_FILE or name in plan_files
                 or (_PROGRESS_FILE.match(name) and name != own_progress)
                 or (shard and shard["split"] in splits)):
-            doomed.append(meta.path)
+            doomed.append(path)
     delete_exactly(doomed)
     return sorted(path.rsplit("/", 1)[-1] for path in doomed)
 
@@ -309,7 +358,9 @@ def finalize_outputs(
     num_dead = sum(by_reason.values())
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable, considered = num_dead - dropped, summary["num_inputs"] - dropped
-    if considered and unusable / considered > max_bad_fraction:
+    # A dataset of no examples is never what a user wants, whatever --max_bad_fraction allows.
+    empty = not any(result.num_examples for result in results)
+    if empty or (considered and unusable / considered > max_bad_fraction):
         refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
         refused_uri = FileSystems.join(output_dir, refused_name)
         concatenate_atomically(refused_uri, part_paths)
@@ -322,10 +373,14 @@ def finalize_outputs(
             kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far stay staged "
                      "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
                      "what changed (delete them to give up)")
+        unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
         check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-                           dead_letters_uri=refused_uri, kept_message=kept,
-                           by_reason={reason: count for reason, count in by_reason.items()
-                                      if reason not in DROPPED_REASONS})
+                           dead_letters_uri=refused_uri, kept_message=kept, by_reason=unusable_by_reason)
+        hint = refusal_hint(unusable_by_reason)
+        raise TooManyBadInputsError(
+            f"no input became an example ({unusable} of {considered} inputs could not be used"
+            + (f"; {hint}" if hint else "") + f"); a dataset of no examples is refused, whatever "
+            f"--max_bad_fraction allows; {kept}. See {refused_uri} for each file and the reason.")
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
                               dead_letters_by_reason=dict(by_reason))
@@ -353,6 +408,12 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
             f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
 
 
+def plan_warning_lines(summary: dict) -> list[str]:
+    """The plan's warnings, one a line, to print under the plan line: where a user looks before a
+    long run (a class missing from a split, merged split folders, --splits that did nothing)."""
+    return [f"WARNING: {warning}" for warning in summary.get("warnings", [])]
+
+
 def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,
                max_bad_fraction: float = 1.0) -> dict:
     """--plan_only: plan.json (counts per split, shard counts, per-class counts per split, the
@@ -373,7 +434,8 @@ def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settin
     elif considered and unusable / considered > max_bad_fraction:
         verdict = (f"{unusable} of {considered} inputs are refused already by the listing, more than "
                    f"--max_bad_fraction={max_bad_fraction}: the full run would fail")
-    plan = {**summary, "settings": settings, "would_fail": verdict,
+    plan = {**summary, "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
+            "settings": _applied(settings, summary), "would_fail": verdict,
             "dead_letters": {"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
                              "file": PLAN_DEAD_LETTERS_FILE}}
     write_atomically(FileSystems.join(output_dir, PLAN_FILE),

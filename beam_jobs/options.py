@@ -7,7 +7,7 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.plan import DEFAULT_TARGET_SHARD_MB
+from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
 
 __all__ = ["LOG_LEVELS", "ConversionOptions"]
 
@@ -26,9 +26,15 @@ class ConversionOptions(PipelineOptions):
         group.add_argument("--manifest", help="a CSV (header: uri,label[,split]) or JSONL list of the input "
                            "images; relative uris are relative to the list's folder")
         group.add_argument("--output_dir", help="where shards, dataset_info.json and dead_letters.jsonl go")
-        group.add_argument("--splits", default=None, help="split fractions for inputs without one, assigned "
-                           "by a stable hash of the relative path, e.g. train=0.9,validation=0.1 "
-                           "(default: everything in train)")
+        group.add_argument("--splits", default=None, help="split fractions for inputs without one, e.g. "
+                           "train=0.9,validation=0.1 (default: everything in train); split folders of the tree "
+                           "and the input list's split column win")
+        group.add_argument("--split_rule", default=DEFAULT_SPLIT_RULE, choices=SPLIT_RULES,
+                           help="stratified: exactly the fractions, overall and per class (largest remainder "
+                           "over each class's inputs in hash order), every class with at least as many inputs "
+                           "as splits in every split; hash: each input by its own stable hash of the relative "
+                           "path, only near the fractions, but adding inputs never moves another "
+                           "(default: %(default)s)")
         group.add_argument("--image_size", default=str(_DEFAULTS.width),
                            help="output size: 224 or WIDTHxHEIGHT such as 256x192 (default: %(default)s)")
         group.add_argument("--resize_mode", default=_DEFAULTS.resize_mode, choices=("crop", "pad", "stretch"),

@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import traceback
 import urllib.parse
 import uuid
@@ -25,7 +27,7 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
 from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
-from beam_jobs.console import ConsoleFilter, hide_worker_tracebacks
+from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
 from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
 from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
 from beam_jobs.listing_policy import ignored_note
@@ -39,15 +41,18 @@ from beam_jobs.finalize import (
     dead_letter_part,
     finalize_outputs,
     plan_line,
+    plan_warning_lines,
     write_dead_letter_part,
     write_plan,
     is_dataset_file,
+    is_own_plan,
     run_fingerprint,
 )
 from beam_jobs.paths import redact
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.plan import estimate_example_bytes
+from beam_jobs.plan import DEFAULT_SPLIT_RULE, estimate_example_bytes
+from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
 from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
@@ -87,7 +92,7 @@ def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (),
     for part in plan_parts:
         for reason, count in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    line = plan_line(summary, by_reason) + ignored_note(dict(ignored))
+    line = "\n".join([plan_line(summary, by_reason) + ignored_note(dict(ignored)), *plan_warning_lines(summary)])
     _DETAILS.info("%s", line)
     if run_id is not None:
         write_progress_plan(output_dir, run_id, line=line, summary=summary)
@@ -105,7 +110,7 @@ class ConvertImages(beam.PTransform):
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
                  allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE) -> None:
         super().__init__()
         self._run_id = run_id  # names the progress file the launching process watches (None: none)
         self._input_root = input_root
@@ -113,6 +118,7 @@ class ConvertImages(beam.PTransform):
         self._output_dir = output_dir
         self._config = image_config
         self._split_fractions = split_fractions
+        self._split_rule = split_rule
         self._num_shards = num_shards
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
@@ -146,6 +152,7 @@ class ConvertImages(beam.PTransform):
             tree_layout=self._tree_layout,
             source=self._input_root or self._input_list,
             split_fractions=self._split_fractions,
+            split_rule=self._split_rule,
             num_shards=self._num_shards,
             example_bytes=estimate_example_bytes(
                 width=config.width, height=config.height, channels=config.channels, encoding=config.encoding
@@ -168,7 +175,7 @@ class ConvertImages(beam.PTransform):
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
                                               settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
-        summary = planned[PLAN_SUMMARY] | "LogPlan" >> beam.Map(
+        summary = planned[PLAN_SUMMARY] | _LOG_PLAN_STEP >> beam.Map(
             _log_plan, beam.pvalue.AsList(
                 planned[PLAN_DEAD_LETTERS]
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
@@ -396,6 +403,11 @@ def _probe_writable(output_dir: str) -> None:
                       "as it goes, so it needs delete permission there (remove that object by hand)") from None
 
 
+# This run's progress file (progress.progress_file_name); only this run's exists while it holds the lock
+# and finalize has not yet removed those of killed runs.
+_PROGRESS_FILE = re.compile(r"^\.progress-[0-9a-f]{16}\.json$")
+# Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
+_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
 # The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
 _RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
 
@@ -441,6 +453,57 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
         )
 
 
+def _check_plan_file(output_dir: str) -> None:
+    """--plan_only replaces its own earlier plan.json, never a file of the user's of that name."""
+    path = FileSystems.join(output_dir, PLAN_FILE)
+    if FileSystems.exists(path) and not is_own_plan(path):
+        raise UsageError(f"--output_dir {redact(output_dir)} holds a {PLAN_FILE} that this job did not write "
+                         f"({redact(path)}); --plan_only would replace it: move it, or choose another folder")
+
+
+def _write_stderr(text: str) -> None:
+    _write_to(sys.stderr, text)
+
+
+def _write_to(stream, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (ValueError, OSError):  # Closed: nowhere left to say it.
+        pass
+
+
+def _abandon(output_dir: str, lock: str, created: list[str]) -> None:
+    """What an interrupted run leaves, when the interrupt never reached run()'s own cleanup."""
+    _clean_up_interrupted(output_dir)
+    try:
+        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
+        delete_exactly([path for name, path in names.items() if _PROGRESS_FILE.match(name)])
+    except Exception:  # The progress file is hidden and small; the lock matters more.
+        pass
+    release_output_lock(lock)
+    _remove_created(created)
+
+
+def _clean_up_interrupted(output_dir: str) -> None:
+    """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
+
+    The workers die with the signal when it reached their process group (a terminal, `timeout`),
+    or live on writing when it reached this process only (Docker, Kubernetes); either way a shard
+    half written stays under a temp name. While this run holds the lock no other run writes
+    there, so every temp file in the folder is a killed writer's. Staged shards stay for --resume.
+    """
+    # The runner's threads that wait on each worker report its death as an uncaught exception
+    # with a traceback; after an interrupt that is expected, and the one line from main() says it.
+    threading.excepthook = lambda args: None
+    stop_child_processes()
+    try:
+        leftovers = [m.path for m in list_folder(output_dir) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
+        delete_exactly(leftovers)
+    except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
+        _LOG.warning("could not remove the temp files in %s: %s", redact(output_dir), error)
+
+
 def _remove_created(folders: list[str]) -> None:
     """Removes the folders this run created, deepest first, as long as they are empty."""
     for folder in folders:
@@ -468,9 +531,14 @@ def run(argv: Sequence[str] | None = None) -> dict:
     output_dir = arguments.output_dir
     created = _make_output_dir(output_dir)
     lock = None
+    say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
     try:
         lock = acquire_output_lock(output_dir)
-        if not arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
+        on_stuck(lambda signum: _abandon(output_dir, lock, created))
+        on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM) + "\n"))
+        if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
+            _check_plan_file(output_dir)
+        else:
             _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
                               fingerprint=run_fingerprint(config, arguments.settings),
                               preprocessing={**config.to_json(), **arguments.settings})
@@ -485,8 +553,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
             tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
+            split_rule=arguments.split_rule,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
+            say["now"] = lambda text: _write_to(console.terminal, text)
             watcher, display = (None, None) if run_id is None else _watch(
                 console, output_dir, run_id, plain=arguments.log_level == "DEBUG")
             succeeded = False
@@ -499,6 +569,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 result.wait_until_finish()
                 succeeded = True
             except KeyboardInterrupt:
+                interrupt_caught()
                 console.mute()  # The workers' dying words would bury the one line that matters.
                 raise
             finally:
@@ -507,7 +578,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
                     console.sink = None
                     display.close()
                     watcher.remove_progress_file()
-    except BaseException:
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt):
+            interrupt_caught()
+            if lock is not None:
+                _clean_up_interrupted(output_dir)
         if lock is not None:
             release_output_lock(lock)
         _remove_created(created)
@@ -637,6 +712,13 @@ _QUIET_LOGGERS = {"apache_beam.runners.worker.sdk_worker_main": "WARNING", "boto
                   "boto3": "INFO", "s3transfer": "INFO", "urllib3": "INFO", "google.auth": "INFO"}
 
 
+# At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
+_CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
+# The step that logs the plan line on a worker; the launching process prints it from the
+# progress file already (see StagingWatcher), so its relayed copy is not shown.
+_LOG_PLAN_STEP = "LogPlan"
+
+
 def _credential_values(argv: Sequence[str]) -> list[str]:
     """The values given to credential flags, as ``--flag value`` or ``--flag=value``."""
     values = []
@@ -679,34 +761,54 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
     logging.getLogger("beam_jobs.details").setLevel(numeric)
     for name, quiet in _QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
+    for name in _CHATTY_BELOW_DEBUG:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING) if numeric > logging.DEBUG else numeric)
     for handler in logging.getLogger().handlers:
+        # First: the filters below read the relayed record's own message.
+        handler.addFilter(RelayedWorkerRecords(drop_steps=(_LOG_PLAN_STEP,)))
         if secrets:
             handler.addFilter(_HideCredentials(list(secrets)))
         if numeric > logging.DEBUG:
             handler.addFilter(_HideRunnerTraces())
 
 
+def _interrupted_line(argv: Sequence[str], *, terminated: bool) -> str:
+    again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
+    kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
+    staged = f"the shards finished so far are staged: rerun with {again} (and the same flags) to continue{kept}"
+    return f"{PROG}: error: terminated (SIGTERM); {staged}" if terminated else f"{PROG}: interrupted; {staged}"
+
+
+def _exit_now(code: int) -> None:
+    """Ends an interrupted run once run() has cleaned up: the local runner's threads that wait on a
+    bundle of a worker the signal killed would never finish, and a normal exit waits for them."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: every failure ends in one `images-to-tfrecords: error:` line.
 
     Exit 2 for a command line the job refuses (and an output folder another run holds), 1 for a run
-    that failed, 130 when interrupted.
+    that failed, 130 when interrupted (SIGINT, Ctrl-C), 143 when terminated (SIGTERM), which is
+    what a shell reports for a job each signal ended.
     With --log_level DEBUG the full trace is printed first.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     level = _peek_log_level(argv)
     _configure_logging(level, secrets=_credential_values(argv))
     try:
-        info = run(argv)
+        with sigterm_as_interrupt():
+            info = run(argv)
     except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
-        kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
-        print(f"{PROG}: interrupted; the shards finished so far are staged: rerun with {again} (and the same "
-              f"flags) to continue{kept}", file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        print(_interrupted_line(argv, terminated=terminated), file=sys.stderr)
+        _exit_now(143 if terminated else 130)  # 128 + the signal, as a shell reports a job it ended
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":
             traceback.print_exc()
@@ -718,6 +820,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments.plan_only:
         print(f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
               f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
+        for warning in plan_warning_lines(info):
+            print(warning)
         if info.get("would_fail"):
             print(f"{PROG}: error: {info['would_fail']} (see "
                   f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)

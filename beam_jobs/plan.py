@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
-from beam_jobs.errors import Reason, Stage
-from beam_jobs.names import is_valid_split_name
+from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.names import clean_label, clean_split_name, is_valid_split_name  # noqa: F401 (discover imports it from here)
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
     "DEDUP_POLICIES",
+    "DEFAULT_SPLIT_RULE",
     "DEFAULT_TARGET_SHARD_MB",
+    "SPLIT_RULES",
     "DatasetPlan",
     "ShardPlan",
     "assign_splits",
+    "assign_splits_by_hash",
+    "assign_splits_stratified",
+    "merged_split_folders",
+    "plan_warnings",
+    "split_quotas",
+    "stratified_counts",
     "estimate_example_bytes",
     "labels_from_tree",
     "plan_dataset",
@@ -80,6 +91,7 @@ class DatasetPlan:
     shards: tuple[ShardPlan, ...]
     num_inputs: int
     dead_letters: tuple[DeadLetter, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     def num_shards(self, split: str) -> int:
         return sum(1 for shard in self.shards if shard.split == split)
@@ -108,20 +120,36 @@ def tree_reads_splits(depths: Iterable[int], tops: Iterable[str], layout: str) -
         raise ValueError(f"tree layout must be one of {TREE_LAYOUTS} (got {layout!r})")
     if layout != "auto":
         return layout == "split_label"
-    return set(depths) == {3} and all(top.lower() in KNOWN_SPLIT_NAMES for top in tops)
+    return set(depths) == {3} and all(_split_key(top) in KNOWN_SPLIT_NAMES for top in tops)
+
+
+def _split_key(name: str) -> str:
+    """A top folder's name as a split would read it, to recognise ``Validation`` or ``TRAIN``."""
+    return unicodedata.normalize("NFC", name).strip().lower()
+
+
+def _names_from_tree(f: InputFile, split_folder: str | None, label_folder: str) -> InputFile:
+    """``f`` with its split and label read from folder names by the one naming policy
+    (beam_jobs.names), so a tree names classes exactly as an input list does; raises
+    BadInputError naming the file for a folder that cannot be a label or a split."""
+    where = repr(f.filename)
+    label = clean_label(label_folder, where=where)
+    split = None if split_folder is None else clean_split_name(split_folder, where=where)
+    return replace(f, split=split, label=label)
 
 
 def label_from_tree(f: InputFile, *, with_split: bool, depths: Iterable[int], tops: Iterable[str],
                     ) -> InputFile | DeadLetter:
     """One tree input labelled by the decided layout, or a dead letter that says why it does not fit."""
     parts = f.filename.split("/")
-    if with_split and len(parts) == 3 and is_valid_split_name(parts[0]):
-        return replace(f, split=parts[0], label=parts[1])
-    if not with_split and len(parts) == 2:
-        return replace(f, label=parts[0])
-    if with_split and len(parts) == 3:
-        why = f"the folder {parts[0]!r} cannot name a split (letters, digits, '_' and '-' only)"
-    elif not with_split and set(depths) == {3} and tops and all(t.lower() in KNOWN_SPLIT_NAMES for t in tops):
+    try:
+        if with_split and len(parts) == 3:
+            return _names_from_tree(f, parts[0], parts[1])
+        if not with_split and len(parts) == 2:
+            return _names_from_tree(f, None, parts[0])
+    except BadInputError as error:
+        return DeadLetter(f.uri, error.stage, error.reason, error.detail)
+    if not with_split and set(depths) == {3} and tops and all(_split_key(t) in KNOWN_SPLIT_NAMES for t in tops):
         why = (f"--tree_layout label expects <label>/<image>, but this image is three levels deep "
                f"(got {f.filename!r})")
     elif not with_split and set(depths) == {3}:
@@ -132,6 +160,19 @@ def label_from_tree(f: InputFile, *, with_split: bool, depths: Iterable[int], to
         expected = "<split>/<label>/<image>" if with_split else "<label>/<image> or <split>/<label>/<image>"
         why = f"expected {expected} under the input root (got {f.filename!r})"
     return DeadLetter(f.uri, Stage.LIST, Reason.UNEXPECTED_LAYOUT, why)
+
+
+def merged_split_folders(tops: Iterable[str]) -> dict[str, list[str]]:
+    """{split: [its top folders]} for the splits that several top folders name (``validation/``
+    and ``Validation/``): they are one split, since split names are lower case (see
+    names.clean_split_name); the plan says so, so that the merge is never a surprise."""
+    by_split: dict[str, set[str]] = defaultdict(set)
+    for top in tops:
+        try:
+            by_split[clean_split_name(top, where=repr(top))].add(top)
+        except BadInputError:
+            continue  # Its images are dead letters that name the folder.
+    return {split: sorted(folders) for split, folders in sorted(by_split.items()) if len(folders) > 1}
 
 
 def tree_facts(files: Iterable[InputFile]) -> tuple[set[int], set[str]]:
@@ -158,8 +199,157 @@ def labels_from_tree(files: Iterable[InputFile], layout: str = "auto") -> tuple[
     return labelled, dead
 
 
-def assign_splits(files: Iterable[InputFile], fractions: Mapping[str, float]) -> list[InputFile]:
-    """Gives each input without a split one, by a stable hash of its filename."""
+SPLIT_RULES = ("stratified", "hash")
+DEFAULT_SPLIT_RULE = "stratified"
+
+
+def split_digest(filename: str) -> bytes:
+    """The hash that orders a class's inputs for the stratified rule: the order of
+    ``stable_fraction(filename, "split")``, which the hash rule thresholds."""
+    return _digest("split", filename)
+
+
+def split_order(f: InputFile) -> tuple[bytes, str]:
+    return split_digest(f.filename), f.filename
+
+
+def split_bucket_key(f: InputFile) -> tuple[str, int]:
+    """(label, bucket of the split hash): the unit in which a class's hash order is counted."""
+    return f.label or "", bucket_of(split_digest(f.filename))
+
+
+def _exact_shares(fractions: Mapping[str, float]) -> dict[str, Fraction]:
+    # The decimals as typed (0.9 is 9/10, not the nearest binary float), made to sum to exactly 1,
+    # so that quotas never depend on float rounding.
+    exact = {name: Fraction(str(value)) for name, value in fractions.items()}
+    total = sum(exact.values())
+    if not exact or total <= 0 or any(value < 0 for value in exact.values()):
+        raise ValueError(f"split fractions must be >= 0 with a positive sum (got {dict(fractions)!r})")
+    return {name: value / total for name, value in exact.items()}
+
+
+def split_quotas(total: int, fractions: Mapping[str, float]) -> dict[str, int]:
+    """How many of ``total`` inputs each split gets: the largest-remainder rounding of
+    ``fraction * total``, so they sum to ``total`` exactly (150 at train=0.9,validation=0.1 is
+    135/15, as Keras's validation_split gives). Ties go to the split named first."""
+    shares = _exact_shares(fractions)
+    ideal = {name: total * share for name, share in shares.items()}
+    counts = {name: math.floor(value) for name, value in ideal.items()}
+    order = {name: index for index, name in enumerate(shares)}
+    left = total - sum(counts.values())
+    for name in sorted(ideal, key=lambda n: (counts[n] - ideal[n], order[n]))[:left]:
+        counts[name] += 1
+    return counts
+
+
+def _cell_tie(label: str, split: str) -> bytes:
+    # Equal remainders are common (classes of equal size); a hash of the cell breaks the tie, so
+    # that the extra units do not all go to the first split or the first class.
+    return _digest("split-tie", f"{label}\0{split}")
+
+
+def stratified_counts(class_sizes: Mapping[str, int], fractions: Mapping[str, float]) -> dict[str, dict[str, int]]:
+    """{label: {split: inputs}}: each split gets exactly its quota (split_quotas over all the
+    classes' inputs), each class exactly its inputs, and each cell is as near as rounding allows
+    to the class's share of the split.
+
+    Like scikit-learn's StratifiedShuffleSplit, with both totals held: the ideal cell is
+    ``n_class * quota / total``; cells start at its floor, and at 1 in every split for a class
+    with at least as many inputs as there are splits (as many such classes as a split's quota
+    allows, the largest first), rows and columns over their totals give back the units furthest
+    above their ideal, then the units left go by largest remainder to cells whose row and column
+    still have room. Integer arithmetic and hash tie-breaks make it the same on every machine.
+    """
+    splits = list(fractions)
+    labels = sorted(class_sizes)
+    total = sum(class_sizes.values())
+    quotas = split_quotas(total, fractions)
+    if total == 0:
+        return {label: {split: 0 for split in splits} for label in labels}
+    # ideal[cell] is total times the ideal share, an integer: exact arithmetic, and fast (no Fraction).
+    ideal = {(c, s): class_sizes[c] * quotas[s] for c in labels for s in splits}
+    cells = {cell: value // total for cell, value in ideal.items()}
+    floor = dict.fromkeys(ideal, 0)  # the lower bound of each cell
+    tie = {cell: _cell_tie(*cell) for cell in ideal}
+    eligible = [c for c in labels if class_sizes[c] >= len(splits)]
+    for s in splits:
+        for c in sorted(eligible, key=lambda c: (-ideal[c, s], tie[c, s]))[:quotas[s]]:
+            floor[c, s] = 1
+            cells[c, s] = max(cells[c, s], 1)
+
+    def above_ideal(cell: tuple[str, str]) -> int:
+        return cells[cell] * total - ideal[cell]
+
+    def give_back(members: list[tuple[str, str]], target: int) -> None:
+        # The cell furthest above its ideal first: the min-heap's key is ideal - cell.
+        heap = [(-above_ideal(cell), tie[cell], cell) for cell in members]
+        heapq.heapify(heap)
+        excess = sum(cells[cell] for cell in members) - target
+        while excess > 0:  # Always possible: the lower bounds of a row or column fit its total.
+            _, _, cell = heapq.heappop(heap)
+            if cells[cell] > floor[cell]:
+                cells[cell] -= 1
+                excess -= 1
+                heapq.heappush(heap, (-above_ideal(cell), tie[cell], cell))
+
+    for c in labels:
+        give_back([(c, s) for s in splits], class_sizes[c])
+    for s in splits:
+        give_back([(c, s) for c in labels], quotas[s])
+    row_room = {c: class_sizes[c] - sum(cells[c, s] for s in splits) for c in labels}
+    col_room = {s: quotas[s] - sum(cells[c, s] for c in labels) for s in splits}
+    # The largest remainder first: the min-heap's key is cell - ideal.
+    heap = [(above_ideal(cell), tie[cell], cell) for cell in ideal]
+    heapq.heapify(heap)
+    while heap:
+        _, _, (c, s) = heapq.heappop(heap)
+        if row_room[c] > 0 and col_room[s] > 0:
+            cells[c, s] += 1
+            row_room[c] -= 1
+            col_room[s] -= 1
+            heapq.heappush(heap, (above_ideal((c, s)), tie[c, s], (c, s)))
+    if any(row_room.values()) or any(col_room.values()):  # Impossible: every unit fits some cell.
+        raise RuntimeError(f"stratified split counts do not add up: {row_room!r}, {col_room!r}")
+    return {c: {s: cells[c, s] for s in splits} for c in labels}
+
+
+def split_at_rank(rank: int, counts: Mapping[str, int]) -> str:
+    """The split of the input at ``rank`` in its class's hash order: the splits take contiguous
+    ranges of that order, in the order --splits names them."""
+    end = 0
+    for split, count in counts.items():
+        end += count
+        if rank < end:
+            return split
+    raise ValueError(f"rank {rank!r} is beyond the class's {end} inputs")
+
+
+def assign_splits_stratified(files: Iterable[InputFile], fractions: Mapping[str, float]) -> list[InputFile]:
+    """Gives each input without a split one, exactly by the fractions and per class.
+
+    The counts are stratified_counts'; within a class, inputs in hash order fill them in turn,
+    so which input goes where depends on the filenames alone. Adding m inputs to a class of the
+    listing moves at most about m + 2 of its existing inputs across each boundary between two
+    splits (its ranks shift by at most m, its counts by a share of m plus rounding), and a class
+    that gained nothing keeps its inputs but for a rounding unit or two near a boundary.
+    """
+    files = list(files)
+    unsplit: dict[str, list[InputFile]] = defaultdict(list)
+    for f in files:
+        if f.split is None:
+            unsplit[f.label or ""].append(f)
+    counts = stratified_counts({label: len(members) for label, members in unsplit.items()}, fractions)
+    chosen: dict[int, str] = {}
+    for label, members in unsplit.items():
+        for rank, f in enumerate(sorted(members, key=split_order)):
+            chosen[id(f)] = split_at_rank(rank, counts[label])
+    return [replace(f, split=chosen[id(f)]) if f.split is None else f for f in files]
+
+
+def assign_splits_by_hash(files: Iterable[InputFile], fractions: Mapping[str, float]) -> list[InputFile]:
+    """--split_rule hash: each input without a split falls where its own stable hash falls among
+    the fractions. An input's split never depends on the others (adding inputs moves none), but
+    the counts are only near the fractions, and a small class can miss a split."""
     names = list(fractions)
     bounds = []
     total = 0.0
@@ -174,6 +364,49 @@ def assign_splits(files: Iterable[InputFile], fractions: Mapping[str, float]) ->
             f = replace(f, split=split)
         result.append(f)
     return result
+
+
+def assign_splits(files: Iterable[InputFile], fractions: Mapping[str, float], *,
+                  rule: str = DEFAULT_SPLIT_RULE) -> list[InputFile]:
+    """Gives each input without a split one by ``rule`` (see SPLIT_RULES); given splits are kept."""
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
+    return (assign_splits_stratified if rule == "stratified" else assign_splits_by_hash)(files, fractions)
+
+
+def _shown(names: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(map(repr, names[:limit]))
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def plan_warnings(class_counts: Mapping[str, Mapping[str, int]], label_names: Sequence[str], *,
+                  requested: Mapping[str, float] | None, num_unsplit: int,
+                  merged_folders: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """What a user should know before a long run, from the plan's small facts: split folders
+    merged into one split, classes whose names differ only by case, --splits that no input took,
+    a requested split that received nothing, and classes missing from a split. ``class_counts``
+    is {split: {label: count}}."""
+    warnings = [f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
+                for split, folders in sorted((merged_folders or {}).items())]
+    by_folded: dict[str, list[str]] = defaultdict(list)
+    for label in label_names:
+        by_folded[label.casefold()].append(label)
+    # Labels are compared as written (a dataset may mean "US" and "us"), but case twins are
+    # more often one class typed twice: said, never merged behind the user's back.
+    warnings += [f"the classes {_shown(sorted(twins))} differ only by case; they are separate classes"
+                 for _, twins in sorted(by_folded.items()) if len(twins) > 1]
+    if requested and num_unsplit == 0:
+        warnings.append(f"--splits {','.join(requested)} was ignored: every input already has a split "
+                        "(from the tree's split folders or the input list's split column)")
+    elif requested:
+        warnings += [f"--splits asks for {split!r}, but none of the {num_unsplit} inputs without a split went to it "
+                     "(too few inputs for its fraction)" for split in requested if split not in class_counts]
+    for split in sorted(class_counts):
+        missing = [label for label in label_names if not class_counts[split].get(label)]
+        if missing:
+            warnings.append(f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
+                            f"{_shown(missing)}")
+    return warnings
 
 
 def estimate_example_bytes(*, width: int, height: int, channels: int, encoding: str) -> int:
@@ -313,17 +546,25 @@ def plan_dataset(
     target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 1024 * 1024,
     dead_letters: Sequence[DeadLetter] = (),
     dedup: str = "path",
+    split_rule: str = DEFAULT_SPLIT_RULE,
+    merged_folders: Mapping[str, Sequence[str]] | None = None,
 ) -> DatasetPlan:
     """Plans every shard of every split.
 
-    Within a split, inputs are sorted by a hash of their filename and dealt round-robin to the
+    Inputs without a split get one by ``split_rule`` (see assign_splits; given splits win), and
+    the plan's warnings say what a user should know before the run (see plan_warnings). Within a
+    split, inputs are sorted by a hash of their filename and dealt round-robin to the
     shards, so shard sizes differ by at most one example, every shard is a random-looking mix of
     classes, and the order inside a shard is by hash too. Everything depends on the filenames
     alone, never on listing order, runner or parallelism.
     """
     files, duplicates = _drop_duplicates(list(files), dedup)
-    files = assign_splits(files, split_fractions or {DEFAULT_SPLIT: 1.0})
+    num_unsplit = sum(1 for f in files if f.split is None)
+    files = assign_splits(files, split_fractions or {DEFAULT_SPLIT: 1.0}, rule=split_rule)
     label_names = tuple(sorted({f.label for f in files if f.label is not None}))
+    class_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for f in files:
+        class_counts[f.split][f.label] += 1
     label_ids = {name: index for index, name in enumerate(label_names)}
     by_split: dict[str, list[InputFile]] = defaultdict(list)
     for f in files:
@@ -340,4 +581,6 @@ def plan_dataset(
         shards=tuple(shards),
         num_inputs=len(files) + len(duplicates) + len(dead_letters),
         dead_letters=tuple(sorted([*dead_letters, *duplicates])),
+        warnings=tuple(plan_warnings(class_counts, label_names, requested=split_fractions, num_unsplit=num_unsplit,
+                                     merged_folders=merged_folders)),
     )

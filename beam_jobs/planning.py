@@ -1,10 +1,16 @@
 """Planning at cluster scale: labels, splits and shard places from combiners and per-input hashes.
 
 No step holds the listing in one element or one worker: the only global state is small (the tree
-layout's depths and top folders, the label names, per-split counts, and per-(split, bucket)
-counts, O(labels + splits x buckets)). Each input's shard and position follow from its own hash
-and those counts (see ``plan.bucket_offsets``), which gives exactly the plan of the in-memory
-``plan.plan_dataset``: the same round-robin over the split's global hash order.
+layout's depths and top folders, the label names, per-class and per-(class, split) counts, and
+per-(split, bucket) counts, O(labels x splits + splits x buckets)). Each input's shard and
+position follow from its own hash and those counts (see ``plan.bucket_offsets``), which gives
+exactly the plan of the in-memory ``plan.plan_dataset``: the same round-robin over the split's
+global hash order.
+
+The stratified split rule needs each input's rank in its class's split-hash order. It is found
+the same way, by buckets, but the per-(class, bucket) offsets (up to labels x 4096 of them) are
+never a side input: they are computed per class (at most 4096 counts each) and joined to the
+inputs of their bucket with CoGroupByKey.
 """
 
 from __future__ import annotations
@@ -19,16 +25,24 @@ from beam_jobs.errors import JobError
 from beam_jobs.paths import redact
 from beam_jobs.plan import (
     DEFAULT_SPLIT,
+    DEFAULT_SPLIT_RULE,
+    SPLIT_RULES,
     ShardPlan,
-    assign_splits,
+    assign_splits_by_hash,
     bucket_of,
     bucket_offsets,
     label_from_tree,
+    merged_split_folders,
     place_in_shard,
+    plan_warnings,
     resolve_same_content,
     resolve_same_path,
     shard_digest,
+    split_at_rank,
+    split_bucket_key,
+    split_order,
     split_shard_count,
+    stratified_counts,
     tree_facts,
     tree_reads_splits,
 )
@@ -99,8 +113,70 @@ def _kept_by_content(group):
     yield from kept
 
 
-def _with_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFile:
-    return assign_splits([f], fractions)[0]
+def _with_hash_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFile:
+    return assign_splits_by_hash([f], fractions)[0]
+
+
+def _merged_folders(facts, *, layout: str) -> dict[str, list[str]]:
+    depths, tops = facts
+    return merged_split_folders(tops) if tree_reads_splits(depths, tops, layout) else {}
+
+
+def _split_counts(class_sizes: list[tuple[str, int]], *, fractions: Mapping[str, float]) -> dict:
+    """{label: {split: count}} for the inputs without a split: labels x splits, small."""
+    return stratified_counts(dict(class_sizes), fractions)
+
+
+def _class_bucket_offsets(group):
+    """((label, bucket), offset) for each bucket of one class: at most NUM_BUCKETS counts."""
+    label, counts = group
+    for bucket, offset in bucket_offsets(dict(counts)).items():
+        yield (label, bucket), offset
+
+
+def _split_bucket(group, split_counts: dict):
+    """Gives the inputs of one (class, bucket) their splits: rank in the class's hash order =
+    bucket offset + rank inside the bucket, and the ranks fill the class's split counts in turn."""
+    (label, _), joined = group
+    offset = next(iter(joined["offset"]))
+    for index, f in enumerate(sorted(joined["inputs"], key=split_order)):
+        yield replace(f, split=split_at_rank(offset + index, split_counts[label]))
+
+
+class _AssignSplits(beam.PTransform):
+    """InputFile -> InputFile with a split: given splits are kept, the others follow ``rule``."""
+
+    def __init__(self, fractions: Mapping[str, float], rule: str) -> None:
+        super().__init__()
+        if rule not in SPLIT_RULES:
+            raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
+        self._fractions = dict(fractions)
+        self._rule = rule
+
+    def expand(self, inputs):
+        if self._rule == "hash":
+            return inputs | "SplitByHash" >> beam.Map(_with_hash_split, fractions=self._fractions)
+        given, unsplit = inputs | "HasSplit" >> beam.Partition(lambda f, _: 0 if f.split is not None else 1, 2)
+        split_counts = (unsplit
+                        | "KeyByLabel" >> beam.Map(lambda f: (f.label or "", 1))
+                        | "CountPerLabel" >> beam.CombinePerKey(sum)
+                        | "LabelSizes" >> beam.combiners.ToList()
+                        | "SplitCounts" >> beam.Map(_split_counts, fractions=self._fractions))
+        # {label: {split: count}}: one small element
+        keyed = unsplit | "KeyByLabelBucket" >> beam.Map(lambda f: (split_bucket_key(f), f))
+        offsets = (keyed
+                   | "OneByLabelBucket" >> beam.Map(lambda kv: (kv[0], 1))
+                   | "CountPerLabelBucket" >> beam.CombinePerKey(sum)
+                   | "KeyBucketCountsByLabel" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+                   | "GroupBucketsByLabel" >> beam.GroupByKey()
+                   # (label, [(bucket, count), ...]): at most NUM_BUCKETS per class
+                   | "LabelBucketOffsets" >> beam.FlatMap(_class_bucket_offsets))
+        # ((label, bucket), offset)
+        assigned = ({"offset": offsets, "inputs": keyed}
+                    | "JoinOffsets" >> beam.CoGroupByKey()
+                    # ((label, bucket), {"offset": [offset], "inputs": [InputFile, ...]})
+                    | "SplitInBucket" >> beam.FlatMap(_split_bucket, beam.pvalue.AsSingleton(split_counts)))
+        return (given, assigned) | "WithSplits" >> beam.Flatten()
 
 
 def _bucket_key(f: InputFile) -> tuple[str, int]:
@@ -141,8 +217,13 @@ def _to_shard_plan(group, layout: dict) -> ShardPlan:
     return ShardPlan(split, index, layout[split]["num_shards"], ordered)
 
 
-def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_counts: list, *, source: str) -> dict:
-    """The plan's small facts: what plan.json records, and what finalize needs."""
+def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_counts: list, num_unsplit: int,
+             merged_folders: dict, *, source: str, requested: Mapping[str, float] | None, split_rule: str) -> dict:
+    """The plan's small facts: what plan.json records, and what finalize needs.
+
+    ``splits_ignored`` says that --splits was given but no input took it (every input had its
+    split already), so that dataset_info.json does not claim fractions that were never applied.
+    """
     if num_listed == 0:
         raise JobError(f"no image files found in {redact(source)}")
     per_class: dict[str, dict[str, int]] = collections.defaultdict(dict)
@@ -154,6 +235,10 @@ def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_
         "splits": {split: {"num_examples": facts["count"], "num_shards": facts["num_shards"],
                            "class_counts": dict(sorted(per_class[split].items()))}
                    for split, facts in sorted(layout.items())},
+        "split_rule": split_rule,
+        "splits_ignored": bool(requested) and num_unsplit == 0,
+        "warnings": plan_warnings(per_class, label_names, requested=requested, num_unsplit=num_unsplit,
+                                  merged_folders=merged_folders),
     }
 
 
@@ -161,16 +246,20 @@ class PlanShards(beam.PTransform):
     """InputFile | DeadLetter -> ShardPlans, with tagged outputs PLAN_DEAD_LETTERS and PLAN_SUMMARY.
 
     The summary is one small dict (label names, input count, per-split counts, shard counts and
-    class counts); nothing else is global.
+    class counts, the split rule, whether --splits was ignored, the plan's warnings); nothing
+    else is global. Inputs without a split get one by ``split_rule`` (plan.SPLIT_RULES).
     """
 
     def __init__(self, *, from_tree: bool, tree_layout: str, source: str, split_fractions: dict | None,
-                 num_shards: int | None, example_bytes: int, target_shard_bytes: int, dedup: str) -> None:
+                 num_shards: int | None, example_bytes: int, target_shard_bytes: int, dedup: str,
+                 split_rule: str = DEFAULT_SPLIT_RULE) -> None:
         super().__init__()
         self._from_tree = from_tree
         self._tree_layout = tree_layout
         self._source = source
+        self._requested = split_fractions
         self._fractions = split_fractions or {DEFAULT_SPLIT: 1.0}
+        self._split_rule = split_rule
         self._num_shards = num_shards
         self._example_bytes = example_bytes
         self._target_shard_bytes = target_shard_bytes
@@ -190,6 +279,10 @@ class PlanShards(beam.PTransform):
             ).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
             inputs = laid_out[_INPUTS]
             dead.append(laid_out[PLAN_DEAD_LETTERS])
+            merged = facts | "MergedSplitFolders" >> beam.Map(_merged_folders, layout=self._tree_layout)
+        else:
+            merged = listing.pipeline | "NoSplitFolders" >> beam.Create([{}])
+        # {split: [top folders]} for splits named by several folders: one small element
         by_path = (inputs
                    | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
                    | "GroupByPath" >> beam.GroupByKey()
@@ -209,7 +302,10 @@ class PlanShards(beam.PTransform):
                           .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
             inputs = (by_content[_INPUTS], unhashed) | "KeptInputs" >> beam.Flatten()
             dead.append(by_content[PLAN_DEAD_LETTERS])
-        inputs = inputs | "AssignSplits" >> beam.Map(_with_split, fractions=self._fractions)
+        num_unsplit = (inputs
+                       | "Unsplit" >> beam.Filter(lambda f: f.split is None)
+                       | "CountUnsplit" >> beam.combiners.Count.Globally())
+        inputs = inputs | "AssignSplits" >> _AssignSplits(self._fractions, self._split_rule)
         # InputFile(split, label): one per kept input
         label_names = (inputs
                        | "Labels" >> beam.Map(lambda f: f.label)
@@ -232,7 +328,9 @@ class PlanShards(beam.PTransform):
         summary = (layout
                    | "Summary" >> beam.Map(_summary, beam.pvalue.AsSingleton(label_names),
                                            beam.pvalue.AsSingleton(num_listed), beam.pvalue.AsSingleton(class_counts),
-                                           source=self._source))
+                                           beam.pvalue.AsSingleton(num_unsplit), beam.pvalue.AsSingleton(merged),
+                                           source=self._source, requested=self._requested,
+                                           split_rule=self._split_rule))
         shards = (inputs
                   | "KeyBySplitBucket" >> beam.Map(lambda f: (_bucket_key(f), f))
                   | "GroupByBucket" >> beam.GroupByKey()

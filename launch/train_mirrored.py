@@ -2,6 +2,7 @@
 
     python launch/train_mirrored.py --data_dir OUT [--num_replicas 2] [--epochs 1] [--steps_per_epoch N]
                                     [--input_dtype uint8] [--data_service grpc://HOST:PORT]
+                                    [--validation_split validation] [--save_path model.keras] [--initial_epoch K]
 
 On GPUs the strategy mirrors over all of them. `--num_replicas N` splits the CPU into N logical
 devices first, so the same script runs multi-replica on a laptop or in CI. Steps per epoch come
@@ -10,6 +11,12 @@ batches and scales them inside the model (on each replica's device): a quarter o
 and no float conversion on the host. `--data_service ADDRESS` runs the reader's pipeline on a
 tf.data service (`launch/data_service.sh start` prints the address): this process only receives
 batches, and its CPUs are left to the training step.
+
+After every epoch the model is evaluated on the validation split (`--validation_split`, by default
+"validation" when the manifest has one; "" for none), read once, in order, with no augmentation.
+`--save_path PATH.keras` saves the trained model in Keras's format at the end. `--initial_epoch K`
+resumes at epoch K: Keras counts from K, and the reader replays the order and crops an
+uninterrupted run had from epoch K on.
 """
 
 from __future__ import annotations
@@ -65,10 +72,22 @@ def build_model(input_shape: tuple[int, int, int], num_classes: int, *, input_dt
     ])
 
 
+def _validation_split(args: argparse.Namespace, info: tfdata_readers.DatasetInfo) -> str | None:
+    """The split to evaluate on after each epoch, or None: the one named, else "validation" if present."""
+    if args.validation_split is None:
+        return "validation" if "validation" in info.splits and args.split != "validation" else None
+    if args.validation_split == "":
+        return None
+    info.split(args.validation_split)  # an unknown split fails here, naming the manifest's splits
+    return args.validation_split
+
+
 def _start(
     args: argparse.Namespace, strategy: tf.distribute.Strategy
-) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset]:
-    """(manifest, steps per epoch, image size, dataset); raises OSError or ValueError naming what is wrong."""
+) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset,
+           tf.data.Dataset | None]:
+    """(manifest, steps per epoch, image size, dataset, validation dataset or None); raises OSError
+    or ValueError naming what is wrong."""
     info = tfdata_readers.load_manifest(args.data_dir)
     full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size, drop_remainder=True)
     # Checked whether or not --steps_per_epoch is given: training drops the last partial batch, so
@@ -85,8 +104,18 @@ def _start(
         strategy, args.data_dir, args.split, args.global_batch_size,
         training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
         data_service=args.data_service, data_service_timeout_s=args.data_service_timeout_s,
+        initial_epoch=args.initial_epoch,
     )
-    return info, steps, size, dataset
+    validation = None
+    if split := _validation_split(args, info):
+        # One ordered pass per evaluation, every example once; its cardinality gives Keras the steps.
+        # A plain dataset of global batches, which Keras splits across the replicas: a distributed
+        # one deals whole per-replica batches, so the last step can leave a replica an empty batch,
+        # and TensorFlow's CPU convolution fails on one ("input depth must be evenly divisible").
+        validation = tfdata_readers.make_dataset(
+            args.data_dir, split, args.global_batch_size, image_size=size, dtype=args.input_dtype,
+        )
+    return info, steps, size, dataset, validation
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
@@ -108,14 +137,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--data_service_timeout_s", type=float, default=60.0, metavar="S",
                         help="with --data_service: how long the dispatcher may not answer (at start-up, or while "
                              "training) before this process stops with an error [60]")
+    parser.add_argument("--validation_split", default=None, metavar="SPLIT",
+                        help="evaluate on this split after every epoch (default: 'validation' if the manifest has "
+                             "it; '' for none)")
+    parser.add_argument("--save_path", type=pathlib.Path, default=None, metavar="PATH.keras",
+                        help="save the trained model here, in Keras's .keras format")
+    parser.add_argument("--initial_epoch", type=int, default=0, metavar="K",
+                        help="resume at epoch K: Keras counts from K, and the reader replays epoch K's order and crops")
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
+    if args.save_path is not None and args.save_path.suffix != ".keras":
+        parser.error(f"--save_path must end in .keras (Keras's model format) (got {str(args.save_path)!r})")
+    if not 0 <= args.initial_epoch < args.epochs:
+        parser.error(f"--initial_epoch must be >= 0 and below --epochs {args.epochs} (got {args.initial_epoch})")
     if not args.data_service_timeout_s > 0:
         parser.error(f"--data_service_timeout_s must be > 0 (got {args.data_service_timeout_s})")
 
     strategy = make_strategy(args.num_replicas)
     try:
-        info, steps, size, dataset = _start(args, strategy)
+        info, steps, size, dataset, validation = _start(args, strategy)
     except (OSError, ValueError) as e:
         # A refusal at start-up (no manifest, an unknown split, a split smaller than a global batch,
         # a batch that the replicas do not divide, a bad shard or manifest) is the user's to fix: one
@@ -131,18 +171,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         )
     print(f"training on {strategy.num_replicas_in_sync} replica(s), {steps} steps/epoch, "
           f"global batch {args.global_batch_size}, images {size} {args.input_dtype}"
-          + (f", input from the tf.data service at {args.data_service}" if args.data_service else ""))
+          + (f", input from the tf.data service at {args.data_service}" if args.data_service else "")
+          + (f", validating on {int(validation.cardinality())} steps" if validation is not None else ""))
     with contextlib.ExitStack() as stack:
         if args.data_service:
             # TensorFlow waits forever, silently, for a stopped service; this ends the process with
             # one line instead (the main thread is blocked inside TensorFlow, out of reach of an exception).
             stack.enter_context(dispatcher_client.DispatcherWatchdog(
                 args.data_service, args.data_service_timeout_s, prefix=f"{parser.prog}: error: "))
-        history = model.fit(dataset, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
+        history = model.fit(
+            dataset, epochs=args.epochs, steps_per_epoch=steps, initial_epoch=args.initial_epoch,
+            validation_data=validation,
+            validation_steps=None if validation is None else int(validation.cardinality()),
+            shuffle=False, verbose=2,
+        )
     losses = [float(v) for v in history.history["loss"]]
     if not all(math.isfinite(v) for v in losses):
         raise FloatingPointError(f"loss is not finite: {losses}")
     result = {"loss": losses, "num_replicas": [strategy.num_replicas_in_sync], "steps_per_epoch": [steps]}
+    if validation is not None:
+        result["val_loss"] = [float(v) for v in history.history["val_loss"]]
+        result["val_accuracy"] = [float(v) for v in history.history["val_accuracy"]]
+    if args.save_path is not None:
+        args.save_path.parent.mkdir(parents=True, exist_ok=True)
+        model.save(args.save_path)
+        print(f"saved the model to {args.save_path}")
     if args.history_json:
         args.history_json.write_text(json.dumps(result))
     return result

@@ -22,9 +22,10 @@ from tests.conftest import REPO
 def test_oversized_files_are_refused_before_and_while_reading(tmp_path):
     path = tmp_path / "big.jpg"
     path.write_bytes(b"\xff\xd8" + b"\x00" * 5000)
-    with pytest.raises(BadInputError, match="over the limit") as listed:
-        _read_source(InputFile("big.jpg", str(path), size=5002), max_file_bytes=1000)
-    with pytest.raises(BadInputError) as unlisted:
+    # The refusal names the flag the limit came from, as --max_pixels's does.
+    with pytest.raises(BadInputError, match=r"over --max_file_mb=0\.5 \(524288 bytes\)") as listed:
+        _read_source(InputFile("big.jpg", str(path), size=600_000), max_file_bytes=1 << 19)
+    with pytest.raises(BadInputError, match=r"over --max_file_mb=0\.000953674") as unlisted:
         _read_source(InputFile("big.jpg", str(path)), max_file_bytes=1000)
     assert listed.value.reason == unlisted.value.reason == "file_too_large"
     assert len(_read_source(InputFile("big.jpg", str(path)), max_file_bytes=ImageConfig().max_file_bytes)) == 5002

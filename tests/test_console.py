@@ -330,3 +330,42 @@ def test_a_resumed_run_keeps_its_console_quiet_and_ends_at_every_shard(photo_tre
     progress = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
     assert progress and progress[-1].startswith("progress: 4/4 shards"), result.stderr
     assert not list(tmp_path.glob(".progress-*"))
+
+
+@pytest.mark.slow
+def test_v_shows_one_plain_line_per_shard_the_plan_once_and_the_size_as_given(photo_tree, tmp_path):
+    root = photo_tree[0]
+    result = run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "64x32", "--num_shards", "2",
+                     "--max_bad_fraction", "0.5", "-v")
+    lines = result.stderr.splitlines()
+    assert "severity:" not in result.stderr and "timestamp {" not in result.stderr, result.stderr[-3000:]
+    assert len([line for line in lines if line.startswith("Found ")]) == 1, result.stderr[-3000:]
+    wrote = sorted(line.split(":")[0] for line in lines if line.startswith("wrote train-"))
+    assert wrote == ["wrote train-00000-of-00002.tfrecord", "wrote train-00001-of-00002.tfrecord"], result.stderr[-3000:]
+    info = json.loads((tmp_path / "dataset_info.json").read_text())
+    assert info["preprocessing"]["image_size"] == "64x32"
+    assert (info["image"]["width"], info["image"]["height"]) == (64, 32)
+    assert "[32, 64]" not in (tmp_path / "dataset_info.json").read_text()
+
+
+def test_a_relayed_worker_record_becomes_its_own_message():
+    import logging
+
+    from apache_beam.portability.api import beam_fn_api_pb2
+
+    from beam_jobs.console import RelayedWorkerRecords
+
+    def relayed(message: str, location: str, step: str, level=logging.INFO) -> logging.LogRecord:
+        entry = beam_fn_api_pb2.LogEntry(severity=beam_fn_api_pb2.LogEntry.Severity.INFO, message=message,
+                                         log_location=location, transform_id=step)
+        # As Beam's local job service relays a worker's record.
+        return logging.LogRecord("apache_beam.runners.portability.local_job_service", level, __file__, 1,
+                                 "Worker: %s", (str(entry).replace("\n", " "),), None)
+
+    relay = RelayedWorkerRecords(drop_steps=("LogPlan",))
+    record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/convert.py:315", "ConvertImages/ConvertShards")
+    assert relay.filter(record) and record.getMessage() == 'wrote a "b"\nc: 1'
+    assert record.name == "beam_jobs.details"
+    other = relayed("a warning", "/x/apache_beam/io/x.py:3", "S", level=logging.WARNING)
+    assert relay.filter(other) and other.getMessage() == "a warning" and other.name == "worker /x/apache_beam/io/x.py:3"
+    assert not relay.filter(relayed("Found 3 images", "/x/beam_jobs/pipeline.py:91", "ConvertImages/LogPlan"))

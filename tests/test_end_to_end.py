@@ -93,7 +93,7 @@ def test_manifest_describes_the_shards(converted):
         sizes = [planned[(split, i)] for i in range(3)]
         assert max(sizes) - min(sizes) <= 1, sizes
     assert set(info["features"]) == set(FEATURE_DTYPES) and info["producer"]["version"]
-    assert info["preprocessing"]["image_size"] == [48, 64]
+    assert info["preprocessing"]["image_size"] == "64x48"  # as --image_size took it (WIDTHxHEIGHT)
     assert "wrote" in result.stdout
 
 

@@ -94,25 +94,51 @@ def _random_listing(seed: int, *, from_list: bool) -> list[InputFile]:
     return listing
 
 
+def _summary_facts(summary: dict) -> tuple:
+    return (tuple(summary["label_names"]), summary["num_inputs"],
+            {k: v["num_shards"] for k, v in summary["splits"].items()}, tuple(summary["warnings"]))
+
+
+def _expected_facts(expected) -> tuple:
+    return (expected.label_names, expected.num_inputs,
+            {split: expected.num_shards(split) for split in expected.split_names}, expected.warnings)
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("dedup", ["path", "content"])
-def test_plan_shards_equals_the_in_memory_plan(seed, dedup):
+@pytest.mark.parametrize("split_rule", ["stratified", "hash"])
+def test_plan_shards_equals_the_in_memory_plan(seed, dedup, split_rule):
     listing = _random_listing(seed, from_list=True)
     fractions = {"train": 0.6, "validation": 0.3, "test": 0.1}
     num_shards = [None, 1, 3, 50][seed % 4]
     settings = dict(split_fractions=fractions, num_shards=num_shards, example_bytes=20_000,
-                    target_shard_bytes=400_000, dedup=dedup)
+                    target_shard_bytes=400_000, dedup=dedup, split_rule=split_rule)
     expected = plan_dataset(listing, **settings)
     with TestPipeline(runner=FnApiRunner(), blocking=True) as p:
         planned = (p | beam.Create(listing)
                    | PlanShards(from_tree=False, tree_layout="auto", source="/d/list.csv", **settings))
         assert_that(planned["shards"], equal_to(list(expected.shards)), label="Shards")
         assert_that(planned[PLAN_DEAD_LETTERS], equal_to(list(expected.dead_letters)), label="DeadLetters")
-        assert_that(planned[PLAN_SUMMARY] | beam.Map(lambda s: (tuple(s["label_names"]), s["num_inputs"],
-                                                                 {k: v["num_shards"] for k, v in s["splits"].items()})),
-                    equal_to([(expected.label_names, expected.num_inputs,
-                               {split: expected.num_shards(split) for split in expected.split_names})]),
+        assert_that(planned[PLAN_SUMMARY] | beam.Map(_summary_facts), equal_to([_expected_facts(expected)]),
                     label="Summary")
+
+
+def test_plan_shards_gives_classes_their_exact_shares_across_many_buckets():
+    # Enough inputs that every class spans many hash buckets, so that ranks come from offsets.
+    rng = random.Random(7)
+    listing = [InputFile(f"c{c}/{i}.jpg", f"/d/c{c}/{i}.jpg", label=f"c{c}")
+               for c in range(5) for i in range(rng.randint(300, 1500))]
+    fractions = {"train": 0.8, "validation": 0.15, "hold-out": 0.05}
+    settings = dict(split_fractions=fractions, num_shards=4, example_bytes=1, target_shard_bytes=1, dedup="path")
+    expected = plan_dataset(listing, **settings)
+    with TestPipeline(runner=FnApiRunner(), blocking=True) as p:
+        planned = (p | beam.Create(listing)
+                   | PlanShards(from_tree=False, tree_layout="auto", source="/d", **settings))
+        assert_that(planned["shards"], equal_to(list(expected.shards)), label="Shards")
+        assert_that(planned[PLAN_SUMMARY] | beam.Map(lambda s: {k: v["num_examples"] for k, v in s["splits"].items()}),
+                    equal_to([{"train": round(0.8 * len(listing)), "validation": round(0.15 * len(listing)),
+                               "hold-out": len(listing) - round(0.8 * len(listing)) - round(0.15 * len(listing))}]),
+                    label="Totals")
 
 
 def test_plan_shards_of_a_tree_equals_the_in_memory_plan():
@@ -131,6 +157,37 @@ def test_plan_shards_of_a_tree_equals_the_in_memory_plan():
                                 num_shards=4, example_bytes=1, target_shard_bytes=1, dedup="path"))
         assert_that(planned["shards"], equal_to(list(expected.shards)), label="Shards")
         assert_that(planned[PLAN_DEAD_LETTERS], equal_to(list(expected.dead_letters)), label="DeadLetters")
+
+
+def test_plan_shards_of_a_messy_tree_names_classes_and_splits_as_the_in_memory_plan():
+    """Split folders that differ by case, labels in NFC and NFD or with a trailing space, a blank
+    label and a label with a newline: the same classes, splits, dead letters and warnings."""
+    rng = random.Random(5)
+    splits = ["train", "Train", "validation", "VALIDATION"]
+    labels = ["caf\u00e9", "cafe\u0301", "cat", "cat ", "dog"]
+    listing = [InputFile(f"{rng.choice(splits)}/{rng.choice(labels)}/{i}.jpg", f"/t/{i}.jpg") for i in range(200)]
+    listing += [InputFile("train/ /blank.jpg", "/t/blank.jpg"), InputFile("train/a\nb/nl.jpg", "/t/nl.jpg"),
+                InputFile("validation/only_here/1.jpg", "/t/only.jpg")]
+    from beam_jobs.plan import labels_from_tree, merged_split_folders, tree_facts
+    labelled, layout_dead = labels_from_tree(listing, "auto")
+    merged = merged_split_folders(tree_facts(listing)[1])
+    settings = dict(split_fractions={"train": 0.5, "validation": 0.5}, num_shards=2, example_bytes=1,
+                    target_shard_bytes=1, dedup="path")
+    expected = plan_dataset(labelled, dead_letters=layout_dead, merged_folders=merged, **settings)
+    assert expected.label_names == ("caf\u00e9", "cat", "dog", "only_here")
+    assert expected.split_names == ("train", "validation")
+    assert sorted(d.reason for d in expected.dead_letters) == ["bad_label", "bad_label"]
+    with TestPipeline(runner=FnApiRunner(), blocking=True) as p:
+        planned = (p | beam.Create(listing)
+                   | PlanShards(from_tree=True, tree_layout="auto", source="/t", **settings))
+        assert_that(planned["shards"], equal_to(list(expected.shards)), label="Shards")
+        assert_that(planned[PLAN_DEAD_LETTERS], equal_to(list(expected.dead_letters)), label="DeadLetters")
+        assert_that(planned[PLAN_SUMMARY] | beam.Map(lambda s: (tuple(s["warnings"]), s["splits_ignored"])),
+                    equal_to([(expected.warnings, True)]), label="Warnings")
+    assert any("one split 'train'" in w for w in expected.warnings)
+    assert any("one split 'validation'" in w for w in expected.warnings)
+    assert any("--splits train,validation was ignored" in w for w in expected.warnings)
+    assert any(w.startswith("split 'train' has no example of 1 class: 'only_here'") for w in expected.warnings)
 
 
 def test_more_shards_than_inputs_gives_one_input_per_shard():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 import tensorflow as tf
@@ -60,6 +61,26 @@ def _is_pair_of_reals(value: object) -> bool:
     return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value)
 
 
+def _class_weights(value: object) -> tuple[tuple[int, float], ...] | None:
+    """None, or sorted (label id, weight) pairs from a mapping or pairs; ids ints >= 0, weights finite >= 0."""
+    if value is None:
+        return None
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise ValueError(f"ReadConfig.class_weights must be None or a mapping {{label id: weight}} (got {value!r})")
+    ids = [p[0] for p in pairs]
+    for label, weight in pairs:
+        if not _is_int(label) or label < 0:
+            raise ValueError(f"ReadConfig.class_weights: label id {label!r} is not an int >= 0 (in {value!r})")
+        if not _is_real(weight) or weight < 0:
+            raise ValueError(
+                f"ReadConfig.class_weights: weight {weight!r} of label {label!r} is not a finite number >= 0"
+            )
+    if len(set(ids)) != len(ids) or not pairs:
+        raise ValueError(f"ReadConfig.class_weights must give each label id once, and at least one (got {value!r})")
+    return tuple(sorted((int(label), float(weight)) for label, weight in pairs))
+
+
 def _image_size(value: object) -> tuple[int, int] | None:
     """None, or (height, width) from a pair or from one int (a square); anything else is refused."""
     if value is None:
@@ -88,9 +109,12 @@ class ReadConfig:
       shuffle_files: when training, shuffle the order of the pipeline's shard pieces with the seed,
         differently each epoch.
       num_parallel_calls: parallelism of the decode/augment map (tf.data.AUTOTUNE or a positive int).
-      deterministic: produce elements in a reproducible order. None (default): True when a `seed`
-        is given, False otherwise. False lets parallel stages return elements out of order, which
-        can be faster, and every element is still seen once.
+      deterministic: produce elements in a reproducible order. None (default): True when
+        evaluating (`training=False`: every pass, and every iterator, yields the same order, so
+        labels gathered from one pass pair with predictions from another), and when training
+        with a `seed`; False when training without one. False lets parallel stages return
+        elements out of order, which can be faster, and every element is still seen once: an
+        explicit choice, for training throughput, also honoured when evaluating.
       drop_remainder: drop the last partial batch. None: True when training, False when evaluating
         (so evaluation sees every example exactly once).
       cache: keep the serialized records in memory after the first epoch. The record shuffle still
@@ -142,6 +166,15 @@ class ReadConfig:
         part at its own speed, so examples would be seen at different rates. Static sharding
         needs at least one shard piece per service worker: with fewer, "auto" evaluates with
         dynamic sharding (also exactly once, and counted) and "static" is refused.
+      class_weights: None (default), or `{label id: weight}`: each batch is then
+        `(image, label, weight)`, the float32 [B] weight of each example looked up in-graph from
+        its label, as Keras's `sample_weight`. This is the way to weight classes with a
+        `distribute` dataset, where Keras's own `model.fit(class_weight=...)` cannot be used (it
+        maps the dataset, and a distributed dataset has no `map`). As in Keras, a label id
+        missing from the mapping gets weight 1.0; every id must be a label id of the manifest
+        (0 <= id < num_classes), every weight a finite number >= 0. Stored as sorted
+        (id, weight) pairs, so the config stays hashable. See `class_counts` for balanced
+        weights.
       data_service_timeout_s: the start-up checks' deadline, after which they fail naming the
         address (TensorFlow itself would retry silently and without end): the dispatcher must
         answer as a tf.data dispatcher (nothing listening, another program, or no answer all
@@ -188,6 +221,7 @@ class ReadConfig:
     data_service: str | None = None
     data_service_sharding: ServiceSharding = "auto"
     data_service_timeout_s: float = 10.0
+    class_weights: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
@@ -245,12 +279,19 @@ class ReadConfig:
             raise ValueError(
                 f"ReadConfig.data_service_timeout_s must be a finite number > 0 (got {self.data_service_timeout_s!r})"
             )
+        object.__setattr__(self, "class_weights", _class_weights(self.class_weights))
         if not _is_optional_bool(self.drop_remainder):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
 
-    def resolved_deterministic(self, seed: int | None) -> bool:
-        """`deterministic`, with None meaning: deterministic exactly when a seed is given."""
-        return seed is not None if self.deterministic is None else self.deterministic
+    def resolved_deterministic(self, seed: int | None, *, training: bool) -> bool:
+        """`deterministic`, with None meaning: deterministic when evaluating, and when training with a seed.
+
+        Evaluation has no randomness, so its order must not vary either: Keras users gather
+        `y_true` in one pass and `model.predict` in another, and pair them by position.
+        """
+        if self.deterministic is not None:
+            return self.deterministic
+        return not training or seed is not None
 
     def with_options(self, **overrides: object) -> ReadConfig:
         """A copy with `overrides` applied; an unknown name is an error that names it."""

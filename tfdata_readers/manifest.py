@@ -64,7 +64,10 @@ class ImageInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """The parsed manifest. `raw` keeps the JSON as read, for fields this reader does not model."""
+    """The parsed manifest. `raw` keeps the JSON as read, for fields this reader does not model.
+
+    `data_dir` is absolute (or a URI): a relative one is resolved against the working directory
+    once, when the manifest is read."""
 
     data_dir: str
     label_names: tuple[str, ...]
@@ -119,6 +122,10 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[s
     """
     data_dir = os.fspath(data_dir)
     check_readable_location(data_dir)
+    if "://" not in data_dir:
+        # Resolved once, here: every path the reader keeps (the manifest's, each shard's) is then
+        # absolute, so a later os.chdir cannot make the same dataset read another folder's shards.
+        data_dir = os.path.abspath(data_dir)
     path = os.path.join(data_dir, MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"no manifest at {path}; was the conversion job run into {data_dir!r}?")

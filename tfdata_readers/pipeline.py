@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import os
+import random
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -12,7 +16,7 @@ from tfdata_readers import augment, data_service
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decode import to_output
 from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
-from tfdata_readers.manifest import MANIFEST_NAME, ImageInfo, load_manifest
+from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
 from tfdata_readers.records import read_shard
 
@@ -137,6 +141,70 @@ def _static_or_fallback(
     )
 
 
+def check_initial_epoch(initial_epoch: object) -> int:
+    """`initial_epoch` if it is an int (not a bool) >= 0; else a ValueError naming it."""
+    if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
+        raise ValueError(f"initial_epoch must be an int >= 0 (got {initial_epoch!r})")
+    return initial_epoch
+
+
+def class_weight_table(pairs: tuple[tuple[int, float], ...] | None, info: DatasetInfo) -> tf.Tensor | None:
+    """float32 [num_classes] weights (1.0 where not given, as Keras's `class_weight`), None without any."""
+    if pairs is None:
+        return None
+    table = [1.0] * info.num_classes
+    for label, weight in pairs:
+        if label >= info.num_classes:
+            raise ValueError(
+                f"ReadConfig.class_weights gives label id {label!r}, but {os.path.join(info.data_dir, MANIFEST_NAME)} "
+                f"has {info.num_classes} classes (ids 0 to {info.num_classes - 1}: {list(info.label_names)})"
+            )
+        table[label] = weight
+    return tf.constant(table, tf.float32)
+
+
+# Which of a pass's shuffles a seed is for.
+_PIECES, _RECORDS = 0, 1
+
+
+def _pass_seed(local_seed: int, epoch: tf.Tensor | int, which: int) -> tf.Tensor:
+    """An int64 shuffle seed, a pure function of (the pipeline's seed, the epoch, which shuffle).
+
+    Deriving every pass's seeds from its epoch number (rather than drawing them from a seed
+    generator, one draw per pass) is what lets a run resumed at epoch k reproduce epoch k.
+    """
+    key = tf.stack([tf.constant(local_seed, tf.int64), tf.cast(epoch, tf.int64) * 2 + which])
+    drawn = tf.random.stateless_uniform([], seed=key, minval=None, maxval=None, dtype=tf.int64)
+    return tf.bitwise.bitwise_and(drawn, tf.constant(MAX_SEED - 1, tf.int64))
+
+
+def _augment_seed(base_seed: int, epoch: tf.Tensor) -> tf.Tensor:
+    """The [2] int64 seed of epoch `epoch`'s augmentation (with each key, it seeds one example)."""
+    key = tf.stack([tf.constant(base_seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.stateless_uniform([2], seed=key, minval=None, maxval=None, dtype=tf.int64)
+
+
+def _epoch_numbers(initial_epoch: int, num_epochs: int | None) -> tf.data.Dataset:
+    """The epoch number of each pass, from `initial_epoch` on.
+
+    With num_epochs=None one iteration is every epoch (Keras keeps one iterator when given
+    steps_per_epoch). With num_epochs=N each new iteration of the same dataset is the next N
+    epochs: `model.fit(epochs=k)` iterates once per epoch and must get a new shuffle each time.
+    tf.data has no counter that survives from one iterator to the next, so a Python generator
+    counts the iterations (`data_service` training needs num_epochs=None, so this never runs on a
+    service worker).
+    """
+    if num_epochs is None:
+        return tf.data.Dataset.counter(start=initial_epoch)
+    iterations = itertools.count()
+
+    def passes() -> Iterator[int]:
+        first = initial_epoch + next(iterations) * num_epochs
+        yield from range(first, first + num_epochs)
+
+    return tf.data.Dataset.from_generator(passes, output_signature=tf.TensorSpec([], tf.int64))
+
+
 def make_dataset(
     data_dir: str | os.PathLike[str],
     split: str,
@@ -144,22 +212,33 @@ def make_dataset(
     *,
     training: bool = False,
     seed: int | None = None,
+    initial_epoch: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     with_metadata: bool = False,
     config: ReadConfig | None = None,
     **options: Any,
 ) -> tf.data.Dataset:
-    """A dataset of `(image, label)` batches (plus a metadata dict with `with_metadata`).
+    """A dataset of `(image, label)` batches (plus a weight with `class_weights`, then a metadata
+    dict with `with_metadata`).
 
     `image` is float32 [B, H, W, C] (scaled by `config.scale`, [0, 1] by default; uint8 0-255 with
-    `dtype="uint8"`), `label` int64 [B].
-    Each iteration is one epoch. With `training`, shard pieces and records are shuffled with
-    `seed` (differently each epoch) and each example is augmented with stateless ops seeded from
-    (`seed`, the epoch, its key); otherwise there is no randomness. See `ReadConfig` for exactly
-    what a seed reproduces. `input_context` (from `distribute`) selects this pipeline's share of
-    the data: a contiguous range of the split's records, equal to one record across pipelines.
+    `dtype="uint8"`), `label` int64 [B], the weight float32 [B].
+    Each iteration is one epoch (`num_epochs` of them). With `training`, shard pieces and records
+    are shuffled and each example is augmented with stateless ops, all seeded from (`seed`, the
+    epoch, and for augmentation the example's key); otherwise there is no randomness, and every
+    pass yields the same order. The epochs are numbered from `initial_epoch` (an int >= 0): the
+    first pass of the first iteration is that epoch, and each pass after it the next, so a trainer
+    resuming at epoch k (Keras `BackupAndRestore`, `fit(initial_epoch=k)`) gets exactly the order,
+    shuffles and crops an uninterrupted run had from epoch k on. See `ReadConfig` for exactly what
+    a seed reproduces. `input_context` (from `distribute`) selects this pipeline's share of the
+    data: a contiguous range of the split's records, equal to one record across pipelines.
     `options` override fields of `config` (see `ReadConfig`). `batch_size` is a positive int (not a
     bool); `seed` is None or an int (not a bool) with 0 <= seed < 2**63.
+
+    `cardinality()` is the true number of batches (per epoch times `num_epochs`; INFINITE with
+    `num_epochs=None`), from the manifest, so Keras shows the step total. It is unknown only where
+    it cannot be known in advance: with `skip_corrupt` (unless the pipeline is held to a fixed
+    count under tf.distribute) and through the tf.data service.
 
     With `data_service` ("grpc://HOST:PORT"), the same pipeline runs on the tf.data service's
     workers and this dataset only fetches its batches (see `tfdata_readers.data_service`).
@@ -167,15 +246,15 @@ def make_dataset(
     config = (config or ReadConfig()).with_options(**options)
     check_batch_size("batch_size", batch_size)
     check_seed(seed)
-    data_dir = os.fspath(data_dir)
-    if config.data_service and "://" not in data_dir:
-        # The workers open the shard paths in their own working directory, and TensorFlow retries
-        # a path they cannot open silently: hand them absolute paths, as this process sees them.
-        data_dir = os.path.abspath(data_dir)
+    check_initial_epoch(initial_epoch)
+    # The manifest resolves a local data_dir to an absolute path, once: the service's workers open
+    # the shard paths in their own working directory, and this process may chdir between passes.
     info = load_manifest(data_dir)
+    data_dir = info.data_dir
     split_info = info.split(split)
     if not split_info.shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    weights = class_weight_table(config.class_weights, info)
     keys = ["image/encoded", "image/class/label"]
     if with_metadata:
         keys += list(METADATA_KEYS.values())
@@ -197,7 +276,7 @@ def make_dataset(
     image = info.image
     out_size = config.image_size or (image.height, image.width)
     drop_remainder = training if config.drop_remainder is None else config.drop_remainder
-    deterministic = config.resolved_deterministic(seed)
+    deterministic = config.resolved_deterministic(seed, training=training)
     batches_per_epoch = _batches_per_epoch(split_info.num_examples, batch_size, input_context, drop_remainder)
     if batches_per_epoch == 0:
         raise ValueError(
@@ -206,59 +285,53 @@ def make_dataset(
             f"drop_remainder=True leaves no batch to read; use a smaller batch or drop_remainder=False"
         )
     pipeline_id = share.pipeline_id
-    # Per-pipeline seeds for the piece and record shuffles, so that pipelines draw different orders;
-    # None stays random. Augmentation uses `seed` itself: it depends on the example, not the pipeline.
-    local_seed = None if seed is None else (seed + 7919 * pipeline_id) % MAX_SEED
+    # Without a seed, each dataset draws its own: the epochs still differ from one another.
+    base_seed = seed if seed is not None else random.SystemRandom().randrange(MAX_SEED)
+    # Per-pipeline seeds for the piece and record shuffles, so that pipelines draw different orders.
+    # Augmentation uses `base_seed` itself: it depends on the example, not the pipeline.
+    local_seed = (base_seed + 7919 * pipeline_id) % MAX_SEED
     placement = _placement(config, image, training)
 
-    # (path, records in the shard, records to skip, records to take) per shard piece this pipeline reads.
+    # (path, records in the shard, records to skip, records to take, shard bytes) per shard piece
+    # this pipeline reads.
     pieces = share.pieces
+    shard_bytes = {s.path: s.bytes for s in split_info.shards}
     piece_ds = tf.data.Dataset.from_tensor_slices((
         tf.constant([p.path for p in pieces], tf.string),
         tf.constant([p.shard_examples for p in pieces], tf.int64),
         tf.constant([p.skip for p in pieces], tf.int64),
         tf.constant([p.take for p in pieces], tf.int64),
+        tf.constant([shard_bytes[p.path] for p in pieces], tf.int64),
     ))
-    if training and config.shuffle_files and len(pieces) > 1:
-        piece_ds = piece_ds.shuffle(len(pieces), seed=local_seed, reshuffle_each_iteration=True)
-    records = piece_ds.interleave(
-        lambda path, count, skip, take: read_shard(
-            path, count, skip, take, buffer_size=config.read_buffer_size, skip_corrupt=config.skip_corrupt,
-            # A service worker cannot call back into this process's Python to re-read the shard for
-            # TensorFlow's reason; the error still names the shard and the byte offset.
-            describe_errors=not service,
-        ),
-        cycle_length=config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH)),
-        block_length=config.block_length,
-        num_parallel_calls=config.num_parallel_reads,
-        deterministic=deterministic,
-    )  # (serialized, name)
-    if config.skip_corrupt and batches_per_epoch is not None:
-        records = _require_records(
-            records, batches_per_epoch * batch_size,
-            f"tfdata_readers: input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
-            f"{data_dir}) read fewer than the {batches_per_epoch * batch_size} records it needs for the "
-            f"{batches_per_epoch} batches of {batch_size} that every pipeline must yield per epoch under "
-            f"tf.distribute: skip_corrupt=True skipped corrupt records of its share (see skipped_records() "
-            f"and the warnings above). Yielding fewer batches would make pipelines disagree on step counts "
-            f"and global steps straddle two passes, so the reader stops instead. Repair or re-convert the "
-            f"shard (python -m tfdata_readers.verify names it), or evaluate (drop_remainder=False), "
-            f"which reads what is left. Records read:",
-        )
-    if config.cache:
-        records = records.cache()
-    if training:
-        records = records.shuffle(config.shuffle_buffer_size, seed=local_seed, reshuffle_each_iteration=True)
-    batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
-    if training:
-        # One [2] seed per pass over the data, new every epoch, reproducible from `seed`; repeated
-        # for every batch of the pass. With the key it seeds each example's augmentation.
-        epoch_seed = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2).take(1)
-        epoch_seeds = epoch_seed.flat_map(lambda s: tf.data.Dataset.from_tensors(s).repeat())
-        batches = tf.data.Dataset.zip(batches, epoch_seeds)  # (([B], [B]), [2])
-    else:
-        # An unused seed keeps one signature.
-        batches = batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64)))
+    shuffle_pieces = training and config.shuffle_files and len(pieces) > 1
+
+    def read_pieces(pieces_ds: tf.data.Dataset) -> tf.data.Dataset:
+        records = pieces_ds.interleave(
+            lambda path, count, skip, take, size: read_shard(
+                path, count, skip, take, expected_bytes=size, buffer_size=config.read_buffer_size,
+                skip_corrupt=config.skip_corrupt,
+                # A service worker cannot call back into this process's Python to re-read the shard for
+                # TensorFlow's reason; the error still names the shard and the byte offset.
+                describe_errors=not service,
+            ),
+            cycle_length=config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH)),
+            block_length=config.block_length,
+            num_parallel_calls=config.num_parallel_reads,
+            deterministic=deterministic,
+        )  # (serialized, name)
+        if config.skip_corrupt and batches_per_epoch is not None:
+            records = _require_records(
+                records, batches_per_epoch * batch_size,
+                f"tfdata_readers: input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
+                f"{data_dir}) read fewer than the {batches_per_epoch * batch_size} records it needs for the "
+                f"{batches_per_epoch} batches of {batch_size} that every pipeline must yield per epoch under "
+                f"tf.distribute: skip_corrupt=True skipped corrupt records of its share (see skipped_records() "
+                f"and the warnings above). Yielding fewer batches would make pipelines disagree on step counts "
+                f"and global steps straddle two passes, so the reader stops instead. Repair or re-convert the "
+                f"shard (python -m tfdata_readers.verify names it), or evaluate (drop_remainder=False), "
+                f"which reads what is left. Records read:",
+            )
+        return records
 
     def to_features(batch: tuple[tf.Tensor, tf.Tensor], epoch_seed: tf.Tensor) -> dict[str, tf.Tensor]:
         serialized, names = batch
@@ -283,32 +356,83 @@ def make_dataset(
 
     def finish(features: dict[str, tf.Tensor], pixels: tf.Tensor) -> tuple[Any, ...]:
         pixels = to_output(pixels, config.dtype, config.scale)
-        out: tuple[Any, ...] = (pixels, features["image/class/label"])
+        labels = features["image/class/label"]
+        out: tuple[Any, ...] = (pixels, labels)
+        if weights is not None:
+            out += (tf.gather(weights, labels),)
         if with_metadata:
             out += ({name: features[key] for name, key in METADATA_KEYS.items()},)
         return out
 
     parallel = dict(num_parallel_calls=config.num_parallel_calls, deterministic=deterministic)
-    if placement == "batch":
-        # (image [B,H,W,C], label [B], {metadata})
-        dataset = batches.map(
-            lambda batch, seed: (lambda f: finish(f, images(f, True)))(to_features(batch, seed)), **parallel
-        )
-    else:
-        parsed = batches.map(to_features, **parallel).unbatch()  # {key: scalar}
-        decoded = parsed.map(lambda f: (f, images(f, False)), **parallel)  # ({key: scalar}, [H,W,C])
-        # Re-batching what was just unbatched gives the same batch boundaries.
-        dataset = decoded.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
-    if batches_per_epoch is not None and not service:
-        # Every pipeline yields the same number of batches per epoch, so their step counts agree.
-        dataset = dataset.take(batches_per_epoch)
-    # Through the service in training, a global step's batches travel as one element of one pass
-    # (see tfdata_readers.data_service): otherwise a step could hold an example twice.
     step_group = data_service.replicas_per_step(input_context) if service and training else 1
-    dataset = data_service.group_steps(dataset, step_group)
-    if config.num_epochs != 1:
-        # Repeating the whole pipeline re-runs the file and record shuffles: a new order per pass.
-        dataset = dataset.repeat(config.num_epochs)
+
+    def decode(batches: tf.data.Dataset) -> tf.data.Dataset:
+        """(([B] serialized, [B] name), [2] epoch seed) batches of one pass -> the output batches."""
+        if placement == "batch":
+            # (image [B,H,W,C], label [B], {metadata})
+            decoded = batches.map(
+                lambda batch, seed: (lambda f: finish(f, images(f, True)))(to_features(batch, seed)), **parallel
+            )
+        else:
+            parsed = batches.map(to_features, **parallel).unbatch()  # {key: scalar}
+            elements = parsed.map(lambda f: (f, images(f, False)), **parallel)  # ({key: scalar}, [H,W,C])
+            # Re-batching what was just unbatched gives the same batch boundaries.
+            decoded = elements.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
+        if batches_per_epoch is not None and not service:
+            # Every pipeline yields the same number of batches per epoch, so their step counts agree.
+            decoded = decoded.take(batches_per_epoch)
+        # Through the service in training, a global step's batches travel as one element of one
+        # pass (see tfdata_readers.data_service): otherwise a step could hold an example twice.
+        return data_service.group_steps(decoded, step_group)
+
+    if training:
+        cached = None
+        if config.cache:
+            # Cached once, outside the passes, so every pass reads memory; the piece order is then
+            # epoch 0's, whatever `initial_epoch`, as an uninterrupted run's cache holds it.
+            first = piece_ds
+            if shuffle_pieces:
+                first = piece_ds.shuffle(len(pieces), seed=_pass_seed(local_seed, 0, _PIECES), reshuffle_each_iteration=False)
+            cached = read_pieces(first).cache()
+
+        def one_pass(epoch: tf.Tensor) -> tf.data.Dataset:
+            """The batches of epoch `epoch`: every shuffle and crop is a pure function of it and the seed."""
+            if cached is not None:
+                records = cached
+            else:
+                ordered = piece_ds
+                if shuffle_pieces:
+                    ordered = piece_ds.shuffle(
+                        len(pieces), seed=_pass_seed(local_seed, epoch, _PIECES), reshuffle_each_iteration=False
+                    )
+                records = read_pieces(ordered)
+            records = records.shuffle(
+                config.shuffle_buffer_size, seed=_pass_seed(local_seed, epoch, _RECORDS), reshuffle_each_iteration=False
+            )
+            batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
+            epoch_seed = _augment_seed(base_seed, epoch)  # [2], with each key it seeds an example's crop and flip
+            return decode(batches.map(lambda serialized, names: ((serialized, names), epoch_seed)))
+
+        dataset = _epoch_numbers(initial_epoch, config.num_epochs).flat_map(one_pass)
+    else:
+        records = read_pieces(piece_ds)
+        if config.cache:
+            records = records.cache()
+        batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
+        # An unused seed keeps one signature.
+        dataset = decode(batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64))))
+        if config.num_epochs != 1:
+            dataset = dataset.repeat(config.num_epochs)
+    per_pass = batches_per_epoch
+    if per_pass is None:
+        per_pass = share.num_examples // batch_size if drop_remainder else math.ceil(share.num_examples / batch_size)
+    if not service and (not config.skip_corrupt or batches_per_epoch is not None):
+        # The manifest knows the count; without it Keras shows no step total and warns that the
+        # input "ran out of data" every epoch. Under skip_corrupt a pass may hold fewer batches,
+        # unless `_require_records` holds the pipeline to its count.
+        total = tf.data.INFINITE_CARDINALITY if config.num_epochs is None else per_pass * config.num_epochs
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(total))
     dataset = dataset.prefetch(config.prefetch)
 
     options = tf.data.Options()

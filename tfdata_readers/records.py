@@ -100,6 +100,7 @@ def read_shard(
     skip: tf.Tensor | int = 0,
     take: tf.Tensor | None = None,
     *,
+    expected_bytes: tf.Tensor | int | None = None,
     buffer_size: int,
     skip_corrupt: bool,
     describe_errors: bool = True,
@@ -120,6 +121,12 @@ def read_shard(
     and logged instead. Chunking keeps the check's cost per record small; `unbatch` hands on
     single records again.
 
+    A shard that cannot be opened when its turn comes (deleted, or made unreadable, after
+    start-up) fails with TensorFlow's NotFoundError (or PermissionDeniedError), which names the
+    path, whatever `skip_corrupt`. With `expected_bytes` (the manifest's size of the shard), a
+    piece read to the shard's last listed record checks that the records end exactly there: a
+    shard replaced after start-up by one whose records differ in size fails, naming it.
+
     `describe_errors=False` leaves TensorFlow's own reason out of the error (finding it re-reads the
     shard in Python, which a tf.data service worker cannot call back into).
 
@@ -130,7 +137,19 @@ def read_shard(
     expected = tf.cast(expected, tf.int64)
     skip = tf.cast(skip, tf.int64)
     end = expected if take is None else skip + tf.cast(take, tf.int64)  # records 0..end-1 are read
-    records = tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors().take(end)
+    # ignore_errors() retries a file it cannot open for ever, spinning a core (TensorFlow moves on
+    # to the next file only after a read error, not after a failed open). So the shard is opened
+    # first outside it, reading one byte: a missing or unreadable shard then fails with TensorFlow's
+    # own error, which names the path. Only a deletion in the instant between that open and the
+    # next one is not covered; a shard deleted while open stays readable (POSIX) and is read to
+    # its end.
+    opened = (
+        tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1)
+        .filter(lambda _: False)  # the byte itself is not a record
+    )
+    records = opened.concatenate(
+        tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()
+    ).take(end)
     chunks = records.batch(_CHECK_CHUNK).concatenate(
         tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # end marker: the only empty chunk
     )
@@ -173,6 +192,21 @@ def read_shard(
                 return tf.identity(lost)
 
         checked = tf.cond(short, on_short, lambda: tf.constant(0, tf.int64))
+        if expected_bytes is not None:
+            size_bytes = tf.cast(expected_bytes, tf.int64)
+            resized = tf.logical_and(
+                tf.logical_and(tf.equal(size, 0), tf.equal(count, expected)),
+                tf.logical_and(tf.equal(end, expected), tf.not_equal(offset, size_bytes)),
+            )
+            message = tf.strings.join([
+                "shard ", path, " changed after start-up: its ", tf.strings.as_string(expected),
+                " records end at byte offset ", tf.strings.as_string(offset), ", but the manifest lists ",
+                tf.strings.as_string(size_bytes), " bytes; it was replaced or rewritten, so its records "
+                "are not those the manifest lists (python -m tfdata_readers.verify checks it)",
+            ])
+            with tf.control_dependencies([checked]):
+                checked = tf.identity(checked)
+            checked = tf.group(checked, tf.debugging.Assert(tf.logical_not(resized), [message], summarize=1))
         with tf.control_dependencies([checked]):
             return (count + size, offset + tf.reduce_sum(record_bytes)), (tf.identity(chunk), names)
 

@@ -101,3 +101,61 @@ def test_multi_worker_exactly_once(tmp_path: pathlib.Path, shards: int) -> None:
     assert not set(seen[0]["train_drop"]) & set(seen[1]["train_drop"])
     for text in _AUTO_SHARD_WARNINGS:
         assert text not in stderr
+
+
+# Keras 3 fit under MirroredStrategy on 2 logical CPUs: step totals, no "ran out of data", class weights.
+
+
+@pytest.fixture(scope="module")
+def keras_results(datasets, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("keras_mirrored") / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(_HERE / "keras_mirrored_check.py"), str(out), str(datasets["jpeg"])],
+        capture_output=True, text=True, env=_ENV, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+# The `datasets` fixture: train 50 examples, validation 13; global batch 8 over 2 replicas.
+@pytest.mark.slow
+@pytest.mark.parametrize("name,steps", [
+    ("train", 50 // 8), ("eval", 7), ("train 3 epochs", 3 * (50 // 8)), ("eval 2 epochs", 13),
+    ("train endless", -1),
+])
+def test_distributed_cardinality_is_the_global_step_count(keras_results, name: str, steps: int) -> None:
+    # eval: 13 per-replica batches of 4 (the last partial) make 7 global steps; two passes, 26 make 13.
+    assert keras_results[f"{name} cardinality"] == steps
+    assert keras_results[f"{name} steps"] == steps
+
+
+@pytest.mark.slow
+def test_keras_fit_on_a_distributed_dataset_shows_steps_and_never_runs_out(keras_results) -> None:
+    output = keras_results["fit output"]
+    assert not [w for w in keras_results["fit warnings"] if "ran out of data" in w]
+    assert "Unknown" not in output
+    assert "6/6" in output  # 50 // 8 training steps, shown from the first epoch on
+    assert len(keras_results["fit val_losses"]) == 2 and keras_results["finite"]
+
+
+@pytest.mark.slow
+def test_class_weights_give_per_example_weights_under_mirrored(keras_results) -> None:
+    expected = {0: 2.0, 3: 0.5, 6: 0.0}
+    pairs = keras_results["weights"]
+    assert len(pairs) == 8 * (50 // 8)
+    assert all(weight == expected.get(label, 1.0) for label, weight in pairs), pairs
+    assert {label for label, _ in pairs} >= {0, 3}
+
+
+@pytest.mark.slow
+def test_fit_class_weight_with_a_distributed_dataset_names_the_supported_way(keras_results) -> None:
+    error = keras_results["class_weight error"]
+    assert error.startswith("ValueError"), error
+    assert "class_weights={label id: weight}" in error
+
+
+@pytest.mark.slow
+def test_distribute_initial_epoch_replays_the_uninterrupted_steps(keras_results) -> None:
+    resumed, uninterrupted = keras_results["resumed"], keras_results["uninterrupted"]
+    assert len(resumed) == len(uninterrupted) == 2 * (50 // 8)
+    assert resumed == uninterrupted  # keys and pixel sums of every global step of epochs 2 and 3

@@ -150,8 +150,10 @@ def test_uint8_output_refuses_a_scale_it_cannot_apply() -> None:
 def test_config_defaults_are_valid_and_frozen() -> None:
     config = ReadConfig()
     assert config.num_parallel_reads == tf.data.AUTOTUNE and config.deterministic is None
-    # None: a seeded run is deterministic, an unseeded one may reorder for speed.
-    assert config.resolved_deterministic(0) is True and config.resolved_deterministic(None) is False
+    # None: evaluation and seeded training are deterministic; unseeded training may reorder for speed.
+    assert config.resolved_deterministic(0, training=True) is True
+    assert config.resolved_deterministic(None, training=True) is False
+    assert config.resolved_deterministic(None, training=False) is True
     with pytest.raises(AttributeError):
         config.block_length = 4  # type: ignore[misc]
 

@@ -92,3 +92,41 @@ def test_train_mirrored_start_up_refusals_are_one_error_line_and_exit_2(
     errors = [line for line in train.stderr.splitlines() if line.startswith("train_mirrored.py: error: ")]
     assert len(errors) == 1 and re.search(message, errors[0]), train.stderr[-3000:]
     assert "Traceback" not in train.stderr
+
+
+def test_train_mirrored_validates_every_epoch_and_saves_a_loadable_model(tmp_path: pathlib.Path) -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import numpy as np
+    import reader_fixtures
+    import tensorflow as tf
+
+    data_dir = reader_fixtures.write_dataset(
+        tmp_path / "data", splits={"train": (32, 2), "validation": (11, 1)}, image_size=(16, 16)
+    )
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    save_path = tmp_path / "out" / "model.keras"
+    history_json = tmp_path / "history.json"
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
+         "--num_replicas", "2", "--global_batch_size", "8", "--epochs", "2",
+         "--save_path", str(save_path), "--history_json", str(history_json)],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    history = json.loads(history_json.read_text())
+    assert len(history["val_loss"]) == 2 and all(np.isfinite(history["val_loss"]))
+    assert "validating on 2 steps" in train.stdout  # 11 examples, global batch 8: 2 steps, the last partial
+    assert "ran out of data" not in train.stdout + train.stderr
+    model = tf.keras.models.load_model(save_path)
+    images = np.zeros((3, 16, 16, 3), np.float32)
+    assert model.predict(images, verbose=0).shape == (3, len(reader_fixtures.LABEL_NAMES))
+
+
+def test_train_mirrored_refuses_a_save_path_keras_cannot_write(tmp_path: pathlib.Path) -> None:
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path),
+         "--save_path", str(tmp_path / "model.h5")],
+        capture_output=True, text=True, cwd=_REPO, timeout=300,
+    )
+    assert train.returncode == 2
+    assert "--save_path must end in .keras" in train.stderr

@@ -3,6 +3,7 @@ and the output holds no trace of it."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -169,3 +170,26 @@ def test_mode_matrix_gives_uint8_hwc_with_documented_colours(name, make, rgb):
     result = np.asarray(normalize_mode(make(), channels=3))
     assert result.dtype == np.uint8 and result.shape == (4, 4, 3)
     assert tuple(int(v) for v in result[0, 0]) == rgb
+
+
+def test_a_header_bomb_is_refused_quoting_the_jobs_limit_and_flag_not_pillows():
+    with pytest.raises(BadInputError) as caught:
+        decode_image(_png_header_bomb(), max_pixels=100_000_000)
+    assert caught.value.reason == "too_many_pixels"
+    assert "1600000000 pixels is over --max_pixels=100000000" in caught.value.detail
+    assert "178956970" not in caught.value.detail
+
+
+@pytest.mark.parametrize("max_pixels, refused", [(200_000_000, False), (150_000_000, True)])
+def test_max_pixels_above_pillows_own_limit_is_the_limit(max_pixels, refused):
+    # 13,400 x 13,400 = 179,560,000 pixels: over Pillow's default refusal (178,956,970), of one
+    # bit each, so that the file is small and a decode needs 180 MB.
+    buffer = io.BytesIO()
+    Image.new("1", (13_400, 13_400)).save(buffer, "PNG")
+    if refused:
+        with pytest.raises(BadInputError) as caught:
+            decode_image(buffer.getvalue(), max_pixels=max_pixels)
+        assert caught.value.detail.endswith("179560000 pixels is over --max_pixels=150000000")
+    else:
+        assert decode_image(buffer.getvalue(), max_pixels=max_pixels).image.size == (13_400, 13_400)
+    assert Image.MAX_IMAGE_PIXELS == 89_478_485  # Pillow's default, as it was before the decode

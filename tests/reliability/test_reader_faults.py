@@ -474,3 +474,79 @@ def test_skip_corrupt_under_tf_distribute_tolerates_a_loss_the_share_can_spare(d
     )
     keys = _keys(ds)
     assert len(keys) == len(set(keys)) == 20
+
+
+# A shard that changes after make_dataset: deleted or replaced. Run in a child process, so a
+# reader that hangs (TensorFlow retries a file it cannot open for ever) fails the test at the
+# deadline instead of hanging the suite. 20 shards, read one at a time with little read-ahead:
+# "mid-iteration" changes the last one after the first batch, long before the reader opens it.
+_LAST_SHARD = "train-00019-of-00020.tfrecord"
+
+
+@pytest.fixture(scope="module")
+def many_shards_dir(tmp_path_factory) -> pathlib.Path:
+    return reader_fixtures.write_dataset(
+        tmp_path_factory.mktemp("many") / "data", splits={"train": (240, 20)}, image_size=(16, 16), seed=22,
+    )
+
+
+@pytest.fixture
+def changing_dir(many_shards_dir: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(shutil.copytree(many_shards_dir, tmp_path / "data"))
+
+
+_CHANGE_AFTER_START = r"""
+import os, shutil, sys
+import tensorflow as tf
+import tfdata_readers as tfr
+data_dir, fault, victim, training, skip_corrupt, mid = sys.argv[1:]
+dataset = tfr.make_dataset(
+    data_dir, "train", 2, training=training == "1", seed=0, skip_corrupt=skip_corrupt == "1",
+    cycle_length=1, num_parallel_reads=1, num_parallel_calls=1, prefetch=1, shuffle_files=False,
+    shuffle_buffer_size=2,
+)
+iterator = iter(dataset)
+if mid == "1":
+    next(iterator)  # reading has started; the victim (the last shard) is opened much later
+path = os.path.join(data_dir, victim)
+if fault == "delete":
+    os.remove(path)
+elif fault == "replace":
+    shutil.copyfile(os.path.join(data_dir, "train-00000-of-00020.tfrecord"), path)
+try:
+    for _ in iterator:
+        pass
+except tf.errors.OpError as e:
+    print("ERROR", type(e).__name__, e.message.replace(chr(10), " "))
+else:
+    print("NO ERROR")
+"""
+
+
+@pytest.mark.parametrize("mid", [False, True], ids=["before", "mid-iteration"])
+@pytest.mark.parametrize("training,skip_corrupt", [(False, False), (True, False), (False, True), (True, True)])
+def test_shard_deleted_after_start_up_fails_naming_it(
+    changing_dir: pathlib.Path, mid: bool, training: bool, skip_corrupt: bool
+) -> None:
+    data_dir, victim = changing_dir, _LAST_SHARD
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHANGE_AFTER_START, str(data_dir), "delete", victim,
+         str(int(training)), str(int(skip_corrupt)), str(int(mid))],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ERROR NotFoundError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert str(data_dir / victim) in proc.stdout
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_shard_replaced_after_start_up_fails_naming_it(changing_dir: pathlib.Path, training: bool) -> None:
+    # Same record count (12), other records: the bytes the manifest lists no longer match.
+    data_dir, victim = changing_dir, _LAST_SHARD
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHANGE_AFTER_START, str(data_dir), "replace", victim, str(int(training)), "0", "1"],
+        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ERROR InvalidArgumentError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert f"shard {data_dir / victim} changed after start-up" in proc.stdout

@@ -1,0 +1,143 @@
+"""SIGTERM handled as Ctrl-C is: the run stops, cleans up what it holds, and says how to resume."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+import psutil
+
+__all__ = ["Terminated", "interrupt_caught", "on_stuck", "sigterm_as_interrupt", "stop_child_processes"]
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when the process receives SIGTERM.
+
+    A KeyboardInterrupt on purpose: every cleanup that an interrupt runs (releasing the lock,
+    removing the progress file and the run's temp files, muting the dying workers) then runs for
+    SIGTERM too, which `timeout`, Docker, Kubernetes and Slurm send to stop a job.
+    """
+
+
+# How long an interrupt may take to reach the job's own cleanup before the watchdog does it.
+STUCK_AFTER_S = 10.0
+
+
+class _Guard:
+    """One guarded run: whether its interrupt reached the job's cleanup, and what to do if it
+    never does."""
+
+    def __init__(self, stuck_after_s: float) -> None:
+        self.stuck_after_s = stuck_after_s
+        self.caught = threading.Event()
+        self.fallbacks: list[Callable[[int], None]] = []
+        self._watching = False
+
+    def listen(self, wakeup_fd: int) -> None:
+        """Runs on a thread: reads the signal numbers Python's C-level handler writes to the wakeup
+        fd, from whichever thread the kernel delivered the signal to. The Python-level handler
+        only runs when the main thread next runs Python code, and a runner's main thread may be
+        blocked for ever on a worker the signal killed; this thread is not."""
+        try:
+            while data := os.read(wakeup_fd, 64):
+                for signum in data:
+                    if signum in (signal.SIGTERM, signal.SIGINT) and not self._watching:
+                        self._watching = True
+                        self._watch(signum)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(wakeup_fd)  # Its write end was closed: the run is over.
+
+    def _watch(self, signum: int) -> None:
+        if self.caught.wait(self.stuck_after_s):
+            return
+        for fallback in self.fallbacks:
+            with contextlib.suppress(Exception):
+                fallback(signum)
+        os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+_ACTIVE: _Guard | None = None
+
+
+def interrupt_caught() -> None:
+    """Says that an interrupt reached the job's own cleanup, which the watchdog then leaves to it."""
+    if _ACTIVE is not None:
+        _ACTIVE.caught.set()
+
+
+def on_stuck(fallback: Callable[[int], None]) -> None:
+    """Registers what the watchdog does (given the signal's number), in order, when an interrupt
+    never reaches the job's cleanup; the process then exits with 128 + the signal's number."""
+    if _ACTIVE is not None:
+        _ACTIVE.fallbacks.append(fallback)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[None]:
+    """While the block runs, the first SIGTERM raises Terminated; later ones are ignored, so that
+    the cleanup the first one started is not itself cut short (a SIGKILL still ends it).
+
+    An exception raised by a signal handler lands in whatever Python code the main thread runs
+    next, which may be never (a runner waiting on a worker the signal killed) or code that
+    swallows it. So a watchdog thread, told of each signal through the wakeup fd, runs the
+    fallbacks given to on_stuck() and ends the process when an interrupt (SIGTERM or Ctrl-C) has
+    not reached interrupt_caught() within ``stuck_after_s``.
+
+    Python's default for SIGTERM is to die at once, running no ``finally`` block. Outside the main
+    thread signal handlers cannot be set, and nothing changes.
+    """
+    global _ACTIVE  # pylint: disable=global-statement
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    guard = _ACTIVE = _Guard(stuck_after_s)
+    received = threading.Event()
+
+    def _handler(signum, frame):  # pylint: disable=unused-argument
+        if not received.is_set():
+            received.set()
+            raise Terminated()
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    listener = threading.Thread(target=guard.listen, args=(read_fd,), name="signal-watchdog", daemon=True)
+    listener.start()
+    previous = signal.signal(signal.SIGTERM, _handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(previous_fd)
+        _ACTIVE = None
+        os.close(write_fd)  # The listener reads EOF and ends (after any watch it is running).
+
+
+def stop_child_processes(*, grace_s: float = 5.0) -> list[int]:
+    """Ends this process's descendants (the local runner's SDK workers) and waits for them.
+
+    After an interrupt they may still be writing a shard's temp file; their temp files can only be
+    removed once none of them can write another. Each gets SIGTERM, and SIGKILL after ``grace_s``.
+    psutil, because the workers are grandchildren (Beam starts them through a shell) that the
+    runner's own threads wait for, so ``os.waitpid`` here would steal their exit status. Returns
+    the pids of those that could not be ended (none, normally).
+    """
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    return [child.pid for child in alive]

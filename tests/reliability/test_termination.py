@@ -1,0 +1,224 @@
+"""Runs that end badly: SIGTERM at several moments, a run with nothing usable, files of the user's.
+
+SIGTERM is what `timeout`, Docker, Kubernetes and Slurm send; the run must end as an interrupted
+one does (one error line, no lock, no progress file, no temp files of its own) and `--resume`
+must then finish it. The moments are tied to what the run has left in its output folder, never
+to the clock, so that a fast or a slow machine sees the same moments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--image_size", "48", "--num_shards", "4"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("photos")
+    make_photo_tree(root, num_images=48, seed=5)
+    return root
+
+
+def _names(folder: pathlib.Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+
+
+def _listing(names: list[str]) -> bool:
+    """The lock is taken: the run is starting its pipeline or listing the inputs."""
+    return ".images-to-tfrecords.lock" in names
+
+
+def _converting(names: list[str]) -> bool:
+    """A shard is staged: others are still being converted."""
+    return any(n.startswith(".staged-train-") for n in names)
+
+
+def _finalizing(names: list[str]) -> bool:
+    """Every shard is staged (or already committed): the run is gathering them and finalizing."""
+    return (len([n for n in names if n.startswith(".staged-train-") and n.endswith(".json")]) == 4
+            or any(n.startswith("train-") for n in names))
+
+
+def _wait_for(moment, out: pathlib.Path, process: subprocess.Popen, deadline_s: float = 240) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if moment(_names(out)):
+            return
+        time.sleep(0.01)
+    # Finalize can be over between two looks; the test then checks the dataset is whole.
+    if not (moment is _finalizing and process.poll() == 0):
+        raise AssertionError(f"the run never reached that moment (exit {process.poll()}): {_names(out)}")
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[int]:
+    """Waits (generously) for the processes to end; returns those still running."""
+    _, alive = psutil.wait_procs(processes, timeout=deadline_s)
+    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("moment, to_group, signum", [
+    (_listing, True, signal.SIGTERM),
+    (_converting, True, signal.SIGTERM),
+    (_converting, False, signal.SIGTERM),  # Docker and Kubernetes signal the job's process only
+    (_finalizing, True, signal.SIGTERM),
+    (_converting, True, signal.SIGINT),  # Ctrl-C: the terminal signals the whole group
+], ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group", "ctrl-c"])
+def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, tmp_path, moment, to_group, signum):
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
+                                *ARGS], cwd=REPO, start_new_session=True,
+                               # A suite started in the background inherits SIGINT ignored.
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(moment, out, process)
+        workers = _descendants(process.pid)
+        os.kill(process.pid, signum)
+        if to_group:  # as `timeout` does: the job's process, then its whole process group
+            os.killpg(process.pid, signum)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    names = _names(out)
+    if process.returncode == 0:
+        # Finalize had already committed the dataset when the signal came: a whole dataset, then.
+        assert moment is _finalizing, stderr[-3000:]
+        assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"] == 48
+    elif signum == signal.SIGINT:
+        assert process.returncode == 130, (process.returncode, stderr[-3000:])
+        said = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: ")]
+        assert len(said) == 1 and "interrupted; " in said[0] and "--resume" in said[0], stderr[-3000:]
+    else:
+        assert process.returncode == 143, (process.returncode, stderr[-3000:])
+        errors = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
+        assert len(errors) == 1 and "terminated (SIGTERM)" in errors[0] and "--resume" in errors[0], stderr[-3000:]
+        assert "Traceback" not in stderr, stderr[-3000:]
+    assert _all_gone(workers) == [], "worker processes outlived the run"
+    assert ".images-to-tfrecords.lock" not in names, names
+    assert not [n for n in names if n.startswith((".progress-", ".tmp-"))], names
+    if process.returncode != 0:
+        resumed = run_cli("--input", photos, "--output_dir", out, *ARGS, "--resume")
+        assert resumed.returncode == 0
+        assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"] == 48
+        assert not [n for n in _names(out) if n.startswith(".")], _names(out)
+
+
+def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
+
+
+def _unusable_tree(root: pathlib.Path) -> pathlib.Path:
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True)
+        for index in range(2):
+            (root / label / f"{index}.jpg").write_bytes(b"<html>not found</html>")
+    return root
+
+
+def test_a_run_in_which_no_input_is_usable_fails_even_when_every_input_may_be_bad(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("--input", _unusable_tree(tmp_path / "broken"), "--output_dir", out, *ARGS,
+                     "--max_bad_fraction", "1", check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [error] = _error_lines(result)
+    assert "no input became an example (4 of 4 inputs could not be used" in error and "not_an_image 4" in error
+    assert "Traceback" not in result.stderr
+    assert not (out / "dataset_info.json").exists()
+    assert [d["reason"] for d in map(json.loads, (out / "dead_letters.jsonl").read_text().splitlines())] == [
+        "not_an_image"] * 4
+    assert not [n for n in _names(out) if n.startswith((".tmp-", ".progress-", ".images-to-tfrecords"))]
+
+
+def test_an_overwrite_run_with_no_usable_input_keeps_the_old_dataset(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *ARGS)
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+    result = run_cli("--input", _unusable_tree(tmp_path / "broken"), "--output_dir", out, *ARGS, "--overwrite",
+                     "--max_bad_fraction", "1", check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "no input became an example" in _error_lines(result)[0]
+    assert "left as it was" in _error_lines(result)[0]
+    assert {n: (out / n).read_bytes() for n in _names(out) if not n.startswith(".") and "refused" not in n} == before
+
+
+USERS_FILES = {"plan.json": b'{"my": "project plan"}\n', "notes.txt": b"mine\n",
+               "train-foo.tfrecord": b"the user's own records"}
+
+
+def test_the_users_files_survive_a_run_an_overwrite_run_and_a_plan_only_run(photos, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, data in USERS_FILES.items():
+        (out / name).write_bytes(data)
+    run_cli("--input", photos, "--output_dir", out, *ARGS)
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--overwrite")
+    assert {name: (out / name).read_bytes() for name in USERS_FILES} == USERS_FILES
+    # --plan_only refuses to replace a plan.json it did not write, naming it, and changes nothing.
+    before = {n: (out / n).read_bytes() for n in _names(out)}
+    result = run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only", check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [error] = _error_lines(result)
+    assert "plan.json that this job did not write" in error and str(out / "plan.json") in error
+    assert {n: (out / n).read_bytes() for n in _names(out)} == before
+
+
+def test_the_jobs_own_plan_is_replaced_by_the_next_plan_and_removed_by_the_next_run(photos, tmp_path):
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only")
+    run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only")
+    assert json.loads((out / "plan.json").read_text())["producer"]["name"] == "images-to-tfrecords"
+    run_cli("--input", photos, "--output_dir", out, *ARGS)
+    assert "plan.json" not in _names(out) and "plan_dead_letters.jsonl" not in _names(out)
+
+
+def test_a_sigterm_the_blocked_main_thread_never_sees_still_cleans_up_and_exits_143(tmp_path):
+    # The main thread waits for ever on a lock with SIGTERM blocked, as a runner's does on a
+    # worker the signal killed: the Python-level handler never runs; the watchdog must act.
+    marker = tmp_path / "cleaned"
+    script = f"""
+import pathlib, signal, threading
+from beam_jobs.termination import on_stuck, sigterm_as_interrupt
+with sigterm_as_interrupt(stuck_after_s=1):
+    on_stuck(lambda signum: pathlib.Path({str(marker)!r}).write_text(str(signum)))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+    print("ready", flush=True)
+    never = threading.Lock()
+    never.acquire()
+    never.acquire()
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=120) == 143
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert marker.read_text() == str(int(signal.SIGTERM))
