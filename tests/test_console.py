@@ -60,7 +60,9 @@ def test_line_progress_reports_shards_staged_before_the_plan_was_seen():
     lines = out.getvalue().splitlines()
     assert lines[0] == PLAN["line"]
     assert [re.search(r"\((\d+)%\)", line).group(1) for line in lines[1:]] == ["33", "67"]
-    assert int(re.search(r", (\d+) images/s", lines[1]).group(1)) > 0  # Counted in the rate, not as if kept.
+    # Counted in the rate, not as if kept: a rate above zero is what gives an ETA. Its value is the
+    # machine's speed (20 images over however long this took), so only its presence is asserted.
+    assert re.search(r", \d+ images/s, ETA [\d:]+, ", lines[1]), lines[1]
 
 
 def test_line_progress_prints_once_per_tenth():

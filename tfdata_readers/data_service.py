@@ -29,8 +29,10 @@ would need an endless dataset, so an evaluation epoch could never end.
 
 At start-up (`check_dispatcher`, `check_workers_see`, each bounded by `data_service_timeout_s`) the
 dispatcher must answer as one, and every worker must see every shard path: TensorFlow itself
-retries all of these silently and without end. A service lost later, mid-read, is beyond the
-reader's reach (its thread is blocked inside TensorFlow): `dispatcher_client.DispatcherWatchdog`
+retries all of these silently and without end. The path check is the service's first job: its
+start (TensorFlow registering it, the workers taking it on a heartbeat) may take up to
+`START_UP_S` apart from that deadline, for as long as the dispatcher keeps answering. A service
+lost later, mid-read, is beyond the reader's reach (its thread is blocked inside TensorFlow): `dispatcher_client.DispatcherWatchdog`
 ends the process with one line instead, as `launch/train_mirrored.py` does.
 
 A lost worker: TensorFlow's client waits for a failed worker to come back at the same address
@@ -42,7 +44,10 @@ epoch instead of a silently wrong metric.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,10 +55,16 @@ import tensorflow as tf
 
 from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
-__all__ = ["check_dispatcher", "check_workers_see", "expect_examples", "group_steps", "normalize_address",
+__all__ = ["START_UP_S", "check_dispatcher", "check_workers_see", "expect_examples", "group_steps", "normalize_address",
            "replicas_per_step", "through_service", "ungroup_steps"]
 
 SHARDING_MODES = ("auto", "static", "dynamic")
+
+# How long the service may take to start the path check's job, when data_service_timeout_s is
+# shorter: on a cold, busy machine a healthy service's first job took longer than the 10 s default.
+START_UP_S = 120.0
+
+logger = logging.getLogger(__name__)
 
 
 def normalize_address(address: str) -> str:
@@ -74,44 +85,94 @@ def check_dispatcher(address: str, timeout_s: float) -> list[str]:
     return ask_dispatcher(address, timeout_s)
 
 
-def check_workers_see(address: str, paths: Sequence[str], timeout_s: float) -> None:
-    """Fails, naming the address, unless every service worker answers within `timeout_s` that it
-    can see every path in `paths`.
+def check_workers_see(address: str, paths: Sequence[str], timeout_s: float, *, start_up_s: float = START_UP_S) -> None:
+    """Fails, naming the address, unless every service worker reports that it can see every path
+    in `paths`.
 
     The workers open the shard paths this process lists; TensorFlow retries a path a worker cannot
     open without a word and without end (a relative path, a local disk the workers do not share).
-    So a tiny job is run first, by every worker (`parallel_epochs`), yielding the paths it cannot
-    find. It runs in a daemon thread so that a service whose workers never answer (none
-    registered, all hung) fails after `timeout_s` instead of hanging here.
+    So a tiny job is run first, by every worker (`parallel_epochs`), yielding a start mark and then
+    the paths it cannot find. It runs in a daemon thread so that a service whose workers never
+    answer fails instead of hanging here, after one of two deadlines, because they bound
+    different waits:
+      - the job's start (up to the first worker's mark): TensorFlow registers the job and the
+        workers take it on their next heartbeat, seconds on a cold, busy machine. It may take
+        `max(timeout_s, start_up_s)` while the dispatcher answers (asked every few seconds, so a
+        service that goes away fails within `timeout_s`); a log record says when it takes longer
+        than `timeout_s`.
+      - the check itself, from that mark: `timeout_s`, for every worker to look at every path.
     """
-    probe = tf.data.Dataset.from_tensor_slices(tf.constant(sorted(set(paths)), tf.string)).filter(
-        lambda path: tf.equal(tf.size(tf.io.matching_files(path)), 0)
-    ).apply(tf.data.experimental.service.distribute(processing_mode="parallel_epochs", service=address))
-    outcome: dict[str, Any] = {}
+    marked = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).concatenate(
+        tf.data.Dataset.from_tensor_slices(tf.constant(sorted(set(paths)), tf.string)).filter(
+            lambda path: tf.equal(tf.size(tf.io.matching_files(path)), 0)))
+    probe = marked.apply(tf.data.experimental.service.distribute(processing_mode="parallel_epochs", service=address))
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
 
     def run() -> None:
         try:
-            outcome["missing"] = sorted({p.decode() for p in probe.as_numpy_iterator()})
-        except Exception as e:  # reported below, in this thread
-            outcome["error"] = e
+            missing = set()
+            for path in probe.as_numpy_iterator():
+                if not path:  # a worker's start mark (no shard path is empty)
+                    events.put(("started", None))
+                else:
+                    missing.add(path.decode())
+            events.put(("missing", sorted(missing)))
+        except Exception as e:  # reported below, in the caller's thread
+            events.put(("error", e))
 
-    thread = threading.Thread(target=run, name="tf.data service path check", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise ConnectionError(
-            f"the tf.data service at {address} did not run a check of the shard paths within {timeout_s:g} s "
-            f"(data_service_timeout_s): are its workers running and registered (launch/data_service.sh status)?"
-        )
-    if "error" in outcome:
-        error = outcome["error"]
-        first = getattr(error, "message", str(error)).strip().splitlines()[0]
+    threading.Thread(target=run, name="tf.data service path check", daemon=True).start()
+    kind, value = _await_start(events, address, timeout_s, start_up_s)
+    deadline = time.monotonic() + timeout_s
+    while kind == "started":
+        try:
+            kind, value = events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise ConnectionError(
+                f"the tf.data service at {address} started the check of the shard paths but its workers did not "
+                f"finish it within {timeout_s:g} s (data_service_timeout_s): is a worker hung, or a shard path on a "
+                f"file system that does not answer?"
+            ) from None
+    _report(kind, value, address, paths)
+
+
+def _await_start(events: queue.Queue, address: str, timeout_s: float, start_up_s: float) -> tuple[str, Any]:
+    """The path check's first event, waited for up to the longer of `timeout_s` and `start_up_s`
+    while the dispatcher answers (it is asked every few seconds: `check_dispatcher` raises, naming
+    it, once it does not)."""
+    allowed = max(timeout_s, start_up_s)
+    began = time.monotonic()
+    logged = False
+    while True:
+        waited = time.monotonic() - began
+        if waited >= allowed:
+            raise ConnectionError(
+                f"the tf.data service at {address} did not run a check of the shard paths within {allowed:g} s, "
+                f"though its dispatcher answered (the longer of data_service_timeout_s and the {start_up_s:g} s "
+                f"allowed for a first job to start): are its workers running and registered "
+                f"(launch/data_service.sh status)?"
+            )
+        if waited >= timeout_s and not logged:
+            logged = True
+            logger.warning(
+                "the tf.data service at %s has not started the check of the shard paths after %g s "
+                "(data_service_timeout_s); its dispatcher answers, so waiting up to %g s in all for its workers",
+                address, timeout_s, allowed)
+        try:
+            # Every few seconds (not more often than twice a second, whatever timeout_s).
+            return events.get(timeout=min(max(0.5, min(5.0, timeout_s)), allowed - waited))
+        except queue.Empty:
+            check_dispatcher(address, timeout_s)
+
+
+def _report(kind: str, value: Any, address: str, paths: Sequence[str]) -> None:
+    """Raises what the path check found: its error, or the paths the workers cannot see."""
+    if kind == "error":
+        first = getattr(value, "message", str(value)).strip().splitlines()[0]
         raise ConnectionError(f"the tf.data service at {address} could not check the shard paths: {first}") from None
-    if outcome["missing"]:
-        missing = outcome["missing"]
+    if value:
         raise FileNotFoundError(
-            f"tf.data service workers at {address} cannot see {len(missing)} of the {len(set(paths))} shard "
-            f"file(s), e.g. {missing[0]}: the workers open the paths this process reads, so the shards must be "
+            f"tf.data service workers at {address} cannot see {len(value)} of the {len(set(paths))} shard "
+            f"file(s), e.g. {value[0]}: the workers open the paths this process reads, so the shards must be "
             f"readable on every worker at the same path (gs://, or a shared file system)"
         )
 

@@ -103,7 +103,11 @@ def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pa
     return victim, job.returncode, log
 
 
-@pytest.mark.timeout(600)
+# The pytest timeouts below are hang guards for each test's own body (func_only): the session's
+# fixtures (the first Flink install, the job server build, a cluster's start) have hard timeouts of
+# their own, and on a cold machine they alone outran a timeout that counted them too. Each is the
+# sum of its body's own subprocess timeouts, with room.
+@pytest.mark.timeout(900, func_only=True)  # the submit: 540 s
 def test_flink_runner_matches_local(flink_job_server_jar, flink_cluster, local_output, photo_tree, tmp_path):
     out = tmp_path / "out"
     proc = run_script(_submit_args(flink_cluster, flink_job_server_jar, parallelism=2,
@@ -118,7 +122,7 @@ def test_flink_runner_matches_local(flink_job_server_jar, flink_cluster, local_o
     assert "images_written" in str(accumulators["user-task-accumulators"])
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900, func_only=True)  # the submit: 540 s
 def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, two_taskmanagers, local_output,
                                                          photo_tree, tmp_path):
     out = tmp_path / "out"
@@ -131,7 +135,7 @@ def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, t
     assert two_taskmanagers.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500, func_only=True)  # _run_and_kill: 240 + 300 + 480 s
 def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar, two_taskmanagers, big_tree,
                                                             tmp_path):
     images, reference = big_tree
@@ -150,7 +154,7 @@ def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar,
     two_taskmanagers.stop()  # one TaskManager short now: no later test may use it
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
 def test_killed_taskmanager_without_restarts_fails_cleanly(flink_job_server_jar, big_tree, tmp_path):
     images, _ = big_tree
     out = tmp_path / "out"
@@ -186,7 +190,7 @@ def _listening_ports(pids: list[int]) -> set[int]:
     return ports
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900, func_only=True)  # a cluster's start (600 s: a first run installs Flink), its stop
 def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
     cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2)
     try:

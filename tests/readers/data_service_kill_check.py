@@ -4,7 +4,7 @@ Usage: python data_service_kill_check.py OUT.json DATA_DIR ADDRESS WORKER_PIDFIL
 MODE is "eval static", "eval dynamic" or "train dynamic". For each, the reader is iterated slowly;
 after KILL_AFTER batches the worker process under WORKER_PIDFILE's restart loop gets SIGKILL, and
 reading goes on to the end of the epoch (evaluation) or for TRAIN_BATCHES batches (training).
-Before each mode the killed worker must be back (listening), so each mode starts from a whole service.
+Before each mode the killed worker must be back (registered again), so each mode starts from a whole service.
 Writes {mode: {"outcome": "completed" | "error", "error": first line, "delivered": n,
 "distinct": n, "expected": n, "seconds_after_kill": s, "full_batches": bool}}.
 """
@@ -15,7 +15,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import sys
 import time
 
@@ -42,16 +41,29 @@ def _worker_child(loop_pid: int) -> int:
     raise RuntimeError(f"no worker process under restart loop {loop_pid}")
 
 
-def _wait_listening(port: int, timeout_s: float = 120) -> None:
+def _registered(address: str, loop_pid: int, port: int, log: pathlib.Path) -> bool:
+    """Whether the worker that restart loop `loop_pid` runs now is registered with the dispatcher.
+
+    The dispatcher's list shows the worker's address, but it keeps a killed worker's there too;
+    so also the worker's own "listening" line for its current pid, which `data_service_server`
+    prints only once TensorFlow's WorkerServer has registered (its start blocks until then).
+    """
+    from tfdata_readers.dispatcher_client import ask_dispatcher
+
+    try:
+        worker = _worker_child(loop_pid)
+        listed = f"127.0.0.1:{port}" in ask_dispatcher(address, timeout_s=30)
+    except (RuntimeError, ConnectionError):  # between a death and its restart, or a busy dispatcher
+        return False
+    return listed and f"listening on port {port} (pid {worker})" in log.read_text(errors="replace")
+
+
+def _wait_registered(address: str, loop_pid: int, port: int, log: pathlib.Path, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            time.sleep(2)  # and registered with the dispatcher (it heartbeats every second)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"worker on port {port} did not come back within {timeout_s} s")
+    while not _registered(address, loop_pid, port, log):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker on port {port} was not registered with {address} again within {timeout_s} s")
+        time.sleep(0.5)
 
 
 def run_mode(mode: str, data_dir: str, address: str, loop_pid: int, expected: int) -> dict:
@@ -94,8 +106,9 @@ def main(out: str, data_dir: str, address: str, pidfile: str, *modes: str) -> No
                .split()[0].split(",")[int(pathlib.Path(pidfile).stem.split("-")[1])])
     expected = tfdata_readers.num_examples(data_dir, "train")
     results = {}
+    log = pathlib.Path(pidfile).parent.parent / "log" / f"{pathlib.Path(pidfile).stem}.log"
     for mode in modes:
-        _wait_listening(port)
+        _wait_registered(address, loop_pid, port, log)
         results[mode] = run_mode(mode, data_dir, address, loop_pid, expected)
         print(mode, results[mode], flush=True)
     pathlib.Path(out).write_text(json.dumps(results, indent=1))

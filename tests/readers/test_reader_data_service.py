@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import logging
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import tensorflow as tf
 
 import reader_fixtures
 import tfdata_readers
@@ -32,6 +35,16 @@ def _script(*args: str, timeout: float = 180, check: bool = True) -> subprocess.
     if check and proc.returncode != 0:
         raise AssertionError(f"data_service.sh {args[0]} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def _read_until(proc: subprocess.Popen, marker: str) -> None:
+    """Reads `proc`'s stdout until a line holding `marker`; fails with its stderr if it ends first.
+    No deadline of its own: the test's timeout guards a hang, and a busy machine is only slower."""
+    for line in proc.stdout:
+        if marker in line:
+            return
+    proc.wait()
+    raise AssertionError(f"exited {proc.returncode} before printing {marker!r}:\n{proc.stderr.read()[-3000:]}")
 
 
 def _pids(state_dir: pathlib.Path) -> list[int]:
@@ -64,17 +77,17 @@ def _processes_of(state_dir: pathlib.Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def _service(state_dir: pathlib.Path, workers: int) -> Iterator[str]:
+def _service(state_dir: pathlib.Path, workers: int, *options: str) -> Iterator[str]:
     """A running service (its dispatcher's address); stopped afterwards, checking that nothing is left."""
     try:
-        start = _script("start", "--state_dir", str(state_dir), "--workers", str(workers))
+        start = _script("start", "--state_dir", str(state_dir), "--workers", str(workers), *options)
         address = start.stdout.strip().splitlines()[-1]
         assert address.startswith("grpc://127.0.0.1:"), start.stdout
         yield address
     finally:
         running = _processes_of(state_dir) if (state_dir / "ports").exists() else []
         _script("stop", "--state_dir", str(state_dir))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and any(_alive(p) for p in running):
             time.sleep(0.5)
         assert not [p for p in running if _alive(p)], "processes left running after stop"
@@ -135,11 +148,20 @@ def test_script_refuses_bad_arguments_with_one_line(tmp_path: pathlib.Path, args
     assert not (tmp_path / "s" / "pid").exists() or not list((tmp_path / "s" / "pid").iterdir())
 
 
+def _warm_reader(jpeg_dir: pathlib.Path) -> None:
+    """TensorFlow's first start-up in this process (seconds on a cold, busy machine), done before a
+    test starts its clock: what such a test times is the reader's refusal, not TensorFlow loading."""
+    tf.constant(0).numpy()
+    tfdata_readers.make_dataset(jpeg_dir, "train", 4)
+
+
 def test_an_unreachable_or_malformed_address_fails_at_once_naming_it(jpeg_dir: pathlib.Path) -> None:
+    _warm_reader(jpeg_dir)
     start = time.monotonic()
-    with pytest.raises(ConnectionError, match=r"dispatcher grpc://127\.0\.0\.1:1 is unreachable"):
+    # The evidence is the reason: refused, not "no answer within N s" (a deadline that ran out).
+    with pytest.raises(ConnectionError, match=r"dispatcher grpc://127\.0\.0\.1:1 is unreachable \((?!no answer within)"):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="grpc://127.0.0.1:1")
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 120  # TensorFlow's own client retried this address for minutes
     with pytest.raises(ValueError, match=r"data_service .*HOST:PORT.*got 'nohost'"):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="nohost")
 
@@ -166,10 +188,13 @@ def test_a_server_that_is_not_a_dispatcher_fails_at_once_naming_it(jpeg_dir: pat
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"grpc://127.0.0.1:{server.server_address[1]}"
     try:
+        _warm_reader(jpeg_dir)
         start = time.monotonic()
+        # The reason is the evidence that it failed at once: what answered is named, where a
+        # deadline that ran out would say "no answer within 60 s".
         with pytest.raises(ConnectionError, match="is unreachable .*not a tf.data dispatcher"):
-            tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service=address, data_service_timeout_s=5)
-        assert time.monotonic() - start < 10
+            tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service=address, data_service_timeout_s=60)
+        assert time.monotonic() - start < 120
     finally:
         server.shutdown()
         server.server_close()
@@ -180,7 +205,6 @@ def test_a_standalone_worker_without_its_dispatcher_exits_with_one_line() -> Non
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "tfdata_readers.data_service_server", "--role", "worker", "--port", str(port),
          "--dispatcher_address", "127.0.0.1:1", "--dispatcher_timeout_s", "2"],
@@ -188,10 +212,11 @@ def test_a_standalone_worker_without_its_dispatcher_exits_with_one_line() -> Non
     )
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    # "gave up after 2 s" is the evidence that its own deadline ended the wait (the hard timeout
+    # above only guards against a hang).
     assert "gave up after 2 s" in errors[0] and "127.0.0.1:1 is unreachable" in errors[0], proc.stderr
     assert "waiting for the tf.data service dispatcher at 127.0.0.1:1" in proc.stderr
     assert "RuntimeWarning" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert time.monotonic() - start < 60
 
 
 def test_refuses_what_the_service_cannot_guarantee(jpeg_dir: pathlib.Path) -> None:
@@ -264,11 +289,12 @@ def kill_results(services, tmp_path_factory) -> dict[str, dict]:
     data_dir = reader_fixtures.write_dataset(root / "data", splits={"train": (400, 8)}, image_size=(16, 16))
     address, state_dir = services[2]
     out = root / "results.json"
-    # The timeout is the hang check: each mode takes seconds (a restarted worker needs ~10 s).
+    # The timeout is only the hang check: each mode takes seconds (a restarted worker needs ~10 s),
+    # many more on a cold, busy machine.
     proc = subprocess.run(
         [sys.executable, str(_HERE / "data_service_kill_check.py"), str(out), str(data_dir), address,
          str(state_dir / "pid" / "worker-1.pid"), *KILL_MODES],
-        capture_output=True, text=True, env=_ENV, timeout=300,
+        capture_output=True, text=True, env=_ENV, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -279,7 +305,10 @@ def kill_results(services, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("mode", ["eval static", "eval dynamic"])
 def test_a_worker_killed_mid_evaluation_gives_exactly_once_or_a_clear_error(kill_results, mode: str) -> None:
     result = kill_results[mode]
-    assert result["killed"] and result["seconds_after_kill"] < 120, result
+    # That the epoch ended at all (completed, or this error) is the evidence it did not hang; how
+    # soon after the kill is the machine's speed (a restarted worker loads TensorFlow again), and
+    # kill_results' subprocess timeout is the hang guard.
+    assert result["killed"], result
     if result["outcome"] == "completed":  # the worker had finished its part before it died
         assert result["delivered"] == result["distinct"] == result["expected"], result
     else:
@@ -294,7 +323,6 @@ def test_a_worker_killed_mid_training_does_not_stop_the_stream(kill_results) -> 
     result = kill_results["train dynamic"]
     assert result["killed"] and result["outcome"] == "completed", result
     assert result["full_batches"] and result["delivered"] == 150 * 4, result
-    assert result["seconds_after_kill"] < 120, result
 
 
 @pytest.mark.slow
@@ -322,7 +350,7 @@ def test_two_trainer_workers_each_read_their_own_share_through_the_service(servi
             env={**_ENV, "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ))
     try:
-        outputs = [proc.communicate(timeout=300) for proc in procs]
+        outputs = [proc.communicate(timeout=600) for proc in procs]  # a hang guard only
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -369,22 +397,23 @@ def test_a_restarted_service_evaluates_relative_paths_and_small_splits_then_a_st
         train = subprocess.Popen(
             [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", "data", "--num_replicas", "2",
              "--global_batch_size", "4", "--epochs", "10000", "--data_service", address,
-             "--data_service_timeout_s", "4"],
+             # 30 s: a live dispatcher on a busy machine may be slow to answer; a stopped one never does.
+             "--data_service_timeout_s", "30"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_ENV, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and "training on" not in train.stdout.readline():
-                assert train.poll() is None, train.stderr.read()[-3000:]
-            time.sleep(3)  # a few steps through the service
-            assert train.poll() is None, train.stderr.read()[-3000:]
+            # Stopped only once a whole epoch went through the service (Keras's epoch line), not
+            # after a guessed number of seconds a busy machine may spend starting up.
+            for marker in ("training on", " - loss: "):
+                _read_until(train, marker)
             _script("stop", "--state_dir", str(state_dir))
             stopped = time.monotonic()
-            _, err = train.communicate(timeout=60)
+            _, err = train.communicate(timeout=300)
         finally:
             if train.poll() is None:
                 train.kill()
-        assert time.monotonic() - stopped < 30
+        # The watchdog's 30 s and its checks every 5 s, with room for a busy machine; it used to wait forever.
+        assert time.monotonic() - stopped < 120
         errors = [line for line in err.splitlines() if line.startswith("train_mirrored.py: error: ")]
         assert train.returncode == 1 and len(errors) == 1, err[-3000:]
         assert f"dispatcher {address} has not answered for" in errors[0], errors
@@ -406,12 +435,76 @@ def test_shards_the_workers_cannot_see_fail_at_start_up_naming_one(
         checked(shards, **kwargs)
         os.remove(shards[1].path)
 
+    tf.constant(0).numpy()  # TensorFlow's first start-up is not what this test is about
     monkeypatch.setattr(pipeline, "check_shards", check_then_hide_one)
     start = time.monotonic()
+    # The error is the evidence: a reader that hung on the hidden shard would end, if at all, with
+    # the check's ConnectionError, never this FileNotFoundError naming the shard.
     with pytest.raises(FileNotFoundError, match=r"workers at grpc://.* cannot see 1 of the 2 shard file\(s\), e\.g\. "
                                                 r".*train-00001-of-00002.*readable on every worker at the same path"):
         tfdata_readers.make_dataset(data_dir, "train", 4, data_service=services[2][0])
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 120
+
+
+class _Waiting(logging.Handler):
+    """Sets `seen` on the reader's record that the service has not yet started the shard path check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "has not started the check of the shard paths" in record.getMessage():
+            self.seen.set()
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind(tmp_path: pathlib.Path) -> None:
+    """The shard path check is the service's first job: TensorFlow registers it, the workers take
+    it on their next heartbeat and load its kernels. On a cold, busy machine that start-up alone
+    outran data_service_timeout_s, and a healthy service was reported as one whose workers do not
+    run. Here the one worker is paused (SIGSTOP) until the reader has waited data_service_timeout_s
+    for the job to start (its log record says so), then resumed: the check must then complete."""
+    from tfdata_readers.data_service import check_workers_see
+
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (8, 2)}, image_size=(16, 16))
+    state_dir = tmp_path / "state"
+    # A paused worker must stay in the dispatcher's list meanwhile, however long the machine takes.
+    with _service(state_dir, 1, "--worker_timeout_ms", "600000") as address:
+        waiting = _Waiting()
+        logging.getLogger("tfdata_readers.data_service").addHandler(waiting)
+        worker = int((state_dir / "pid" / "worker-0.server").read_text().split()[0])
+        outcome: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                dataset = tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, data_service=address,
+                                                      data_service_timeout_s=1)
+                from tfdata_readers.audit import epoch_keys
+
+                outcome["keys"] = sorted(epoch_keys(dataset))
+            except Exception as e:  # asserted below, in the test's thread
+                outcome["error"] = e
+
+        os.kill(worker, signal.SIGSTOP)
+        reader = threading.Thread(target=read, daemon=True)
+        try:
+            # Workers that never take the job (all hung) still fail, after the start-up allowance.
+            with pytest.raises(ConnectionError, match=r"did not run a check of the shard paths within 2 s, though its "
+                                                      r"dispatcher answered .*launch/data_service.sh status"):
+                check_workers_see(address, [str(data_dir)], 1, start_up_s=2)
+            waiting.seen.clear()  # that check's record: the reader's own is awaited next
+            reader.start()
+            while not waiting.seen.wait(0.2):  # until the reader waited its 1 s, or gave up
+                assert reader.is_alive(), outcome
+        finally:
+            os.kill(worker, signal.SIGCONT)
+            logging.getLogger("tfdata_readers.data_service").removeHandler(waiting)
+        reader.join(300)
+        assert not reader.is_alive(), "the reader did not finish after the worker resumed"
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["keys"] == sorted(reader_fixtures.expected_keys(data_dir, "train"))
 
 
 def test_the_dispatchers_worker_list_is_read_from_its_answer() -> None:
@@ -427,10 +520,12 @@ def test_the_watchdog_reports_a_dispatcher_that_stopped_answering_once() -> None
     from tfdata_readers.dispatcher_client import DispatcherWatchdog
 
     lost: list[str] = []
-    with DispatcherWatchdog("grpc://127.0.0.1:1", timeout_s=0.6, on_lost=lost.append, prefix="x: error: "):
-        deadline = time.monotonic() + 10
+    with DispatcherWatchdog("grpc://127.0.0.1:1", timeout_s=0.6, on_lost=lost.append, prefix="x: error: ") as watchdog:
+        deadline = time.monotonic() + 120
         while not lost and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)
+        # Once: its thread ends after the report (so no second one can come), however slow the machine.
+        watchdog._thread.join(120)
+        assert not watchdog._thread.is_alive()
     assert len(lost) == 1 and lost[0].startswith("x: error: the tf.data service dispatcher grpc://127.0.0.1:1 "
                                                  "has not answered for"), lost
