@@ -178,7 +178,9 @@ class ReadConfig:
       data_service_timeout_s: the start-up checks' deadline, after which they fail naming the
         address (TensorFlow itself would retry silently and without end): the dispatcher must
         answer as a tf.data dispatcher (nothing listening, another program, or no answer all
-        fail), and every worker must report that it sees the shard files. A service lost later,
+        fail), and every worker must report that it sees the shard files (that check's job may
+        take up to `data_service.START_UP_S`, 120 s, to start while the dispatcher answers: a
+        first service job on a cold machine is slow to start). A service lost later,
         while reading, is not covered here: see `dispatcher_client.DispatcherWatchdog`.
 
     `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
