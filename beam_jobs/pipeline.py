@@ -828,5 +828,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(1)
         return
     print(split_table(info))
+    # Repeated at the end, with those the plan could not know (a class whose examples of a split
+    # all became dead letters): the plan line scrolled away long ago on a long run.
+    for warning in plan_warning_lines(info):
+        print(warning)
     print(_summary(info, arguments.output_dir))
     print("\n".join(outputs_lines(info, arguments.output_dir)))
