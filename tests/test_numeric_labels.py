@@ -1,0 +1,37 @@
+"""Labels that look like numbers: the plan's warning is the same from a tree and from a list, in
+the in-memory plan and in PlanShards."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_jobs.plan import labels_from_tree, plan_dataset
+from beam_jobs.planning import PLAN_SUMMARY, PlanShards
+from beam_jobs.records import InputFile
+
+_WARNING = ("labels look like numbers but ids follow sorted text order ('10' has id 2); "
+            "dataset_info.json's label_names maps ids to names (Keras does the same); "
+            "name them 00, 01, ... to keep numeric order")
+
+
+@pytest.mark.parametrize("from_tree", [True, False])
+def test_numeric_labels_out_of_order_warn_alike_in_memory_and_in_plan_shards(from_tree):
+    if from_tree:
+        listing = [InputFile(f"{n}/{i}.jpg", f"/t/{n}/{i}.jpg") for n in range(12) for i in range(3)]
+        labelled, dead = labels_from_tree(listing, "auto")
+    else:
+        listing = [InputFile(f"{n}/{i}.jpg", f"/t/{n}/{i}.jpg", label=str(n), origin=f"/t/list.csv:{3 * n + i + 2}")
+                   for n in range(12) for i in range(3)]
+        labelled, dead = listing, []
+    settings = dict(split_fractions=None, num_shards=2, example_bytes=1, target_shard_bytes=1, dedup="path")
+    expected = plan_dataset(labelled, dead_letters=dead, **settings)
+    assert _WARNING in expected.warnings
+    with TestPipeline(runner=FnApiRunner(), blocking=True) as p:
+        planned = (p | beam.Create(listing)
+                   | PlanShards(from_tree=from_tree, tree_layout="auto", source="/t", **settings))
+        assert_that(planned[PLAN_SUMMARY] | beam.Map(lambda s: (tuple(s["label_names"]), tuple(s["warnings"]))),
+                    equal_to([(expected.label_names, expected.warnings)]))
