@@ -264,6 +264,33 @@ def test_list_rows_naming_a_fifo_a_folder_or_a_dangling_link_are_dead_letters_ne
     assert "pipe.jpg" in listed[0].detail
 
 
+@pytest.mark.parametrize("allow_outside_root", [False, True])
+def test_a_listed_dangling_link_out_of_the_root_is_dangling_not_outside(tmp_path, allow_outside_root):
+    """A dangling link's target cannot be read, so whether it is outside the root does not matter:
+    the dead letter says what is wrong (it leads nowhere), with or without --allow_outside_root."""
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "dang.jpg").symlink_to("/nope")
+    text = "uri,label\nimgs/dang.jpg,a\n"
+    listed = list(parse_input_list(text, list_uri=str(tmp_path / "list.csv"), allow_outside_root=allow_outside_root))
+    assert [(r.uri, r.reason) for r in listed] == [(f"{tmp_path}/list.csv:2", "dangling_symlink")]
+    assert "'/nope'" in listed[0].detail and "--allow_outside_root" not in listed[0].detail
+
+
+def test_an_empty_class_folder_is_counted_in_the_ignored_note(tmp_path):
+    """Keras makes a class of an empty folder; this listing makes none, so the plan line says so."""
+    root = tmp_path / "root"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "1.jpg").write_bytes(b"x")
+    (root / "empty").mkdir()
+    (root / "cat" / "nothing").mkdir()
+    entries = _list_tree(root)
+    assert _files(entries, root) == ["cat/1.jpg"]
+    counts = _ignored(entries)
+    assert counts == {"empty_folder": 2}
+    assert ignored_note(counts) == "; ignored: 2 empty folders"
+    assert ignored_note({"empty_folder": 1, "hidden": 1}) == "; ignored: 1 hidden, 1 empty folder"
+
+
 @pytest.mark.slow
 def test_a_list_naming_a_fifo_finishes_with_a_dead_letter(tmp_path, fifos):
     photos = make_photo_tree(tmp_path / "img", num_images=3, seed=22)
