@@ -235,6 +235,18 @@ def test_a_plan_counts_what_the_listing_ignored(tmp_path):
     assert json.loads((plan_dir / "plan.json").read_text())["ignored"] == {"hidden": 2, "not_image": 1}
 
 
+@pytest.mark.slow
+def test_a_plan_line_names_an_empty_class_folder(tmp_path):
+    root = tmp_path / "root"
+    make_photo_tree(root, num_images=4, seed=26)
+    (root / "empty").mkdir()
+    plan_dir = tmp_path / "plan"
+    result = run_cli("--input", root, "--output_dir", plan_dir, "--image_size", "32", "--plan_only")
+    assert "; ignored: 1 empty folder; wrote" in result.stdout
+    assert json.loads((plan_dir / "plan.json").read_text())["ignored"] == {"empty_folder": 1}
+    assert "empty" not in json.loads((plan_dir / "plan.json").read_text())["label_names"]
+
+
 # -- input lists ------------------------------------------------------------------------------------
 
 def test_list_labels_and_splits_follow_the_one_naming_policy():
