@@ -349,8 +349,36 @@ def _list_unit(unit, *, allow_outside_root: bool = False) -> Iterable:
         return walk_local(unit, real_root=os.path.realpath(root),
                           open_folders=frozenset({_identity(root), _identity(unit)}),
                           allow_outside_root=allow_outside_root)
-    # An object store's "folder/" marker objects (made by consoles and some tools) are no files.
-    return _without_hidden((meta for meta in list_tree(unit) if not meta.path.endswith("/")), unit=unit)
+    # An object store's "folder/" marker objects (made by consoles and some tools) are no files;
+    # one with no key under it is an empty folder, counted as on disk.
+    return _markers_as_empty_folders(_without_hidden(_empty_markers_only(list_tree(unit)), unit=unit))
+
+
+def _empty_markers_only(metas: Iterable[FileMetadata]) -> Iterator[FileMetadata]:
+    """The keys of one store unit, with the "folder/" markers that have keys under them left out.
+
+    S3 and GCS list keys in lexicographic order, so the keys under a marker come right after it:
+    one key of lookahead decides, and memory stays one key (a unit may hold millions)."""
+    pending: FileMetadata | None = None
+    for meta in metas:
+        if pending is not None and not meta.path.startswith(pending.path):
+            yield pending
+        pending = None
+        if meta.path.endswith("/"):
+            pending = meta
+        else:
+            yield meta
+    if pending is not None:
+        yield pending
+
+
+def _markers_as_empty_folders(entries: Iterable) -> Iterator:
+    """An empty folder's marker (see ``_empty_markers_only``) as the ignored entry it is."""
+    for entry in entries:
+        if isinstance(entry, FileMetadata) and entry.path.endswith("/"):
+            yield IgnoredEntry(Ignored.EMPTY_FOLDER)
+        else:
+            yield entry
 
 
 def _without_hidden(metas: Iterable[FileMetadata], *, unit: str) -> Iterator[FileMetadata | IgnoredEntry]:

@@ -1,7 +1,8 @@
 """What the listing does with each kind of entry, written once for class-per-folder trees and input lists.
 
-The policy, per entry met while listing a local tree (object stores have only the first two kinds;
-their hidden names follow the same rule):
+The policy, per entry met while listing a local tree (object stores have only the first two kinds
+and empty folders, which are marker keys "name/" with nothing under them; their hidden names follow
+the same rule):
 
 ================================  =============================  ==================================
 entry                             in a tree                      named by an input-list row
