@@ -3,6 +3,9 @@ the in-memory plan and in PlanShards."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import apache_beam as beam
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -35,3 +38,20 @@ def test_numeric_labels_out_of_order_warn_alike_in_memory_and_in_plan_shards(fro
                    | PlanShards(from_tree=from_tree, tree_layout="auto", source="/t", **settings))
         assert_that(planned[PLAN_SUMMARY] | beam.Map(lambda s: (tuple(s["label_names"]), tuple(s["warnings"]))),
                     equal_to([(expected.label_names, expected.warnings)]))
+
+
+@pytest.mark.slow
+def test_a_tree_of_numbered_class_folders_plans_with_the_warning(tmp_path):
+    from beam_jobs.sample_data import make_photo_tree
+    from tests.conftest import run_cli
+    photo = make_photo_tree(tmp_path / "source", num_images=1, size=(40, 30), seed=3)[0]
+    root = tmp_path / "root"
+    for n in range(12):
+        (root / str(n)).mkdir(parents=True)
+        shutil.copy(photo, root / str(n) / f"{n}.jpg")
+    plan_dir = tmp_path / "plan"
+    result = run_cli("--input", root, "--output_dir", plan_dir, "--image_size", "32", "--plan_only")
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    assert plan["label_names"][:5] == ["0", "1", "10", "11", "2"]
+    assert _WARNING in plan["warnings"]
+    assert _WARNING in result.stdout + result.stderr
