@@ -136,6 +136,32 @@ def _has_undecodable(values) -> bool:
     return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
 
+# Why a JSON number must be written as text, per column.
+_NUMBER_ADVICE = {
+    "label": "class ids are the positions of the sorted label names, so numbers would not keep their values",
+    "split": "split names are text, as the tree's split folders are",
+    "uri": "a uri is a path or a URL",
+}
+
+
+def _json_value_not_text(row: dict) -> str | None:
+    """Why a JSON row's uri, label or split is refused when it is not text, or None.
+
+    A list or an object would become the text of its repr ("['cat']"), a class nobody named. A
+    number would become its digits, whose id is its place in text order ('10' before '2'), not
+    its value: a dataset silently different from the user's numbering. CSV values are always text.
+    """
+    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool))]
+    if odd:
+        return f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})"
+    for column in ("label", "uri", "split"):
+        value = row.get(column)
+        if isinstance(value, (int, float)):
+            return (f"{column} {json.dumps(value)} is a JSON number; write it as text "
+                    f"({json.dumps(str(json.dumps(value)))}): {_NUMBER_ADVICE[column]}")
+    return None
+
+
 def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
                   base: str | None = None) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
@@ -144,11 +170,9 @@ def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
                or (column == "uri" and not str(row[column]).strip())]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
-    # JSON can give any value: a number reads as its digits, but a list or an object as a label
-    # would become the text of its repr ("['cat']"), a class nobody named.
-    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool))]
-    if odd:
-        return _bad_row(where, f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})")
+    not_text = _json_value_not_text(row)
+    if not_text:
+        return _bad_row(where, not_text)
     entry = str(row["uri"]).strip()
     # A relative uri is relative to its own list file's folder (``base``); the relative name of
     # the input is taken against ``root``, common to every part of a pattern.
@@ -194,7 +218,8 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
     ``allow_outside_root``. Each malformed row (missing or extra columns, bad JSON, bytes that
     are not UTF-8) becomes a dead letter naming its line as ``<list>:<line>``, and so does a row
     whose label or split the naming policy refuses (``bad_label``: blank, control characters) or
-    whose local file is no regular file (a FIFO, a folder, a dangling symlink); the other rows are
+    whose local file is no regular file (a FIFO, a folder, a dangling symlink), or, in JSONL, whose
+    uri, label or split is not text (a number, a list, an object, a boolean); the other rows are
     unaffected. Labels are NFC-normalised and stripped, split names lower-cased (``names``). A BOM
     and CRLF line ends are fine.
     """
@@ -324,8 +349,36 @@ def _list_unit(unit, *, allow_outside_root: bool = False) -> Iterable:
         return walk_local(unit, real_root=os.path.realpath(root),
                           open_folders=frozenset({_identity(root), _identity(unit)}),
                           allow_outside_root=allow_outside_root)
-    # An object store's "folder/" marker objects (made by consoles and some tools) are no files.
-    return _without_hidden((meta for meta in list_tree(unit) if not meta.path.endswith("/")), unit=unit)
+    # An object store's "folder/" marker objects (made by consoles and some tools) are no files;
+    # one with no key under it is an empty folder, counted as on disk.
+    return _markers_as_empty_folders(_without_hidden(_empty_markers_only(list_tree(unit)), unit=unit))
+
+
+def _empty_markers_only(metas: Iterable[FileMetadata]) -> Iterator[FileMetadata]:
+    """The keys of one store unit, with the "folder/" markers that have keys under them left out.
+
+    S3 and GCS list keys in lexicographic order, so the keys under a marker come right after it:
+    one key of lookahead decides, and memory stays one key (a unit may hold millions)."""
+    pending: FileMetadata | None = None
+    for meta in metas:
+        if pending is not None and not meta.path.startswith(pending.path):
+            yield pending
+        pending = None
+        if meta.path.endswith("/"):
+            pending = meta
+        else:
+            yield meta
+    if pending is not None:
+        yield pending
+
+
+def _markers_as_empty_folders(entries: Iterable) -> Iterator:
+    """An empty folder's marker (see ``_empty_markers_only``) as the ignored entry it is."""
+    for entry in entries:
+        if isinstance(entry, FileMetadata) and entry.path.endswith("/"):
+            yield IgnoredEntry(Ignored.EMPTY_FOLDER)
+        else:
+            yield entry
 
 
 def _without_hidden(metas: Iterable[FileMetadata], *, unit: str) -> Iterator[FileMetadata | IgnoredEntry]:

@@ -1,7 +1,8 @@
 """What the listing does with each kind of entry, written once for class-per-folder trees and input lists.
 
-The policy, per entry met while listing a local tree (object stores have only the first two kinds;
-their hidden names follow the same rule):
+The policy, per entry met while listing a local tree (object stores have only the first two kinds
+and empty folders, which are marker keys "name/" with nothing under them; their hidden names follow
+the same rule):
 
 ================================  =============================  ==================================
 entry                             in a tree                      named by an input-list row
@@ -29,6 +30,8 @@ dangling symlink                  dead letter (dangling_symlink) dead letter (da
 FIFO, socket, device              ignored, counted (special):    dead letter (not_a_regular_file):
                                   reading one can block for      never opened
                                   ever
+empty folder                      no class (Keras makes one),    (a folder: see above)
+                                  counted (empty_folder)
 ================================  =============================  ==================================
 
 ``decide`` is the policy as a pure function of an entry's facts; ``local_facts`` gathers those
@@ -116,6 +119,9 @@ class Ignored:
     HIDDEN = "hidden"
     SPECIAL = "special"
     NOT_IMAGE = "not_image"
+    # A folder with nothing in it: Keras makes a class of an empty class folder, this listing makes
+    # none (it lists files), so ids can differ from Keras'; counted so that the plan line says so.
+    EMPTY_FOLDER = "empty_folder"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +257,8 @@ def walk_local(folder: str, *, real_root: str, open_folders: frozenset, allow_ou
         except OSError as error:
             yield DeadLetter(current, Stage.LIST, Reason.READ_ERROR, f"cannot list the folder: {error}")
             continue
+        if not names:
+            yield IgnoredEntry(Ignored.EMPTY_FOLDER)
         below = []
         for name in names:
             path = os.path.join(current, name)
@@ -280,13 +288,20 @@ def check_listed_file(path: str) -> DeadLetter | None:
     return _dead_letter(path, decision.why, facts)
 
 
-_NOTE_ORDER = (Ignored.HIDDEN, Ignored.SPECIAL, Ignored.NOT_IMAGE)
-_NOTE_WORDS = {Ignored.HIDDEN: "hidden", Ignored.SPECIAL: "special", Ignored.NOT_IMAGE: "non-image"}
+_NOTE_ORDER = (Ignored.HIDDEN, Ignored.SPECIAL, Ignored.NOT_IMAGE, Ignored.EMPTY_FOLDER)
+_NOTE_WORDS = {Ignored.HIDDEN: "hidden", Ignored.SPECIAL: "special", Ignored.NOT_IMAGE: "non-image",
+               Ignored.EMPTY_FOLDER: "empty folder"}
+
+
+def _counted(count: int, kind: str) -> str:
+    words = _NOTE_WORDS[kind]
+    # Adjectives ("3 hidden") stay as they are; a noun takes its plural ("2 empty folders").
+    return f"{count} {words}{'s' if kind == Ignored.EMPTY_FOLDER and count != 1 else ''}"
 
 
 def ignored_note(counts: dict[str, int]) -> str:
     """The plan line's tail for the entries a tree listing ignored: "; ignored: 3 hidden, 1 special,
-    2 non-image" (hidden files and folders, FIFOs/sockets/devices, names without an image
-    extension), or "" when none was."""
-    parts = [f"{counts[kind]} {_NOTE_WORDS[kind]}" for kind in _NOTE_ORDER if counts.get(kind)]
+    2 non-image, 1 empty folder" (hidden files and folders, FIFOs/sockets/devices, names without an
+    image extension, folders with nothing in them), or "" when none was."""
+    parts = [_counted(counts[kind], kind) for kind in _NOTE_ORDER if counts.get(kind)]
     return f"; ignored: {', '.join(parts)}" if parts else ""

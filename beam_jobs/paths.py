@@ -52,8 +52,9 @@ def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> 
 
     Returns (full uri, path relative to root). Entries that would leave the root (``..``,
     absolute paths elsewhere, another scheme or bucket, ``file://``, a local symlink pointing
-    out) raise BadInputError before anything is opened, unless ``allow_outside``. NUL bytes are
-    always refused.
+    out) raise BadInputError before anything is opened, unless ``allow_outside``. A dangling local
+    symlink is returned as it is, for the caller's listing policy to name. NUL bytes are always
+    refused.
     """
     if "\x00" in uri:
         raise BadInputError(Stage.LIST, Reason.OUTSIDE_INPUT_ROOT, f"{uri!r} contains a NUL byte")
@@ -83,6 +84,11 @@ def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> 
         return full, full
     relative = full[len(root):]
     if root_scheme is None and not allow_outside:
+        if os.path.islink(full) and not os.path.exists(full):
+            # A dangling link leads nowhere, so nothing outside can be read through it, and
+            # "outside the root" would send the user to a flag that cannot help: the listing's
+            # policy dead-letters it as dangling_symlink (listing_policy.check_listed_file).
+            return full, relative
         real_root = _real_path(root)
         real = os.path.realpath(full)
         if not (real == real_root or real.startswith(real_root.rstrip("/") + "/")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import re
 import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -379,11 +380,27 @@ def _shown(names: Sequence[str], limit: int = 10) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+def _first_label_out_of_numeric_order(label_names: Sequence[str]) -> str | None:
+    """The first label whose id (its place in sorted text order) is not its place in numeric order,
+    when every label is a decimal integer ('0', '1', '10', '2': '10'); else None.
+
+    Ids stay the positions of the sorted names, as Keras gives them, so a tree and a list agree
+    and nothing is renumbered behind the user's back; only the surprise is said."""
+    if not label_names or not all(_DECIMAL.fullmatch(label) for label in label_names):
+        return None
+    numeric = sorted(label_names, key=lambda label: (int(label), label))
+    return next((text for text, number in zip(label_names, numeric) if text != number), None)
+
+
 def plan_warnings(class_counts: Mapping[str, Mapping[str, int]], label_names: Sequence[str], *,
                   requested: Mapping[str, float] | None, num_unsplit: int,
                   merged_folders: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     """What a user should know before a long run, from the plan's small facts: split folders
-    merged into one split, classes whose names differ only by case, --splits that no input took,
+    merged into one split, classes whose names differ only by case, labels that look like numbers
+    but whose ids are not in numeric order, --splits that no input took,
     a requested split that received nothing, and classes missing from a split. ``class_counts``
     is {split: {label: count}}."""
     warnings = [f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
@@ -395,6 +412,11 @@ def plan_warnings(class_counts: Mapping[str, Mapping[str, int]], label_names: Se
     # more often one class typed twice: said, never merged behind the user's back.
     warnings += [f"the classes {_shown(sorted(twins))} differ only by case; they are separate classes"
                  for _, twins in sorted(by_folded.items()) if len(twins) > 1]
+    out_of_order = _first_label_out_of_numeric_order(label_names)
+    if out_of_order is not None:
+        warnings.append(f"labels look like numbers but ids follow sorted text order ({out_of_order!r} has id "
+                        f"{list(label_names).index(out_of_order)}); dataset_info.json's label_names maps ids to "
+                        "names (Keras does the same); name them 00, 01, ... to keep numeric order")
     if requested and num_unsplit == 0:
         warnings.append(f"--splits {','.join(requested)} was ignored: every input already has a split "
                         "(from the tree's split folders or the input list's split column)")

@@ -59,7 +59,24 @@ def test_an_unreadable_csv_row_is_a_dead_letter_and_an_empty_part_lists_nothing(
 
 def test_json_values_that_are_not_text_are_refused_not_printed_into_a_label():
     text = ('{"uri": "1.jpg", "label": ["cat"]}\n{"uri": "2.jpg", "label": {"name": "cat"}}\n'
-            '{"uri": "3.jpg", "label": true}\n{"uri": "4.jpg", "label": 7}\n')
+            '{"uri": "3.jpg", "label": true}\n{"uri": "4.jpg", "label": "7"}\n')
     rows = list(parse_input_list(text, list_uri="/m/list.jsonl"))
     assert [(r.uri, r.reason) for r in rows[:3]] == [(f"/m/list.jsonl:{n}", "bad_manifest_row") for n in (1, 2, 3)]
     assert rows[3] == InputFile(filename="4.jpg", uri="/m/4.jpg", label="7", origin="/m/list.jsonl:4")
+
+
+def test_json_numbers_as_label_uri_or_split_are_bad_rows_that_say_to_write_text():
+    """A number would be read as its digits and get the id of its place in text order ('10'
+    before '2'), not its value: refused, with the way to write it."""
+    text = ('{"uri": "photos/coffee/x.jpg", "label": 3}\n{"uri": "1.jpg", "label": 1.5}\n'
+            '{"uri": "2.jpg", "label": "cat", "split": 7}\n{"uri": 5, "label": "cat"}\n'
+            '{"uri": "3.jpg", "label": "3", "split": "train"}\n')
+    rows = list(parse_input_list(text, list_uri="/m/list.jsonl"))
+    dead = [r for r in rows if isinstance(r, DeadLetter)]
+    assert [(r.uri, r.reason) for r in dead] == [(f"/m/list.jsonl:{n}", "bad_manifest_row") for n in (1, 2, 3, 4)]
+    assert dead[0].detail.startswith('label 3 is a JSON number; write it as text ("3"): class ids are the '
+                                     'positions of the sorted label names, so numbers would not keep their values')
+    assert dead[1].detail.startswith('label 1.5 is a JSON number; write it as text ("1.5")')
+    assert dead[2].detail.startswith('split 7 is a JSON number; write it as text ("7")')
+    assert dead[3].detail.startswith('uri 5 is a JSON number; write it as text ("5")')
+    assert rows[4] == InputFile(filename="3.jpg", uri="/m/3.jpg", label="3", split="train", origin="/m/list.jsonl:5")

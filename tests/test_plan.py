@@ -263,3 +263,22 @@ def test_classes_that_differ_only_by_case_stay_apart_with_a_warning():
     plan = plan_dataset(labelled, num_shards=1, example_bytes=1)
     assert plan.label_names == ("Dog", "cat", "dog")
     assert plan.warnings == ("the classes 'Dog', 'dog' differ only by case; they are separate classes",)
+
+
+_NUMERIC_ORDER_WARNING = ("labels look like numbers but ids follow sorted text order ('10' has id 2); "
+                          "dataset_info.json's label_names maps ids to names (Keras does the same); "
+                          "name them 00, 01, ... to keep numeric order")
+
+
+def test_labels_that_look_like_numbers_out_of_numeric_order_are_a_warning():
+    files = [InputFile(f"{n}/{i}.jpg", f"/d/{n}/{i}.jpg", label=str(n)) for n in range(12) for i in range(2)]
+    plan = plan_dataset(files, num_shards=1, example_bytes=1)
+    assert plan.label_names[:5] == ("0", "1", "10", "11", "2")
+    assert plan.warnings == (_NUMERIC_ORDER_WARNING,)
+
+
+@pytest.mark.parametrize("labels", [[str(n) for n in range(10)], [f"{n:02d}" for n in range(12)],
+                                    ["2", "10", "cat"]])
+def test_labels_whose_text_order_is_their_numeric_order_or_not_all_numbers_are_no_warning(labels):
+    files = [InputFile(f"{label}/0.jpg", f"/d/{label}/0.jpg", label=label) for label in labels]
+    assert plan_dataset(files, num_shards=1, example_bytes=1).warnings == ()

@@ -235,6 +235,18 @@ def test_a_plan_counts_what_the_listing_ignored(tmp_path):
     assert json.loads((plan_dir / "plan.json").read_text())["ignored"] == {"hidden": 2, "not_image": 1}
 
 
+@pytest.mark.slow
+def test_a_plan_line_names_an_empty_class_folder(tmp_path):
+    root = tmp_path / "root"
+    make_photo_tree(root, num_images=4, seed=26)
+    (root / "empty").mkdir()
+    plan_dir = tmp_path / "plan"
+    result = run_cli("--input", root, "--output_dir", plan_dir, "--image_size", "32", "--plan_only")
+    assert "; ignored: 1 empty folder; wrote" in result.stdout
+    assert json.loads((plan_dir / "plan.json").read_text())["ignored"] == {"empty_folder": 1}
+    assert "empty" not in json.loads((plan_dir / "plan.json").read_text())["label_names"]
+
+
 # -- input lists ------------------------------------------------------------------------------------
 
 def test_list_labels_and_splits_follow_the_one_naming_policy():
@@ -262,6 +274,33 @@ def test_list_rows_naming_a_fifo_a_folder_or_a_dangling_link_are_dead_letters_ne
         (f"{tmp_path}/list.csv:2", "not_a_regular_file"), (f"{tmp_path}/list.csv:3", "not_a_regular_file"),
         (f"{tmp_path}/list.csv:4", "dangling_symlink")]
     assert "pipe.jpg" in listed[0].detail
+
+
+@pytest.mark.parametrize("allow_outside_root", [False, True])
+def test_a_listed_dangling_link_out_of_the_root_is_dangling_not_outside(tmp_path, allow_outside_root):
+    """A dangling link's target cannot be read, so whether it is outside the root does not matter:
+    the dead letter says what is wrong (it leads nowhere), with or without --allow_outside_root."""
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "dang.jpg").symlink_to("/nope")
+    text = "uri,label\nimgs/dang.jpg,a\n"
+    listed = list(parse_input_list(text, list_uri=str(tmp_path / "list.csv"), allow_outside_root=allow_outside_root))
+    assert [(r.uri, r.reason) for r in listed] == [(f"{tmp_path}/list.csv:2", "dangling_symlink")]
+    assert "'/nope'" in listed[0].detail and "--allow_outside_root" not in listed[0].detail
+
+
+def test_an_empty_class_folder_is_counted_in_the_ignored_note(tmp_path):
+    """Keras makes a class of an empty folder; this listing makes none, so the plan line says so."""
+    root = tmp_path / "root"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "1.jpg").write_bytes(b"x")
+    (root / "empty").mkdir()
+    (root / "cat" / "nothing").mkdir()
+    entries = _list_tree(root)
+    assert _files(entries, root) == ["cat/1.jpg"]
+    counts = _ignored(entries)
+    assert counts == {"empty_folder": 2}
+    assert ignored_note(counts) == "; ignored: 2 empty folders"
+    assert ignored_note({"empty_folder": 1, "hidden": 1}) == "; ignored: 1 hidden, 1 empty folder"
 
 
 @pytest.mark.slow
