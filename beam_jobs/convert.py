@@ -233,8 +233,12 @@ class ConvertShardFn(beam.DoFn):
     """
 
     def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
-                 read_threads: int = 4, run_id: str | None = None, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+                 read_threads: int = 4, run_id: str | None = None, read_timeout_s: float = READ_TIMEOUT_S,
+                 preprocessing: dict | None = None) -> None:
         self._config = config
+        # Recorded in each sidecar with the run's fingerprint, so that a --resume with other flags
+        # can say which setting differs for the staged shards it cannot keep.
+        self._preprocessing = preprocessing
         self._read_timeout_s = read_timeout_s  # for each source's open and read: see _within
         self._run_id = run_id  # written into each sidecar: what the launching process's watcher counts
         self._output_dir = output_dir
@@ -360,6 +364,10 @@ class ConvertShardFn(beam.DoFn):
         }
         if self._run_id is not None:
             done["run_id"] = self._run_id
+        if self._run_fingerprint:
+            done["run_fingerprint"] = self._run_fingerprint
+        if self._preprocessing is not None:
+            done["preprocessing"] = self._preprocessing
         write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)

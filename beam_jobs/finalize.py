@@ -13,8 +13,8 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import staged_name
-from beam_jobs.errors import Reason
+from beam_jobs.convert import sidecar_name, staged_name
+from beam_jobs.errors import JobError, Reason
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.progress import progress_file_name
 from beam_jobs.records import DeadLetter, ShardResult
@@ -33,6 +33,8 @@ __all__ = [
     "DEAD_LETTER_PARTS",
     "content_duplicate_groups",
     "dead_letter_part",
+    "foreign_shard_files",
+    "listed_files",
     "is_dataset_file",
     "is_own_plan",
     "remove_leftovers",
@@ -67,6 +69,15 @@ PRODUCER = "images-to-tfrecords"
 
 class TooManyBadInputsError(RuntimeError):
     """More inputs were unusable than --max_bad_fraction allows."""
+
+
+def foreign_shard_files(names: Iterable[str], listed: Iterable[str]) -> list[str]:
+    """The final shard names in ``names`` that are not the job's: neither listed by its
+    dataset_info.json (``listed``) nor committed by a run whose sidecar is still beside them.
+    Pure. Such a file is the user's (an export, a copy): the job never deletes or replaces it."""
+    names, listed = set(names), set(listed)
+    return sorted(name for name in names
+                  if _SHARD_FILE.match(name) and name not in listed and sidecar_name(name) not in names)
 
 
 def run_fingerprint(config: ImageConfig, settings: dict) -> str:
@@ -140,7 +151,8 @@ def build_dataset_info(
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
         # --splits that no input took); the console showed them under the plan line.
-        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits)],
+        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits),
+                     *conflicting_label_warnings(content_duplicates)],
         "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
@@ -163,6 +175,22 @@ def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
             warnings.append(f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
                             f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter")
     return warnings
+
+
+def conflicting_label_warnings(content_duplicates: Sequence[dict], *, shown: int = 3) -> list[str]:
+    """One warning when identical images carry different labels (a class folder symlinked into
+    the tree, a file linked or copied into another class): the model is then taught both labels
+    for one image, a wrong dataset that nothing else reports. Names a few groups, counts all."""
+    conflicting = [group for group in content_duplicates if group.get("conflicting_labels")]
+    if not conflicting:
+        return []
+    examples = "; ".join(f"{' = '.join(map(repr, group['files']))} (labels {', '.join(group['labels'])})"
+                         for group in conflicting[:shown])
+    more = f"; and {len(conflicting) - shown} more" if len(conflicting) > shown else ""
+    groups = "image" if len(conflicting) == 1 else "images"
+    return [f"{len(conflicting)} {groups} with identical content carry more than one label: {examples}{more} "
+            "(a symlinked class folder, or a file linked or copied into another class?); see "
+            f"content_duplicates in {DATASET_INFO} (--dedup content makes them dead letters instead)"]
 
 
 def _applied(settings: dict, summary: dict) -> dict:
@@ -254,7 +282,7 @@ def commit_shards(output_dir: str, results: Iterable[ShardResult]) -> None:
         FileSystems.rename(sources, destinations)
 
 
-def _listed_files(info_path: str) -> set[str]:
+def listed_files(info_path: str) -> set[str]:
     """The shard files an existing dataset_info.json lists (none if it is unreadable)."""
     try:
         with FileSystems.open(info_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
@@ -304,6 +332,8 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
     previous = set(previous)
     own_progress = None if run_id is None else progress_file_name(run_id)
     listing = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
+    # A shard-named file that no manifest lists and no sidecar of ours accounts for is the user's.
+    foreign = set(foreign_shard_files(listing, previous))
     # plan.json is a common name: only the job's own plan (and its dead letters) goes.
     plan_files = ((PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
                   if PLAN_FILE not in listing or is_own_plan(listing[PLAN_FILE]) else ())
@@ -317,10 +347,45 @@ def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable
         if (name.startswith((".tmp-", ".staged-")) or name in previous
                 or name == REFUSED_DEAD_LETTERS_FILE or name in plan_files
                 or (_PROGRESS_FILE.match(name) and name != own_progress)
-                or (shard and shard["split"] in splits)):
+                or (shard and shard["split"] in splits and name not in foreign)):
             doomed.append(path)
     delete_exactly(doomed)
     return sorted(path.rsplit("/", 1)[-1] for path in doomed)
+
+
+def _refuse_foreign_files(output_dir: str, results: Sequence[ShardResult], previous: set[str]) -> None:
+    """Refuses, before anything is committed or deleted, to replace or delete a file the job did
+    not write: a final name this run would write over (unless its bytes are this shard's already,
+    as after a retried finalize), or a shard-named file of one of its splits that it would remove
+    as stale. The staged shards stay, so a --resume after moving those files redoes nothing."""
+    names = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
+    splits = {result.split for result in results}
+    # This run's own sidecars sit beside the final names it writes, so those are judged by their
+    # bytes instead: a file already holding this shard's exact bytes loses nothing when replaced.
+    doomed = [result.file for result in results
+              if result.file in names and result.file not in previous
+              and _file_digest(names[result.file]) != (result.bytes, result.sha256)]
+    writes = {result.file for result in results}
+    doomed += [name for name in foreign_shard_files(names, previous)
+               if name not in writes and _SHARD_FILE.match(name)["split"] in splits]
+    doomed.sort()
+    if doomed:
+        shown = ", ".join(doomed[:5]) + (f" and {len(doomed) - 5} more" if len(doomed) > 5 else "")
+        raise JobError(
+            f"--output_dir {output_dir} holds {len(doomed)} file{'s' if len(doomed) != 1 else ''} named like this "
+            f"dataset's shards that no dataset_info.json of this job lists ({shown}); committing would replace or "
+            "delete them, so nothing was changed: move them elsewhere, then rerun with --resume and the same "
+            "flags (the converted shards stay staged)")
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+    """(size, sha256) of a file, read in chunks: the same figures a ShardResult holds."""
+    digest, size = hashlib.sha256(), 0
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def finalize_outputs(
@@ -370,7 +435,8 @@ def finalize_outputs(
         kept = ("the dataset already in the folder was left as it was" if previous_exists
                 else "no dataset_info.json was written")
         if results:
-            kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far stay staged "
+            kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
+                     f"{'stays' if len(results) == 1 else 'stay'} staged "
                      "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
                      "what changed (delete them to give up)")
         unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
@@ -384,7 +450,8 @@ def finalize_outputs(
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
                               dead_letters_by_reason=dict(by_reason))
-    previous = _listed_files(info_path) if previous_exists else set()
+    previous = listed_files(info_path) if previous_exists else set()
+    _refuse_foreign_files(output_dir, results, previous)
     if previous_exists:
         delete_exactly([info_path])
     commit_shards(output_dir, results)

@@ -187,7 +187,7 @@ class ConvertImages(beam.PTransform):
             | "SpreadShards" >> beam.Reshuffle()
             | "ConvertShards" >> beam.ParDo(ConvertShardFn(
                 config, output_dir, run_fingerprint=run_fingerprint(config, self._settings),
-                resume=self._resume, run_id=self._run_id,
+                resume=self._resume, run_id=self._run_id, preprocessing={**config.to_json(), **self._settings},
             )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
         # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
@@ -409,6 +409,8 @@ _PROGRESS_FILE = re.compile(r"^\.progress-[0-9a-f]{16}\.json$")
 # Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
 _TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
 # The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
+# A staged shard's sidecar (convert.sidecar_name): counted after an interrupt.
+_SIDECAR = re.compile(r"^\.staged-.+\.tfrecord\.json$")
 _RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
 
 
@@ -433,6 +435,19 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
                   ", ".join(leftovers))
         delete_exactly([names.pop(name) for name in leftovers])
     ours = sorted(name for name in names if is_dataset_file(name))
+    # Something of an earlier run of this job: its manifest, or its staged shards and sidecars.
+    earlier_run = DATASET_INFO in names or any(name.startswith(".staged-") for name in ours)
+    if ours and not earlier_run:
+        # Only files that look like the job's: nothing to resume or replace, and no flag may
+        # delete or overwrite them (the job never does that to a file it did not write).
+        flags = " and ".join(flag for flag, given in (("--resume", resume), ("--overwrite", overwrite)) if given)
+        shown = ", ".join(ours[:5]) + (f" and {len(ours) - 5} more" if len(ours) > 5 else "")
+        start = (f"{flags}: --output_dir {redact(output_dir)} holds no earlier run of this job (no {DATASET_INFO}, "
+                 "no staged shards)" if flags else f"--output_dir {redact(output_dir)} already holds")
+        raise UsageError(
+            f"{start}{' but' if flags else ''} {len(ours)} file{'s' if len(ours) != 1 else ''} named like this job's "
+            f"outputs that no dataset of its own accounts for ({shown}); the job never replaces or deletes files it "
+            "did not write: move them elsewhere, or choose another folder")
     if ours and overwrite:
         _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
     if ours and resume:
@@ -445,12 +460,39 @@ def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerp
             )
         # Temp files of killed writers; staged shards and their sidecars stay for verification.
         delete_exactly([names[name] for name in ours if name.startswith(".tmp-")])
+        _warn_unkept_staged_shards(output_dir, names, fingerprint=fingerprint, preprocessing=preprocessing)
     if ours and not (overwrite or resume):
         raise UsageError(
             f"--output_dir {redact(output_dir)} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass "
             "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
             "the new run succeeds), or choose another folder"
         )
+
+
+def _warn_unkept_staged_shards(output_dir: str, names: dict[str, str], *, fingerprint: str,
+                               preprocessing: dict) -> None:
+    """--resume with other flags converts every shard again, and the staged ones of the earlier run
+    are replaced or removed: one warning says how many, and which settings differ, so that a
+    mistyped flag on a long run is noticed before the work is redone."""
+    unkept, differences = 0, set()
+    for name, path in names.items():
+        if not _SIDECAR.match(name):
+            continue
+        try:
+            with FileSystems.open(path) as handle:
+                done = json.loads(handle.read().decode("utf-8"))
+        except (OSError, ValueError, AttributeError):  # Unreadable: the conversion redoes it anyway.
+            continue
+        recorded = done.get("run_fingerprint") if isinstance(done, dict) else None
+        if recorded is None or recorded == fingerprint:  # Older sidecars: verified shard by shard later.
+            continue
+        unkept += 1
+        differences.add(_differences(done.get("preprocessing") or {}, preprocessing))
+    if unkept:
+        _LOG.warning("--resume: %d staged shard%s in %s %s not kept: %s made with other settings (%s); "
+                     "this run converts everything again with the flags given now", unkept,
+                     "" if unkept == 1 else "s", redact(output_dir), "is" if unkept == 1 else "are",
+                     "it was" if unkept == 1 else "they were", "; ".join(sorted(differences)))
 
 
 def _check_plan_file(output_dir: str) -> None:
@@ -532,10 +574,17 @@ def run(argv: Sequence[str] | None = None) -> dict:
     created = _make_output_dir(output_dir)
     lock = None
     say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
+    run_id = None
+    info_before = _info_stamp(output_dir)
+
+    def state() -> InterruptedState:
+        return _interrupted_state(output_dir, run_id, info_before)
+
     try:
         lock = acquire_output_lock(output_dir)
         on_stuck(lambda signum: _abandon(output_dir, lock, created))
-        on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM) + "\n"))
+        on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM,
+                                                             state=state()) + "\n"))
         if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
             _check_plan_file(output_dir)
         else:
@@ -586,6 +635,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
         if lock is not None:
             release_output_lock(lock)
         _remove_created(created)
+        if isinstance(error, KeyboardInterrupt):
+            try:
+                error.state = state()  # what main() reports: read before the line is printed
+            except Exception:  # The line then says what holds in every case.
+                pass
         raise
     release_output_lock(lock)
     _log_counters(result)
@@ -772,11 +826,64 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
             handler.addFilter(_HideRunnerTraces())
 
 
-def _interrupted_line(argv: Sequence[str], *, terminated: bool) -> str:
-    again = "--overwrite --resume" if "--overwrite" in argv else "--resume"
-    kept = "; the dataset already there is untouched" if "--overwrite" in argv else ""
-    staged = f"the shards finished so far are staged: rerun with {again} (and the same flags) to continue{kept}"
-    return f"{PROG}: error: terminated (SIGTERM); {staged}" if terminated else f"{PROG}: interrupted; {staged}"
+@dataclasses.dataclass(frozen=True)
+class InterruptedState:
+    """What an interrupted run left in its output folder, for the one line that reports it.
+
+    ``staged`` counts the staged shards of this run (sidecars naming its id, kept ones included);
+    ``completed`` is true when this run had already written its dataset_info.json.
+    """
+
+    staged: int = 0
+    completed: bool = False
+
+
+def _info_stamp(output_dir: str) -> tuple | None:
+    """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
+    try:
+        [meta] = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO] or [None]
+    except Exception:  # The folder is gone (removed as created by this run) or unreadable.
+        return None
+    return None if meta is None else (meta.size_in_bytes, meta.last_updated_in_seconds)
+
+
+def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple | None) -> InterruptedState:
+    """Reads the folder after an interrupt: this run's staged sidecars, and whether it had finished."""
+    after = _info_stamp(output_dir)
+    completed = after is not None and after != info_before
+    if run_id is None:
+        return InterruptedState(completed=completed)
+    staged = 0
+    try:
+        sidecars = [m.path for m in list_folder(output_dir) if _SIDECAR.match(m.path.rsplit("/", 1)[-1])]
+    except Exception:  # Gone: nothing of this run is there.
+        sidecars = []
+    for path in sidecars:
+        try:
+            with FileSystems.open(path) as handle:
+                staged += json.loads(handle.read().decode("utf-8")).get("run_id") == run_id
+        except (OSError, ValueError, AttributeError):  # Half written or removed meanwhile: not staged.
+            continue
+    return InterruptedState(staged=staged, completed=completed)
+
+
+def _interrupted_line(argv: Sequence[str], *, terminated: bool, state: InterruptedState | None = None) -> str:
+    """The one line for an interrupted run, saying what is true of what it left."""
+    overwrite = "--overwrite" in argv
+    if state is None:  # Not known (the folder could not be read): say what holds in every case.
+        outcome = ("any shards finished so far are staged: rerun with "
+                   f"{'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue")
+    elif state.completed:
+        outcome = "the dataset was already complete (dataset_info.json written): nothing to rerun"
+    elif state.staged:
+        verb = "is" if state.staged == 1 else "are"
+        outcome = (f"the {state.staged} shard{'s' if state.staged != 1 else ''} converted so far {verb} staged: "
+                   f"rerun with {'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue")
+    else:
+        outcome = "nothing was converted yet: rerun the same command to start again"
+    if overwrite and not (state and state.completed):
+        outcome += "; the dataset already there is untouched"
+    return f"{PROG}: error: terminated (SIGTERM); {outcome}" if terminated else f"{PROG}: interrupted; {outcome}"
 
 
 def _exit_now(code: int) -> None:
@@ -807,7 +914,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     except KeyboardInterrupt as interrupt:
         terminated = isinstance(interrupt, Terminated)
-        print(_interrupted_line(argv, terminated=terminated), file=sys.stderr)
+        print(_interrupted_line(argv, terminated=terminated, state=getattr(interrupt, "state", None)),
+              file=sys.stderr)
         _exit_now(143 if terminated else 130)  # 128 + the signal, as a shell reports a job it ended
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":

@@ -19,6 +19,7 @@ import time
 import psutil
 import pytest
 
+from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO, run_cli
 
@@ -107,6 +108,9 @@ def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, t
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     names = _names(out)
+    line = next((line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: ")), "")
+    if process.returncode != 0:
+        _assert_says_what_is_staged(line, out)
     if process.returncode == 0:
         # Finalize had already committed the dataset when the signal came: a whole dataset, then.
         assert moment is _finalizing, stderr[-3000:]
@@ -114,11 +118,11 @@ def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, t
     elif signum == signal.SIGINT:
         assert process.returncode == 130, (process.returncode, stderr[-3000:])
         said = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: ")]
-        assert len(said) == 1 and "interrupted; " in said[0] and "--resume" in said[0], stderr[-3000:]
+        assert len(said) == 1 and "interrupted; " in said[0], stderr[-3000:]
     else:
         assert process.returncode == 143, (process.returncode, stderr[-3000:])
         errors = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
-        assert len(errors) == 1 and "terminated (SIGTERM)" in errors[0] and "--resume" in errors[0], stderr[-3000:]
+        assert len(errors) == 1 and "terminated (SIGTERM)" in errors[0], stderr[-3000:]
         assert "Traceback" not in stderr, stderr[-3000:]
     assert _all_gone(workers) == [], "worker processes outlived the run"
     assert ".images-to-tfrecords.lock" not in names, names
@@ -128,6 +132,29 @@ def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, t
         assert resumed.returncode == 0
         assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"] == 48
         assert not [n for n in _names(out) if n.startswith(".")], _names(out)
+
+
+def _assert_says_what_is_staged(line: str, out: pathlib.Path) -> None:
+    """The interrupt line counts the shards the run left staged (all sidecars in a fresh folder are
+    its own), and suggests --resume only when there is something to resume."""
+    staged = len([n for n in _names(out) if n.startswith(".staged-train-") and n.endswith(".tfrecord.json")])
+    if staged:
+        plural = "s" if staged != 1 else ""
+        assert f"the {staged} shard{plural} converted so far {'is' if staged == 1 else 'are'} staged" in line, line
+        assert "--resume" in line, line
+    else:
+        assert "nothing was converted yet" in line and "--resume" not in line, line
+
+
+@pytest.mark.parametrize("staged, completed, says", [
+    (0, False, "interrupted; nothing was converted yet: rerun the same command"),
+    (1, False, "interrupted; the 1 shard converted so far is staged: rerun with --resume"),
+    (3, False, "interrupted; the 3 shards converted so far are staged: rerun with --resume"),
+    (0, True, "interrupted; the dataset was already complete"),
+])
+def test_the_interrupt_line_says_what_the_run_left(staged, completed, says):
+    line = _interrupted_line(["--input", "x"], terminated=False, state=InterruptedState(staged, completed))
+    assert says in line, line
 
 
 def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
