@@ -14,6 +14,8 @@ from typing import TextIO
 from apache_beam.portability.api import beam_fn_api_pb2
 from google.protobuf import text_format
 
+from beam_jobs.termination import interrupted
+
 __all__ = ["HARNESS_CHATTER", "ConsoleFilter", "RelayedWorkerRecords", "TracebackFilter", "hide_worker_tracebacks"]
 
 # Lines the local runner's SDK worker processes print at every start and stop, whatever log level
@@ -129,7 +131,12 @@ class ConsoleFilter:
         self.muted = True
 
     def keep(self, line: str) -> bool:
-        return not self.muted and self._tracebacks.keep(line) and not HARNESS_CHATTER.search(line)
+        # interrupted(): the workers that the signal reached print their dying words before the
+        # main thread's handler can mute the console.
+        if self.muted or interrupted():
+            self.muted = True
+            return False
+        return self._tracebacks.keep(line) and not HARNESS_CHATTER.search(line)
 
 
 @contextlib.contextmanager

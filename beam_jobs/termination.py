@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable, Iterator
 
 import psutil
 
-__all__ = ["Terminated", "interrupt_caught", "on_stuck", "sigterm_as_interrupt", "stop_child_processes"]
+__all__ = ["Terminated", "interrupt_caught", "interrupted", "on_stuck", "sigterm_as_interrupt", "stop_child_processes"]
+
+_LOG = logging.getLogger(__name__)
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,14 +39,39 @@ class _Guard:
         self.caught = threading.Event()
         self.fallbacks: list[Callable[[int], None]] = []
         self._watching = False
+        self.signalled = threading.Event()
+        self._reading = threading.Lock()  # Held while signal bytes move from the pipe to ``signalled``.
+        self._wakeup_fd: int | None = None
+
+    def interrupted(self) -> bool:
+        """Whether SIGTERM or SIGINT reached this process, exactly, from any thread.
+
+        The C-level handler writes the signal's byte to the wakeup pipe before any thread of this
+        process runs Python code again, so a byte still in the pipe counts as well as one the
+        listener has read: a worker's death the signal caused is never seen before the signal.
+        """
+        with self._reading:
+            if self.signalled.is_set() or self._wakeup_fd is None:
+                return self.signalled.is_set()
+            readable, _, _ = select.select([self._wakeup_fd], [], [], 0)
+            return bool(readable)
 
     def listen(self, wakeup_fd: int) -> None:
         """Runs on a thread: reads the signal numbers Python's C-level handler writes to the wakeup
         fd, from whichever thread the kernel delivered the signal to. The Python-level handler
         only runs when the main thread next runs Python code, and a runner's main thread may be
         blocked for ever on a worker the signal killed; this thread is not."""
+        self._wakeup_fd = wakeup_fd
         try:
-            while data := os.read(wakeup_fd, 64):
+            while True:
+                select.select([wakeup_fd], [], [])
+                with self._reading:
+                    data = os.read(wakeup_fd, 64)
+                    if not data:
+                        self._wakeup_fd = None
+                        break
+                    if any(signum in (signal.SIGTERM, signal.SIGINT) for signum in data):
+                        self.signalled.set()
                 for signum in data:
                     if signum in (signal.SIGTERM, signal.SIGINT) and not self._watching:
                         self._watching = True
@@ -50,6 +79,8 @@ class _Guard:
         except OSError:
             pass
         finally:
+            with self._reading:
+                self._wakeup_fd = None
             with contextlib.suppress(OSError):
                 os.close(wakeup_fd)  # Its write end was closed: the run is over.
 
@@ -63,6 +94,30 @@ class _Guard:
 
 
 _ACTIVE: _Guard | None = None
+_LAST: _Guard | None = None  # The latest guarded run's, whose interrupt outlives its block.
+
+
+def interrupted() -> bool:
+    """Whether the guarded run (the one running, else the last one) was interrupted by a signal."""
+    guard = _ACTIVE or _LAST
+    return guard is not None and guard.interrupted()
+
+
+def _quiet_after_interrupt(previous: Callable) -> Callable:
+    """A threading.excepthook that, once the run was interrupted, logs a thread's death at DEBUG
+    instead of printing it: the local runner's threads that wait on its workers die with the signal
+    ("Worker subprocess exited with return code -15", grpc errors), which the one line from the
+    job's entry point already explains. Before an interrupt, ``previous`` prints it as ever."""
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not interrupted():
+            previous(args)
+            return
+        thread = args.thread.name if args.thread is not None else "?"
+        _LOG.debug("thread %s ended after the interrupt", thread,
+                   exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    return hook
 
 
 def interrupt_caught() -> None:
@@ -92,11 +147,13 @@ def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[No
     Python's default for SIGTERM is to die at once, running no ``finally`` block. Outside the main
     thread signal handlers cannot be set, and nothing changes.
     """
-    global _ACTIVE  # pylint: disable=global-statement
+    global _ACTIVE, _LAST  # pylint: disable=global-statement
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    guard = _ACTIVE = _Guard(stuck_after_s)
+    guard = _ACTIVE = _LAST = _Guard(stuck_after_s)
+    previous_hook = threading.excepthook
+    threading.excepthook = _quiet_after_interrupt(previous_hook)
     received = threading.Event()
 
     def _handler(signum, frame):  # pylint: disable=unused-argument
@@ -116,6 +173,9 @@ def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[No
         signal.signal(signal.SIGTERM, previous)
         signal.set_wakeup_fd(previous_fd)
         _ACTIVE = None
+        if not guard.interrupted():
+            # Left on after an interrupt: the runner's threads go on dying until the process exits.
+            threading.excepthook = previous_hook
         os.close(write_fd)  # The listener reads EOF and ends (after any watch it is running).
 
 

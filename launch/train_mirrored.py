@@ -82,6 +82,21 @@ def _validation_split(args: argparse.Namespace, info: tfdata_readers.DatasetInfo
     return args.validation_split
 
 
+def validation_batch_size(num_examples: int, global_batch_size: int, num_replicas: int) -> int | None:
+    """The batch size closest to the training one (a multiple of the replicas, as it is) at which
+    every validation batch, the last included, holds at least one example per replica; None when the split is smaller than that.
+
+    Keras splits each global batch across the replicas, and a replica handed an empty part fails
+    (AddN of [1, ...] and [0, ...]); every example is still evaluated once, none is dropped.
+    """
+    if num_examples < num_replicas:
+        return None
+    # Multiples of the replicas only: a full batch they do not divide fails the same way ([4] != [3]).
+    candidates = [*range(global_batch_size, 0, -num_replicas),
+                  *range(global_batch_size + num_replicas, num_examples + 2 * num_replicas, num_replicas)]
+    return next(b for b in candidates if num_examples % b == 0 or num_examples % b >= num_replicas)
+
+
 def _start(
     args: argparse.Namespace, strategy: tf.distribute.Strategy
 ) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset,
@@ -107,13 +122,25 @@ def _start(
         initial_epoch=args.initial_epoch,
     )
     validation = None
-    if split := _validation_split(args, info):
+    split = _validation_split(args, info)
+    batch = None
+    if split:
+        count = info.split(split).num_examples
+        batch = validation_batch_size(count, args.global_batch_size, strategy.num_replicas_in_sync)
+        if batch is None:
+            # An empty split (the job writes one when all its rows became dead letters, and warns)
+            # ends Keras's fit with a bare StopIteration; one smaller than the replicas leaves one
+            # an empty batch. Training on is what the user wants.
+            why = "has no examples" if count == 0 else (
+                f"has {count} example(s), fewer than the {strategy.num_replicas_in_sync} replicas")
+            print(f"{split} split {why}: not validating", file=sys.stderr)
+    if batch is not None:
         # One ordered pass per evaluation, every example once; its cardinality gives Keras the steps.
         # A plain dataset of global batches, which Keras splits across the replicas: a distributed
         # one deals whole per-replica batches, so the last step can leave a replica an empty batch,
         # and TensorFlow's CPU convolution fails on one ("input depth must be evenly divisible").
         validation = tfdata_readers.make_dataset(
-            args.data_dir, split, args.global_batch_size, image_size=size, dtype=args.input_dtype,
+            args.data_dir, split, batch, image_size=size, dtype=args.input_dtype,
         )
     return info, steps, size, dataset, validation
 

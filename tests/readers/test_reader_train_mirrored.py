@@ -130,3 +130,88 @@ def test_train_mirrored_refuses_a_save_path_keras_cannot_write(tmp_path: pathlib
     )
     assert train.returncode == 2
     assert "--save_path must end in .keras" in train.stderr
+
+
+@pytest.mark.slow
+def test_train_mirrored_skips_an_empty_validation_split_with_a_notice(tmp_path: pathlib.Path) -> None:
+    """The job writes a validation split with no examples when every one of its rows is a dead
+    letter (it warns); training must go on without validating, and say why in one line."""
+    from beam_jobs.sample_data import make_photo_tree
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from photos import write_broken_files
+
+    good = make_photo_tree(tmp_path / "photos", num_images=24, size=(200, 150), seed=5)
+    broken = write_broken_files(tmp_path / "broken")
+    rows = ["uri,label,split"]
+    rows += [f"{path},{path.parent.name},train" for path in good]
+    rows += [f"{path},{good[0].parent.name},validation" for path in broken]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    convert = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", "--manifest", str(tmp_path / "list.csv"), "--output_dir",
+         str(tmp_path / "shards"), "--image_size", "32", "--num_shards", "2", "--max_bad_fraction", "1"],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert convert.returncode == 0, convert.stderr[-4000:]
+    info = json.loads((tmp_path / "shards" / "dataset_info.json").read_text())
+    assert info["splits"]["validation"]["num_examples"] == 0, info["splits"]
+    history_json = tmp_path / "history.json"
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
+         "--num_replicas", "2", "--global_batch_size", "8", "--history_json", str(history_json)],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    assert "Traceback" not in train.stderr, train.stderr[-4000:]
+    assert "validation split has no examples: not validating" in train.stdout + train.stderr
+    assert "validating on" not in train.stdout
+    history = json.loads(history_json.read_text())
+    assert len(history["loss"]) == 1 and "val_loss" not in history
+
+
+@pytest.mark.parametrize(
+    "num_validation, notice, steps",
+    [(1, "validation split has 1 example(s), fewer than the 2 replicas: not validating", None),
+     (9, None, 2)],  # 9 at a global batch of 8 would leave a last batch of 1: one replica's part empty
+    ids=["fewer-than-replicas", "last-batch-smaller-than-replicas"],
+)
+def test_train_mirrored_leaves_no_replica_an_empty_validation_batch(
+    tmp_path: pathlib.Path, num_validation: int, notice: str | None, steps: int | None
+) -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import reader_fixtures
+
+    data_dir = reader_fixtures.write_dataset(
+        tmp_path / "data", splits={"train": (16, 2), "validation": (num_validation, 1)}, image_size=(16, 16)
+    )
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    history_json = tmp_path / "history.json"
+    train = subprocess.run(
+        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
+         "--num_replicas", "2", "--global_batch_size", "8", "--history_json", str(history_json)],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    history = json.loads(history_json.read_text())
+    if notice:
+        assert notice in train.stderr and "validating on" not in train.stdout and "val_loss" not in history
+    else:
+        assert f"validating on {steps} steps" in train.stdout and len(history["val_loss"]) == 1
+
+
+@pytest.mark.parametrize(
+    "num_examples, global_batch, replicas, expected",
+    [(0, 8, 2, None), (1, 8, 2, None), (1, 8, 1, 8), (11, 8, 2, 8), (9, 8, 2, 6), (3, 2, 2, 4), (5, 8, 4, 8),
+     (16, 8, 2, 8)],
+)
+def test_validation_batch_size_leaves_no_replica_an_empty_batch(
+    num_examples: int, global_batch: int, replicas: int, expected: int | None
+) -> None:
+    sys.path.insert(0, str(_REPO / "launch"))
+    from train_mirrored import validation_batch_size
+
+    batch = validation_batch_size(num_examples, global_batch, replicas)
+    assert batch == expected
+    if batch is not None:
+        assert batch % replicas == 0 and (num_examples % batch == 0 or num_examples % batch >= replicas)
