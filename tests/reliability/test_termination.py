@@ -225,6 +225,18 @@ def test_the_jobs_own_plan_is_replaced_by_the_next_plan_and_removed_by_the_next_
     assert "plan.json" not in _names(out) and "plan_dead_letters.jsonl" not in _names(out)
 
 
+def _wait_until_sleeping(pid: int, *, timeout_s: float = 60.0) -> None:
+    """Until the main thread of ``pid`` is in state S (interruptible sleep), read from /proc."""
+    deadline = time.monotonic() + timeout_s
+    stat_file = pathlib.Path(f"/proc/{pid}/task/{pid}/stat")
+    while time.monotonic() < deadline:
+        # The state follows the command name, which is in parentheses and may hold spaces.
+        if stat_file.read_text().rsplit(")", 1)[1].split()[0] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the main thread of {pid} never blocked")
+
+
 def test_a_sigterm_the_blocked_main_thread_never_sees_still_cleans_up_and_exits_143(tmp_path):
     # The main thread waits for ever on a lock with SIGTERM blocked, as a runner's does on a
     # worker the signal killed: the Python-level handler never runs; the watchdog must act.
@@ -243,6 +255,11 @@ with sigterm_as_interrupt(stuck_after_s=1):
     process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "ready"
+        # Signalled only once the main thread sleeps in the lock: a signal that lands while it
+        # still runs bytecode reaches the Python-level handler, and this is not that case. After
+        # "ready" nothing else in the script can sleep (its one other thread waits in a read,
+        # without the GIL), so a sleeping main thread is the blocked acquire.
+        _wait_until_sleeping(process.pid)
         os.kill(process.pid, signal.SIGTERM)
         assert process.wait(timeout=120) == 143
     finally:
