@@ -8,10 +8,12 @@ import os
 import uuid
 
 import pytest
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.discover import _first_level, _list_unit
+from beam_jobs.listing_policy import Ignored, IgnoredEntry
 from beam_jobs.store_folders import list_one_level
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -29,9 +31,13 @@ def _check(root: str) -> None:
                                                          (f"{root}/top.jpg", len(BODY))]
     assert all(f.last_updated_in_seconds > 0 for f in files)
     # Each unit lists its own subtree, literally (no "[1]" or "*" read as a pattern).
-    listed = sorted(meta.path for unit in _first_level(root) for meta in _list_unit(unit))
+    entries = [entry for unit in _first_level(root) for entry in _list_unit(unit)]
+    listed = sorted(entry.path for entry in entries if isinstance(entry, FileMetadata))
     assert listed == sorted(f"{root}/{name[len('tree/'):]}" for name in NAMES
                             if name.startswith("tree/") and not name.endswith("/"))
+    # The "empty/" marker with nothing under it is no file: an empty folder, counted as on disk.
+    assert [entry for entry in entries if not isinstance(entry, FileMetadata)] == [
+        IgnoredEntry(Ignored.EMPTY_FOLDER)]
 
 
 def test_s3_root_is_listed_one_folder_per_unit(minio):
