@@ -257,7 +257,9 @@ def test_a_split_that_cannot_name_a_file_is_a_bad_row(photos, tmp_path):
     (photos / "list.csv").write_text("\n".join(rows) + "\n")
     out = tmp_path / "out"
     run_cli("--manifest", photos / "list.csv", "--output_dir", out, "--max_bad_fraction", "0.5", *SMALL)
-    assert [(d["reason"], d["uri"].endswith("list.csv:9")) for d in _dead(out)] == [("bad_manifest_row", True)]
+    # A split name goes through the one naming policy (folders and lists alike): bad_label.
+    assert [(d["reason"], d["uri"].endswith("list.csv:9")) for d in _dead(out)] == [("bad_label", True)]
+    assert "cannot name shard files" in _dead(out)[0]["detail"]
     assert sorted(p.name for p in out.iterdir()) == ["dataset_info.json", "dead_letters.jsonl",
                                                      "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
 
