@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import sys
-import threading
 import traceback
 import urllib.parse
 import uuid
@@ -535,9 +534,8 @@ def _clean_up_interrupted(output_dir: str) -> None:
     half written stays under a temp name. While this run holds the lock no other run writes
     there, so every temp file in the folder is a killed writer's. Staged shards stay for --resume.
     """
-    # The runner's threads that wait on each worker report its death as an uncaught exception
-    # with a traceback; after an interrupt that is expected, and the one line from main() says it.
-    threading.excepthook = lambda args: None
+    # The runner's threads that wait on each worker report its death as an uncaught exception;
+    # termination.sigterm_as_interrupt's hook already logs those at DEBUG once interrupted.
     stop_child_processes()
     try:
         leftovers = [m.path for m in list_folder(output_dir) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
