@@ -162,6 +162,9 @@ class JobArguments:
     tree_layout: str = "auto"
     plan_only: bool = False
     split_rule: str = DEFAULT_SPLIT_RULE
+    append: bool = False
+    keep_versions: int = 2
+    changed_sources: str = "refuse"
 
     @property
     def source(self) -> str:
@@ -212,6 +215,10 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     if not flags.output_dir:
         raise UsageError("--output_dir is required")
     _finite("--max_bad_fraction", flags.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
+    if flags.keep_versions < 1:
+        raise UsageError(f"--keep_versions must be >= 1 (the new version's own files) (got {flags.keep_versions!r})")
+    if flags.append and flags.overwrite:
+        raise UsageError("give at most one of --append (add to the current version) and --overwrite (replace it)")
     if flags.num_shards < 0:
         raise UsageError(f"--num_shards must be >= 0 (0: derived from --target_shard_mb) (got {flags.num_shards!r})")
     _finite("--target_shard_mb", flags.target_shard_mb, low=_MIN_TARGET_SHARD_MB, low_inclusive=True, high=2**20)
@@ -245,6 +252,9 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         tree_layout=flags.tree_layout,
         plan_only=flags.plan_only,
         split_rule=flags.split_rule,
+        append=flags.append,
+        keep_versions=flags.keep_versions,
+        changed_sources=flags.changed_sources,
     )
     return arguments, options
 

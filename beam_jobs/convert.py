@@ -37,7 +37,6 @@ __all__ = [
     "convert_image",
     "shard_fingerprint",
     "sidecar_name",
-    "staged_name",
 ]
 
 DEAD_LETTERS = "dead_letters"
@@ -110,19 +109,12 @@ def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOU
         return [None, None]
 
 
-def staged_name(file_name: str) -> str:
-    """Where a complete shard waits, hidden, until the whole dataset is committed.
-
-    Final names appear only in the finalize step, after every shard is complete and the bad
-    fraction is known to be acceptable: a killed, failed or refused run never leaves a file under
-    a final shard name, yet --resume can still reuse its finished shards.
-    """
-    return f".staged-{file_name}"
-
-
 def sidecar_name(file_name: str) -> str:
-    """The hidden record of a staged shard, which lets --resume trust it without redoing it."""
-    return f"{staged_name(file_name)}.json"
+    """The hidden record beside a shard in its run folder: the shard's sources with their state,
+    its content keys and dead letters. --resume trusts a shard by it without redoing it, and
+    --append reads it to know which inputs a version already holds, so it is kept after the commit.
+    """
+    return f".{file_name}.json"
 
 
 def _limit_mb(max_file_bytes: int) -> str:
@@ -224,10 +216,11 @@ class _HashingWriter:
 
 
 class ConvertShardFn(beam.DoFn):
-    """Converts one ShardPlan into one complete, staged shard file.
+    """Converts one ShardPlan into one complete shard file in the run's own folder.
 
-    The shard is written under a unique temporary name and renamed to its staged name only once
-    it is complete; the finalize step gives it its final name. A retried or duplicated bundle
+    The shard is written under a unique temporary name and renamed to its final name in the run
+    folder once it is complete; it is never renamed again: the commit is the manifest's write,
+    which lists the run folder's files (see commit.py). A retried or duplicated bundle
     rewrites the same bytes, and the atomic rename leaves exactly one complete file. Unusable
     inputs go to the DEAD_LETTERS output.
     """
@@ -288,7 +281,9 @@ class ConvertShardFn(beam.DoFn):
 
     def process(self, shard: ShardPlan):
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
-        staged_path = FileSystems.join(self._output_dir, staged_name(shard.file_name))
+        # The shard's final name, in this run's own folder: no committed version lists that folder
+        # until the commit, so a reader never sees the file before the whole dataset is done.
+        staged_path = FileSystems.join(self._output_dir, shard.file_name)
         sidecar_path = FileSystems.join(self._output_dir, sidecar_name(shard.file_name))
         if self._tearing_down:
             raise WorkerShutdownError(f"the worker shut down before converting {shard.file_name}")
@@ -355,6 +350,9 @@ class ConvertShardFn(beam.DoFn):
         done = {
             "fingerprint": fingerprint,
             "sources": sources,
+            # Which inputs this shard was made from (in plan order, as ``sources``): --append reads
+            # it to convert only the inputs that the current version does not hold yet.
+            "inputs": [input_file.uri for input_file in shard.inputs],
             "file": shard.file_name,
             "num_examples": num_examples,
             "bytes": writer.bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Iterable, Sequence
 
@@ -13,11 +14,13 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import sidecar_name, staged_name
-from beam_jobs.errors import JobError, Reason
+from beam_jobs.append import merge_appended
+from beam_jobs.commit import Current, commit_version
+from beam_jobs.errors import Reason
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.progress import progress_file_name
 from beam_jobs.records import DeadLetter, ShardResult
+from beam_jobs.run_folders import run_dir, run_prefix
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 
 __all__ = [
@@ -29,20 +32,19 @@ __all__ = [
     "TooManyBadInputsError",
     "build_dataset_info",
     "check_bad_fraction",
-    "commit_shards",
     "DEAD_LETTER_PARTS",
     "content_duplicate_groups",
     "dead_letter_part",
-    "foreign_shard_files",
-    "listed_files",
     "is_dataset_file",
     "is_own_plan",
-    "remove_leftovers",
+    "remove_root_leftovers",
     "plan_warning_lines",
     "run_fingerprint",
     "write_dead_letter_part",
     "write_plan",
 ]
+
+_LOG = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
 PLAN_DEAD_LETTERS_FILE = "plan_dead_letters.jsonl"
@@ -69,15 +71,6 @@ PRODUCER = "images-to-tfrecords"
 
 class TooManyBadInputsError(RuntimeError):
     """More inputs were unusable than --max_bad_fraction allows."""
-
-
-def foreign_shard_files(names: Iterable[str], listed: Iterable[str]) -> list[str]:
-    """The final shard names in ``names`` that are not the job's: neither listed by its
-    dataset_info.json (``listed``) nor committed by a run whose sidecar is still beside them.
-    Pure. Such a file is the user's (an export, a copy): the job never deletes or replaces it."""
-    names, listed = set(names), set(listed)
-    return sorted(name for name in names
-                  if _SHARD_FILE.match(name) and name not in listed and sidecar_name(name) not in names)
 
 
 def run_fingerprint(config: ImageConfig, settings: dict) -> str:
@@ -108,8 +101,14 @@ def build_dataset_info(
     settings: dict,
     content_duplicates: Sequence[dict] = (),
     dead_letters_by_reason: dict[str, int] | None = None,
+    run: str | None = None,
 ) -> dict:
-    """dataset_info.json, as a plain dict: pure, so that its content is testable and deterministic."""
+    """dataset_info.json, as a plain dict: pure, so that its content is testable and deterministic.
+
+    Shard files and the dead letters are named relative to the output folder, in the folder of
+    ``run`` (run_folders.py); None names them directly in it, as releases before versioned
+    datasets wrote them. The commit adds the version keys (commit.py)."""
+    prefix = "" if run is None else run_prefix(run) + "/"
     by_split: dict[str, list[ShardResult]] = {}
     for result in sorted(results):
         by_split.setdefault(result.split, []).append(result)
@@ -131,7 +130,7 @@ def build_dataset_info(
             # planning have no split and are only in the dataset-wide dead_letters_by_reason.
             "dead_letters_by_reason": dict(sorted(reasons.items())),
             "shards": [
-                {"file": s.file, "num_examples": s.num_examples, "bytes": s.bytes, "sha256": s.sha256}
+                {"file": prefix + s.file, "num_examples": s.num_examples, "bytes": s.bytes, "sha256": s.sha256}
                 for s in shards
             ],
         }
@@ -157,7 +156,7 @@ def build_dataset_info(
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
         "dead_letters_by_reason": dict(sorted((dead_letters_by_reason or {}).items())),
-        "dead_letters_file": DEAD_LETTERS_FILE,
+        "dead_letters_file": prefix + DEAD_LETTERS_FILE,
         "fingerprint": run_fingerprint(config, settings),
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
@@ -267,31 +266,6 @@ def write_dead_letter_part(group: tuple[int, Iterable[DeadLetter]], *, output_di
             "by_reason": dict(collections.Counter(letter.reason for letter in letters))}
 
 
-def commit_shards(output_dir: str, results: Iterable[ShardResult]) -> None:
-    """Gives every staged shard its final name. Idempotent, so a retried finalize is harmless."""
-    sources, destinations = [], []
-    for result in results:
-        staged = FileSystems.join(output_dir, staged_name(result.file))
-        final = FileSystems.join(output_dir, result.file)
-        if FileSystems.exists(staged):
-            sources.append(staged)
-            destinations.append(final)
-        elif not FileSystems.exists(final):
-            raise FileNotFoundError(f"the staged shard {staged} is missing; rerun the job with --resume")
-    if sources:
-        FileSystems.rename(sources, destinations)
-
-
-def listed_files(info_path: str) -> set[str]:
-    """The shard files an existing dataset_info.json lists (none if it is unreadable)."""
-    try:
-        with FileSystems.open(info_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            info = json.loads(handle.read().decode("utf-8"))
-        return {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-
-
 def is_own_plan(path: str) -> bool:
     """True when ``path`` is a plan.json this job wrote (--plan_only), which a later run may replace
     or remove; a user's own plan.json (anything else under that common name) is never touched.
@@ -312,80 +286,26 @@ def is_own_plan(path: str) -> bool:
     return "would_fail" in plan and isinstance(dead, dict) and dead.get("file") == PLAN_DEAD_LETTERS_FILE
 
 
-def remove_leftovers(output_dir: str, *, keep: Iterable[str], previous: Iterable[str] = (),
-                     run_id: str | None = None) -> list[str]:
-    """Deletes what a committed dataset must not have beside it; returns the names deleted.
+def remove_root_leftovers(output_dir: str, *, run_id: str | None = None) -> list[str]:
+    """Deletes, after a commit, what the output folder's top level must not keep; returns the names.
 
-    That is: hidden temp and staged files and sidecars; the shards of the dataset this one replaces
-    (``previous``, from its dataset_info.json) that are not in ``keep``; files named like a shard of
-    one of this dataset's splits that it does not list (stale shards of an interrupted run with
-    another shard count, which readers would refuse); a refused run's dead letters; the files
-    of an earlier --plan_only, which no longer describe what is there; and the progress files of
-    other runs (killed ones leave theirs). This run's own progress file (``run_id``) is left to the
-    launching process, which removes it after its last look: removed here, a short run could end
-    before the launching process ever read its plan. Files of
-    the user's that merely look like shards of another split ("backup-00000-of-00001.tfrecord")
-    are never touched.
+    That is: temp files of killed writers (this run holds the lock, so no writer is alive); the
+    hidden staged files, sidecars and dead-letter parts that releases before versioned datasets
+    left in the top level; their refused-run dead letters; the files of an earlier --plan_only,
+    which no longer describe what is there (only the job's own plan: plan.json is a common name);
+    and the progress files of other runs. Nothing a manifest lists lives here any more (shards sit
+    in run folders, which the garbage collection handles), and a file of the user's, even one
+    named like a shard, is never touched.
     """
-    keep = set(keep)
-    splits = {_SHARD_FILE.match(name)["split"] for name in keep if _SHARD_FILE.match(name)}
-    previous = set(previous)
     own_progress = None if run_id is None else progress_file_name(run_id)
     listing = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
-    # A shard-named file that no manifest lists and no sidecar of ours accounts for is the user's.
-    foreign = set(foreign_shard_files(listing, previous))
-    # plan.json is a common name: only the job's own plan (and its dead letters) goes.
     plan_files = ((PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
                   if PLAN_FILE not in listing or is_own_plan(listing[PLAN_FILE]) else ())
-    doomed = []
-    for name, path in listing.items():
-        if name in keep:
-            continue
-        shard = _SHARD_FILE.match(name)
-        # A killed run's progress file (each run names its own) would otherwise stay beside the
-        # dataset for good; this run's own is the launching process's to remove (see above).
-        if (name.startswith((".tmp-", ".staged-")) or name in previous
-                or name == REFUSED_DEAD_LETTERS_FILE or name in plan_files
-                or (_PROGRESS_FILE.match(name) and name != own_progress)
-                or (shard and shard["split"] in splits and name not in foreign)):
-            doomed.append(path)
+    doomed = [path for name, path in listing.items()
+              if name.startswith((".tmp-", ".staged-")) or name == REFUSED_DEAD_LETTERS_FILE
+              or name in plan_files or (_PROGRESS_FILE.match(name) and name != own_progress)]
     delete_exactly(doomed)
     return sorted(path.rsplit("/", 1)[-1] for path in doomed)
-
-
-def _refuse_foreign_files(output_dir: str, results: Sequence[ShardResult], previous: set[str]) -> None:
-    """Refuses, before anything is committed or deleted, to replace or delete a file the job did
-    not write: a final name this run would write over (unless its bytes are this shard's already,
-    as after a retried finalize), or a shard-named file of one of its splits that it would remove
-    as stale. The staged shards stay, so a --resume after moving those files redoes nothing."""
-    names = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
-    splits = {result.split for result in results}
-    # This run's own sidecars sit beside the final names it writes, so those are judged by their
-    # bytes instead: a file already holding this shard's exact bytes loses nothing when replaced.
-    doomed = [result.file for result in results
-              if result.file in names and result.file not in previous
-              and _file_digest(names[result.file]) != (result.bytes, result.sha256)]
-    writes = {result.file for result in results}
-    doomed += [name for name in foreign_shard_files(names, previous)
-               if name not in writes and _SHARD_FILE.match(name)["split"] in splits]
-    doomed.sort()
-    if doomed:
-        shown = ", ".join(doomed[:5]) + (f" and {len(doomed) - 5} more" if len(doomed) > 5 else "")
-        raise JobError(
-            f"--output_dir {output_dir} holds {len(doomed)} file{'s' if len(doomed) != 1 else ''} named like this "
-            f"dataset's shards that no dataset_info.json of this job lists ({shown}); committing would replace or "
-            "delete them, so nothing was changed: move them elsewhere, then rerun with --resume and the same "
-            "flags (the converted shards stay staged)")
-
-
-def _file_digest(path: str) -> tuple[int, str]:
-    """(size, sha256) of a file, read in chunks: the same figures a ShardResult holds."""
-    digest, size = hashlib.sha256(), 0
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 def finalize_outputs(
@@ -395,71 +315,98 @@ def finalize_outputs(
     content_duplicates: list[dict],
     *,
     output_dir: str,
+    run: str,
+    expected: Current,
+    change_kind: str,
     config: ImageConfig,
     settings: dict,
     max_bad_fraction: float,
+    keep_versions: int = 2,
     run_id: str | None = None,
+    base: dict | None = None,
 ) -> dict:
-    """Checks the bad fraction, then swaps the new dataset in: commit, clean up, manifest last.
+    """Checks the bad fraction, then commits the run's folder as the dataset's next version.
+
+    With ``base`` (--append: the current manifest), the version lists base's shards, untouched,
+    then this run's (append.merge_appended); an append that found nothing new commits nothing.
 
     ``summary`` is the plan's small facts (label names, input count); ``dead_parts`` the facts of
-    the dead-letter parts (see write_dead_letter_part), whose files are concatenated in order.
+    the dead-letter parts in the run folder (see write_dead_letter_part), concatenated in order
+    into the run's dead_letters.jsonl. ``expected`` is the version the run started from: the
+    commit succeeds only if it is still current (commit.py), so two runs never both commit over
+    one parent.
 
-    A refused run changes nothing that a reader uses: its shards stay staged and hidden (so that a
-    rerun with --resume, after fixing inputs or raising the threshold, redoes nothing that was
-    good), and a dataset already in the folder (--overwrite) is left whole; the refused run's dead
-    letters then go to REFUSED_DEAD_LETTERS_FILE instead of contradicting it. A run that passes
-    first removes the old dataset_info.json, so that no moment shows the old manifest over new
-    shards, then commits its shards, removes the old dataset's other files, and writes its own
-    dataset_info.json last.
+    Nothing a committed version lists is written, renamed or deleted here before the commit: the
+    shards are already complete, under their final names, in the run's own folder. The commit is
+    the one atomic write of dataset_info.json; a kill before it leaves the previous version
+    current and whole, a kill after it the new one. Only then are the files of versions outside
+    the retention window (``keep_versions``: the current one and those before it) removed, so a
+    trainer that opened the previous version goes on reading it whole.
+
+    A refused run commits nothing: its shards stay in its folder for a --resume (after fixing
+    inputs or raising the threshold, which redoes nothing that was good), with its dead letters
+    beside them.
     """
-    info_path = FileSystems.join(output_dir, DATASET_INFO)
-    previous_exists = FileSystems.exists(info_path)
+    folder = run_dir(output_dir, run)
     parts = sorted(dead_parts, key=lambda p: p["part"])
-    part_paths = [FileSystems.join(output_dir, part_file_name(p["part"])) for p in parts]
+    part_paths = [FileSystems.join(folder, part_file_name(p["part"])) for p in parts]
+    dead_letters_path = FileSystems.join(folder, DEAD_LETTERS_FILE)
     by_reason: collections.Counter[str] = collections.Counter()
     for part in parts:
         by_reason.update(part["by_reason"])
     num_dead = sum(by_reason.values())
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable, considered = num_dead - dropped, summary["num_inputs"] - dropped
+    concatenate_atomically(dead_letters_path, part_paths)
+    # The parts are all in the file just written; left behind they would be litter (on an
+    # object store, for good) and nothing reads them again.
+    delete_exactly(part_paths)
+    if base is not None and not any(result.num_examples for result in results):
+        # Nothing new became an example: a version equal to the current one would only be noise
+        # (a nightly append over a folder with one bad file would commit one every night).
+        _LOG.info("--append: no new example; version %s stays current%s", expected.version,
+                  f" ({num_dead} dead letters in {dead_letters_path})" if num_dead else "")
+        return base
     # A dataset of no examples is never what a user wants, whatever --max_bad_fraction allows.
-    empty = not any(result.num_examples for result in results)
+    empty = not any(result.num_examples for result in results) and base is None
     if empty or (considered and unusable / considered > max_bad_fraction):
-        refused_name = REFUSED_DEAD_LETTERS_FILE if previous_exists else DEAD_LETTERS_FILE
-        refused_uri = FileSystems.join(output_dir, refused_name)
-        concatenate_atomically(refused_uri, part_paths)
-        # The parts are all in the file just written; left behind they would be litter (on an
-        # object store, for good) and nothing reads them again: a --resume rerun writes its own.
-        delete_exactly(part_paths)
-        kept = ("the dataset already in the folder was left as it was" if previous_exists
+        kept = (f"version {expected.version} of the dataset stays current, unchanged" if expected.manifest
                 else "no dataset_info.json was written")
         if results:
             kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
-                     f"{'stays' if len(results) == 1 else 'stay'} staged "
-                     "(hidden .staged-* files) for a rerun with --resume and the same flags, which redoes only "
-                     "what changed (delete them to give up)")
+                     f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it) "
+                     "for a rerun with --resume and the same flags, which redoes only what changed")
         unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
         check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-                           dead_letters_uri=refused_uri, kept_message=kept, by_reason=unusable_by_reason)
+                           dead_letters_uri=dead_letters_path, kept_message=kept, by_reason=unusable_by_reason)
         hint = refusal_hint(unusable_by_reason)
         raise TooManyBadInputsError(
             f"no input became an example ({unusable} of {considered} inputs could not be used"
             + (f"; {hint}" if hint else "") + f"); a dataset of no examples is refused, whatever "
-            f"--max_bad_fraction allows; {kept}. See {refused_uri} for each file and the reason.")
+            f"--max_bad_fraction allows; {kept}. See {dead_letters_path} for each file and the reason.")
     info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
                               content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
-                              dead_letters_by_reason=dict(by_reason))
-    previous = listed_files(info_path) if previous_exists else set()
-    _refuse_foreign_files(output_dir, results, previous)
-    if previous_exists:
-        delete_exactly([info_path])
-    commit_shards(output_dir, results)
-    concatenate_atomically(FileSystems.join(output_dir, DEAD_LETTERS_FILE), part_paths)
-    remove_leftovers(output_dir, keep=[r.file for r in results], previous=previous, run_id=run_id)
-    text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    write_atomically(info_path, text.encode("utf-8"))
-    return info
+                              dead_letters_by_reason=dict(by_reason), run=run)
+    change = {"kind": change_kind, "run": run}
+    if base is not None:
+        change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
+        info = merge_appended(base, info, changes=summary.get("append"))
+    committed = commit_version(output_dir, info, expected=expected, change=change)
+    _clean_up_after_commit(output_dir, keep_versions=keep_versions, run_id=run_id)
+    return committed
+
+
+def _clean_up_after_commit(output_dir: str, *, keep_versions: int, run_id: str | None) -> None:
+    """Best effort: the new version is committed and whole whatever happens here; what a failure
+    leaves (old versions' files, litter), the next commit or `versions gc` removes."""
+    try:
+        from beam_jobs.versions import collect_garbage  # pylint: disable=import-outside-toplevel  # cycle
+
+        remove_root_leftovers(output_dir, run_id=run_id)
+        collect_garbage(output_dir, keep=keep_versions)
+    except Exception as error:  # The dataset is committed: a clean-up failure must not fail the run.
+        _LOG.warning("the new version is committed, but cleaning up %s failed (%s): `python -m "
+                     "beam_jobs.versions %s gc` retries it", output_dir, error, output_dir)
 
 
 def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
@@ -471,6 +418,12 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
     classes = len(summary["label_names"])
+    append = summary.get("append")
+    if append is not None:  # --append: what is new, beside what the current version holds
+        held = append.get("held", 0) + append.get("changed", 0)
+        return (f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
+                f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}; {ignored} listed "
+                f"file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
     return (f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
             f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
 

@@ -73,8 +73,22 @@ class ConversionOptions(PipelineOptions):
                            "shards; per class counts; the listing's dead letters) into --output_dir: check a long "
                            "job's class balance and shard count in seconds before paying for it")
         group.add_argument("--overwrite", action="store_true", default=False,
-                           help="replace whatever dataset is already in --output_dir, once this run succeeds; "
-                           "with --resume, continue an interrupted --overwrite run")
+                           help="commit a new version of the dataset in --output_dir holding only this run's "
+                           "examples, once this run succeeds (the version it replaces stays readable for the "
+                           "retention window, see --keep_versions); with --resume, continue an interrupted "
+                           "--overwrite run")
+        group.add_argument("--append", action="store_true", default=False,
+                           help="commit a new version that adds to the current one the inputs it does not hold "
+                           "yet (same flags as the run that made it); its shards stay untouched and label ids "
+                           "never change")
+        group.add_argument("--changed_sources", default="refuse", choices=("refuse", "keep"),
+                           help="--append, when inputs of the current version changed or disappeared since they "
+                           "were converted: refuse = convert nothing and list them; keep = keep their examples as "
+                           "they are, with a warning in dataset_info.json (default: %(default)s)")
+        group.add_argument("--keep_versions", type=int, default=2,
+                           help="after a commit, keep the files of this many versions (the new one and those "
+                           "before it) and remove older versions' files; a trainer still reading the previous "
+                           "version goes on reading it whole (default: %(default)s)")
         group.add_argument("--resume", action="store_true", default=False,
                            help="continue an interrupted run with the same flags: shards already complete "
                            "and verified (size and sha256) are kept, the rest are redone")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from functools import partial
 import logging
 import os
 import re
@@ -13,7 +14,6 @@ import socket
 import sys
 import traceback
 import urllib.parse
-import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -27,7 +27,8 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
-from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn, _read_source
+from beam_jobs.convert import (CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, READ_TIMEOUT_S, ConvertShardFn,
+                               _read_source, source_state)
 from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
 from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
@@ -43,16 +44,18 @@ from beam_jobs.finalize import (
     plan_warning_lines,
     write_dead_letter_part,
     write_plan,
-    is_dataset_file,
     is_own_plan,
     run_fingerprint,
 )
+from beam_jobs.append import SourceChangesError, check_source_changes, held_sidecars, read_held_inputs
+from beam_jobs.commit import CommitConflictError, Current, read_current
 from beam_jobs.paths import redact
+from beam_jobs.run_folders import listed_runs, new_run_name, resumable_runs, run_dir
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import DEFAULT_SPLIT_RULE, estimate_example_bytes
 from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
-from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
+from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
 from beam_jobs.records import InputFile
@@ -109,9 +112,17 @@ class ConvertImages(beam.PTransform):
                  num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
                  settings: dict, dedup: str = "path", resume: bool = False,
                  allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
-                 run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE) -> None:
+                 run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE,
+                 expected: Current | None = None, change_kind: str = "create", keep_versions: int = 2,
+                 changed_sources: str = "refuse") -> None:
         super().__init__()
-        self._run_id = run_id  # names the progress file the launching process watches (None: none)
+        self._changed_sources = changed_sources  # --append: what to do with changed or removed sources
+        # The run's name: its folder under shards/, and the progress file the launching process
+        # watches there (None: a plan only, which converts nothing).
+        self._run_id = run_id
+        self._expected = expected if expected is not None else Current(manifest=None, data=None, token=None)
+        self._change_kind = change_kind
+        self._keep_versions = keep_versions
         self._input_root = input_root
         self._input_list = input_list
         self._output_dir = output_dir
@@ -131,6 +142,8 @@ class ConvertImages(beam.PTransform):
     def expand(self, pipeline):
         config = self._config
         output_dir = self._output_dir
+        # Everything the conversion writes goes into the run's own folder (run_folders.py).
+        folder = output_dir if self._run_id is None else run_dir(output_dir, self._run_id)
         if self._input_root is not None:
             listed = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root,
                                                          with_ignored=True)
@@ -146,7 +159,18 @@ class ConvertImages(beam.PTransform):
                 | "HashContent" >> beam.Map(_with_content_hash, max_file_bytes=config.max_file_bytes)
                 # InputFile(..., content_sha256) | DeadLetter
             )
+        append = self._change_kind == "append"
+        base = self._expected.manifest if append else None
+        held = None
+        if base is not None:
+            held = (pipeline
+                    | "HeldShards" >> beam.Create(held_sidecars(base))
+                    | "ReadHeldInputs" >> beam.FlatMap(read_held_inputs, output_dir=output_dir,
+                                                       version=self._expected.version))
+            # (uri, [size, mtime] when converted): every input the current version holds
         planned = listing | "PlanShards" >> PlanShards(
+            held=held, known_labels=tuple(base["label_names"]) if base else (),
+            state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
             from_tree=self._input_root is not None,
             tree_layout=self._tree_layout,
             source=self._input_root or self._input_list,
@@ -174,18 +198,27 @@ class ConvertImages(beam.PTransform):
                     | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
                                               settings=self._settings, max_bad_fraction=self._max_bad_fraction))
             # dict: plan.json as written, plus its one-line summary
-        summary = planned[PLAN_SUMMARY] | _LOG_PLAN_STEP >> beam.Map(
+        plan_summary, shards = planned[PLAN_SUMMARY], planned["shards"]
+        if base is not None:
+            changes = (planned[PLAN_CHANGES]
+                       | "CountSourceChanges" >> beam.CombineGlobally(SourceChangesFn())
+                       | "CheckSourceChanges" >> beam.Map(check_source_changes, policy=self._changed_sources,
+                                                          version=self._expected.version))
+            plan_summary = plan_summary | "OfTheAppend" >> beam.Map(_append_summary, beam.pvalue.AsSingleton(changes))
+            # Through the check's result, so that no shard is converted before an append is refused.
+            shards = shards | "AfterSourceCheck" >> beam.Map(lambda shard, _: shard, beam.pvalue.AsSingleton(changes))
+        summary = plan_summary | _LOG_PLAN_STEP >> beam.Map(
             _log_plan, beam.pvalue.AsList(
                 planned[PLAN_DEAD_LETTERS]
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
                 | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
-            ignored_counts, output_dir=output_dir, run_id=self._run_id)
+            ignored_counts, output_dir=folder, run_id=self._run_id)
         converted = (
-            planned["shards"]
+            shards
             | "SpreadShards" >> beam.Reshuffle()
             | "ConvertShards" >> beam.ParDo(ConvertShardFn(
-                config, output_dir, run_fingerprint=run_fingerprint(config, self._settings),
+                config, folder, run_fingerprint=run_fingerprint(config, self._settings),
                 resume=self._resume, run_id=self._run_id, preprocessing={**config.to_json(), **self._settings},
             )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
@@ -204,7 +237,7 @@ class ConvertImages(beam.PTransform):
             | "KeyDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
             | "GroupDeadLetters" >> beam.GroupByKey()
             # (part, [DeadLetter, ...]): 1/DEAD_LETTER_PARTS of them each
-            | "WriteDeadLetterParts" >> beam.Map(write_dead_letter_part, output_dir=output_dir)
+            | "WriteDeadLetterParts" >> beam.Map(write_dead_letter_part, output_dir=folder)
             # {"part", "count", "by_reason"}
         )
         return (
@@ -217,13 +250,25 @@ class ConvertImages(beam.PTransform):
                 dead_parts=beam.pvalue.AsList(dead_parts),
                 content_duplicates=beam.pvalue.AsList(duplicates),
                 output_dir=output_dir,
+                run=self._run_id,
+                expected=self._expected,
+                change_kind=self._change_kind,
                 config=config,
                 settings=self._settings,
                 max_bad_fraction=self._max_bad_fraction,
+                keep_versions=self._keep_versions,
                 run_id=self._run_id,
+                base=base,
             )
             # dict: the dataset_info.json that was written
         )
+
+
+def _append_summary(summary: dict, changes: dict) -> dict:
+    """The plan's facts for an append run: its inputs are those not held yet (the held ones, and
+    the changed ones kept as they are, are not converted again), and the changes found."""
+    return {**summary, "num_inputs": summary["num_inputs"] - changes["held"] - changes["changed"],
+            "append": changes}
 
 
 def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: str):
@@ -270,18 +315,6 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
         pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
     ))
     return fn_runner.FnApiRunner(provision_info=provision)
-
-
-def _previous_settings(names: dict[str, str]) -> dict | None:
-    """The fingerprint and preprocessing settings of the dataset_info.json already there, if any."""
-    if DATASET_INFO not in names:
-        return None
-    try:
-        with FileSystems.open(names[DATASET_INFO]) as handle:
-            info = json.loads(handle.read().decode("utf-8"))
-        return {"fingerprint": info.get("fingerprint", "unknown"), "preprocessing": info.get("preprocessing", {})}
-    except (OSError, ValueError, AttributeError):
-        return {"fingerprint": "unreadable", "preprocessing": {}}
 
 
 def _differences(old: dict, new: dict) -> str:
@@ -404,94 +437,93 @@ def _probe_writable(output_dir: str) -> None:
 
 # This run's progress file (progress.progress_file_name); only this run's exists while it holds the lock
 # and finalize has not yet removed those of killed runs.
-_PROGRESS_FILE = re.compile(r"^\.progress-[0-9a-f]{16}\.json$")
+_PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")
 # Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
 _TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
 # The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
-# A staged shard's sidecar (convert.sidecar_name): counted after an interrupt.
-_SIDECAR = re.compile(r"^\.staged-.+\.tfrecord\.json$")
+# A shard's sidecar in its run folder (convert.sidecar_name): counted after an interrupt.
+_SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
 _RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
 
 
-def _check_output_dir(output_dir: str, *, overwrite: bool, resume: bool, fingerprint: str,
-                      preprocessing: dict) -> None:
-    """Never mixes two datasets in one folder, and never deletes a dataset up front.
+def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, resume: bool, fingerprint: str,
+                      preprocessing: dict, append: bool = False) -> tuple[str, str]:
+    """Decides what this run may do with the folder; returns (its run name, its change kind).
 
-    - --overwrite: allowed; the dataset there is replaced only when this run succeeds (its
-      finalize step commits the new shards, then removes what the old dataset listed). With
-      --resume too, the staged shards of an interrupted --overwrite run are reused.
-    - --resume: allowed when the folder holds this same run (same fingerprint) or an interrupted
-      one; each staged shard is verified later against its sidecar and its sources.
-    - neither: the folder must hold no dataset files at all.
+    A run writes only into its own folder under shards/ and commits by one write of
+    dataset_info.json (commit.py), so no flag ever deletes or replaces a file up front, and files
+    of the user's that look like the job's (a "train-00000-of-00001.tfrecord" of their own) are
+    simply left beside the dataset.
+
+    - a folder holding a dataset: refused without a flag that says what to do with it;
+    - --overwrite: the run commits a new version holding only its own shards; the one it replaces
+      stays whole (kept for the retention window, see `versions gc`);
+    - --resume: continues the newest uncommitted run folder whose shards were made with the same
+      settings (each shard is verified later against its sidecar and its sources); with a dataset
+      of other settings there, only with --overwrite.
     """
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
     # A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
-    # between writing and renaming or deleting it leaves it, and it must not make the folder look
-    # like it holds a dataset. This run holds the lock, so no live run is writing one.
+    # between writing and renaming or deleting it leaves it. This run holds the lock, so no live
+    # run is writing one.
     leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
     if leftovers:
         _LOG.info("removing %d temp file(s) of a killed run from %s: %s", len(leftovers), redact(output_dir),
                   ", ".join(leftovers))
         delete_exactly([names.pop(name) for name in leftovers])
-    ours = sorted(name for name in names if is_dataset_file(name))
-    # Something of an earlier run of this job: its manifest, or its staged shards and sidecars.
-    earlier_run = DATASET_INFO in names or any(name.startswith(".staged-") for name in ours)
-    if ours and not earlier_run:
-        # Only files that look like the job's: nothing to resume or replace, and no flag may
-        # delete or overwrite them (the job never does that to a file it did not write).
-        flags = " and ".join(flag for flag, given in (("--resume", resume), ("--overwrite", overwrite)) if given)
-        shown = ", ".join(ours[:5]) + (f" and {len(ours) - 5} more" if len(ours) > 5 else "")
-        start = (f"{flags}: --output_dir {redact(output_dir)} holds no earlier run of this job (no {DATASET_INFO}, "
-                 "no staged shards)" if flags else f"--output_dir {redact(output_dir)} already holds")
-        raise UsageError(
-            f"{start}{' but' if flags else ''} {len(ours)} file{'s' if len(ours) != 1 else ''} named like this job's "
-            f"outputs that no dataset of its own accounts for ({shown}); the job never replaces or deletes files it "
-            "did not write: move them elsewhere, or choose another folder")
-    if ours and overwrite:
-        _LOG.info("--overwrite: the dataset in %s will be replaced when this run succeeds", redact(output_dir))
-    if ours and resume:
-        previous = _previous_settings(names)
-        if not overwrite and previous and previous["fingerprint"] != fingerprint:
+    previous = current.manifest
+    if append:
+        if previous is None:
+            raise UsageError(f"--append: --output_dir {redact(output_dir)} holds no dataset to append to (no "
+                             f"{DATASET_INFO}); run without --append to create one")
+        if previous.get("fingerprint") != fingerprint:
             raise UsageError(
-                f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
-                f"({_differences(previous['preprocessing'], preprocessing)}); --resume only continues a run "
-                "with the same flags. Pass --overwrite to replace it, or choose another folder"
-            )
-        # Temp files of killed writers; staged shards and their sidecars stay for verification.
-        delete_exactly([names[name] for name in ours if name.startswith(".tmp-")])
-        _warn_unkept_staged_shards(output_dir, names, fingerprint=fingerprint, preprocessing=preprocessing)
-    if ours and not (overwrite or resume):
+                f"--append: version {current.version} in {redact(output_dir)} was made with other settings "
+                f"({_differences(previous.get('preprocessing') or {}, preprocessing)}); an append takes the same "
+                "flags as the run that made the dataset, so that its examples stay alike")
+    if previous is not None and not (overwrite or resume or append):
         raise UsageError(
-            f"--output_dir {redact(output_dir)} already holds dataset files ({len(ours)}, e.g. {ours[0]}); pass "
-            "--resume to continue an interrupted run with the same flags, --overwrite to replace it (only once "
-            "the new run succeeds), or choose another folder"
-        )
-
-
-def _warn_unkept_staged_shards(output_dir: str, names: dict[str, str], *, fingerprint: str,
-                               preprocessing: dict) -> None:
-    """--resume with other flags converts every shard again, and the staged ones of the earlier run
-    are replaced or removed: one warning says how many, and which settings differ, so that a
-    mistyped flag on a long run is noticed before the work is redone."""
+            f"--output_dir {redact(output_dir)} already holds a dataset (version {current.version}, {DATASET_INFO}); "
+            "pass --overwrite to replace it with a new version (the current one stays readable until a later "
+            "commit removes it), --resume to continue an interrupted run with the same flags, or choose another "
+            "folder")
+    if previous is not None and resume and not overwrite and previous.get("fingerprint") != fingerprint:
+        raise UsageError(
+            f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
+            f"({_differences(previous.get('preprocessing') or {}, preprocessing)}); --resume only continues a run "
+            "with the same flags. Pass --overwrite to replace it, or choose another folder")
+    kind = "create" if previous is None else "append" if append else "overwrite"
+    if previous is not None and not append:
+        _LOG.info("--overwrite: version %s in %s stays current until this run commits the next one",
+                  current.version, redact(output_dir))
+    if not resume:
+        return new_run_name(), kind
+    committed = listed_runs(_committed_manifests(output_dir, current))
     unkept, differences = 0, set()
-    for name, path in names.items():
-        if not _SIDECAR.match(name):
-            continue
-        try:
-            with FileSystems.open(path) as handle:
-                done = json.loads(handle.read().decode("utf-8"))
-        except (OSError, ValueError, AttributeError):  # Unreadable: the conversion redoes it anyway.
-            continue
-        recorded = done.get("run_fingerprint") if isinstance(done, dict) else None
-        if recorded is None or recorded == fingerprint:  # Older sidecars: verified shard by shard later.
-            continue
-        unkept += 1
-        differences.add(_differences(done.get("preprocessing") or {}, preprocessing))
+    for run, found in resumable_runs(output_dir, committed):
+        if found and set(found) <= {fingerprint, None}:
+            _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
+            return run, kind
+        if found:
+            unkept += 1
+            differences.update(_differences(settings, preprocessing) for key, settings in found.items()
+                               if key not in (fingerprint, None))
     if unkept:
-        _LOG.warning("--resume: %d staged shard%s in %s %s not kept: %s made with other settings (%s); "
+        _LOG.warning("--resume: the shards of %d earlier run%s in %s %s not kept: made with other settings (%s); "
                      "this run converts everything again with the flags given now", unkept,
                      "" if unkept == 1 else "s", redact(output_dir), "is" if unkept == 1 else "are",
-                     "it was" if unkept == 1 else "they were", "; ".join(sorted(differences)))
+                     "; ".join(sorted(differences)))
+    return new_run_name(), kind
+
+
+def _committed_manifests(output_dir: str, current: Current) -> list[dict]:
+    """The current manifest and the history's: what lists the run folders a --resume must not reuse."""
+    try:
+        from beam_jobs.versions import history  # pylint: disable=import-outside-toplevel  # cycle
+
+        return history(output_dir)
+    except Exception:  # An unreadable history: the current version's folders, at least, stay untouched.
+        return [current.manifest] if current.manifest else []
 
 
 def _check_plan_file(output_dir: str) -> None:
@@ -514,34 +546,37 @@ def _write_to(stream, text: str) -> None:
         pass
 
 
-def _abandon(output_dir: str, lock: str, created: list[str]) -> None:
+def _abandon(output_dir: str, lock: str, created: list[str], run_id: str | None = None) -> None:
     """What an interrupted run leaves, when the interrupt never reached run()'s own cleanup."""
-    _clean_up_interrupted(output_dir)
-    try:
-        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
-        delete_exactly([path for name, path in names.items() if _PROGRESS_FILE.match(name)])
-    except Exception:  # The progress file is hidden and small; the lock matters more.
-        pass
+    _clean_up_interrupted(output_dir, run_id)
+    for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
+        try:
+            names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
+            delete_exactly([path for name, path in names.items() if _PROGRESS_FILE.match(name)])
+        except Exception:  # The progress file is hidden and small; the lock matters more.
+            pass
     release_output_lock(lock)
     _remove_created(created)
 
 
-def _clean_up_interrupted(output_dir: str) -> None:
+def _clean_up_interrupted(output_dir: str, run_id: str | None = None) -> None:
     """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
 
     The workers die with the signal when it reached their process group (a terminal, `timeout`),
     or live on writing when it reached this process only (Docker, Kubernetes); either way a shard
     half written stays under a temp name. While this run holds the lock no other run writes
-    there, so every temp file in the folder is a killed writer's. Staged shards stay for --resume.
+    there, so every temp file in the folder (and in the run's own) is a killed writer's. The run
+    folder's complete shards stay for --resume.
     """
     # The runner's threads that wait on each worker report its death as an uncaught exception;
     # termination.sigterm_as_interrupt's hook already logs those at DEBUG once interrupted.
     stop_child_processes()
-    try:
-        leftovers = [m.path for m in list_folder(output_dir) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
-        delete_exactly(leftovers)
-    except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
-        _LOG.warning("could not remove the temp files in %s: %s", redact(output_dir), error)
+    for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
+        try:
+            leftovers = [m.path for m in list_folder(folder) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
+            delete_exactly(leftovers)
+        except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
+            _LOG.warning("could not remove the temp files in %s: %s", redact(folder), error)
 
 
 def _remove_created(folders: list[str]) -> None:
@@ -580,18 +615,21 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
     try:
         lock = acquire_output_lock(output_dir)
-        on_stuck(lambda signum: _abandon(output_dir, lock, created))
+        on_stuck(lambda signum: _abandon(output_dir, lock, created, run_id))
         on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM,
                                                              state=state()) + "\n"))
+        # The version this run starts from: it commits only if that is still the current one.
+        current = read_current(output_dir)
+        kind = "create"
         if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
             _check_plan_file(output_dir)
         else:
-            _check_output_dir(output_dir, overwrite=arguments.overwrite, resume=arguments.resume,
-                              fingerprint=run_fingerprint(config, arguments.settings),
-                              preprocessing={**config.to_json(), **arguments.settings})
+            run_id, kind = _check_output_dir(
+                output_dir, current, overwrite=arguments.overwrite, resume=arguments.resume,
+                fingerprint=run_fingerprint(config, arguments.settings),
+                preprocessing={**config.to_json(), **arguments.settings}, append=arguments.append)
         runner = _local_runner(options, argv, log_level=arguments.log_level)
         _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
-        run_id = None if arguments.plan_only else uuid.uuid4().hex[:16]
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(
             input_root=arguments.input_root, input_list=arguments.input_list, output_dir=output_dir,
@@ -600,12 +638,13 @@ def run(argv: Sequence[str] | None = None) -> dict:
             max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
             resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
             tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
-            split_rule=arguments.split_rule,
+            split_rule=arguments.split_rule, expected=current, change_kind=kind,
+            keep_versions=arguments.keep_versions, changed_sources=arguments.changed_sources,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             say["now"] = lambda text: _write_to(console.terminal, text)
             watcher, display = (None, None) if run_id is None else _watch(
-                console, output_dir, run_id, plain=arguments.log_level == "DEBUG")
+                console, run_dir(output_dir, run_id), run_id, plain=arguments.log_level == "DEBUG")
             succeeded = False
             try:
                 result = pipeline.run()
@@ -629,7 +668,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         if isinstance(error, KeyboardInterrupt):
             interrupt_caught()
             if lock is not None:
-                _clean_up_interrupted(output_dir)
+                _clean_up_interrupted(output_dir, run_id)
         if lock is not None:
             release_output_lock(lock)
         _remove_created(created)
@@ -642,7 +681,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
     release_output_lock(lock)
     _log_counters(result)
     with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
-        return json.loads(handle.read().decode("utf-8"))
+        info = json.loads(handle.read().decode("utf-8"))
+    if arguments.append and info.get("version") == current.version:
+        info["nothing_appended"] = True  # finalize found no new input and committed nothing
+    return info
 
 
 def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *,
@@ -680,8 +722,15 @@ def _summary(info: dict, output_dir: str) -> str:
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable = info["num_dead_letters"] - dropped
     copies = f", {dropped} copies dropped (--dedup)" if dropped else ""
-    return (f"wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used{copies} "
-            f"(see {info['dead_letters_file']})")
+    change = info.get("change") or {}
+    committed = ""
+    if info.get("version"):
+        added = change.get("added")
+        what = (f"appended {', '.join(f'{n} {split}' for split, n in added.items()) or 'no example'} to version "
+                f"{info.get('parent_version')}" if change.get("kind") == "append" else change.get("kind", "create"))
+        committed = f"committed version {info['version']} ({what}): "
+    return (f"{committed}wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used"
+            f"{copies} (see {FileSystems.join(redact(output_dir), info['dead_letters_file'])})")
 
 
 _STORAGE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
@@ -695,7 +744,7 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
     """One line for a failed run, and whether a trace would help: our own message when the failure
     is ours, the storage problem when the disk said no, else the innermost error and its step."""
     text = redact(f"{type(error).__name__}: {error}")
-    for own in (TooManyBadInputsError, OutputLockedError, JobError, UsageError):
+    for own in (TooManyBadInputsError, OutputLockedError, SourceChangesError, CommitConflictError, JobError, UsageError):
         matches = re.findall(rf"{own.__name__}: (.+)", text)
         if matches:
             return _STEP.sub("", matches[-1]).strip(), False
@@ -853,7 +902,8 @@ def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple |
         return InterruptedState(completed=completed)
     staged = 0
     try:
-        sidecars = [m.path for m in list_folder(output_dir) if _SIDECAR.match(m.path.rsplit("/", 1)[-1])]
+        sidecars = [m.path for m in list_folder(run_dir(output_dir, run_id))
+                    if _SIDECAR.match(m.path.rsplit("/", 1)[-1])]
     except Exception:  # Gone: nothing of this run is there.
         sidecars = []
     for path in sidecars:
@@ -932,6 +982,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{PROG}: error: {info['would_fail']} (see "
                   f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)
             raise SystemExit(1)
+        return
+    if info.get("nothing_appended"):
+        print(f"--append: every listed input is in version {info.get('version')} already; nothing was committed")
         return
     print(split_table(info))
     # Repeated at the end, with those the plan could not know (a class whose examples of a split

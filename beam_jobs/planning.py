@@ -48,11 +48,70 @@ from beam_jobs.plan import (
 )
 from beam_jobs.records import DeadLetter, InputFile
 
-__all__ = ["PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards"]
+__all__ = ["PLAN_CHANGES", "PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards", "SourceChangesFn", "compare_with_held"]
 
 PLAN_DEAD_LETTERS = "plan_dead_letters"
 PLAN_SUMMARY = "plan_summary"
+# --append: ("changed" | "removed", uri) for each input the current version holds that the
+# listing no longer shows as it was converted.
+PLAN_CHANGES = "plan_changes"
 _INPUTS = "inputs"
+
+
+def compare_with_held(group, *, state_of) -> Iterable:
+    """(uri, {"listed": [InputFile], "held": [state]}) -> the new inputs (main output) and the
+    changes (PLAN_CHANGES): --append converts only what the current version does not hold.
+
+    An input held with the state (size, modification time) its shard's sidecar recorded is
+    skipped; one whose state differs is "changed", one held but no longer listed "removed":
+    both are reported, never silently kept or dropped (the caller decides). ``state_of`` gives a
+    listed input's state (convert.source_state). Pure but for ``state_of``.
+    """
+    uri, sides = group
+    listed, held = list(sides["listed"]), list(sides["held"])
+    if not held:
+        yield from listed
+        return
+    if not listed:
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("removed", uri))
+        return
+    if any(list(state_of(f)) != list(held[0]) for f in listed):
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("changed", uri))
+    else:
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", uri))
+
+
+class SourceChangesFn(beam.CombineFn):
+    """("held" | "changed" | "removed", uri) -> {"held": n, "changed": n, "removed": n, and the
+    first few uris of each change, sorted}: what --append reports, in one small element."""
+
+    SHOWN = 10
+
+    def create_accumulator(self):
+        return {"held": 0, "changed": [0, []], "removed": [0, []]}
+
+    def add_input(self, accumulator, element):
+        kind, uri = element
+        if kind == "held":
+            accumulator["held"] += 1
+        else:
+            count, shown = accumulator[kind]
+            accumulator[kind] = [count + 1, sorted([*shown, uri])[:self.SHOWN]]
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        merged = self.create_accumulator()
+        for accumulator in accumulators:
+            merged["held"] += accumulator["held"]
+            for kind in ("changed", "removed"):
+                merged[kind] = [merged[kind][0] + accumulator[kind][0],
+                                sorted([*merged[kind][1], *accumulator[kind][1]])[:self.SHOWN]]
+        return merged
+
+    def extract_output(self, accumulator):
+        return {"held": accumulator["held"],
+                "changed": accumulator["changed"][0], "changed_examples": accumulator["changed"][1],
+                "removed": accumulator["removed"][0], "removed_examples": accumulator["removed"][1]}
 
 
 def _route(item):
@@ -252,8 +311,14 @@ class PlanShards(beam.PTransform):
 
     def __init__(self, *, from_tree: bool, tree_layout: str, source: str, split_fractions: dict | None,
                  num_shards: int | None, example_bytes: int, target_shard_bytes: int, dedup: str,
-                 split_rule: str = DEFAULT_SPLIT_RULE) -> None:
+                 split_rule: str = DEFAULT_SPLIT_RULE, held=None, known_labels: tuple[str, ...] = (),
+                 state_of=None) -> None:
         super().__init__()
+        # --append: the inputs the current version holds ((uri, state) PCollection), and its label
+        # names, whose ids never change (new labels get the next ids, in sorted order).
+        self._held = held
+        self._known_labels = tuple(known_labels)
+        self._state_of = state_of
         self._from_tree = from_tree
         self._tree_layout = tree_layout
         self._source = source
@@ -302,6 +367,15 @@ class PlanShards(beam.PTransform):
                           .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
             inputs = (by_content[_INPUTS], unhashed) | "KeptInputs" >> beam.Flatten()
             dead.append(by_content[PLAN_DEAD_LETTERS])
+        changes = None
+        if self._held is not None:
+            # Before splits are assigned: an input already held keeps its split (it is not planned
+            # again), and the new ones get theirs by the same rule as a fresh run.
+            compared = ({"listed": inputs | "KeyByUri" >> beam.Map(lambda f: (f.uri, f)), "held": self._held}
+                        | "JoinHeld" >> beam.CoGroupByKey()
+                        | "NotHeldYet" >> beam.FlatMap(compare_with_held, state_of=self._state_of)
+                        .with_outputs(PLAN_CHANGES, main=_INPUTS))
+            inputs, changes = compared[_INPUTS], compared[PLAN_CHANGES]
         num_unsplit = (inputs
                        | "Unsplit" >> beam.Filter(lambda f: f.split is None)
                        | "CountUnsplit" >> beam.combiners.Count.Globally())
@@ -311,7 +385,7 @@ class PlanShards(beam.PTransform):
                        | "Labels" >> beam.Map(lambda f: f.label)
                        | "DistinctLabels" >> beam.Distinct()
                        | "LabelList" >> beam.combiners.ToList()
-                       | "SortLabels" >> beam.Map(lambda labels: tuple(sorted(labels))))
+                       | "SortLabels" >> beam.Map(_label_order, known=self._known_labels))
         # (label, ...): one small element
         layout = (inputs
                   | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
@@ -342,4 +416,13 @@ class PlanShards(beam.PTransform):
                   | "ShardPlan" >> beam.Map(_to_shard_plan, beam.pvalue.AsSingleton(layout)))
         # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
-        return {"shards": shards, PLAN_DEAD_LETTERS: dead_letters, PLAN_SUMMARY: summary}
+        outputs = {"shards": shards, PLAN_DEAD_LETTERS: dead_letters, PLAN_SUMMARY: summary}
+        if changes is not None:
+            outputs[PLAN_CHANGES] = changes
+        return outputs
+
+
+def _label_order(labels: Iterable[str], *, known: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The label names in id order: those of the version appended to first, unchanged, then the
+    new ones sorted (a fresh run: all sorted)."""
+    return known + tuple(sorted(set(labels) - set(known)))

@@ -2,8 +2,8 @@
 
 The local runner converts in worker processes, and cluster runners on other machines; neither
 reports metrics to the launching process until the job ends. What every runner does leave, as
-each shard completes, is a staged shard and its sidecar in ``--output_dir`` (see convert.py),
-and the plan step writes a small progress file there before any shard is converted. Listing that
+each shard completes, is the shard and its sidecar in the run's folder (see convert.py),
+and the plan step writes a small progress file there before any shard is converted. Listing the
 folder therefore tells shards and images done, on any runner whose output folder the launching
 machine can read, at the cost of one listing every few seconds.
 
@@ -30,8 +30,8 @@ from beam_jobs.storage import delete_exactly, list_folder, write_atomically
 
 __all__ = ["Progress", "StagingWatcher", "progress_file_name", "tally", "write_progress_plan"]
 
-# A sidecar of a staged shard: ".staged-<split>-SSSSS-of-NNNNN.tfrecord.json".
-_SIDECAR = re.compile(r"^\.staged-(?P<split>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.tfrecord\.json$")
+# A shard's sidecar in its run folder: ".<split>-SSSSS-of-NNNNN.tfrecord.json" (convert.sidecar_name).
+_SIDECAR = re.compile(r"^\.(?P<split>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.tfrecord\.json$")
 
 
 def progress_file_name(run_id: str) -> str:

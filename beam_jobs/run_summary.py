@@ -9,7 +9,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.finalize import DATASET_INFO
 from beam_jobs.paths import redact
 
-__all__ = ["format_mib", "outputs_lines", "split_table"]
+__all__ = ["format_mib", "outputs_lines", "shard_globs", "split_table"]
 
 _LISTING = "(listing)"
 
@@ -62,13 +62,25 @@ def split_table(info: dict) -> str:
     return "\n".join(lines)
 
 
+def shard_globs(info: dict, split: str) -> list[str]:
+    """Globs, relative to the output folder, that match exactly one split's shards in a version:
+    one per run folder its shards lie in (one for a fresh run, one more per append), with the
+    usual ``train-*-of-00004.tfrecord`` names. Pure."""
+    folders: dict[str, set[str]] = {}
+    for shard in info["splits"][split]["shards"]:
+        folder, _, name = shard["file"].rpartition("/")
+        folders.setdefault(folder, set()).add(name.rsplit("-of-", 1)[-1])
+    return [f"{folder + '/' if folder else ''}{split}-*-of-{total}"
+            for folder, totals in folders.items() for total in sorted(totals)]
+
+
 def outputs_lines(info: dict, output_dir: str) -> list[str]:
     """Where everything went: the shards' pattern per split, the manifest, the dead letters."""
     where = redact(output_dir)
+    version = info.get("version")
     lines = []
-    for name, split in info["splits"].items():
-        n = split["num_shards"]
-        lines.append(f"  {FileSystems.join(where, f'{name}-*-of-{n:05d}.tfrecord')}")
-    lines.append(f"  {FileSystems.join(where, DATASET_INFO)}")
+    for name in info["splits"]:
+        lines.extend(f"  {FileSystems.join(where, glob)}" for glob in shard_globs(info, name))
+    lines.append(f"  {FileSystems.join(where, DATASET_INFO)}" + (f" (version {version})" if version else ""))
     lines.append(f"  {FileSystems.join(where, info['dead_letters_file'])}")
     return lines

@@ -1,0 +1,129 @@
+"""--append: a new version that lists the current version's shards, untouched, plus new ones.
+
+The current version's inputs are known from its shards' sidecars (convert.py records, per
+shard, each input's uri and the state of its source when it was converted), so only inputs
+that no shard holds are planned and converted. Label ids never change: the current version's
+label names keep their ids, new labels get the next ones. A source that changed or disappeared
+since it was converted is reported; by default the append is refused, so that nothing is kept
+or dropped silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterator, Mapping
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.convert import sidecar_name
+from beam_jobs.errors import JobError
+
+__all__ = [
+    "CHANGED_SOURCE_POLICIES",
+    "SourceChangesError",
+    "check_source_changes",
+    "held_sidecars",
+    "merge_appended",
+    "read_held_inputs",
+]
+
+CHANGED_SOURCE_POLICIES = ("refuse", "keep")
+
+
+class SourceChangesError(JobError):
+    """--append found inputs of the current version whose sources changed or are gone."""
+
+
+def held_sidecars(manifest: dict) -> list[str]:
+    """The sidecar of each shard the manifest lists, relative to the output folder. Pure."""
+    paths = []
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            folder, _, name = shard["file"].rpartition("/")
+            paths.append(f"{folder}/{sidecar_name(name)}" if folder else sidecar_name(name))
+    return sorted(paths)
+
+
+def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, list]]:
+    """(uri, source state when converted) for each input one shard holds, from its sidecar."""
+    path = FileSystems.join(output_dir, relative)
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            sidecar = json.loads(handle.read().decode("utf-8"))
+        inputs, sources = sidecar["inputs"], sidecar["sources"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise JobError(
+            f"--append: {path} (the record of which inputs a shard of version {version} holds) cannot be "
+            f"read ({type(error).__name__}: {error}); datasets written by releases before versioned datasets "
+            "keep no such record: rebuild once with --overwrite, then append") from None
+    yield from zip(inputs, sources)
+
+
+def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict:
+    """Refuses an append over changed or removed sources unless ``policy`` is "keep"; returns
+    ``changes`` (the facts SourceChangesFn gathers). Pure."""
+    changed, removed = changes.get("changed", 0), changes.get("removed", 0)
+    if policy == "keep" or not (changed or removed):
+        return dict(changes)
+    parts = []
+    if changed:
+        parts.append(f"{changed} input{'s' if changed != 1 else ''} of version {version} changed since "
+                     f"{'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})")
+    if removed:
+        parts.append(f"{removed} {'are' if removed != 1 else 'is'} no longer listed ({_shown(changes, 'removed')})")
+    raise SourceChangesError(
+        "--append: " + " and ".join(parts) + "; nothing was converted. Pass --changed_sources keep to keep "
+        "their examples as version " + str(version) + " holds them (reported in dataset_info.json's warnings), "
+        "or rebuild with --overwrite")
+
+
+def _shown(changes: Mapping, kind: str) -> str:
+    examples = list(changes.get(f"{kind}_examples", []))
+    more = changes.get(kind, 0) - len(examples)
+    return ", ".join(examples[:3]) + (f" and {more + len(examples[3:])} more" if more + len(examples[3:]) > 0 else "")
+
+
+def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -> dict:
+    """The manifest of base + added: ``added`` is the manifest of the append run's own shards
+    (build_dataset_info), whose label_names extend base's. Pure.
+
+    Per split the shards are base's, in order, then the new ones; counts add up. The dead
+    letters are the append run's (it retried every input the base did not hold, those that
+    failed before included); the inputs count the base's examples plus the run's inputs.
+    """
+    label_names = list(added["label_names"])
+    if label_names[:len(base["label_names"])] != list(base["label_names"]):
+        raise ValueError("an append must keep the label ids of the version it appends to")
+    splits = {}
+    for name in sorted(set(base["splits"]) | set(added["splits"])):
+        old, new = base["splits"].get(name), added["splits"].get(name)
+        parts = [part for part in (old, new) if part]
+        classes: collections.Counter[str] = collections.Counter()
+        for part in parts:
+            classes.update(part.get("class_counts", {}))
+        splits[name] = {
+            "num_examples": sum(part["num_examples"] for part in parts),
+            "num_shards": sum(len(part["shards"]) for part in parts),
+            "class_counts": {label: classes[label] for label in label_names},
+            "dead_letters_by_reason": dict((new or {}).get("dead_letters_by_reason", {})),
+            "shards": [shard for part in parts for shard in part["shards"]],
+        }
+    held = sum(split["num_examples"] for split in base["splits"].values())
+    warnings = list(added.get("warnings", []))
+    if changes and (changes.get("changed") or changes.get("removed")):
+        warnings.append(
+            f"--append --changed_sources keep: {changes.get('changed', 0)} changed and {changes.get('removed', 0)} "
+            f"removed source(s) keep the examples version {base.get('version', 1)} made of them "
+            f"(e.g. {', '.join([*changes.get('changed_examples', []), *changes.get('removed_examples', [])][:3])})")
+    return {
+        **added,
+        "label_names": label_names,
+        "num_classes": len(label_names),
+        "splits": splits,
+        "warnings": warnings,
+        "num_inputs": held + added["num_inputs"],
+        "content_duplicates": sorted([*base.get("content_duplicates", []), *added.get("content_duplicates", [])],
+                                     key=lambda group: group["files"]),
+    }

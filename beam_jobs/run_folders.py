@@ -1,0 +1,127 @@
+"""Where a run writes: its own folder, ``OUT/shards/<run>/``, that no other run and no commit touches.
+
+Every file a run writes that a reader will use (shards, their sidecars, the run's dead letters)
+goes into a folder named after the run and never used again: the names of a committed version's
+files are therefore never written over, and the commit is only the manifest's write (commit.py).
+A run name sorts by the time the run started (UTC), so ``ls OUT/shards`` reads as a history.
+
+Folders that no manifest lists are uncommitted: a run still going, or a killed or refused one,
+whose complete shards ``--resume`` may reuse (same fingerprint), and which the garbage
+collection after a newer commit removes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import uuid
+from collections.abc import Iterable
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.storage import list_folder, list_tree
+
+__all__ = [
+    "RUN_NAME",
+    "SHARDS_DIR",
+    "is_run_name",
+    "listed_runs",
+    "new_run_name",
+    "resumable_runs",
+    "run_dir",
+    "run_of",
+    "run_prefix",
+    "run_folders",
+]
+
+SHARDS_DIR = "shards"
+# "20261201T133000Z-3fa2c1d0": the UTC start, then 8 random hex digits so that two runs started in
+# the same second (on two machines) never share a folder.
+RUN_NAME = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+# A sidecar of a shard in a run folder (convert.sidecar_name).
+_SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
+
+
+def new_run_name(now: datetime.datetime | None = None) -> str:
+    """A fresh run name: sortable by start time, unique without coordination."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return f"{now.astimezone(datetime.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+def is_run_name(name: str) -> bool:
+    return bool(RUN_NAME.match(name))
+
+
+def run_prefix(run: str) -> str:
+    """The run folder relative to the output folder, as manifests name their files: ``shards/<run>``."""
+    return f"{SHARDS_DIR}/{run}"
+
+
+def run_dir(output_dir: str, run: str) -> str:
+    return FileSystems.join(output_dir, SHARDS_DIR, run)
+
+
+def run_of(relative_file: str) -> str | None:
+    """The run folder a manifest's ``file`` entry lies in ("shards/<run>/x" -> "<run>"), or None
+    for the files of a dataset written by an older release, directly in the output folder. Pure."""
+    parts = relative_file.split("/")
+    if len(parts) == 3 and parts[0] == SHARDS_DIR and is_run_name(parts[1]):
+        return parts[1]
+    return None
+
+
+def listed_runs(manifests: Iterable[dict]) -> set[str]:
+    """The run folders that these manifests list shards (or dead letters) in. Pure."""
+    runs = set()
+    for manifest in manifests:
+        files = [shard.get("file", "") for split in (manifest.get("splits") or {}).values()
+                 for shard in split.get("shards", [])]
+        files.append(manifest.get("dead_letters_file") or "")
+        runs.update(run for run in map(run_of, files) if run)
+    return runs
+
+
+def run_folders(output_dir: str) -> list[str]:
+    """The run folders under ``OUT/shards/``, oldest first (names sort by start time)."""
+    root = FileSystems.join(output_dir, SHARDS_DIR)
+    runs = set()
+    try:
+        for meta in list_tree(root):
+            relative = meta.path[len(root):].lstrip("/")
+            name = relative.split("/", 1)[0]
+            if is_run_name(name):
+                runs.add(name)
+    except (OSError, ValueError):  # No shards/ folder yet.
+        return []
+    return sorted(runs)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def run_fingerprints(output_dir: str, run: str) -> dict[str | None, dict]:
+    """The run fingerprints the sidecars of a run folder record (None for a sidecar without one),
+    each with the preprocessing settings recorded beside it (to say what differs)."""
+    folder = run_dir(output_dir, run)
+    found: dict[str | None, dict] = {}
+    for meta in list_folder(folder):
+        if _SIDECAR.match(meta.path.rsplit("/", 1)[-1]):
+            sidecar = _read_json(meta.path)
+            if sidecar is not None:
+                found.setdefault(sidecar.get("run_fingerprint"), sidecar.get("preprocessing") or {})
+    return found
+
+
+def resumable_runs(output_dir: str, committed: set[str]) -> list[tuple[str, dict[str | None, dict]]]:
+    """The uncommitted run folders, newest first, each with the fingerprints its sidecars record:
+    --resume continues the newest whose shards were made with the same settings."""
+    return [(run, run_fingerprints(output_dir, run))
+            for run in reversed(run_folders(output_dir)) if run not in committed]
