@@ -50,7 +50,7 @@ from beam_jobs.finalize import (
 from beam_jobs.append import SourceChangesError, check_source_changes, held_sidecars, read_held_inputs
 from beam_jobs.commit import CommitConflictError, Current, read_current
 from beam_jobs.paths import redact
-from beam_jobs.run_folders import listed_runs, new_run_name, resumable_runs, run_dir
+from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import DEFAULT_SPLIT_RULE, estimate_example_bytes
@@ -671,6 +671,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 _clean_up_interrupted(output_dir, run_id)
         if lock is not None:
             release_output_lock(lock)
+        if run_id is not None:
+            _remove_created([run_dir(output_dir, run_id), FileSystems.join(output_dir, SHARDS_DIR)])
         _remove_created(created)
         if isinstance(error, KeyboardInterrupt):
             try:
@@ -752,7 +754,8 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
         if needle in text:
             where = re.search(rf"{re.escape(needle)}[^\n]*?: '([^']+)'", text)
             return (f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "")
-                    + "; no shard was left under a final name and no dataset_info.json was written"), False
+                    + "; nothing was committed (dataset_info.json, and the version it names, if any, are as "
+                      "they were; the shards completed so far stay in the run's folder for --resume)"), False
     lines = [m for m in _ERROR_LINE.finditer(text) if not m.group(2).startswith("[while running")]
     step = _STEP.findall(text)
     if not lines:

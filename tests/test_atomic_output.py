@@ -33,6 +33,8 @@ def test_oversized_files_are_refused_before_and_while_reading(tmp_path):
 
 @pytest.mark.slow
 def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
+    """A killed run leaves no manifest, and every file under a final shard name in its run folder
+    is complete: shards are written under temporary names and renamed only once whole."""
     src = tmp_path / "src"
     make_photo_tree(src, num_images=400, seed=5)
     out = tmp_path / "out"
@@ -42,11 +44,12 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     deadline = time.monotonic() + 240
+    runs = out / "shards"
     try:
-        # Kill once some shards are complete (staged) and others are still being written.
+        # Kill once some shards are complete and others are still being written.
         while time.monotonic() < deadline:
-            names = os.listdir(out) if out.exists() else []
-            if any(n.startswith(".staged-") and n.endswith(".tfrecord") for n in names) and \
+            names = [p.name for p in runs.glob("*/*")] if runs.exists() else []
+            if any(n.endswith(".tfrecord") and not n.startswith(".") for n in names) and \
                     any(n.startswith(".tmp-") for n in names):
                 break
             time.sleep(0.05)
@@ -55,9 +58,10 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    names = os.listdir(out)
-    assert [n for n in names if not n.startswith(".")] == []  # No final shard name, no manifest.
-    staged = [n for n in names if n.startswith(".staged-") and n.endswith(".tfrecord")]
-    for name in staged:
-        # A staged shard is complete: 400 photos in 8 shards is 50 records, every CRC checks out.
-        assert sum(1 for _ in tf.data.TFRecordDataset(str(out / name))) == 50
+    assert not (out / "dataset_info.json").exists()  # nothing committed, so no reader sees any of it
+    [folder] = list(runs.iterdir())
+    complete = [p for p in folder.iterdir() if p.name.endswith(".tfrecord") and not p.name.startswith(".")]
+    assert complete
+    for path in complete:
+        # A shard under its final name is complete: 400 photos in 8 shards is 50 records, every CRC checks out.
+        assert sum(1 for _ in tf.data.TFRecordDataset(str(path))) == 50

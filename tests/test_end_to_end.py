@@ -16,6 +16,7 @@ from beam_jobs.plan import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import run_cli
+from tests.dataset_files import current_files, dead_letters, dead_letters_path
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,8 @@ def test_manifest_describes_the_shards(converted):
     assert info["label_names"] == sorted({p.parent.name for p in good})
     assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
     for split, meta in info["splits"].items():
-        assert [s["file"] for s in meta["shards"]] == [f"{split}-{i:05d}-of-00003.tfrecord" for i in range(3)]
+        run = f"shards/{info['change']['run']}"
+        assert [s["file"] for s in meta["shards"]] == [f"{run}/{split}-{i:05d}-of-00003.tfrecord" for i in range(3)]
         for shard in meta["shards"]:
             data = (out / shard["file"]).read_bytes()
             assert shard["bytes"] == len(data) and shard["sha256"] == hashlib.sha256(data).hexdigest()
@@ -99,7 +101,7 @@ def test_manifest_describes_the_shards(converted):
 
 def test_every_broken_file_is_a_dead_letter(converted):
     root, good, broken, out, _ = converted
-    dead = [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines()]
+    dead = dead_letters(out)
     assert {d["uri"]: d["reason"] for d in dead} == broken
     assert all(d["stage"] and d["detail"] for d in dead)
     info = json.loads((out / "dataset_info.json").read_text())
@@ -108,9 +110,15 @@ def test_every_broken_file_is_a_dead_letter(converted):
 
 def test_no_temporary_or_extra_files_are_left(converted):
     out = converted[3]
-    names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["dataset_info.json", "dead_letters.jsonl"]
-                           + [f"{s}-{i:05d}-of-00003.tfrecord" for s in ("train", "validation") for i in range(3)])
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == [".commit.lock", "dataset_info.json", "shards", "versions"]
+    assert sorted(p.name for p in (out / "versions").iterdir()) == ["00000001.json"]
+    [folder] = (out / "shards").iterdir()
+    assert folder.name == info["change"]["run"]
+    shards = [f"{s}-{i:05d}-of-00003.tfrecord" for s in ("train", "validation") for i in range(3)]
+    # Each shard's sidecar stays: it records which inputs the shard holds (--append, --resume).
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["dead_letters.jsonl", *shards,
+                                                               *(f".{name}.json" for name in shards)])
 
 
 def test_a_second_run_is_byte_identical(converted, tmp_path):
@@ -118,8 +126,9 @@ def test_a_second_run_is_byte_identical(converted, tmp_path):
     run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "64x48", "--num_shards", "3",
             "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5",
             "--direct_num_workers", "1")  # A different parallelism, too.
-    for path in sorted(out.iterdir()):
-        assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
+    again = current_files(tmp_path)
+    for name, data in current_files(out).items():
+        assert again[name] == data, name
 
 
 def test_too_many_bad_inputs_fail_loudly_and_write_no_manifest(photo_tree, tmp_path):
@@ -129,7 +138,8 @@ def test_too_many_bad_inputs_fail_loudly_and_write_no_manifest(photo_tree, tmp_p
     assert f"{len(broken)} of {len(good) + len(broken)} inputs" in result.stderr
     assert "dead_letters.jsonl" in result.stderr
     assert not (tmp_path / "dataset_info.json").exists()
-    assert len((tmp_path / "dead_letters.jsonl").read_text().splitlines()) == len(broken)
+    assert str(dead_letters_path(tmp_path)) in result.stderr
+    assert len(dead_letters(tmp_path)) == len(broken)
 
 
 def test_manifest_input_with_splits_non_ascii_names_and_png_output(tmp_path):
@@ -152,7 +162,7 @@ def test_manifest_input_with_splits_non_ascii_names_and_png_output(tmp_path):
     records = _read_all(out, info)
     assert sorted(records) == sorted(f"src/{p.parent.name}/{p.name}" for p in renamed)
     assert all(tf.io.decode_png(r["image/encoded"]).shape == (40, 40, 1) for r in records.values())
-    dead = [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines()]
+    dead = dead_letters(out)
     assert [(d["uri"].endswith("src/missing.jpg"), d["reason"]) for d in dead] == [(True, "read_error")]
 
 

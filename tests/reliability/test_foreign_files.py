@@ -1,7 +1,8 @@
 """Files the job did not write, in its output folder, and datasets that are silently wrong.
 
 A folder can hold files named like shards that no run of this job wrote (a user's own export, a
-copy from elsewhere): no flag may delete or replace them. Content duplicates under two labels are
+copy from elsewhere): the job writes only in its own run folders, so they are never in its way,
+and no flag deletes or replaces them. Content duplicates under two labels are
 a wrong dataset, and the console must say so.
 """
 
@@ -52,40 +53,31 @@ def _users_folder(tmp_path: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def test_no_flag_refuses_a_folder_of_the_users_shard_named_files_without_suggesting_resume(photos, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--resume"], ["--overwrite"], ["--overwrite", "--resume"]])
+def test_a_folder_of_the_users_shard_named_files_gets_a_dataset_beside_them_untouched(photos, tmp_path, flags):
+    # A run writes only into its own folder under shards/ and commits dataset_info.json: a file of
+    # the user's, whatever its name, is never in the way, never listed, never touched.
     out = _users_folder(tmp_path)
     before = _files(out)
-    error = _refused(run_cli("--input", photos, "--output_dir", out, *SMALL, check=False), 2)
-    assert "train-00005-of-00009.tfrecord" in error and "validation-00000-of-00001.tfrecord" in error, error
-    assert "--resume" not in error and "--overwrite" not in error, error
-    assert _files(out) == before
-
-
-@pytest.mark.parametrize("flags", [["--resume"], ["--overwrite"], ["--overwrite", "--resume"]])
-def test_resume_or_overwrite_with_no_earlier_run_refuses_and_touches_nothing(photos, tmp_path, flags):
-    out = _users_folder(tmp_path)
-    before = _files(out)
-    error = _refused(run_cli("--input", photos, "--output_dir", out, *SMALL, *flags, check=False), 2)
-    assert "train-00005-of-00009.tfrecord" in error and "validation-00000-of-00001.tfrecord" in error, error
-    assert "no earlier run" in error, error
-    assert _files(out) == before
+    run_cli("--input", photos, "--output_dir", out, *SMALL, *flags)
+    after = {name: data for name, data in _files(out).items() if name in before}
+    assert after == before
+    info = json.loads((out / "dataset_info.json").read_text())
+    listed = [shard["file"] for split in info["splits"].values() for shard in split["shards"]]
+    assert all(name.startswith("shards/") for name in listed), listed
 
 
 def test_overwrite_never_deletes_or_replaces_a_shard_named_file_no_manifest_lists(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    # Beside the job's dataset: a file this run would write over, one it would delete as a stale
-    # shard of its split, and one of a split it does not write.
+    # Beside the job's dataset: files named like shards of its splits, and one of another split.
     for name in ("train-00000-of-00001.tfrecord", "train-00005-of-00009.tfrecord", "backup-00000-of-00001.tfrecord"):
         (out / name).write_bytes(PRECIOUS)
-    before = {name: data for name, data in _files(out).items()}
-    result = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--image_size", "32",
-                     "--num_shards", "1", check=False)
-    error = _refused(result, 1)
-    assert "train-00000-of-00001.tfrecord" in error and "train-00005-of-00009.tfrecord" in error, error
-    assert "backup-00000-of-00001.tfrecord" not in error, error
-    visible = {name: data for name, data in _files(out).items() if not name.startswith(".")}
-    assert visible == before, "a file changed"
+    run_cli("--input", photos, "--output_dir", out, "--overwrite", "--image_size", "32", "--num_shards", "1")
+    run_cli("--input", photos, "--output_dir", out, "--overwrite", "--image_size", "32", "--num_shards", "3")
+    for name in ("train-00000-of-00001.tfrecord", "train-00005-of-00009.tfrecord", "backup-00000-of-00001.tfrecord"):
+        assert (out / name).read_bytes() == PRECIOUS, name
+    assert json.loads((out / "dataset_info.json").read_text())["version"] == 3
 
 
 def test_content_duplicates_under_two_labels_are_a_warning(photos, tmp_path):
@@ -103,18 +95,20 @@ def test_content_duplicates_under_two_labels_are_a_warning(photos, tmp_path):
     assert lines.index(f"WARNING: {warning}") > next(i for i, line in enumerate(lines) if line.startswith("total"))
 
 
-def test_resume_with_other_settings_says_how_many_staged_shards_it_does_not_keep_and_why(photos, tmp_path):
+def test_resume_with_other_settings_says_it_does_not_keep_the_earlier_shards_and_why(photos, tmp_path):
     out = tmp_path / "out"
     (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
     refused = run_cli("--input", photos, "--output_dir", out, "--max_bad_fraction", "0", *SMALL, check=False)
     assert refused.returncode == 1, refused.stderr[-3000:]
-    staged = [p for p in out.iterdir() if p.name.startswith(".staged-train-") and p.name.endswith(".json")]
-    assert len(staged) == 2, sorted(p.name for p in out.iterdir())
+    [folder] = (out / "shards").iterdir()
+    sidecars = [p for p in folder.iterdir() if p.name.startswith(".train-") and p.name.endswith(".json")]
+    assert len(sidecars) == 2, sorted(p.name for p in folder.iterdir())
+    assert not (out / "dataset_info.json").exists()
     result = run_cli("--input", photos, "--output_dir", out, "--resume", "--image_size", "40", "--num_shards", "2",
                      "--max_bad_fraction", "0.5")
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING") and "staged" in line]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING") and "not kept" in line]
     assert len(warnings) == 1, result.stderr[-3000:]
-    assert "2 staged shards" in warnings[0] and "image_size" in warnings[0], warnings[0]
+    assert "1 earlier run" in warnings[0] and "image_size" in warnings[0], warnings[0]
 
 
 def test_a_refusal_with_one_staged_shard_says_it_in_the_singular(photos, tmp_path):
@@ -122,4 +116,4 @@ def test_a_refusal_with_one_staged_shard_says_it_in_the_singular(photos, tmp_pat
     result = run_cli("--input", photos, "--output_dir", tmp_path / "out", "--max_bad_fraction", "0",
                      "--image_size", "32", "--num_shards", "1", check=False)
     error = _refused(result, 1)
-    assert "the 1 shard converted so far stays staged" in error, error
+    assert "the 1 shard converted so far stays in " in error and "no version lists it" in error, error

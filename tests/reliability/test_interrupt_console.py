@@ -21,10 +21,8 @@ _NOISE = ("Traceback", "Exception in thread", "RuntimeError", "grpc", "KeyboardI
 
 
 def _converting(out: pathlib.Path) -> bool:
-    try:
-        return any(n.startswith(".staged-train-") for n in os.listdir(out))
-    except FileNotFoundError:
-        return False
+    """A shard is complete in the run's folder (its sidecar is written last)."""
+    return any(out.glob("shards/*/.train-*.tfrecord.json"))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm-group", "ctrl-c-group"])

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO, run_cli
+from tests.dataset_files import current_files, dead_letters_path, flat_names
 from tests.photos import encode, real_photo
 
 pytestmark = pytest.mark.slow
@@ -31,8 +32,8 @@ def _info(out: pathlib.Path) -> dict:
     return json.loads((out / "dataset_info.json").read_text())
 
 
-def _dead(out: pathlib.Path, name: str = "dead_letters.jsonl") -> list[dict]:
-    return [json.loads(line) for line in (out / name).read_text().splitlines()]
+def _dead(out: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines()]
 
 
 def _files(folder: pathlib.Path) -> dict[str, bytes]:
@@ -87,20 +88,21 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *SMALL)
     before = _files(out)
+    before_run = _files(out / "shards" / _info(out)["change"]["run"])
     (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
     result = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL,
                      check=False)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "left as it was" in _error_lines(result)[0]
-    # Its staged shards stay for --resume, and the message says so; its dead-letter parts, all
-    # in dead_letters.refused_run.jsonl, do not stay.
-    assert "stay staged (hidden .staged-* files) for a rerun with --resume" in _error_lines(result)[0]
-    hidden = [name for name in _files(out) if name.startswith(".")]
-    assert hidden and all(name.startswith(".staged-train-") for name in hidden), hidden
-    visible = {name: data for name, data in _files(out).items() if not name.startswith(".")}
-    refused = visible.pop("dead_letters.refused_run.jsonl")
-    assert visible == before, "the old dataset changed"
-    assert [d["reason"] for d in map(json.loads, refused.splitlines())] == ["not_an_image"]
+    assert "version 1 of the dataset stays current, unchanged" in _error_lines(result)[0]
+    # Its shards stay in its own folder, which no version lists, for --resume, and the message
+    # says so; its dead letters are beside them, not in the version's.
+    assert "for a rerun with --resume" in _error_lines(result)[0]
+    assert _files(out) == before
+    assert _files(out / "shards" / _info(out)["change"]["run"]) == before_run
+    [refused] = [p for p in (out / "shards").iterdir() if p.name != _info(out)["change"]["run"]]
+    assert str(refused) in _error_lines(result)[0]
+    assert [d["reason"] for d in map(json.loads, (refused / "dead_letters.jsonl").read_text().splitlines())] == [
+        "not_an_image"]
 
 
 def test_overwrite_replaces_the_dataset_and_spares_the_users_own_files(photos, tmp_path):
@@ -109,9 +111,12 @@ def test_overwrite_replaces_the_dataset_and_spares_the_users_own_files(photos, t
     (out / "backup-00000-of-00001.tfrecord").write_bytes(b"the user's own file")
     (out / "notes.txt").write_text("mine")
     run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL)
-    names = sorted(p.name for p in out.iterdir())
-    assert names == ["backup-00000-of-00001.tfrecord", "dataset_info.json", "dead_letters.jsonl", "notes.txt",
-                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    # The first version's files stay for the retention window (the version before the current one).
+    names = flat_names(out)
+    first = [n for n in names if n.startswith("shards/")]
+    assert len(first) == 1 and names == sorted(["backup-00000-of-00001.tfrecord", "dataset_info.json",
+                                                "dead_letters.jsonl", "notes.txt", *first,
+                                                "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"])
     assert (out / "backup-00000-of-00001.tfrecord").read_bytes() == b"the user's own file"
     assert _info(out)["splits"]["train"]["num_shards"] == 2
 
@@ -133,16 +138,16 @@ def test_resume_converts_a_repaired_input(photos, tmp_path):
 def test_resume_rereads_an_image_replaced_under_the_same_name(photos, tmp_path):
     out, reference = tmp_path / "out", tmp_path / "reference"
     (photos / "chelsea" / "broken.jpg").write_bytes(b"")
-    # Refused for its one bad input: the converted shards stay staged, as an interrupted run's do.
+    # Refused for its one bad input: the converted shards stay in its run folder, as an interrupted run's do.
     run_cli("--input", photos, "--output_dir", out, "--max_bad_fraction", "0", *SMALL, check=False)
-    assert list(out.glob(".staged-*.json")) and not (out / "dataset_info.json").exists()
+    assert list(out.glob("shards/*/.train-*.json")) and not (out / "dataset_info.json").exists()
     victim = sorted(photos.rglob("*.jpg"))[0]
     victim.write_bytes(encode(real_photo("astronaut", (320, 240)), "JPEG"))
     run_cli("--input", photos, "--output_dir", out, "--resume", "--max_bad_fraction", "0.5", *SMALL)
     run_cli("--input", photos, "--output_dir", reference, "--max_bad_fraction", "0.5", *SMALL)
     name = str(victim.relative_to(photos))
     assert _records(out)[name] == _records(reference)[name]
-    assert _files(out) == _files(reference)
+    assert current_files(out) == current_files(reference)
 
 
 # --- 3. a misspelt flag is an error, not a silent default ----------------------------------------
@@ -195,13 +200,14 @@ def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
     for attempt in range(2):  # The second run is refused without a flag, and must leave no probe.
         result = run_cli("--input", root, "--output_dir", out, *SMALL, check=False)
         assert result.returncode == (0 if attempt == 0 else 2), result.stderr[-3000:]
-    names = sorted(p.name for p in out.iterdir())
+    names = flat_names(out)
     assert names == ["dataset_info.json", "dead_letters.jsonl",
                      "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
     assert _info(out)["label_names"] == ["cat [1]", "dog*?#"]
     assert sorted(_records(out)) == sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
+    first = _info(out)["change"]["run"]
     run_cli("--input", root, "--output_dir", out, *SMALL, "--overwrite")
-    assert sorted(p.name for p in out.iterdir()) == names
+    assert flat_names(out) == sorted([*names, f"shards/{first}"])
 
 
 # --- 6. copies dropped on purpose are not unusable inputs ----------------------------------------
@@ -260,8 +266,8 @@ def test_a_split_that_cannot_name_a_file_is_a_bad_row(photos, tmp_path):
     # A split name goes through the one naming policy (folders and lists alike): bad_label.
     assert [(d["reason"], d["uri"].endswith("list.csv:9")) for d in _dead(out)] == [("bad_label", True)]
     assert "cannot name shard files" in _dead(out)[0]["detail"]
-    assert sorted(p.name for p in out.iterdir()) == ["dataset_info.json", "dead_letters.jsonl",
-                                                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert flat_names(out) == ["dataset_info.json", "dead_letters.jsonl",
+                               "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
 
 
 def test_a_three_level_tree_is_split_label_only_when_its_top_folders_are_splits(tmp_path):
@@ -271,7 +277,7 @@ def test_a_three_level_tree_is_split_label_only_when_its_top_folders_are_splits(
         for path in make_photo_tree(tmp_path / f"src{year}", num_images=2, seed=int(year), classes=["chelsea"]):
             path.rename(years / "cat" / year / path.name)
     result = run_cli("--input", years, "--output_dir", tmp_path / "auto", *SMALL, check=False)
-    assert result.returncode == 1 and "--tree_layout split_label" in (tmp_path / "auto" / "dead_letters.jsonl").read_text()
+    assert result.returncode == 1 and "--tree_layout split_label" in dead_letters_path(tmp_path / "auto").read_text()
     run_cli("--input", years, "--output_dir", tmp_path / "forced", "--tree_layout", "split_label", *SMALL)
     assert sorted(_info(tmp_path / "forced")["splits"]) == ["cat"]
     splits = tmp_path / "splits"
@@ -325,7 +331,7 @@ def test_a_flat_folder_is_refused_naming_the_layout_it_needs(photos, tmp_path):
     result = run_cli("--input", flat, "--output_dir", out, *SMALL, check=False)
     _assert_one_clear_error(result, code=1, says="main reasons: unexpected_layout 4")
     assert "put them in class folders, or give a CSV or JSONL list with --manifest" in _error_lines(result)[0]
-    assert sorted(p.name for p in out.iterdir()) == ["dead_letters.jsonl"]
+    assert flat_names(out) == ["dead_letters.jsonl"]
 
 
 def test_an_input_list_of_entries_outside_its_folder_is_refused_naming_the_flag(photos, tmp_path):
@@ -401,7 +407,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(photos, tmp_path):
     (out / f".tmp-{'a' * 32}-probe").write_text("images-to-tfrecords write probe\n")
     (out / f".tmp-{'b' * 32}-.images-to-tfrecords.lock").write_text("{}")
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".commit.lock"]
 
 
 def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
@@ -409,9 +415,9 @@ def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
     run_cli("--input", photos, "--output_dir", out, "--image_size", "48", "--num_shards", "3")
     old = _files(out)
     (photos / "chelsea" / "broken.jpg").write_bytes(b"")
-    # Refused: its shards stay staged, as an interrupted run's do; the old dataset is untouched.
+    # Refused: its shards stay in its run folder, as an interrupted run's do; the old dataset is untouched.
     run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False)
-    assert {k: v for k, v in _files(out).items() if not k.startswith(".") and "refused" not in k} == old
+    assert _files(out) == old
     resumed = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--resume",
                       "--max_bad_fraction", "0.5", *SMALL, "--log_level", "INFO")  # INFO names kept shards
     assert resumed.stderr.count("complete and verified") == 2

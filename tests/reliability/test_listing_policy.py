@@ -20,6 +20,7 @@ from beam_jobs.discover import (_first_level, _list_unit, _without_hidden, is_im
 from beam_jobs.listing_policy import Decision, EntryFacts, IgnoredEntry, Kind, decide, ignored_note
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.sample_data import make_photo_tree
+from tests.dataset_files import dead_letters_path
 from tests.conftest import run_cli
 
 
@@ -178,7 +179,7 @@ def test_object_store_keys_under_hidden_names_are_skipped_once_per_hidden_folder
 # -- whole runs, from the CLI -----------------------------------------------------------------------
 
 def _dead_letters(out: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines()]
 
 
 def _info(out: pathlib.Path) -> dict:

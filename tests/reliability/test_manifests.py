@@ -11,13 +11,14 @@ from beam_jobs.discover import is_image_filename
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.errors import BadInputError
 from beam_jobs.sample_data import make_photo_tree
+from tests.dataset_files import dead_letters_path
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
 
 def _dead(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines()]
 
 
 def _info(out) -> dict:
@@ -154,7 +155,7 @@ def test_secrets_in_uris_never_reach_dead_letters_or_logs(tmp_path):
     out = tmp_path / "out"
     result = run_cli("--manifest", manifest, "--output_dir", out, "--image_size", "32", "--allow_outside_root",
                      "--max_bad_fraction", "0.5")
-    text = (out / "dead_letters.jsonl").read_text() + result.stdout + result.stderr
+    text = dead_letters_path(out).read_text() + result.stdout + result.stderr
     assert len(_dead(out)) == 1
     for secret in ("TOPSECRET", "AKIA", "hunter2", "alice"):
         assert secret not in text

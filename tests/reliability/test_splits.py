@@ -11,6 +11,7 @@ import unicodedata
 import pytest
 
 from beam_jobs.sample_data import make_photo_tree
+from tests.dataset_files import dead_letters_path
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ def _info(out: pathlib.Path) -> dict:
 
 
 def _dead(out: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines() if line]
+    return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines() if line]
 
 
 def test_150_images_split_exactly_135_and_15_with_every_class_in_both(tmp_path):

@@ -20,6 +20,7 @@ from beam_jobs.plan import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO, run_cli
+from tests.dataset_files import current_files, flat_names
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,22 @@ def immutable(path):
 
 
 def _final_names(folder) -> list[str]:
-    return sorted(n for n in os.listdir(folder) if not n.startswith(".")) if folder.exists() else []
+    """What a reader could take for a dataset in the folder: its visible top-level files (the run
+    folders under shards/ hold nothing a reader uses until a manifest lists them)."""
+    return sorted(n for n in os.listdir(folder) if not n.startswith(".") and n != "shards") if folder.exists() else []
+
+
+def _run_files(folder) -> list[str]:
+    """The names of the files in every run folder under shards/."""
+    return [p.name for p in folder.glob("shards/*/*")] if folder.exists() else []
+
+
+def _assert_shards_complete(folder) -> None:
+    """Every file under a final shard name, in any run folder, reads to its end with valid CRCs."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    for path in folder.glob("shards/*/*.tfrecord"):
+        sum(1 for _ in tf.data.TFRecordDataset(str(path)))
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +106,15 @@ def test_full_disk_fails_clearly_and_leaves_no_final_name(photos, tmp_path):
                          check=False)
         assert result.returncode == 1, result.stderr[-2000:]
         assert "No space left on device" in result.stderr
-        assert "no shard was left under a final name" in result.stderr
+        assert "nothing was committed" in result.stderr
         assert _final_names(folder) == []
+        _assert_shards_complete(folder)
 
 
 def _wait_until(predicate, folder, process, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
-        if predicate(os.listdir(folder) if folder.exists() else []):
+        if predicate(_run_files(folder)):
             return
         time.sleep(0.02)
 
@@ -108,9 +125,9 @@ def test_random_kills_then_resume_give_byte_identical_output(photos, reference, 
             "--image_size", "64", "--num_shards", "6"]
     rng = random.Random(4)
     # Moments tied to progress, not to the clock, so that a fast machine cannot finish first:
-    # mid-conversion (a shard staged), mid-shard (a temp file open), and during start-up.
+    # mid-conversion (a shard complete), mid-shard (a temp file open), and during start-up.
     moments = [
-        lambda names: any(n.startswith(".staged-") for n in names),
+        lambda names: any(n.endswith(".tfrecord") and not n.startswith(".") for n in names),
         lambda names: any(n.startswith(".tmp-") for n in names),
         None,
     ]
@@ -126,11 +143,11 @@ def test_random_kills_then_resume_give_byte_identical_output(photos, reference, 
         if attempt == 0:
             assert "dataset_info.json" not in os.listdir(out)
             assert _final_names(out) == []
+            _assert_shards_complete(out)
     run_cli(*args[3:], "--resume")
-    assert _final_names(out) == _final_names(reference)
-    assert [n for n in os.listdir(out) if n.startswith(".")] == []
-    for name in _final_names(reference):
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert flat_names(out) == flat_names(reference)
+    assert [n for n in os.listdir(out) if n.startswith(".")] == [".commit.lock"]
+    assert current_files(out) == current_files(reference)
 
 
 def test_a_different_dataset_is_refused_without_overwrite(photos, reference, tmp_path):
@@ -141,7 +158,7 @@ def test_a_different_dataset_is_refused_without_overwrite(photos, reference, tmp
                          *extra, check=False)
         assert result.returncode == 2 and "--overwrite" in result.stderr
     run_cli("--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "4", "--overwrite")
-    names = _final_names(out)
+    names = [name for name in flat_names(out) if not name.startswith("shards/")]  # version 1 stays, as kept
     assert names == ["dataset_info.json", "dead_letters.jsonl"] + [f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
     assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_shards"] == 4
 
@@ -154,14 +171,14 @@ def test_stale_shards_of_an_interrupted_run_never_mix_with_a_resumed_one(photos,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
-            n.startswith(".staged-") for n in (os.listdir(out) if out.exists() else [])):
+            n.endswith(".tfrecord") and not n.startswith(".") for n in _run_files(out)):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     run_cli("--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "6", "--resume")
-    assert os.listdir(out) and sorted(os.listdir(out)) == _final_names(reference)
-    for name in _final_names(reference):
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    # The killed run's folder (4 shards, other settings) is collected once the resumed run commits.
+    assert flat_names(out) == flat_names(reference)
+    assert current_files(out) == current_files(reference)
 
 
 def test_the_same_shard_converted_twice_at_once_gives_one_complete_file(photos, tmp_path):
@@ -186,7 +203,7 @@ def test_the_same_shard_converted_twice_at_once_gives_one_complete_file(photos, 
         thread.join()
     convert(tmp_path / "alone")
     assert sorted(os.listdir(tmp_path / "both")) == sorted(os.listdir(tmp_path / "alone")) == [
-        ".staged-train-00000-of-00001.tfrecord", ".staged-train-00000-of-00001.tfrecord.json"]
-    name = ".staged-train-00000-of-00001.tfrecord"
+        ".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
+    name = "train-00000-of-00001.tfrecord"
     assert (tmp_path / "both" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
     assert outputs[0][-1] == outputs[1][-1] == outputs[2][-1]  # The same ShardResult each time.

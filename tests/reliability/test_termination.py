@@ -21,6 +21,7 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
+from tests.dataset_files import dead_letters_path
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -36,8 +37,9 @@ def photos(tmp_path_factory) -> pathlib.Path:
 
 
 def _names(folder: pathlib.Path) -> list[str]:
+    """The folder's top-level names and those in its run folders (shards/<run>/), in one list."""
     try:
-        return sorted(os.listdir(folder))
+        return sorted([*os.listdir(folder), *(p.name for p in folder.glob("shards/*/*"))])
     except FileNotFoundError:
         return []
 
@@ -48,14 +50,14 @@ def _listing(names: list[str]) -> bool:
 
 
 def _converting(names: list[str]) -> bool:
-    """A shard is staged: others are still being converted."""
-    return any(n.startswith(".staged-train-") for n in names)
+    """A shard is complete (its sidecar is written last): others are still being converted."""
+    return any(n.startswith(".train-") and n.endswith(".tfrecord.json") for n in names)
 
 
 def _finalizing(names: list[str]) -> bool:
-    """Every shard is staged (or already committed): the run is gathering them and finalizing."""
-    return (len([n for n in names if n.startswith(".staged-train-") and n.endswith(".json")]) == 4
-            or any(n.startswith("train-") for n in names))
+    """Every shard is complete (or the version already committed): the run is finalizing."""
+    return (len([n for n in names if n.startswith(".train-") and n.endswith(".tfrecord.json")]) == 4
+            or "dataset_info.json" in names)
 
 
 def _wait_for(moment, out: pathlib.Path, process: subprocess.Popen, deadline_s: float = 240) -> None:
@@ -131,13 +133,13 @@ def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, t
         resumed = run_cli("--input", photos, "--output_dir", out, *ARGS, "--resume")
         assert resumed.returncode == 0
         assert json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"] == 48
-        assert not [n for n in _names(out) if n.startswith(".")], _names(out)
+        assert [n for n in os.listdir(out) if n.startswith(".")] == [".commit.lock"], _names(out)
 
 
 def _assert_says_what_is_staged(line: str, out: pathlib.Path) -> None:
     """The interrupt line counts the shards the run left staged (all sidecars in a fresh folder are
     its own), and suggests --resume only when there is something to resume."""
-    staged = len([n for n in _names(out) if n.startswith(".staged-train-") and n.endswith(".tfrecord.json")])
+    staged = len([n for n in _names(out) if n.startswith(".train-") and n.endswith(".tfrecord.json")])
     if staged:
         plural = "s" if staged != 1 else ""
         assert f"the {staged} shard{plural} converted so far {'is' if staged == 1 else 'are'} staged" in line, line
@@ -178,7 +180,7 @@ def test_a_run_in_which_no_input_is_usable_fails_even_when_every_input_may_be_ba
     assert "no input became an example (4 of 4 inputs could not be used" in error and "not_an_image 4" in error
     assert "Traceback" not in result.stderr
     assert not (out / "dataset_info.json").exists()
-    assert [d["reason"] for d in map(json.loads, (out / "dead_letters.jsonl").read_text().splitlines())] == [
+    assert [d["reason"] for d in map(json.loads, dead_letters_path(out).read_text().splitlines())] == [
         "not_an_image"] * 4
     assert not [n for n in _names(out) if n.startswith((".tmp-", ".progress-", ".images-to-tfrecords"))]
 

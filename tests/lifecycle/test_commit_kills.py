@@ -1,0 +1,66 @@
+"""SIGKILL at any instant of a run's last step (dead letters, the commit, the clean-up and the
+garbage collection after it) leaves one whole version current: the old one or the new one.
+
+The states are built by the real job (see states.build_three_states).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+
+import pytest
+
+from beam_jobs.run_folders import run_of
+from tests.lifecycle.checks import examples_of_manifest, manifest, open_examples, read_through, verify_clean
+from tests.lifecycle.states import build_three_states, start_finalize_child
+
+KILLS = 30
+
+
+@pytest.fixture(scope="module")
+def three_states(tmp_path_factory):
+    return build_three_states(tmp_path_factory.mktemp("kills"))
+
+
+def test_a_kill_at_any_instant_of_the_commit_leaves_one_whole_version(three_states, tmp_path):
+    template, args, old, new = three_states
+    # How long the whole step takes here, unkilled: the kills are spread over that window.
+    out = tmp_path / "timed"
+    shutil.copytree(template, out)
+    child = start_finalize_child(args, str(out), tmp_path)
+    began = time.monotonic()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "done"
+    window = (time.monotonic() - began) * 1.2
+    assert child.wait(timeout=60) == 0
+    assert manifest(out)["version"] == 3 and examples_of_manifest(out, manifest(out)) == new
+    rng = random.Random(20)
+    outcomes = {2: 0, 3: 0}
+    for kill in range(KILLS):
+        out = tmp_path / f"kill-{kill}"
+        shutil.copytree(template, out)
+        before = open_examples(out)  # a trainer that opened version 2 before the run's last step
+        child = start_finalize_child(args, str(out), tmp_path)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(rng.uniform(0, window))
+        child.kill()
+        child.wait()
+        info = manifest(out)
+        assert info["version"] in (2, 3), info["version"]
+        outcomes[info["version"]] += 1
+        verify_clean(out)
+        # Read after the kill: exactly the version the root names, every example once.
+        assert examples_of_manifest(out, info) == (old if info["version"] == 2 else new)
+        assert read_through(open_examples(out)) == (old if info["version"] == 2 else new)
+        # Opened before: version 2, whole, whichever version is current now (it is kept).
+        assert read_through(before) == old
+        # Nothing the current version lists is gone, and only run folders of ours are there.
+        listed = {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
+        assert all((out / name).is_file() for name in listed)
+        assert {run_of(name) for name in listed} <= {p.name for p in (out / "shards").iterdir()}
+    # The kills really fell on both sides of the commit.
+    assert outcomes[2] and outcomes[3], outcomes

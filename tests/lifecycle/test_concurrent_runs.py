@@ -1,0 +1,42 @@
+"""Two runs into one folder at once: exactly one commits, the other fails with one clear line, and
+the folder holds one whole version of the winner's examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO
+from tests.lifecycle.checks import examples_of_manifest, examples_read, manifest, verify_clean
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first_commit", [False, True], ids=["new folder", "over a version"])
+def test_two_runs_at_once_one_wins_one_fails_in_one_line(tmp_path, first_commit):
+    src = tmp_path / "src"
+    make_photo_tree(src, num_images=20, seed=4)
+    out = tmp_path / "out"
+    flags = ["--input", str(src), "--output_dir", str(out), "--image_size", "24x24", "--direct_num_workers", "1"]
+    if first_commit:
+        subprocess.run([sys.executable, "-m", "beam_jobs", *flags], cwd=REPO, check=True, capture_output=True,
+                       timeout=600)
+    extra = ["--overwrite"] if first_commit else []
+    runs = [subprocess.Popen([sys.executable, "-m", "beam_jobs", *flags, *extra, "--num_shards", str(n)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for n in (2, 3)]
+    outcomes = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    codes = sorted(code for code, _ in outcomes)
+    assert codes[0] == 0 and codes[1] != 0, outcomes
+    [(code, stderr)] = [outcome for outcome in outcomes if outcome[0] != 0]
+    errors = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
+    assert len(errors) == 1 and ("another run" in errors[0] or "changed after this commit read it" in errors[0]), stderr
+    winner = 2 if outcomes[0][0] == 0 else 3
+    info = manifest(out)
+    assert info["version"] == (2 if first_commit else 1)
+    assert info["splits"]["train"]["num_shards"] == winner
+    verify_clean(out)
+    assert examples_read(out) == examples_of_manifest(out, info)
+    assert sum(examples_read(out).values()) == 20
