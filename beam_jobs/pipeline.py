@@ -667,8 +667,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             interrupt_caught()
-            if lock is not None:
-                _clean_up_interrupted(output_dir, run_id)
+        if lock is not None:
+            # Interrupted or failed (a full disk, a bad step): the workers a failing runner leaves
+            # may still be writing; once they are ended, every temp file is a dead writer's.
+            _clean_up_interrupted(output_dir, run_id)
         if lock is not None:
             release_output_lock(lock)
         if run_id is not None:

@@ -24,11 +24,28 @@ def three_states(tmp_path_factory):
     return build_three_states(tmp_path_factory.mktemp("kills"))
 
 
+def _restore(template, out) -> None:
+    """The folder as the template has it, at the same path (readers opened on it stay valid: the
+    files they list come back byte for byte)."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(template, out)
+
+
+def _listing(info: dict) -> dict:
+    """What a reader built from a manifest reads: its splits' shard files and counts."""
+    return {split: [(s["file"], s["num_examples"], s["sha256"]) for s in facts["shards"]]
+            for split, facts in info["splits"].items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_kill_at_any_instant_of_the_commit_leaves_one_whole_version(three_states, tmp_path):
     template, args, old, new = three_states
+    out = tmp_path / "out"
+    _restore(template, out)
+    # A trainer that opened version 2 before the run's last step: built once, read after each kill.
+    before = open_examples(out)
     # How long the whole step takes here, unkilled: the kills are spread over that window.
-    out = tmp_path / "timed"
-    shutil.copytree(template, out)
     child = start_finalize_child(args, str(out), tmp_path)
     began = time.monotonic()
     child.stdin.write("go\n")
@@ -37,12 +54,16 @@ def test_a_kill_at_any_instant_of_the_commit_leaves_one_whole_version(three_stat
     window = (time.monotonic() - began) * 1.2
     assert child.wait(timeout=60) == 0
     assert manifest(out)["version"] == 3 and examples_of_manifest(out, manifest(out)) == new
+    # Readers opened after the commit (version 3) and before it (version 2); each kill's outcome
+    # must be one of the two, so these readers stand for one opened after that kill.
+    opened_after = {3: (_listing(manifest(out)), open_examples(out))}
+    _restore(template, out)
+    opened_after[2] = (_listing(manifest(out)), open_examples(out))
+    assert read_through(before) == old
     rng = random.Random(20)
     outcomes = {2: 0, 3: 0}
     for kill in range(KILLS):
-        out = tmp_path / f"kill-{kill}"
-        shutil.copytree(template, out)
-        before = open_examples(out)  # a trainer that opened version 2 before the run's last step
+        _restore(template, out)
         child = start_finalize_child(args, str(out), tmp_path)
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -55,7 +76,9 @@ def test_a_kill_at_any_instant_of_the_commit_leaves_one_whole_version(three_stat
         verify_clean(out)
         # Read after the kill: exactly the version the root names, every example once.
         assert examples_of_manifest(out, info) == (old if info["version"] == 2 else new)
-        assert read_through(open_examples(out)) == (old if info["version"] == 2 else new)
+        listing, reader = opened_after[info["version"]]
+        assert _listing(info) == listing
+        assert read_through(reader) == (old if info["version"] == 2 else new)
         # Opened before: version 2, whole, whichever version is current now (it is kept).
         assert read_through(before) == old
         # Nothing the current version lists is gone, and only run folders of ours are there.

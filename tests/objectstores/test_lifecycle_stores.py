@@ -54,6 +54,7 @@ def store_states(minio, tmp_path_factory):
     return args, old, new
 
 
+@pytest.mark.timeout(1800)
 def test_a_kill_at_any_instant_of_the_commit_on_s3_leaves_one_whole_version(minio, store_states, tmp_path):
     args, old, new = store_states
     flags = minio.job_flags()

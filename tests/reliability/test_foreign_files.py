@@ -31,7 +31,8 @@ def photos(tmp_path) -> pathlib.Path:
 
 
 def _files(folder: pathlib.Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """{path relative to the folder: bytes} of every file in it, at any depth."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _error_lines(result: subprocess.CompletedProcess) -> list[str]:

@@ -66,7 +66,8 @@ def _assert_shards_complete(folder) -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     for path in folder.glob("shards/*/*.tfrecord"):
-        sum(1 for _ in tf.data.TFRecordDataset(str(path)))
+        if not path.name.startswith("."):  # pathlib's "*" matches hidden temp files too
+            sum(1 for _ in tf.data.TFRecordDataset(str(path)))
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,7 @@ def test_full_disk_fails_clearly_and_leaves_no_final_name(photos, tmp_path):
         assert "nothing was committed" in result.stderr
         assert _final_names(folder) == []
         _assert_shards_complete(folder)
+        assert not list(folder.rglob(".tmp-*"))  # the failed run's writers are ended, their temp files gone
 
 
 def _wait_until(predicate, folder, process, timeout: float = 120) -> None:
