@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, SplitInfo
+from tfdata_readers.manifest import VERSIONS_DIR, DatasetInfo, ShardInfo, SplitInfo, history_files
 
 __all__ = [
     "SHARD_NAME",
@@ -55,31 +55,41 @@ SHARD_NAME = re.compile(r"^(?P<split>[^.].*)-(?P<index>\d{5})-of-(?P<count>\d{5}
 
 
 def unlisted_shards(info: DatasetInfo, splits: Iterable[str] | None = None) -> list[str]:
-    """Paths of files in the data dir named like a shard of `splits` (None: any split) that the manifest
-    does not list: a stale shard of an earlier run, or one copied in by hand.
+    """Paths of files directly in the data dir named like a shard of `splits` (None: any split) that
+    no manifest of the dataset lists: a stale shard of an earlier run, or one copied in by hand.
 
     The reader never reads them (its file list comes only from the manifest); listing the folder
     is only for this check, so that such a disagreement fails loudly instead of being ignored.
+    A file that another version's manifest (versions/*.json) lists is not stale: the writer keeps
+    old versions' files for its retention window (after an overwrite of a dataset written before
+    versioning, its shards stay beside the new run's folder). Run folders under shards/ hold the
+    writer's own files (a version's, or a killed run's leftovers) and are not looked into.
     """
     wanted = None if splits is None else set(splits)
-    listed = {os.path.basename(s.path) for split in info.splits.values() for s in split.shards}
-    unlisted = []
+    # Compared as relative paths: shards/<run>/train-00000-of-00004.tfrecord does not list a
+    # train-00000-of-00004.tfrecord beside dataset_info.json.
+    listed = {s.file for split in info.splits.values() for s in split.shards}
+    candidates = []
     for name in sorted(tf.io.gfile.listdir(info.data_dir)):
         name = name.rstrip("/")
         match = SHARD_NAME.match(name)
         if match and name not in listed and (wanted is None or match["split"] in wanted):
-            unlisted.append(os.path.join(info.data_dir, name))
-    return unlisted
+            candidates.append(name)
+    if candidates:  # Only then are the history manifests read.
+        kept = history_files(info.data_dir)
+        candidates = [name for name in candidates if name not in kept]
+    return [os.path.join(info.data_dir, name) for name in candidates]
 
 
 def check_no_unlisted_shards(info: DatasetInfo, split: str) -> None:
-    """Fails naming every file that looks like a shard of `split` but is not in the manifest."""
+    """Fails naming every file that looks like a shard of `split` but is not in any manifest."""
     unlisted = unlisted_shards(info, [split])
     if unlisted:
         raise ShardError(
             f"{', '.join(unlisted)} look(s) like shard(s) of split {split!r} but "
-            f"{os.path.join(info.data_dir, MANIFEST_NAME)} does not list them; remove them or rerun "
-            f"the conversion job into a clean directory"
+            f"{info.manifest_path} does not list them (nor does any manifest in "
+            f"{os.path.join(info.data_dir, VERSIONS_DIR)}); remove them or rerun the conversion job into a "
+            f"clean directory"
         )
 
 
