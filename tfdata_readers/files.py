@@ -19,6 +19,7 @@ __all__ = [
     "ShardPiece",
     "check_no_unlisted_shards",
     "check_shards",
+    "old_version_note",
     "plan_pipeline_share",
     "record_range",
     "share_for_pipeline",
@@ -32,22 +33,34 @@ class ShardError(IOError):
     """A shard file is missing, has the wrong size, or is in the data dir but not in the manifest."""
 
 
-def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False) -> None:
+def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False, missing_note: str = "") -> None:
     """Fails naming the first shard that is missing or whose byte size differs from the manifest.
 
     With `skip_corrupt` a size mismatch (a truncated shard) is only logged as a warning: reading
     then stops at the first missing or unreadable record, and the records lost are counted
-    (`skipped_records()`). A missing shard always fails.
+    (`skipped_records()`). A missing shard always fails, with `missing_note` added (see
+    `old_version_note`).
     """
     for shard in shards:
         if not tf.io.gfile.exists(shard.path):
-            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist")
+            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist{missing_note}")
         size = tf.io.gfile.stat(shard.path).length
         if size != shard.bytes:
             message = f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}"
             if not skip_corrupt:
                 raise ShardError(message)
             logger.warning("%s; skip_corrupt=True: reading it anyway, and counting the records lost", message)
+
+
+def old_version_note(info: DatasetInfo, current: int | None) -> str:
+    """What a missing shard of an older version most likely means, for the error ("" for the current version)."""
+    if current is None or info.version == current:
+        return ""
+    return (
+        f": version {info.version} ({info.manifest_path}) is not the current version ({current}), and the "
+        f"writer deletes the files of versions outside its retention window (python -m beam_jobs.versions "
+        f"list shows which versions still have their files)"
+    )
 
 
 # A final shard name (docs/FORMAT.md); the writer's hidden staged and temp names start with ".".

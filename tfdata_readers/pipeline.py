@@ -15,8 +15,8 @@ import tensorflow as tf
 from tfdata_readers import augment, data_service
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decode import to_output
-from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
-from tfdata_readers.manifest import DatasetInfo, ImageInfo, load_manifest
+from tfdata_readers.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
+from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
 from tfdata_readers.records import read_shard
 
@@ -271,7 +271,10 @@ def make_dataset(
     spec = feature_spec(keys, info.features, where=info.manifest_path)
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
-    check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt)
+    # Only an older version's manifest (read from versions/) can list files the writer has since deleted.
+    from_history = info.manifest_path != os.path.join(data_dir, MANIFEST_NAME)
+    note = old_version_note(info, current_version(data_dir)) if from_history else ""
+    check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt, missing_note=note)
 
     service = config.data_service
     sharding = _service_sharding(config, training) if service else None

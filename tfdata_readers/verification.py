@@ -176,8 +176,8 @@ def verify(
     splits, a path leaving the data dir, `num_classes` != `len(label_names)`, a wrong `num_shards`),
     features the manifest declares differently from the format, a missing or malformed dead-letter
     file (a line that is not a JSON object of string `uri`, `stage`, `reason`, `detail`, or a line
-    count that differs from `num_dead_letters`), and files named like a shard of these splits (of
-    any split, by default) that the manifest does not list. A shard whose path leaves the data dir
+    count that differs from `num_dead_letters`), and files beside the manifest named like a shard of
+    these splits (of any split, by default) that neither this manifest nor any in versions/ lists. A shard whose path leaves the data dir
     is not opened; one listed twice is checked once. A manifest it cannot parse, or one of a newer
     schema_version, raises.
     """
@@ -195,7 +195,7 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
     spec = feature_spec(keys)
     problems.extend(_check_dead_letters(info.data_dir, info.raw, manifest_path))
     for path in unlisted_shards(info, splits or None):
-        problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME} nor in any version's manifest"))
+        problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
     outside = {
         os.path.join(info.data_dir, str(s.get("file")))
         for split in info.raw["splits"].values() for s in split["shards"] if shard_file_problem(s.get("file"))

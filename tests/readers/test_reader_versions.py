@@ -106,6 +106,14 @@ def test_a_history_file_holding_another_version_is_refused(appended: pathlib.Pat
         tfr.load_manifest(appended, version=1)
 
 
+def test_an_older_version_whose_files_were_collected_says_so(appended: pathlib.Path) -> None:
+    gone = appended / manifest_of(appended, 1)["splits"]["train"]["shards"][0]["file"]
+    gone.unlink()
+    with pytest.raises(tfr.ShardError, match=rf"shard {gone} is listed in the manifest but does not exist: version 1 "
+                       r"\(.*00000001.json\) is not the current version \(2\), and the writer deletes the files"):
+        tfr.make_dataset(appended, "train", 8, version=1)
+
+
 # Shard paths with subfolders.
 
 @pytest.mark.parametrize("name", [
@@ -149,7 +157,7 @@ def test_an_overwritten_flat_dataset_reads_and_verifies_although_its_old_shards_
     with pytest.raises(tfr.ShardError, match=r"train-00009-of-00010.tfrecord look\(s\) like shard\(s\) of split 'train'"):
         tfr.make_dataset(out, "train", 4)
     assert [p.problem for p in tfr.verify(out)] == [
-        "named like a shard but not listed in dataset_info.json nor in any version's manifest"]
+        "named like a shard but not listed in dataset_info.json"]
 
 
 def test_an_append_to_a_flat_dataset_reads_its_root_level_and_subfolder_shards(job_outputs, tmp_path) -> None:
