@@ -219,8 +219,9 @@ def _locate(data_dir: str, version: int | None) -> tuple[str, dict[str, Any]]:
     if not tf.io.gfile.exists(path):
         raise _not_found(data_dir, version, current)
     raw = _load_json(path)
-    if _versions_of(raw, path)[0] != version:
-        raise ValueError(f"{path} holds version {_versions_of(raw, path)[0]}, not {version}: the history is inconsistent")
+    held = _versions_of(raw, path)[0]
+    if held != version:
+        raise ValueError(f"{path} holds version {held}, not {version}: the history is inconsistent")
     return path, raw
 
 
