@@ -11,7 +11,14 @@ from tfdata_readers.classes import class_counts  # noqa: E402
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.distribute import distribute
 from tfdata_readers.files import ShardError
-from tfdata_readers.manifest import DatasetInfo, load_manifest, num_examples, steps_per_epoch
+from tfdata_readers.manifest import (
+    DatasetInfo,
+    VersionNotFoundError,
+    current_version,
+    load_manifest,
+    num_examples,
+    steps_per_epoch,
+)
 from tfdata_readers.pipeline import make_dataset
 from tfdata_readers.records import reset_skipped_records, skipped_records
 from tfdata_readers.verification import ShardProblem, verify
@@ -21,7 +28,9 @@ __all__ = [
     "ReadConfig",
     "ShardError",
     "ShardProblem",
+    "VersionNotFoundError",
     "class_counts",
+    "current_version",
     "distribute",
     "load_manifest",
     "make_dataset",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
-from tfdata_readers.manifest import MANIFEST_NAME, load_manifest
+from tfdata_readers.manifest import load_manifest
 
 __all__ = ["class_counts"]
 
 
-def class_counts(data_dir: str | os.PathLike[str], split: str) -> dict[int, int]:
-    """`{label id: examples}` of `split`, for every class (0 for a class the split lacks).
+def class_counts(data_dir: str | os.PathLike[str], split: str, *, version: int | None = None) -> dict[int, int]:
+    """`{label id: examples}` of `split` of `version` (None: the current one), for every class (0
+    for a class the split lacks).
 
     Keyed by label id (the index into `label_names`, the value of `image/class/label`), so it
     plugs straight into Keras's `class_weight`, e.g. balanced weights::
@@ -23,10 +24,10 @@ def class_counts(data_dir: str | os.PathLike[str], split: str) -> dict[int, int]
     writes the shards, so this reads no shard. A manifest written before the job recorded them
     is refused with an error that says so (everything else in the reader still reads it).
     """
-    info = load_manifest(data_dir)
+    info = load_manifest(data_dir, version)
     split_info = info.split(split)
     raw = info.raw["splits"][split].get("class_counts")
-    path = os.path.join(info.data_dir, MANIFEST_NAME)
+    path = info.manifest_path
     if raw is None:
         raise ValueError(
             f"{path} has no class_counts for split {split!r}: it was written by a version of "

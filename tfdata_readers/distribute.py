@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 import tensorflow as tf
 
 from tfdata_readers.config import check_batch_size
+from tfdata_readers.manifest import load_manifest
 from tfdata_readers.pipeline import make_dataset
 
 __all__ = ["CLASS_WEIGHT_WITH_DISTRIBUTE", "distribute", "global_steps"]
@@ -39,6 +40,8 @@ def distribute(
     data_dir: str | os.PathLike[str],
     split: str,
     global_batch_size: int,
+    *,
+    version: int | None = None,
     **options: Any,
 ) -> tf.distribute.DistributedDataset:
     """`make_dataset` per input pipeline via `distribute_datasets_from_function`.
@@ -62,6 +65,13 @@ def distribute(
     itself reports the first pipeline's batch count, which counts each step once per replica).
     Weight classes with `class_weights={label id: weight}` (a `ReadConfig` field): Keras's
     `fit(class_weight=...)` cannot take a distributed dataset, and says so with the supported way.
+
+    `version` (None: the current one) is resolved here, once, before the strategy builds any input
+    pipeline: every pipeline this process builds, now or when the strategy calls the dataset
+    function again, reads that same version. Each worker of a `MultiWorkerMirroredStrategy`
+    resolves None in its own process, so a commit between two workers' start-ups would give them
+    different versions: there, pass the version explicitly (e.g. `load_manifest(data_dir).version`
+    read once by the launcher and handed to every worker).
     """
     check_batch_size("global_batch_size", global_batch_size)
     if global_batch_size % strategy.num_replicas_in_sync:
@@ -70,12 +80,13 @@ def distribute(
             f"{strategy.num_replicas_in_sync} replicas in sync"
         )
 
+    pinned = load_manifest(data_dir, version).version
     num_pipelines: list[int] = []  # as the strategy's InputContext says
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         num_pipelines.append(input_context.num_input_pipelines)
         batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-        return make_dataset(data_dir, split, batch_size, input_context=input_context, **options)
+        return make_dataset(data_dir, split, batch_size, input_context=input_context, version=pinned, **options)
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
     # TensorFlow offers no way to give a dataset built from a function its step count, nor to

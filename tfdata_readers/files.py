@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, SplitInfo
+from tfdata_readers.manifest import VERSIONS_DIR, DatasetInfo, ShardInfo, SplitInfo, history_files
 
 __all__ = [
     "SHARD_NAME",
@@ -19,6 +19,7 @@ __all__ = [
     "ShardPiece",
     "check_no_unlisted_shards",
     "check_shards",
+    "old_version_note",
     "plan_pipeline_share",
     "record_range",
     "share_for_pipeline",
@@ -32,16 +33,17 @@ class ShardError(IOError):
     """A shard file is missing, has the wrong size, or is in the data dir but not in the manifest."""
 
 
-def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False) -> None:
+def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False, missing_note: str = "") -> None:
     """Fails naming the first shard that is missing or whose byte size differs from the manifest.
 
     With `skip_corrupt` a size mismatch (a truncated shard) is only logged as a warning: reading
     then stops at the first missing or unreadable record, and the records lost are counted
-    (`skipped_records()`). A missing shard always fails.
+    (`skipped_records()`). A missing shard always fails, with `missing_note` added (see
+    `old_version_note`).
     """
     for shard in shards:
         if not tf.io.gfile.exists(shard.path):
-            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist")
+            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist{missing_note}")
         size = tf.io.gfile.stat(shard.path).length
         if size != shard.bytes:
             message = f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}"
@@ -50,36 +52,57 @@ def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False) -
             logger.warning("%s; skip_corrupt=True: reading it anyway, and counting the records lost", message)
 
 
+def old_version_note(info: DatasetInfo, current: int | None) -> str:
+    """What a missing shard of an older version most likely means, for the error ("" for the current version)."""
+    if current is None or info.version == current:
+        return ""
+    return (
+        f": version {info.version} ({info.manifest_path}) is not the current version ({current}), and the "
+        f"writer deletes the files of versions outside its retention window (python -m beam_jobs.versions "
+        f"list shows which versions still have their files)"
+    )
+
+
 # A final shard name (docs/FORMAT.md); the writer's hidden staged and temp names start with ".".
 SHARD_NAME = re.compile(r"^(?P<split>[^.].*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
 
 
 def unlisted_shards(info: DatasetInfo, splits: Iterable[str] | None = None) -> list[str]:
-    """Paths of files in the data dir named like a shard of `splits` (None: any split) that the manifest
-    does not list: a stale shard of an earlier run, or one copied in by hand.
+    """Paths of files directly in the data dir named like a shard of `splits` (None: any split) that
+    no manifest of the dataset lists: a stale shard of an earlier run, or one copied in by hand.
 
     The reader never reads them (its file list comes only from the manifest); listing the folder
     is only for this check, so that such a disagreement fails loudly instead of being ignored.
+    A file that another version's manifest (versions/*.json) lists is not stale: the writer keeps
+    old versions' files for its retention window (after an overwrite of a dataset written before
+    versioning, its shards stay beside the new run's folder). Run folders under shards/ hold the
+    writer's own files (a version's, or a killed run's leftovers) and are not looked into.
     """
     wanted = None if splits is None else set(splits)
-    listed = {os.path.basename(s.path) for split in info.splits.values() for s in split.shards}
-    unlisted = []
+    # Compared as relative paths: shards/<run>/train-00000-of-00004.tfrecord does not list a
+    # train-00000-of-00004.tfrecord beside dataset_info.json.
+    listed = {s.file for split in info.splits.values() for s in split.shards}
+    candidates = []
     for name in sorted(tf.io.gfile.listdir(info.data_dir)):
         name = name.rstrip("/")
         match = SHARD_NAME.match(name)
         if match and name not in listed and (wanted is None or match["split"] in wanted):
-            unlisted.append(os.path.join(info.data_dir, name))
-    return unlisted
+            candidates.append(name)
+    if candidates:  # Only then are the history manifests read.
+        kept = history_files(info.data_dir)
+        candidates = [name for name in candidates if name not in kept]
+    return [os.path.join(info.data_dir, name) for name in candidates]
 
 
 def check_no_unlisted_shards(info: DatasetInfo, split: str) -> None:
-    """Fails naming every file that looks like a shard of `split` but is not in the manifest."""
+    """Fails naming every file that looks like a shard of `split` but is not in any manifest."""
     unlisted = unlisted_shards(info, [split])
     if unlisted:
         raise ShardError(
             f"{', '.join(unlisted)} look(s) like shard(s) of split {split!r} but "
-            f"{os.path.join(info.data_dir, MANIFEST_NAME)} does not list them; remove them or rerun "
-            f"the conversion job into a clean directory"
+            f"{info.manifest_path} does not list them (nor does any manifest in "
+            f"{os.path.join(info.data_dir, VERSIONS_DIR)}); remove them or rerun the conversion job into a "
+            f"clean directory"
         )
 
 

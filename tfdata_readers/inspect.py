@@ -84,7 +84,7 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
     lines = [f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
              f"{plural(info.num_classes, 'class', 'classes')}, "
              f"{info.image.width}x{info.image.height} {info.image.format} "
-             f"({producer.get('name', '?')} {producer.get('version', '?')})"]
+             f"({producer.get('name', '?')} {producer.get('version', '?')}), dataset version {info.version}"]
     width = max((len(s) for s in report.splits), default=5)
     for split in report.splits:
         rows = [r for r in report.shards if r.split == split]
@@ -159,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="records read per split to draw the sample from; shards are hash-mixed, so the first are "
                         "as good as any [4096, or --num_examples if larger]")
     parser.add_argument("--tile", type=int, default=160, help="largest side of one picture on the sheet, in pixels [160]")
+    parser.add_argument("--version", type=_positive, default=None,
+                        help="dataset version to inspect; default: the current one (the root dataset_info.json)")
     args = parser.parse_args(argv)
     # Each default gives way to the other flag when only that one is given: the message below
     # then only ever names flags the user wrote.
@@ -173,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         report = gather(args.data_dir, num_examples=num_examples, seed=args.seed, augmented=args.augmented,
-                        scan=scan, splits=args.split)
+                        scan=scan, splits=args.split, version=args.version)
     except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

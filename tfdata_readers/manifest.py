@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Any
 
 import tensorflow as tf
@@ -16,31 +17,49 @@ from tfdata_readers.schemes import check_readable_location
 __all__ = [
     "MANIFEST_NAME",
     "SCHEMA_VERSION",
+    "VERSIONS_DIR",
     "DatasetInfo",
     "ImageInfo",
     "ShardInfo",
     "SplitInfo",
+    "VersionNotFoundError",
+    "check_version",
+    "current_version",
+    "history_files",
     "load_manifest",
+    "manifest_versions",
     "read_manifest",
+    "relative_file_problem",
     "shard_file_problem",
     "num_examples",
     "steps_per_epoch",
+    "version_manifest_path",
 ]
 
 MANIFEST_NAME = "dataset_info.json"
 # The newest manifest schema this reader understands; newer manifests are refused.
 SCHEMA_VERSION = 1
 IMAGE_FORMATS = ("JPEG", "PNG", "RAW")
+# docs/FORMAT.md: every committed version's manifest is kept as versions/<8-digit version>.json.
+VERSIONS_DIR = "versions"
+_VERSION_FILE = re.compile(r"^(\d{8})\.json$")
+
+
+class VersionNotFoundError(FileNotFoundError):
+    """The version asked for has no manifest in the data dir; the message names the versions that have one."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """One shard file of a split: `path` is absolute (or a gs:// URI), the rest is as the manifest says."""
+    """One shard file of a split: `path` is absolute (or a gs:// URI), `file` the manifest's entry
+    (relative to the data dir, e.g. shards/<run>/train-00000-of-00004.tfrecord), the rest is as
+    the manifest says."""
 
     path: str
     num_examples: int
     bytes: int
     sha256: str
+    file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +83,13 @@ class ImageInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """The parsed manifest. `raw` keeps the JSON as read, for fields this reader does not model.
+    """The parsed manifest of one version. `raw` keeps the JSON as read, for fields this reader does not model.
 
     `data_dir` is absolute (or a URI): a relative one is resolved against the working directory
-    once, when the manifest is read."""
+    once, when the manifest is read. `version` is the dataset version this manifest describes (1
+    for a manifest written before datasets were versioned), `parent_version` the one it was made
+    from (None for the first). `manifest_path` is the file it was read from: the root
+    dataset_info.json for the current version, else versions/<version>.json."""
 
     data_dir: str
     label_names: tuple[str, ...]
@@ -76,12 +98,18 @@ class DatasetInfo:
     features: dict[str, dict[str, Any]]
     splits: dict[str, SplitInfo]
     raw: dict[str, Any]
+    version: int = 1
+    parent_version: int | None = None
+    manifest_path: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.manifest_path:  # frozen: set through object.__setattr__
+            object.__setattr__(self, "manifest_path", os.path.join(self.data_dir, MANIFEST_NAME))
 
     def split(self, name: str) -> SplitInfo:
         if name not in self.splits:
             raise ValueError(
-                f"split {name!r} is not in {os.path.join(self.data_dir, MANIFEST_NAME)}; "
-                f"expected one of {sorted(self.splits)}"
+                f"split {name!r} is not in {self.manifest_path}; expected one of {sorted(self.splits)}"
             )
         return self.splits[name]
 
@@ -92,26 +120,144 @@ def _require(mapping: dict[str, Any], key: str, where: str) -> Any:
     return mapping[key]
 
 
-def shard_file_problem(name: object) -> str:
-    """Why a shard's `file` entry is not a path inside the data dir ("" if it is one).
+def relative_file_problem(name: object, what: str) -> str:
+    """Why a manifest's file entry (`what`: "shard file", "dead_letters_file") is not a path inside
+    the data dir ("" if it is one).
 
-    FORMAT.md: `file` is relative to the directory that holds dataset_info.json. An absolute path,
-    a URI, or a path with a `..` (or empty, or `.`) component could name any file, such as a shard
-    of another dataset, so it is refused rather than joined.
+    FORMAT.md: such a path is relative to the directory that holds dataset_info.json and uses
+    POSIX separators; it may name a subfolder (`shards/<run>/train-00000-of-00004.tfrecord`). An
+    absolute path, a URI, a backslash, or a `..` (or empty, or `.`) component could name any file,
+    such as a shard of another dataset, so it is refused rather than joined.
     """
     if not isinstance(name, str) or not name:
-        return f"shard file {name!r} is not a file name"
+        return f"{what} {name!r} is not a file name"
     parts = name.split("/")
     if name.startswith("/") or "\\" in name or "://" in name or any(p in ("", ".", "..") for p in parts):
         return (
-            f"shard file {name!r} is not a path inside the data dir (FORMAT.md: relative to the directory "
-            f"of {MANIFEST_NAME}, with no absolute path, URI, '.', '..' or empty component)"
+            f"{what} {name!r} is not a path inside the data dir (FORMAT.md: relative to the directory "
+            f"of {MANIFEST_NAME}, '/'-separated, with no absolute path, URI, backslash, '.', '..' or empty component)"
         )
     return ""
 
 
-def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[str]]:
+def shard_file_problem(name: object) -> str:
+    """Why a shard's `file` entry is not a path inside the data dir ("" if it is one); see `relative_file_problem`."""
+    return relative_file_problem(name, "shard file")
+
+
+def check_version(version: object) -> int | None:
+    """`version` if it is None or an int >= 1 (not a bool); else a ValueError naming it."""
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+        raise ValueError(f"version must be None (the current version) or an int >= 1 (got {version!r})")
+    return version
+
+
+def version_manifest_path(data_dir: str, version: int) -> str:
+    """Where the history copy of `version`'s manifest lives: DATA_DIR/versions/00000003.json."""
+    return os.path.join(data_dir, VERSIONS_DIR, f"{version:08d}.json")
+
+
+def manifest_versions(data_dir: str) -> list[int]:
+    """The versions that have a history manifest in DATA_DIR/versions/, ascending ([] without that folder)."""
+    folder = os.path.join(data_dir, VERSIONS_DIR)
+    if not tf.io.gfile.isdir(folder):
+        return []
+    found = (_VERSION_FILE.match(name.rstrip("/")) for name in tf.io.gfile.listdir(folder))
+    return sorted(int(m[1]) for m in found if m and int(m[1]) >= 1)
+
+
+def _load_json(path: str) -> dict[str, Any]:
+    with tf.io.gfile.GFile(path, "r") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} holds a JSON {type(raw).__name__}; expected an object")
+    return raw
+
+
+def _versions_of(raw: dict[str, Any], path: str) -> tuple[int, int | None]:
+    """(version, parent_version) of a parsed manifest; (1, None) for one written before versioning."""
+    if "version" not in raw:
+        return 1, None  # FORMAT.md: a dataset written before versioning is version 1, with no parent
+    version, parent = raw["version"], raw.get("parent_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"{path}: version must be an int >= 1 (got {version!r})")
+    if parent is not None and (not isinstance(parent, int) or isinstance(parent, bool) or not 1 <= parent < version):
+        raise ValueError(f"{path}: parent_version must be null or an int from 1 to {version - 1} (got {parent!r})")
+    return version, parent
+
+
+def _not_found(data_dir: str, version: int, current: int | None) -> VersionNotFoundError:
+    kept = sorted(set(manifest_versions(data_dir)) | ({current} if current else set()))
+    listed = ", ".join(map(str, kept)) or "none"
+    now = f"; the current version is {current}" if current else f"; {os.path.join(data_dir, MANIFEST_NAME)} is missing"
+    return VersionNotFoundError(
+        f"version {version} of {data_dir} has no manifest (neither the current {MANIFEST_NAME} nor "
+        f"{version_manifest_path(data_dir, version)}): versions with a manifest: {listed}{now}"
+    )
+
+
+def _locate(data_dir: str, version: int | None) -> tuple[str, dict[str, Any]]:
+    """(path, parsed JSON) of the manifest of `version` (None: the current one, the root file).
+
+    The root dataset_info.json is the commit point and so authoritative for the current version:
+    it is read first, and versions/N.json only when the root is another version (its history copy
+    may not be written yet right after a commit).
+    """
+    root = os.path.join(data_dir, MANIFEST_NAME)
+    root_raw = _load_json(root) if tf.io.gfile.exists(root) else None
+    if version is None:
+        if root_raw is None:
+            raise FileNotFoundError(f"no manifest at {root}; was the conversion job run into {data_dir!r}?")
+        return root, root_raw
+    current = _versions_of(root_raw, root)[0] if root_raw is not None else None
+    if current == version:
+        return root, root_raw
+    path = version_manifest_path(data_dir, version)
+    if not tf.io.gfile.exists(path):
+        raise _not_found(data_dir, version, current)
+    raw = _load_json(path)
+    held = _versions_of(raw, path)[0]
+    if held != version:
+        raise ValueError(f"{path} holds version {held}, not {version}: the history is inconsistent")
+    return path, raw
+
+
+def current_version(data_dir: str | os.PathLike[str]) -> int | None:
+    """The version the root dataset_info.json holds now (1 for one written before versioning), None without one."""
+    data_dir = os.fspath(data_dir)
+    root = os.path.join(data_dir, MANIFEST_NAME)
+    if not tf.io.gfile.exists(root):
+        return None
+    return _versions_of(_load_json(root), root)[0]
+
+
+def history_files(data_dir: str) -> set[str]:
+    """The shard `file` entries of every history manifest in DATA_DIR/versions/ (unreadable ones skipped).
+
+    Old versions' files stay in the data dir for the writer's retention window, so a file one of
+    them lists is expected there even when the version being read does not list it.
+    """
+    files: set[str] = set()
+    for version in manifest_versions(data_dir):
+        try:
+            raw = _load_json(version_manifest_path(data_dir, version))
+            files.update(str(s.get("file")) for split in raw.get("splits", {}).values() for s in split.get("shards", []))
+        except (ValueError, AttributeError, TypeError, tf.errors.OpError):
+            continue  # a damaged history file lists nothing; verify reports the version it reads
+    return files
+
+
+def read_manifest(
+    data_dir: str | os.PathLike[str], version: int | None = None
+) -> tuple[DatasetInfo, list[str]]:
     """(the parsed manifest, its structural problems): what `load_manifest` refuses, listed instead.
+
+    `version`: None reads the current version (the root dataset_info.json); N reads the root if it
+    is version N, else versions/<N:08d>.json, else raises `VersionNotFoundError` naming the
+    versions that have a manifest.
 
     A manifest that cannot be parsed at all (no file, bad JSON, a newer schema_version, a missing
     field, counts that disagree with their shards) still raises. The problems listed are those a
@@ -122,25 +268,18 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[s
     """
     data_dir = os.fspath(data_dir)
     check_readable_location(data_dir)
+    check_version(version)
     if "://" not in data_dir:
         # Resolved once, here: every path the reader keeps (the manifest's, each shard's) is then
         # absolute, so a later os.chdir cannot make the same dataset read another folder's shards.
         data_dir = os.path.abspath(data_dir)
-    path = os.path.join(data_dir, MANIFEST_NAME)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"no manifest at {path}; was the conversion job run into {data_dir!r}?")
-    with tf.io.gfile.GFile(path, "r") as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} holds a JSON {type(raw).__name__}; expected an object")
-    version = _require(raw, "schema_version", path)
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    path, raw = _locate(data_dir, version)
+    schema = _require(raw, "schema_version", path)
+    if not isinstance(schema, int) or schema > SCHEMA_VERSION:
         raise ValueError(
-            f"{path} has schema_version {version!r}; this reader knows versions up to {SCHEMA_VERSION}"
+            f"{path} has schema_version {schema!r}; this reader knows versions up to {SCHEMA_VERSION}"
         )
+    dataset_version, parent_version = _versions_of(raw, path)
     image = _require(raw, "image", path)
     image_info = ImageInfo(
         height=int(_require(image, "height", f"{path} image")),
@@ -175,6 +314,7 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[s
                 num_examples=int(_require(s, "num_examples", where)),
                 bytes=int(_require(s, "bytes", where)),
                 sha256=str(_require(s, "sha256", where)),
+                file=str(file),
             ))
         total = int(_require(split, "num_examples", where))
         if total != sum(s.num_examples for s in shards):
@@ -198,33 +338,43 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> tuple[DatasetInfo, list[s
         features=dict(_require(raw, "features", path)),
         splits=splits,
         raw=raw,
+        version=dataset_version,
+        parent_version=parent_version,
+        manifest_path=path,
     )
     return info, problems
 
 
-def load_manifest(data_dir: str | os.PathLike[str]) -> DatasetInfo:
-    """Reads `data_dir/dataset_info.json` (local path or gs://) and checks its structure.
+def load_manifest(data_dir: str | os.PathLike[str], version: int | None = None) -> DatasetInfo:
+    """Reads the manifest of `version` of `data_dir` (local path or gs://) and checks its structure.
+
+    `version=None` (default) is the current version, `data_dir/dataset_info.json`; an int N is
+    that version (the root if it is N, else `data_dir/versions/<N:08d>.json`), and a version with
+    no manifest is a `VersionNotFoundError` naming those that have one. The manifest is read once:
+    a reader built on it keeps reading that version's files, whatever is committed later.
 
     Besides a file it cannot parse, it refuses a shard file listed twice or in two splits, a shard
     path leaving the data dir, `num_classes` differing from `len(label_names)`, and a split's
     `num_shards` differing from its shard list (see `read_manifest`), naming each problem. It
     reads only the manifest: what the shards hold is `verify`'s to check.
     """
-    info, problems = read_manifest(data_dir)
+    info, problems = read_manifest(data_dir, version)
     if problems:
-        raise ValueError(f"{os.path.join(info.data_dir, MANIFEST_NAME)}: " + "; ".join(problems))
+        raise ValueError(f"{info.manifest_path}: " + "; ".join(problems))
     return info
 
 
-def num_examples(data_dir: str | os.PathLike[str], split: str) -> int:
-    """The number of examples of `split`, from the manifest."""
-    return load_manifest(data_dir).split(split).num_examples
+def num_examples(data_dir: str | os.PathLike[str], split: str, *, version: int | None = None) -> int:
+    """The number of examples of `split` in `version` (None: the current one), from the manifest."""
+    return load_manifest(data_dir, version).split(split).num_examples
 
 
 def steps_per_epoch(
-    data_dir: str | os.PathLike[str], split: str, global_batch_size: int, *, drop_remainder: bool = True
+    data_dir: str | os.PathLike[str], split: str, global_batch_size: int, *, drop_remainder: bool = True,
+    version: int | None = None,
 ) -> int:
-    """Batches per epoch of `split` at `global_batch_size`: floor with `drop_remainder`, else ceil."""
+    """Batches per epoch of `split` of `version` (None: the current one) at `global_batch_size`:
+    floor with `drop_remainder`, else ceil."""
     check_batch_size("global_batch_size", global_batch_size)
-    n = num_examples(data_dir, split)
+    n = num_examples(data_dir, split, version=version)
     return n // global_batch_size if drop_remainder else math.ceil(n / global_batch_size)

@@ -15,8 +15,8 @@ import tensorflow as tf
 from tfdata_readers import augment, data_service
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decode import to_output
-from tfdata_readers.files import check_no_unlisted_shards, check_shards, share_for_pipeline
-from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, load_manifest
+from tfdata_readers.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
+from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
 from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
 from tfdata_readers.records import read_shard
 
@@ -156,7 +156,7 @@ def class_weight_table(pairs: tuple[tuple[int, float], ...] | None, info: Datase
     for label, weight in pairs:
         if label >= info.num_classes:
             raise ValueError(
-                f"ReadConfig.class_weights gives label id {label!r}, but {os.path.join(info.data_dir, MANIFEST_NAME)} "
+                f"ReadConfig.class_weights gives label id {label!r}, but {info.manifest_path} "
                 f"has {info.num_classes} classes (ids 0 to {info.num_classes - 1}: {list(info.label_names)})"
             )
         table[label] = weight
@@ -216,6 +216,7 @@ def make_dataset(
     input_context: tf.distribute.InputContext | None = None,
     with_metadata: bool = False,
     config: ReadConfig | None = None,
+    version: int | None = None,
     **options: Any,
 ) -> tf.data.Dataset:
     """A dataset of `(image, label)` batches (plus a weight with `class_weights`, then a metadata
@@ -235,6 +236,12 @@ def make_dataset(
     `options` override fields of `config` (see `ReadConfig`). `batch_size` is a positive int (not a
     bool); `seed` is None or an int (not a bool) with 0 <= seed < 2**63.
 
+    `version` is the dataset version to read: None (default) is the current one (the root
+    dataset_info.json), an int N that version's manifest (see `load_manifest`). Either way the
+    manifest is read once, here: the dataset holds that version's shard paths, so every epoch of
+    every iterator reads the same version, whatever is committed meanwhile (the writer never
+    rewrites a committed file, and keeps old versions' files for its retention window).
+
     `cardinality()` is the true number of batches (per epoch times `num_epochs`; INFINITE with
     `num_epochs=None`), from the manifest, so Keras shows the step total. It is unknown only where
     it cannot be known in advance: with `skip_corrupt` (unless the pipeline is held to a fixed
@@ -249,7 +256,7 @@ def make_dataset(
     check_initial_epoch(initial_epoch)
     # The manifest resolves a local data_dir to an absolute path, once: the service's workers open
     # the shard paths in their own working directory, and this process may chdir between passes.
-    info = load_manifest(data_dir)
+    info = load_manifest(data_dir, version)
     data_dir = info.data_dir
     split_info = info.split(split)
     if not split_info.shards:
@@ -261,10 +268,13 @@ def make_dataset(
     elif training:
         keys.append(_AUGMENT_KEY)  # each example's crop and flip are seeded from its key
     # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
-    spec = feature_spec(keys, info.features, where=os.path.join(data_dir, MANIFEST_NAME))
+    spec = feature_spec(keys, info.features, where=info.manifest_path)
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
-    check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt)
+    # Only an older version's manifest (read from versions/) can list files the writer has since deleted.
+    from_history = info.manifest_path != os.path.join(data_dir, MANIFEST_NAME)
+    note = old_version_note(info, current_version(data_dir)) if from_history else ""
+    check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt, missing_note=note)
 
     service = config.data_service
     sharding = _service_sharding(config, training) if service else None

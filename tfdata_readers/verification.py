@@ -14,7 +14,15 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.files import unlisted_shards
-from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ShardInfo, read_manifest, shard_file_problem
+from tfdata_readers.manifest import (
+    MANIFEST_NAME,
+    DatasetInfo,
+    ShardInfo,
+    current_version,
+    read_manifest,
+    relative_file_problem,
+    shard_file_problem,
+)
 from tfdata_readers.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
 from tfdata_readers.records import RECORD_OVERHEAD, tensorflow_reason
 
@@ -122,12 +130,13 @@ DEAD_LETTERS_FILE = "dead_letters.jsonl"
 DEAD_LETTER_FIELDS = ("uri", "stage", "reason", "detail")
 
 
-def _check_dead_letters(data_dir: str, raw: Mapping[str, Any]) -> list[ShardProblem]:
-    """The dead-letter file (docs/FORMAT.md: always present, possibly empty) exists, each line is a
-    JSON object with the format's fields, and its line count matches `num_dead_letters`."""
+def _check_dead_letters(data_dir: str, raw: Mapping[str, Any], manifest_path: str) -> list[ShardProblem]:
+    """The dead-letter file (docs/FORMAT.md: always present, possibly empty; in a versioned dataset
+    `shards/<run>/dead_letters.jsonl`, the run that made the version's change) exists, each line is
+    a JSON object with the format's fields, and its line count matches `num_dead_letters`."""
     name = raw.get("dead_letters_file", DEAD_LETTERS_FILE)
-    if not isinstance(name, str) or not name:
-        return [ShardProblem(os.path.join(data_dir, MANIFEST_NAME), f"dead_letters_file is {name!r}; expected a file name")]
+    if problem := relative_file_problem(name, "dead_letters_file"):
+        return [ShardProblem(manifest_path, problem)]
     path = os.path.join(data_dir, name)
     if not tf.io.gfile.exists(path):
         return [ShardProblem(path, f"missing; {MANIFEST_NAME} names it and the format says it is always present")]
@@ -154,8 +163,12 @@ def _check_dead_letters(data_dir: str, raw: Mapping[str, Any]) -> list[ShardProb
     return problems
 
 
-def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None) -> list[ShardProblem]:
-    """Every problem found in the shards of `splits` (all splits by default); empty means all good.
+def verify(
+    data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None, *, version: int | None = None
+) -> list[ShardProblem]:
+    """Every problem found in the shards of `splits` (all splits by default) of `version` (None:
+    the current one, the root dataset_info.json; N: that version, see `load_manifest`); empty
+    means all good.
 
     Besides each listed shard (its bytes, sha256, record count, and every record's keys, dtypes,
     image size, channels and format, and label against `num_classes` and `label_names`), it
@@ -163,19 +176,24 @@ def verify(data_dir: str | os.PathLike[str], splits: Sequence[str] | None = None
     splits, a path leaving the data dir, `num_classes` != `len(label_names)`, a wrong `num_shards`),
     features the manifest declares differently from the format, a missing or malformed dead-letter
     file (a line that is not a JSON object of string `uri`, `stage`, `reason`, `detail`, or a line
-    count that differs from `num_dead_letters`), and files named like a shard of these splits (of
-    any split, by default) that the manifest does not list. A shard whose path leaves the data dir
+    count that differs from `num_dead_letters`), and files beside the manifest named like a shard of
+    these splits (of any split, by default) that neither this manifest nor any in versions/ lists. A shard whose path leaves the data dir
     is not opened; one listed twice is checked once. A manifest it cannot parse, or one of a newer
     schema_version, raises.
     """
-    info, manifest_problems = read_manifest(data_dir)
-    manifest_path = os.path.join(info.data_dir, MANIFEST_NAME)
+    info, manifest_problems = read_manifest(data_dir, version)
+    return _verify_info(info, manifest_problems, splits)
+
+
+def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequence[str] | None) -> list[ShardProblem]:
+    """`verify` of a manifest already read (so the CLI checks and reports one and the same version)."""
+    manifest_path = info.manifest_path
     names = list(splits) if splits else sorted(info.splits)
     keys = list(FEATURE_DTYPES)
     problems = [ShardProblem(manifest_path, p) for p in manifest_problems]
     problems += [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
     spec = feature_spec(keys)
-    problems.extend(_check_dead_letters(info.data_dir, info.raw))
+    problems.extend(_check_dead_letters(info.data_dir, info.raw, manifest_path))
     for path in unlisted_shards(info, splits or None):
         problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
     outside = {
@@ -199,19 +217,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
     parser.add_argument("--split", action="append", help="split to check (repeatable); default: all")
+    parser.add_argument("--version", type=_version, default=None,
+                        help="dataset version to check (an int >= 1); default: the current one")
     args = parser.parse_args(argv)
     try:
-        problems = verify(args.data_dir, args.split)
-        info, _ = read_manifest(args.data_dir)
-    except (OSError, ValueError) as e:  # no manifest, bad JSON, newer schema_version, unknown split
+        info, manifest_problems = read_manifest(args.data_dir, args.version)
+        problems = _verify_info(info, manifest_problems, args.split)
+        current = current_version(info.data_dir)
+    except (OSError, ValueError) as e:  # no manifest or version, bad JSON, newer schema_version, unknown split
         print(f"ERROR {e}", file=sys.stderr)
         return 1
     for problem in problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
     names = args.split or sorted(info.splits)
     total = sum(len(info.split(n).shards) for n in names)
-    print(f"checked {total} shard(s) of split(s) {', '.join(names)}: {len(problems)} problem(s)")
+    print(f"{_version_line(info.version, current)}: checked {total} shard(s) of split(s) {', '.join(names)}: "
+          f"{len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def _version(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text!r})")
+    return value
+
+
+def _version_line(version: int, current: int | None) -> str:
+    """"version 3 of 3" (the current one), "version 2 of 3", or without a current root manifest "version 2"."""
+    return f"version {version} of {current}" if current is not None else f"version {version} (no current {MANIFEST_NAME})"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""CLI: `python -m tfdata_readers.verify DATA_DIR [--split S]`; exits 1 if the dataset disagrees with its manifest."""
+"""CLI: `python -m tfdata_readers.verify DATA_DIR [--split S] [--version N]`; exits 1 if the dataset disagrees with its manifest."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ for path in (_HERE.parents[1], _HERE):
         sys.path.insert(0, str(path))
 
 import reader_fixtures  # noqa: E402
+import versioned_fixtures  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,21 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path
 @pytest.fixture
 def jpeg_dir(datasets: dict[str, pathlib.Path]) -> pathlib.Path:
     return datasets["jpeg"]
+
+
+@pytest.fixture(scope="session")
+def job_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    """Flat outputs of the current conversion job, run once each on real photos (64x48 JPEGs, 9 classes):
+    "base": 45 photos, 4 shards a split (train 36: shards of 9); "addition": 12 other photos, 2
+    shards a split (train ~10: smaller shards), to append to it."""
+    from beam_jobs.sample_data import make_photo_tree
+
+    root = tmp_path_factory.mktemp("job_outputs")
+    outputs = {}
+    for name, images, shards, seed in (("base", 45, 4, 1), ("addition", 12, 2, 2)):
+        make_photo_tree(root / f"photos-{name}", num_images=images, size=(64, 48), seed=seed)
+        outputs[name] = versioned_fixtures.run_conversion(root / f"photos-{name}", root / name, num_shards=shards)
+    return outputs
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -22,7 +22,7 @@ def _verify(*args: str) -> subprocess.CompletedProcess:
 def test_a_clean_dataset_prints_one_line_and_nothing_else(jpeg_dir: pathlib.Path) -> None:
     result = _verify(str(jpeg_dir))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["checked 5 shard(s) of split(s) train, validation: 0 problem(s)"]
+    assert result.stdout.splitlines() == ["version 1 of 1: checked 5 shard(s) of split(s) train, validation: 0 problem(s)"]
     assert result.stderr == "", result.stderr
 
 
@@ -33,7 +33,7 @@ def test_problems_are_still_printed_and_only_they(jpeg_dir: pathlib.Path, tmp_pa
     result = _verify(str(copy), "--split", "validation")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [f"MISMATCH {copy}/validation-00000-of-00001.tfrecord: missing"]
-    assert result.stdout.splitlines() == ["checked 1 shard(s) of split(s) validation: 1 problem(s)"]
+    assert result.stdout.splitlines() == ["version 1 of 1: checked 1 shard(s) of split(s) validation: 1 problem(s)"]
 
 
 def test_an_error_is_one_line_on_stderr(tmp_path: pathlib.Path) -> None:

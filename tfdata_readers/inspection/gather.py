@@ -108,7 +108,7 @@ def sample_score(seed: int, key: str, filename: str) -> bytes:
 
 
 def _shard_rows(info: DatasetInfo, data_dir: str) -> tuple[tuple[ShardRow, ...], tuple[str, ...]]:
-    problems = verify(data_dir)
+    problems = verify(data_dir, version=info.version)
     by_path: dict[str, list[str]] = {}
     for problem in problems:
         by_path.setdefault(problem.path, []).append(problem.problem)
@@ -117,7 +117,8 @@ def _shard_rows(info: DatasetInfo, data_dir: str) -> tuple[tuple[ShardRow, ...],
     for name in sorted(info.splits):
         for shard in info.splits[name].shards:
             listed.add(shard.path)
-            rows.append(ShardRow(split=name, file=os.path.basename(shard.path), num_examples=shard.num_examples,
+            # The manifest's relative path: two runs' folders may hold shards of the same name.
+            rows.append(ShardRow(split=name, file=shard.file or os.path.basename(shard.path), num_examples=shard.num_examples,
                                  bytes=shard.bytes, problems=tuple(by_path.get(shard.path, ()))))
     other = tuple(str(p) for p in problems if p.path not in listed)
     return tuple(rows), other
@@ -142,7 +143,7 @@ def _counted_from_shards(info: DatasetInfo, split: str) -> dict[str, int]:
 
 def _class_counts(info: DatasetInfo, data_dir: str) -> tuple[dict[str, dict[str, int]], str]:
     try:
-        return ({split: {info.label_names[i]: n for i, n in class_counts(data_dir, split).items()}
+        return ({split: {info.label_names[i]: n for i, n in class_counts(data_dir, split, version=info.version).items()}
                  for split in sorted(info.splits)}, "dataset_info.json")
     except ValueError as error:
         note = f"counted from the shards: {error}"
@@ -184,7 +185,7 @@ def _read_sample(data_dir: str, split: str, info: DatasetInfo, *, size: int, see
     training path with `seed` in the same record order (no file or record shuffle), whose crop
     and flip are, by the reader's contract, those of the first training epoch with that seed.
     """
-    common = dict(with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt)
+    common = dict(with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version)
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
     scanned = 0
     error = None
@@ -227,15 +228,18 @@ def _negate(score: bytes) -> bytes:
 
 
 def gather(data_dir: str | os.PathLike[str], *, num_examples: int = 64, seed: int = 0, augmented: bool = False,
-           scan: int = 4096, first_dead_letters: int = 5, splits: list[str] | None = None) -> Inspection:
-    """Reads everything the inspection shows. Raises only when there is no manifest to read."""
+           scan: int = 4096, first_dead_letters: int = 5, splits: list[str] | None = None,
+           version: int | None = None) -> Inspection:
+    """Reads everything the inspection shows, of `version` (None: the current one, resolved once
+    here, so every part of the report shows the same version). Raises only when there is no
+    manifest to read."""
     data_dir = os.fspath(data_dir)
     if "://" not in data_dir:
         data_dir = os.path.abspath(data_dir)  # the report names where the dataset is, wherever it is opened
-    info, _ = read_manifest(data_dir)  # its structural problems come back from verify(), as other problems
+    info, _ = read_manifest(data_dir, version)  # its structural problems come back from verify(), as other problems
     unknown = [split for split in splits or () if split not in info.splits]
     if unknown:  # Before any shard is read.
-        raise ValueError(f"split {unknown[0]!r} is not in {os.path.join(data_dir, 'dataset_info.json')}; "
+        raise ValueError(f"split {unknown[0]!r} is not in {info.manifest_path}; "
                          f"expected one of {sorted(info.splits)}")
     shards, other = _shard_rows(info, data_dir)
     counts, source = _class_counts(info, data_dir)
