@@ -103,8 +103,12 @@ def _start(
            tf.data.Dataset | None]:
     """(manifest, steps per epoch, image size, dataset, validation dataset or None); raises OSError
     or ValueError naming what is wrong."""
-    info = tfdata_readers.load_manifest(args.data_dir)
-    full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size, drop_remainder=True)
+    # One version for everything below (steps, training, validation), resolved once: a commit
+    # while this trainer starts must not give it the step count of one version and the data of another.
+    info = tfdata_readers.load_manifest(args.data_dir, version=args.version)
+    version = info.version
+    full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size,
+                                                  drop_remainder=True, version=version)
     # Checked whether or not --steps_per_epoch is given: training drops the last partial batch, so
     # a split smaller than one global batch yields no batch at all, however many steps are asked for.
     if full_batches < 1:
@@ -119,7 +123,7 @@ def _start(
         strategy, args.data_dir, args.split, args.global_batch_size,
         training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
         data_service=args.data_service, data_service_timeout_s=args.data_service_timeout_s,
-        initial_epoch=args.initial_epoch,
+        initial_epoch=args.initial_epoch, version=version,
     )
     validation = None
     split = _validation_split(args, info)
@@ -140,7 +144,7 @@ def _start(
         # one deals whole per-replica batches, so the last step can leave a replica an empty batch,
         # and TensorFlow's CPU convolution fails on one ("input depth must be evenly divisible").
         validation = tfdata_readers.make_dataset(
-            args.data_dir, split, batch, image_size=size, dtype=args.input_dtype,
+            args.data_dir, split, batch, image_size=size, dtype=args.input_dtype, version=version,
         )
     return info, steps, size, dataset, validation
 
@@ -149,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(prog="train_mirrored.py", description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", required=True, help="directory (or gs://) with dataset_info.json")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--version", type=_positive_int, default=None,
+                        help="train on this version of the dataset (default: the current one, resolved once at start)")
     parser.add_argument("--num_replicas", type=_positive_int, default=None,
                         help="without GPUs: split the CPU into this many logical devices")
     parser.add_argument("--global_batch_size", type=_positive_int, default=32)

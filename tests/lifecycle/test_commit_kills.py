@@ -16,7 +16,7 @@ from beam_jobs.run_folders import run_of
 from tests.lifecycle.checks import examples_of_manifest, manifest, open_examples, read_through, verify_clean
 from tests.lifecycle.states import build_three_states, start_finalize_child
 
-KILLS = 30
+KILLS = 20  # and 10 more on MinIO (tests/objectstores/test_lifecycle_stores.py)
 
 
 @pytest.fixture(scope="module")
