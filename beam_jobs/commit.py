@@ -306,8 +306,9 @@ def _parse(path: str, data: bytes) -> dict:
 
 def read_current(output_dir: str) -> Current:
     """The root manifest of ``output_dir`` and the token a commit over it must present."""
+    store = _store(output_dir)  # First: an unsupported scheme is refused before Beam resolves it.
     path = _join(output_dir, DATASET_INFO)
-    data, token = _store(output_dir).read(path)
+    data, token = store.read(path)
     return Current(manifest=None if data is None else _parse(path, data), data=data, token=token)
 
 

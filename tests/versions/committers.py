@@ -1,0 +1,162 @@
+"""Real committer processes for the commit tests: racers released together by a barrier, and a
+committer that commits in a loop until it is SIGKILLed (``python -m tests.versions.committers``).
+
+A manifest's content is a pure function of its version (``content``), so after any kill the test
+can tell a whole manifest from a torn one and the new version from the old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_jobs import commit
+from beam_jobs.commit import VERSION_KEYS, CommitConflictError, commit_version, read_current, version_file
+from beam_jobs.versions import history
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+__all__ = ["assert_consistent", "content", "kill_committers", "race"]
+
+
+def content(version: int, *, padding: int = 0, author: str = "") -> dict:
+    """The dataset content the committers write as ``version``: large enough (``padding`` bytes)
+    that the root write takes a while, and checkable as whole."""
+    return {"schema_version": 1, "label_names": ["cat", "dog"], "num_classes": 2, "splits": {},
+            "seq": version, "author": author, "padding": "p" * padding}
+
+
+def _content_of(manifest: dict) -> dict:
+    return {key: value for key, value in manifest.items() if key not in VERSION_KEYS}
+
+
+def assert_consistent(out: str, *, padding: int = 0) -> int:
+    """The folder is a whole, consistent history of the loop committer's versions; returns the
+    current version. The root parses and is exactly some version v's content, over parent v-1;
+    versions/1..v-1 are each exactly their version; versions/v is absent (a kill right after
+    the root write) or the root's bytes; nothing above v exists."""
+    store = commit._store(out)  # pylint: disable=protected-access
+    current = read_current(out)  # A torn root would not parse: read_current raises.
+    version = current.version
+    assert version is not None, f"{out}: the root manifest is gone"
+    assert _content_of(current.manifest) == content(version, padding=padding), f"root of {out} is not version {version}'s content"
+    assert current.manifest["parent_version"] == (version - 1 or None)
+    for older in range(1, version):
+        data, _ = store.read(FileSystems.join(out, version_file(older)))
+        assert data is not None, f"{version_file(older)} is missing though version {version} is current"
+        manifest = json.loads(data)
+        assert manifest["version"] == older and manifest["parent_version"] == (older - 1 or None)
+        assert _content_of(manifest) == content(older, padding=padding), f"{version_file(older)} is not whole"
+    copy, _ = store.read(FileSystems.join(out, version_file(version)))
+    assert copy in (None, current.data), f"{version_file(version)} differs from the root of the same version"
+    assert store.read(FileSystems.join(out, version_file(version + 1)))[0] is None
+    # The history reader walks the same chain, whichever of the two states versions/v is in.
+    assert [manifest["version"] for manifest in history(out)] == list(range(version, 0, -1))
+    return version
+
+
+def _set_options(store_flags: Sequence[str]) -> None:
+    FileSystems.set_options(PipelineOptions(list(store_flags)))
+
+
+def _racer(out: str, name: str, store_flags: Sequence[str], barrier, results) -> None:
+    _set_options(store_flags)
+    expected = read_current(out)  # Every racer reads the same parent before any of them commits.
+    barrier.wait()
+    version = (expected.version or 0) + 1
+    try:
+        commit_version(out, content(version, author=name), expected=expected,
+                       change={"kind": "overwrite", "run": name})
+    except CommitConflictError as error:
+        results.put((name, "conflict", str(error)))
+        return
+    except Exception as error:  # pylint: disable=broad-except  # Reported to the test, which fails.
+        results.put((name, "error", f"{type(error).__name__}: {error}"))
+        return
+    results.put((name, "won", ""))
+
+
+def race(out: str, racers: int, *, store_flags: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """``racers`` processes that each read the current version, wait at one barrier, then commit
+    over it at once. Returns (name, "won" | "conflict" | "error", message) of each."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(racers), context.Queue()
+    processes = [context.Process(target=_racer, args=(out, f"racer-{i}", list(store_flags), barrier, results))
+                 for i in range(racers)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=300) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    return sorted(outcomes)
+
+
+def kill_committers(out: str, kills: int, *, padding: int, seed: int, store_flags: Sequence[str] = (),
+                    env: dict[str, str] | None = None, latest: float = 0.05) -> dict[str, int]:
+    """Starts the loop committer ``kills`` times and SIGKILLs it at a random instant (0 to
+    ``latest`` s) after its first commit landed, checking the folder after every kill. Returns
+    what the kills left, as counts: a temp root (killed while writing it), a current version
+    without its history copy (killed after the root write), or neither."""
+    rng = random.Random(seed)
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
+    seen: dict[str, int] = {}
+    last = 0
+    for _ in range(kills):
+        process = subprocess.Popen([sys.executable, "-m", "tests.versions.committers", out, "--padding",
+                                    str(padding), *store_flags], cwd=REPO, env=full_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            first = process.stdout.readline()  # Blocks until its first commit landed: the loop runs.
+            assert first, f"the committer died before committing: {process.stderr.read().decode()[-3000:]}"
+            time.sleep(rng.uniform(0, latest))  # A random instant, not a verdict: see the module docstring.
+            process.send_signal(signal.SIGKILL)
+        finally:
+            process.kill()
+            process.communicate(timeout=60)
+        version = assert_consistent(out, padding=padding)
+        assert version > last, f"version {version} after a kill; {last} was committed before"
+        last = version
+        state = _left_state(out, version)
+        seen[state] = seen.get(state, 0) + 1
+    return seen
+
+
+def _left_state(out: str, version: int) -> str:
+    if "://" not in out and any(name.startswith(".tmp-") for name in os.listdir(out)):
+        return "temp root left"
+    store = commit._store(out)  # pylint: disable=protected-access
+    if store.read(FileSystems.join(out, version_file(version)))[0] is None:
+        return "no history copy of the current version"
+    return "committed whole"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Commits over the current version in a loop, for ever: the test SIGKILLs it at random."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--padding", type=int, default=0)
+    arguments, store_flags = parser.parse_known_args(argv)
+    _set_options(store_flags)
+    name = f"killed-{os.getpid()}"
+    while True:
+        expected = read_current(arguments.out)
+        version = (expected.version or 0) + 1
+        commit_version(arguments.out, content(version, padding=arguments.padding), expected=expected,
+                       change={"kind": "overwrite", "run": name})
+        print(version, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
