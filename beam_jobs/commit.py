@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -173,9 +174,9 @@ class _LocalStore:
 class _GcsStore:
     """gs://: generations are GCS's own compare-and-swap; one upload carries the precondition."""
 
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, filesystem) -> None:
         # google.cloud.storage.Client that Beam built from the pipeline options (see store_folders).
-        self.client = FileSystems.get_filesystem(output_dir)._gcsIO().client  # pylint: disable=protected-access
+        self.client = filesystem._gcsIO().client  # pylint: disable=protected-access
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -226,10 +227,9 @@ _S3_CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequest
 class _S3Store:
     """s3://: one put_object with IfMatch / IfNoneMatch (S3's conditional writes)."""
 
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, filesystem) -> None:
         from apache_beam.io.aws import s3io  # pylint: disable=import-outside-toplevel  # Only with [aws].
 
-        filesystem = FileSystems.get_filesystem(output_dir)
         self.client = s3io.S3IO(options=filesystem._options).client.client  # pylint: disable=protected-access
 
     @contextlib.contextmanager
@@ -277,14 +277,27 @@ class _S3Store:
         self._put(path, data)
 
 
+_REMOTE_STORES = {"gs": _GcsStore, "s3": _S3Store}
+# scheme -> (the pipeline options its client was built from, the store). Building a client costs
+# far more than a request (boto3 loads its service model), and history walks read one manifest
+# per version; a client is rebuilt only when FileSystems.set_options gave new options.
+_CACHED: dict[str, tuple[object, object]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
 def _store(output_dir: str):
     scheme = output_dir.split("://", 1)[0].lower() if "://" in output_dir else None
     if scheme is None:
         return _LocalStore(output_dir)
-    if scheme == "gs":
-        return _GcsStore(output_dir)
-    if scheme == "s3":
-        return _S3Store(output_dir)
+    if scheme in _REMOTE_STORES:
+        filesystem = FileSystems.get_filesystem(output_dir)
+        # The options Beam's filesystem was built with (S3 keeps them as _options, GCS as _pipeline_options).
+        options = getattr(filesystem, "_options", getattr(filesystem, "_pipeline_options", None))
+        with _CACHE_LOCK:
+            cached = _CACHED.get(scheme)
+            if cached is None or cached[0] is not options or options is None:
+                cached = _CACHED[scheme] = (options, _REMOTE_STORES[scheme](filesystem))
+        return cached[1]
     raise JobError(
         f"cannot commit a dataset version into {output_dir}: a commit must replace dataset_info.json only "
         f"if no one else did meanwhile, and {scheme}:// offers no conditional write this job can use "

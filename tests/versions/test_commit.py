@@ -110,17 +110,16 @@ def test_a_filesystem_without_conditional_writes_is_refused_naming_its_scheme(ou
 
 def test_racing_committer_processes_exactly_one_wins_each_round(tmp_path):
     out = tmp_path / "out"
-    for round_number in range(1, 5):
-        outcomes = race(str(out), 4)
+    rounds = race(str(out), 4, 5)
+    for round_number, outcomes in rounds.items():
         won = [name for name, outcome, _ in outcomes if outcome == "won"]
         assert len(won) == 1, outcomes
         losers = [message for _, outcome, message in outcomes if outcome != "won"]
         assert all(message.startswith(str(out)) and "\n" not in message and
                    f"version {round_number} is current now" in message for message in losers), outcomes
-        current = read_current(str(out))
-        assert current.version == round_number and current.manifest["author"] == won[0]
-        assert current.manifest["change"]["run"] == won[0]
-        assert (out / version_file(round_number)).read_bytes() == current.data
+        manifest = json.loads((out / version_file(round_number)).read_bytes())
+        assert manifest["author"] == manifest["change"]["run"] == won[0]
+    assert [m["version"] for m in history(str(out))] == [5, 4, 3, 2, 1]
     assert (out / COMMIT_LOCK_NAME).exists()
 
 
@@ -129,7 +128,7 @@ def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(tmp_p
     # 2 MB manifests: the root write takes long enough for kills to land inside it too.
     padding = 2 << 20
     states = kill_committers(str(out), 36, padding=padding, seed=20261201)
-    print(f"states after 36 kills: {states}")  # Where the kills landed (shown with -s; not a verdict).
+    print(f"states after 36 kills ({read_current(str(out)).version} versions): {states}")  # Where the kills landed (shown with -s; not a verdict).
     # The next commit repairs whatever the last kill left: the history copy, the temp file.
     version = read_current(str(out)).version
     commit_version(str(out), content(version + 1, padding=padding), expected=read_current(str(out)),
