@@ -43,6 +43,7 @@ __all__ = [
     "VERSION_KEYS",
     "VERSIONS_DIR",
     "commit_version",
+    "create_if_absent",
     "manifest_bytes",
     "read_current",
     "version_file",
@@ -305,6 +306,16 @@ def _store(output_dir: str):
 
 
 # --- Reading and committing ------------------------------------------------------------------
+
+
+def create_if_absent(path: str, data: bytes) -> bool:
+    """Creates the object ``path`` (gs:// or s3://) holding ``data`` only if no object has that
+    name, in one conditional request; False when one had. Two callers at once: exactly one True.
+    Other schemes raise JobError (local disk has O_EXCL for this)."""
+    scheme = path.split("://", 1)[0].lower() if "://" in path else None
+    if scheme not in _REMOTE_STORES:
+        raise JobError(f"{path}: a conditional create is only offered here for gs:// and s3://")
+    return _store(path).write_if_absent(path, data)
 
 
 def _parse(path: str, data: bytes) -> dict:

@@ -233,22 +233,29 @@ def _missing_files(manifest: dict, existing: dict[str, int]) -> list[str]:
 # --- Operations that change the folder (under the run lock) ----------------------------------
 
 
-def collect_garbage(output_dir: str, *, keep: int = DEFAULT_KEEP) -> list[str]:
+def collect_garbage(output_dir: str, *, keep: int = DEFAULT_KEEP, holding_run: str | None = None) -> list[str]:
     """Deletes what no version in the retention window lists (see ``garbage``); returns the paths
-    deleted, relative to OUT. Holds the folder's run lock throughout, so no conversion is writing
-    its run folder meanwhile (a running one makes this raise OutputLockedError)."""
+    deleted, relative to OUT.
+
+    Holds the folder's run lock throughout, so no conversion writes a run folder meanwhile (a
+    running one makes this raise OutputLockedError with the lock's message). A run that holds the
+    lock itself and collects after its own commit passes its name as ``holding_run``: the lock is
+    then not taken again (nor released), and shards/<holding_run>/ is never touched.
+    """
     _check_keep(keep)
-    lock = acquire_output_lock(output_dir)
+    lock = None if holding_run else acquire_output_lock(output_dir)
     try:
         chain = history(output_dir)
         existing = _existing(output_dir)
-        doomed = garbage(chain, _off_chain_manifests(output_dir, chain, existing), existing, keep)
+        doomed = garbage(chain, _off_chain_manifests(output_dir, chain, existing), existing, keep,
+                         protected_runs=[holding_run] if holding_run else [])
         delete_exactly([FileSystems.join(output_dir, name) for name in doomed])
         if "://" not in output_dir:
             _remove_empty_run_folders(output_dir)
         return doomed
     finally:
-        release_output_lock(lock)
+        if lock is not None:
+            release_output_lock(lock)
 
 
 def _remove_empty_run_folders(output_dir: str) -> None:

@@ -23,7 +23,7 @@ from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version
 from beam_jobs.errors import JobError
 from beam_jobs.versions import collect_garbage, history, load_version, rollback, shard_files
 from tests.versions.arrange import RUN_A, RUN_KILLED, convert_photos, dataset_files, run_content
-from tests.versions.committers import assert_consistent, kill_committers, race
+from tests.versions.committers import assert_consistent, kill_committers, race, race_for_the_run_lock
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -126,6 +126,14 @@ def test_racing_committer_processes_exactly_one_wins_each_round(store_out):
         manifest = json.loads(store_out.get(version_file(round_number)))
         assert manifest["author"] == manifest["change"]["run"] == won[0]
     assert [m["version"] for m in history(store_out.uri)] == [3, 2, 1]
+
+
+def test_runs_starting_at_once_exactly_one_takes_the_run_lock(store_out):
+    """The run lock on a store is one conditional create: gc or rollback and a conversion that
+    start at the same moment cannot both hold it."""
+    outcomes = race_for_the_run_lock(store_out.uri, 4, store_flags=store_out.flags)
+    assert [outcome for _, outcome, _ in outcomes].count("locked") == 1, outcomes
+    assert all("another run (process" in message for _, outcome, message in outcomes if outcome == "refused")
 
 
 def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(store_out):

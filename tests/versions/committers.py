@@ -28,7 +28,7 @@ from beam_jobs.versions import history
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-__all__ = ["assert_consistent", "content", "kill_committers", "race"]
+__all__ = ["assert_consistent", "content", "kill_committers", "race", "race_for_the_run_lock"]
 
 
 def content(version: int, *, padding: int = 0, author: str = "") -> dict:
@@ -113,6 +113,37 @@ def race(out: str, racers: int, rounds: int, *, store_flags: Sequence[str] = ())
             if process.is_alive():
                 process.kill()
     return {round_number: sorted(each) for round_number, each in sorted(outcomes.items())}
+
+
+def _locker(out: str, name: str, store_flags: Sequence[str], barrier, results) -> None:
+    from beam_jobs.run_lock import OutputLockedError, acquire_output_lock  # pylint: disable=import-outside-toplevel
+
+    _set_options(store_flags)
+    barrier.wait()
+    try:
+        acquire_output_lock(out)
+        results.put((name, "locked", ""))
+    except OutputLockedError as error:
+        results.put((name, "refused", str(error)))
+    barrier.wait()  # The winner stays alive (its lock is not stale) until every racer tried.
+
+
+def race_for_the_run_lock(out: str, racers: int, *, store_flags: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """``racers`` processes released at once by a barrier, each taking the folder's run lock.
+    Returns (name, "locked" | "refused", message) of each."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(racers), context.Queue()
+    processes = [context.Process(target=_locker, args=(out, f"locker-{i}", list(store_flags), barrier, results))
+                 for i in range(racers)]
+    for process in processes:
+        process.start()
+    try:
+        return sorted(results.get(timeout=600) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
 
 
 def kill_committers(out: str, kills: int, *, padding: int, seed: int, store_flags: Sequence[str] = (),

@@ -25,7 +25,7 @@ import pytest
 
 from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version_file
 from beam_jobs.errors import JobError
-from beam_jobs.run_lock import LOCK_NAME, OutputLockedError
+from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.versions import (VersionNotFoundError, collect_garbage, history, kept_versions, load_version,
                                 rollback, shard_files)
 from tests.versions.arrange import (REPO, RUN_A, RUN_B, RUN_KILLED, convert_photos, local_put, record_keys,
@@ -204,6 +204,27 @@ def test_a_run_holding_the_lock_blocks_gc_and_rollback(out):
     assert (out / LOCK_NAME).exists()
     assert collect_garbage(str(out), keep=2)  # A dead process's lock on this host is taken over.
     assert not (out / LOCK_NAME).exists()
+
+
+def test_a_run_collecting_after_its_own_commit_never_touches_its_folder(out):
+    """A conversion holds the run lock for its whole run; collecting garbage itself, it names
+    its run: its folder (files no manifest lists yet) stays, and its lock stays held."""
+    running = "20261204T120000Z-0a0b0c0d"
+    mine = [f"shards/{running}/train-00000-of-00001.tfrecord", f"shards/{running}/.train-00000-of-00001.tfrecord.json"]
+    lock = acquire_output_lock(str(out))
+    try:
+        for name in mine:
+            local_put(out)(name, b"being written by the run holding the lock")
+        with pytest.raises(OutputLockedError):
+            collect_garbage(str(out), keep=1)
+        deleted = collect_garbage(str(out), keep=1, holding_run=running)
+        run_a = [name for name in deleted if name.startswith(f"shards/{RUN_A}/")]
+        assert len(run_a) == 9 and set(KILLED_LEFTOVERS) <= set(deleted)
+        assert not [name for name in deleted if name.startswith(f"shards/{running}/")]
+        assert all((out / name).exists() for name in mine)
+        assert (out / LOCK_NAME).exists()
+    finally:
+        release_output_lock(lock)
 
 
 def test_cli_list_files_gc_and_rollback(out):
