@@ -10,6 +10,7 @@ import time
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs.commit import create_if_absent
 from beam_jobs.errors import JobError
 from beam_jobs.storage import delete_exactly, write_atomically
 
@@ -54,8 +55,8 @@ def acquire_output_lock(output_dir: str) -> str:
 
     Two runs into one folder would overwrite each other's staged shards and each commit a
     dataset the other then replaces. On local disks the lock is created atomically (O_EXCL); on
-    object stores, which have no create-if-absent in Beam's API, it is checked and then written,
-    which narrows the race to the moment both runs start.
+    gs:// and s3:// with one conditional create (Beam's API has none); on other filesystems it is
+    checked and then written, which narrows the race to the moment both runs start.
     """
     path = FileSystems.join(output_dir, LOCK_NAME)
     data = json.dumps(_holder()).encode("utf-8")
@@ -80,7 +81,12 @@ def acquire_output_lock(output_dir: str) -> str:
                 delete_exactly([path])
                 continue
             raise _locked(output_dir, path, holder)
-        write_atomically(path, data)
+        if path.split("://", 1)[0].lower() in ("gs", "s3"):
+            # One conditional create (beam_jobs/commit.py): of two runs starting at once, one wins.
+            if not create_if_absent(path, data):
+                raise _locked(output_dir, path, _read(path))
+        else:
+            write_atomically(path, data)
         return path
     raise _locked(output_dir, path, _read(path))
 
