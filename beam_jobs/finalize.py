@@ -392,18 +392,23 @@ def finalize_outputs(
         change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
         info = merge_appended(base, info, changes=summary.get("append"))
     committed = commit_version(output_dir, info, expected=expected, change=change)
-    _clean_up_after_commit(output_dir, keep_versions=keep_versions, run_id=run_id)
+    _clean_up_after_commit(output_dir, run=run, keep_versions=keep_versions, run_id=run_id)
     return committed
 
 
-def _clean_up_after_commit(output_dir: str, *, keep_versions: int, run_id: str | None) -> None:
+def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run_id: str | None) -> None:
     """Best effort: the new version is committed and whole whatever happens here; what a failure
-    leaves (old versions' files, litter), the next commit or `versions gc` removes."""
+    leaves (old versions' files, litter), the next commit or `versions gc` removes.
+
+    The run holds the folder's lock, so every temp file in its own folder is a dead writer's (a
+    bundle of a killed earlier attempt, continued by --resume)."""
     try:
         from beam_jobs.versions import collect_garbage  # pylint: disable=import-outside-toplevel  # cycle
 
         remove_root_leftovers(output_dir, run_id=run_id)
-        collect_garbage(output_dir, keep=keep_versions)
+        delete_exactly([meta.path for meta in list_folder(run_dir(output_dir, run))
+                        if meta.path.rsplit("/", 1)[-1].startswith(".tmp-")])
+        collect_garbage(output_dir, keep=keep_versions, holding_run=run)
     except Exception as error:  # The dataset is committed: a clean-up failure must not fail the run.
         _LOG.warning("the new version is committed, but cleaning up %s failed (%s): `python -m "
                      "beam_jobs.versions %s gc` retries it", output_dir, error, output_dir)
