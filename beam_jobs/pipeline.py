@@ -119,9 +119,12 @@ class ConvertImages(beam.PTransform):
         self._changed_sources = changed_sources  # --append: what to do with changed or removed sources
         # The run's name: its folder under shards/, and the progress file the launching process
         # watches there (None: a plan only, which converts nothing).
-        self._run_id = run_id
-        self._expected = expected if expected is not None else Current(manifest=None, data=None, token=None)
-        self._change_kind = change_kind
+        # Used as a library transform (not through run()), it names its own run, and starts from
+        # whatever version is current when the pipeline is built.
+        self._run_id = run_id if run_id is not None or plan_only else new_run_name()
+        self._expected = expected if expected is not None or plan_only else read_current(output_dir)
+        self._change_kind = ("overwrite" if change_kind == "create" and self._expected is not None
+                             and self._expected.manifest is not None else change_kind)
         self._keep_versions = keep_versions
         self._input_root = input_root
         self._input_list = input_list
@@ -160,7 +163,7 @@ class ConvertImages(beam.PTransform):
                 # InputFile(..., content_sha256) | DeadLetter
             )
         append = self._change_kind == "append"
-        base = self._expected.manifest if append else None
+        base = self._expected.manifest if append and self._expected is not None else None
         held = None
         if base is not None:
             held = (pipeline

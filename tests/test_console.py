@@ -37,16 +37,16 @@ CHATTER = re.compile(
 
 
 def test_tally_counts_only_the_sidecars_of_this_plan():
-    staged = {".staged-train-00000-of-00002.tfrecord.json": 11,
-              ".staged-validation-00000-of-00001.tfrecord.json": 10,
-              ".staged-train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
-              ".staged-test-00000-of-00001.tfrecord.json": 5}  # a split this plan lacks
+    staged = {".train-00000-of-00002.tfrecord.json": 11,
+              ".validation-00000-of-00001.tfrecord.json": 10,
+              ".train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
+              ".test-00000-of-00001.tfrecord.json": 5}  # a split this plan lacks
     assert tally(PLAN, staged) == Progress(shards_done=2, shards_total=3, images_done=21, images_total=30)
 
 
 def test_tally_leaves_kept_shards_out_of_the_rate():
-    staged = {".staged-train-00000-of-00002.tfrecord.json": 11, ".staged-train-00001-of-00002.tfrecord.json": 9}
-    progress = tally(PLAN, staged, kept={".staged-train-00000-of-00002.tfrecord.json"})
+    staged = {".train-00000-of-00002.tfrecord.json": 11, ".train-00001-of-00002.tfrecord.json": 9}
+    progress = tally(PLAN, staged, kept={".train-00000-of-00002.tfrecord.json"})
     assert (progress.images_done, progress.images_kept) == (20, 11)
     assert progress_line(progress, elapsed_s=3.0).split(", ")[2] == "3 images/s"  # 9 converted in 3 s
 
@@ -88,13 +88,13 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
                              on_progress=seen.append)
     watcher.poll()
     assert seen == []  # No plan yet: nothing to say.
-    (tmp_path / ".staged-train-00000-of-00002.tfrecord.json").write_text(
+    (tmp_path / ".train-00000-of-00002.tfrecord.json").write_text(
         json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]], "run_id": "run1"}))
     summary = {"splits": {name: dict(s) for name, s in PLAN["splits"].items()}}
     write_progress_plan(str(tmp_path), "run1", line="Found it", summary=summary)
     watcher.poll()
     assert seen == [("Found it", Progress(1, 3, 10, 30))]
-    (tmp_path / ".staged-validation-00000-of-00001.tfrecord.json").write_text(
+    (tmp_path / ".validation-00000-of-00001.tfrecord.json").write_text(
         json.dumps({"num_examples": 10, "run_id": "run1"}))
     watcher.poll()
     watcher.poll()  # Unchanged: no second report.
@@ -108,8 +108,8 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
 def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
     # --resume after an earlier run staged two shards: one is kept (convert rewrites its sidecar
     # with this run's id), the other's sources changed and it is converted again.
-    kept = tmp_path / ".staged-train-00000-of-00002.tfrecord.json"
-    redone = tmp_path / ".staged-train-00001-of-00002.tfrecord.json"
+    kept = tmp_path / ".train-00000-of-00002.tfrecord.json"
+    redone = tmp_path / ".train-00001-of-00002.tfrecord.json"
     for sidecar in (kept, redone):
         sidecar.write_text(json.dumps({"num_examples": 10, "run_id": "earlier"}))
     write_progress_plan(str(tmp_path), "now", line="plan", summary=PLAN)
@@ -150,7 +150,7 @@ def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path)
             list(fn.process(shard))
         finally:
             fn.teardown()
-        return json.loads((out / ".staged-train-00000-of-00001.tfrecord.json").read_text())
+        return json.loads((out / ".train-00000-of-00001.tfrecord.json").read_text())
 
     first = convert("first")
     assert first["run_id"] == "first" and "kept" not in first
@@ -162,13 +162,13 @@ def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path)
 
 
 def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
-    from beam_jobs.finalize import remove_leftovers
+    from beam_jobs.finalize import remove_root_leftovers
 
     folder = tmp_path / "out [1]*ü"  # Names a glob would read as a pattern.
     folder.mkdir()
     for name in (".progress-2901c11ee9ff447d.json", ".progress-[x]*.json", ".progress-own.json", "progress-mine.json"):
         (folder / name).write_text("{}")
-    removed = remove_leftovers(str(folder), keep=[], run_id="own")
+    removed = remove_root_leftovers(str(folder), run_id="own")
     assert removed == [".progress-2901c11ee9ff447d.json", ".progress-[x]*.json"]
     # Its own goes once the launching process has had its last look (StagingWatcher.remove_progress_file).
     assert sorted(p.name for p in folder.iterdir()) == [".progress-own.json", "progress-mine.json"]
@@ -182,9 +182,10 @@ def test_console_lines_say_1_shard_1_input_1_class():
     assert plan_line(plan, {"empty_file": 1}) == (
         "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)")
     info = {"splits": {"train": {"num_examples": 1, "num_shards": 1}}, "num_dead_letters": 1,
-            "dead_letters_by_reason": {"empty_file": 1}, "dead_letters_file": "dead_letters.jsonl"}
-    assert _summary(info, "/d") == ("wrote train: 1 example in 1 shard to /d; 1 input could not be used "
-                                    "(see dead_letters.jsonl)")
+            "dead_letters_by_reason": {"empty_file": 1}, "dead_letters_file": "shards/r/dead_letters.jsonl",
+            "version": 1, "change": {"kind": "create"}}
+    assert _summary(info, "/d") == ("committed version 1 (create): wrote train: 1 example in 1 shard to /d; 1 input "
+                                    "could not be used (see /d/shards/r/dead_letters.jsonl)")
 
 
 @pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (15 * 2**20, "15.0")])
@@ -272,9 +273,10 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
         assert rows[name][4] == (f"{sum(reasons.values())} (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items()))
                                  + ")" if reasons else "0")
     assert rows["total"][1:3] == [str(len(good)), "8"] and rows["total"][4] == str(len(broken))
-    for path in (out / "dataset_info.json", out / "dead_letters.jsonl", out / "train-*-of-00004.tfrecord"):
-        assert f"  {path}" in table
-    assert not list(out.glob(".progress-*"))  # The watcher's file goes with the run.
+    run = out / "shards" / info["change"]["run"]
+    for line in (f"{out / 'dataset_info.json'} (version 1)", run / "dead_letters.jsonl", run / "train-*-of-00004"):
+        assert f"  {line}" in table
+    assert not list(out.glob("**/.progress-*"))  # The watcher's file goes with the run.
 
 
 @pytest.mark.slow
@@ -321,15 +323,15 @@ def test_a_resumed_run_keeps_its_console_quiet_and_ends_at_every_shard(photo_tre
     root = photo_tree[0]
     args = ["--input", root, "--output_dir", tmp_path, "--image_size", "32", "--num_shards", "4"]
     refused = run_cli(*args, "--max_bad_fraction", "0", check=False)  # The broken files: staged, not committed.
-    assert refused.returncode == 1 and list(tmp_path.glob(".staged-*.tfrecord.json"))
+    assert refused.returncode == 1 and list(tmp_path.glob("shards/*/.train-*.tfrecord.json"))
     first = sorted(p for p in root.rglob("*.jpg"))[0]
     os.utime(first, (time.time() + 10, time.time() + 10))  # Its shard is converted again.
-    (tmp_path / ".progress-0123456789abcdef.json").write_text("{}")  # A killed run's.
+    (tmp_path / ".progress-0123456789abcdef.json").write_text("{}")  # A killed run's (of an older release).
     result = run_cli(*args, "--max_bad_fraction", "0.5", "--resume")
     assert "kept " not in result.stderr and "INFO" not in result.stderr, result.stderr
     progress = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
     assert progress and progress[-1].startswith("progress: 4/4 shards"), result.stderr
-    assert not list(tmp_path.glob(".progress-*"))
+    assert not list(tmp_path.glob("**/.progress-*"))
 
 
 @pytest.mark.slow

