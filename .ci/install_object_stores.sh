@@ -18,6 +18,7 @@ FAKE_GCS_MODULE="github.com/fsouza/fake-gcs-server@v1.56.1"
 # against it, while real GCS answers them. The patch numbers such parts instead of dropping them.
 FAKE_GCS_PATCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fake-gcs-server-batch-content-id.patch"
 
+GO_BUILD_FLAGS=(-trimpath "-ldflags=-s -w")
 cache="${IMAGES_TO_TFRECORDS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/images-to-tfrecords}"
 log() { printf '[install_object_stores] %s\n' "$*" >&2; }
 
@@ -44,8 +45,10 @@ build() {
   log "building $module (first run only)"
   # CGO off: a static binary that needs no C toolchain. A build into a temp folder, moved into
   # place only when complete, so an interrupted build never leaves a binary that looks finished.
+  # No symbol table nor DWARF (-s -w): the tests never debug the servers, and the linker skips
+  # writing them. -trimpath keeps this machine's paths out of the binary.
   if [[ -z "$patch" ]]; then
-    if ! CGO_ENABLED=0 GOBIN="$tmp" go install "$module" >&2; then
+    if ! CGO_ENABLED=0 GOBIN="$tmp" go install "${GO_BUILD_FLAGS[@]}" "$module" >&2; then
       rm -rf "$tmp"
       log "error: go install $module failed (see above)"
       exit 1
@@ -56,7 +59,7 @@ build() {
     [[ -d "$src" ]] || { rm -rf "$tmp"; log "error: go mod download $module gave no source folder"; exit 1; }
     cp -r "$src" "$tmp/src" && chmod -R u+w "$tmp/src"
     if ! patch -d "$tmp/src" -p1 --quiet <"$patch" \
-        || ! (cd "$tmp/src" && CGO_ENABLED=0 go build -o "$tmp/$name" .) >&2; then
+        || ! (cd "$tmp/src" && CGO_ENABLED=0 go build "${GO_BUILD_FLAGS[@]}" -o "$tmp/$name" .) >&2; then
       rm -rf "$tmp"
       log "error: building $module with $(basename "$patch") failed (see above)"
       exit 1

@@ -1,22 +1,19 @@
-"""The tf.data service as a trainer and an operator meet it: every global step whole, and
-launch/data_service.sh status naming the real worker process and its supervisor apart (killing
-either one ends in the state that status then reports)."""
+"""The tf.data service as an operator meets it: launch/data_service.sh status naming the real worker
+process and its supervisor apart (killing either one ends in the state that status then reports).
+That every global step through the service is whole is tested in test_reader_data_service.py,
+on the services its other tests share."""
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-import reader_fixtures
-from test_reader_data_service import _ENV, _HERE, _alive, _script, _service, services  # noqa: F401
+from test_reader_data_service import _alive, _script, _service
 
 _WORKER = re.compile(r"^worker 0: running \(pid (\d+), 127\.0\.0\.1:(\d+); supervisor pid (\d+)\)$", re.M)
 
@@ -69,29 +66,3 @@ def test_status_names_the_worker_and_its_supervisor_and_tells_the_truth_after_ki
         _wait("the worker to stop with its supervisor", lambda: not _alive(worker))
         status = _status(state_dir)
         assert status.returncode == 1 and "worker 0: not running" in status.stdout, status.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.cluster
-@pytest.mark.parametrize("workers", [1, 2])
-def test_every_global_step_through_the_service_is_whole(services, tmp_path: pathlib.Path, workers: int) -> None:
-    # 3 examples, per-replica batch 1, 2 replicas: a pass is 3 batches, so a step made of any two
-    # consecutive batches would straddle a pass every third step, and hold one example twice in a
-    # third of those. A step must be one worker's group of batches from one pass, as the plain
-    # reader's step is one slice of one epoch.
-    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (3, 1)}, image_size=(16, 16))
-    expected = set(reader_fixtures.expected_keys(data_dir, "train"))
-    address, _ = services[workers]
-    out = tmp_path / "steps.json"
-    proc = subprocess.run([sys.executable, str(_HERE / "data_service_steps_check.py"), str(out), str(data_dir),
-                           address, "90", "1"], capture_output=True, text=True, env=_ENV, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    steps = json.loads(out.read_text())["steps"]
-    assert len(steps) == 90
-    for number, replicas in enumerate(steps):
-        keys = [k for batch in replicas for k in batch]
-        assert [len(batch) for batch in replicas] == [1, 1], (number, replicas)  # a full batch per replica
-        assert len(set(keys)) == len(keys), f"step {number} holds an example twice: {replicas}"
-        assert set(keys) <= expected
-    # At most once per pass, and every example still comes round.
-    assert {k for replicas in steps for batch in replicas for k in batch} == expected

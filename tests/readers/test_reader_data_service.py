@@ -250,6 +250,32 @@ def test_exactly_once_through_the_service_under_mirrored_strategy(services, tmp_
 
 @pytest.mark.slow
 @pytest.mark.cluster
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_global_step_through_the_service_is_whole(services, tmp_path: pathlib.Path, workers: int) -> None:
+    # 3 examples, per-replica batch 1, 2 replicas: a pass is 3 batches, so a step made of any two
+    # consecutive batches would straddle a pass every third step, and hold one example twice in a
+    # third of those. A step must be one worker's group of batches from one pass, as the plain
+    # reader's step is one slice of one epoch.
+    data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (3, 1)}, image_size=(16, 16))
+    expected = set(reader_fixtures.expected_keys(data_dir, "train"))
+    address, _ = services[workers]
+    out = tmp_path / "steps.json"
+    proc = subprocess.run([sys.executable, str(_HERE / "data_service_steps_check.py"), str(out), str(data_dir),
+                           address, "90", "1"], capture_output=True, text=True, env=_ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = json.loads(out.read_text())["steps"]
+    assert len(steps) == 90
+    for number, replicas in enumerate(steps):
+        keys = [k for batch in replicas for k in batch]
+        assert [len(batch) for batch in replicas] == [1, 1], (number, replicas)  # a full batch per replica
+        assert len(set(keys)) == len(keys), f"step {number} holds an example twice: {replicas}"
+        assert set(keys) <= expected
+    # At most once per pass, and every example still comes round.
+    assert {k for replicas in steps for batch in replicas for k in batch} == expected
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_train_mirrored_through_the_service_on_real_photos(services, photo_shards, tmp_path: pathlib.Path) -> None:
     address, _ = services[2]
     history_json = tmp_path / "history.json"

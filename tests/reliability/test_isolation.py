@@ -49,6 +49,18 @@ def _assert_still_waiting(call: concurrent.futures.Future, seconds: float) -> No
         raise AssertionError(f"the call ended while its child was still starting: {call.exception()!r}")
 
 
+def _result_once_the_held_start_up_ends(gate: StartupGate, work, *, besides: frozenset[int] = frozenset()):
+    """Runs ``work()`` on another thread while ``gate`` holds a fresh child's start-up: the work must
+    still be waiting after twice the decode timeout (start-up is not charged to it), and it must
+    finish once the gate opens. Returns its result."""
+    with concurrent.futures.ThreadPoolExecutor(1) as caller:
+        call = caller.submit(work)
+        gate.wait_for_arrival(besides=besides)
+        _assert_still_waiting(call, 2 * _DECODE_TIMEOUT_S)  # Start-up now outlasts the timeout.
+        gate.open()
+        return call.result(timeout=600)
+
+
 def _is_gone(pid: int, *, reaped: bool) -> bool:
     try:
         state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -96,12 +108,7 @@ def test_a_slow_child_start_up_is_not_charged_to_the_first_decode(tmp_path, monk
         function = importlib.import_module("tests.reliability.gated_decoder").square
     runner = IsolatedRunner(timeout_s=_DECODE_TIMEOUT_S)
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as caller:
-            call = caller.submit(runner, function, 7)
-            gate.wait_for_arrival()
-            _assert_still_waiting(call, 2 * _DECODE_TIMEOUT_S)  # Start-up now outlasts the timeout.
-            gate.open()
-            assert call.result(timeout=600) == 49
+        assert _result_once_the_held_start_up_ends(gate, lambda: runner(function, 7)) == 49
     finally:
         runner.close()
 
@@ -119,12 +126,7 @@ def test_the_replacement_of_a_killed_child_starts_before_its_clock_does(tmp_path
         with pytest.raises(BadInputError) as caught:
             runner(_hang, 600)
         assert caught.value.reason == "decoder_timeout"
-        with concurrent.futures.ThreadPoolExecutor(1) as caller:
-            call = caller.submit(runner, _square, 5)
-            gate.wait_for_arrival(besides=first_children)
-            _assert_still_waiting(call, 2 * _DECODE_TIMEOUT_S)
-            gate.open()
-            assert call.result(timeout=600) == 25
+        assert _result_once_the_held_start_up_ends(gate, lambda: runner(_square, 5), besides=first_children) == 25
     finally:
         runner.close()
 
@@ -187,12 +189,7 @@ def test_the_first_risky_decode_of_a_shard_waits_for_a_slow_start_up(tmp_path, m
     fn = ConvertShardFn(ImageConfig(width=32, height=32, decode_timeout_s=_DECODE_TIMEOUT_S), str(out))
     fn.setup()
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as caller:
-            converted = caller.submit(lambda: list(fn.process(shard)))
-            gate.wait_for_arrival()
-            _assert_still_waiting(converted, 2 * _DECODE_TIMEOUT_S)
-            gate.open()
-            outputs = converted.result(timeout=600)
+        outputs = _result_once_the_held_start_up_ends(gate, lambda: list(fn.process(shard)))
     finally:
         fn.teardown()
     results = [o for o in outputs if isinstance(o, ShardResult)]
