@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import shutil
 
-__all__ = ["RUN_KEYS", "current_files", "dead_letters", "dead_letters_path", "flat_manifest", "flat_names", "shard_paths",
+__all__ = ["RUN_KEYS", "as_older_release", "current_files", "dead_letters", "dead_letters_path", "flat_manifest", "flat_names", "shard_paths",
            "without_run_names"]
 
 # What differs between two runs that wrote the same dataset: who committed it, and when.
@@ -93,3 +94,26 @@ def flat_names(out: pathlib.Path) -> list[str]:
         names += [p.name for p in run.iterdir()
                   if not (p.name.startswith(".") and p.name.endswith(".json") and p.name[1:-5] in shards)]
     return sorted(names)
+
+
+def as_older_release(out: pathlib.Path) -> pathlib.Path:
+    """Rearranges a one-version job output, in place, into the flat layout that releases before
+    versioned datasets wrote (shards and dead_letters.jsonl beside dataset_info.json, which has no
+    version keys; no sidecars, versions/ or shards/): a dataset of such a release, for the tests of
+    reading and committing over one. Returns ``out``."""
+    out = pathlib.Path(out)
+    info = _manifest(out)
+    for facts in info["splits"].values():
+        for shard in facts["shards"]:
+            source = out / shard["file"]
+            source.rename(out / source.name)
+            shard["file"] = source.name
+    (out / info["dead_letters_file"]).rename(out / "dead_letters.jsonl")
+    info["dead_letters_file"] = "dead_letters.jsonl"
+    flat = {k: v for k, v in info.items() if k not in RUN_KEYS}
+    (out / "dataset_info.json").write_text(json.dumps(flat, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                           encoding="utf-8")
+    for folder in ("shards", "versions"):
+        shutil.rmtree(out / folder, ignore_errors=True)
+    (out / ".commit.lock").unlink(missing_ok=True)
+    return out

@@ -274,7 +274,7 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
                                  + ")" if reasons else "0")
     assert rows["total"][1:3] == [str(len(good)), "8"] and rows["total"][4] == str(len(broken))
     run = out / "shards" / info["change"]["run"]
-    for line in (f"{out / 'dataset_info.json'} (version 1)", run / "dead_letters.jsonl", run / "train-*-of-00004"):
+    for line in (f"{out / 'dataset_info.json'} (version 1)", run / "dead_letters.jsonl", run / "train-*-of-00004.tfrecord"):
         assert f"  {line}" in table
     assert not list(out.glob("**/.progress-*"))  # The watcher's file goes with the run.
 

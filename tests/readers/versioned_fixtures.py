@@ -29,6 +29,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tests.dataset_files import as_older_release
+
 __all__ = [
     "MANIFEST",
     "commit_append",
@@ -55,8 +57,8 @@ def run_conversion(
 ) -> pathlib.Path:
     """Runs the current conversion job (`python -m beam_jobs`) once, in a fresh process; returns `out`.
 
-    Its output is the flat layout (shards beside dataset_info.json): a dataset of version 1 as
-    written before versioning, and the input of `to_versioned` / `commit_append`.
+    Its output is rearranged into the flat layout (shards beside dataset_info.json): a dataset of
+    version 1 as written before versioning, and the input of `to_versioned` / `commit_append`.
     """
     env = dict(os.environ)
     # Beam's worker processes find the venv's python first on PATH; the job imports this checkout.
@@ -69,7 +71,7 @@ def run_conversion(
     )
     if result.returncode != 0:
         raise RuntimeError(f"the conversion job failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-4000:]}")
-    return out
+    return as_older_release(out)
 
 
 def manifest_of(out: str | os.PathLike[str], version: int | None = None) -> dict[str, Any]:

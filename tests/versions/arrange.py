@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tests.dataset_files import as_older_release
+
 from tests.photos import make_test_tree
 
 __all__ = ["RUN_A", "RUN_B", "RUN_KILLED", "convert_photos", "dataset_files", "local_put", "record_keys",
@@ -40,7 +42,8 @@ def convert_photos(root: pathlib.Path) -> pathlib.Path:
                            "--splits", "train=0.75,validation=0.25"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"the job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}"
-    return root / "out"
+    # The tests below arrange their versions from a dataset in the flat layout of older releases.
+    return as_older_release(root / "out")
 
 
 def dataset_files(job_output: pathlib.Path) -> list[pathlib.Path]:
