@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from collections.abc import Iterator, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -46,19 +47,22 @@ def held_sidecars(manifest: dict) -> list[str]:
     return sorted(paths)
 
 
-def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, list]]:
-    """(uri, source state when converted) for each input one shard holds, from its sidecar."""
+def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, dict]]:
+    """(uri, {state of its source when converted, label, split}) for each input one shard holds,
+    from its sidecar."""
     path = FileSystems.join(output_dir, relative)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             sidecar = json.loads(handle.read().decode("utf-8"))
         inputs, sources = sidecar["inputs"], sidecar["sources"]
+        labels, split = sidecar["input_labels"], sidecar["split"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise JobError(
             f"--append: {path} (the record of which inputs a shard of version {version} holds) cannot be "
             f"read ({type(error).__name__}: {error}); datasets written by releases before versioned datasets "
             "keep no such record: rebuild once with --overwrite, then append") from None
-    yield from zip(inputs, sources)
+    for uri, state, label in zip(inputs, sources, labels):
+        yield uri, {"state": state, "label": label, "split": split}
 
 
 def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict:
@@ -69,8 +73,8 @@ def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict
         return dict(changes)
     parts = []
     if changed:
-        parts.append(f"{changed} input{'s' if changed != 1 else ''} of version {version} changed since "
-                     f"{'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})")
+        parts.append(f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label or "
+                     f"split) since {'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})")
     if removed:
         parts.append(f"{removed} {'are' if removed != 1 else 'is'} no longer listed ({_shown(changes, 'removed')})")
     raise SourceChangesError(
@@ -83,6 +87,26 @@ def _shown(changes: Mapping, kind: str) -> str:
     examples = list(changes.get(f"{kind}_examples", []))
     more = changes.get(kind, 0) - len(examples)
     return ", ".join(examples[:3]) + (f" and {more + len(examples[3:])} more" if more + len(examples[3:]) > 0 else "")
+
+
+# Warnings of a plan that are facts of the whole dataset, not of one run's inputs: an append
+# recomputes them over the merged counts (the new inputs alone would miss classes they lack, and
+# an --splits the new inputs did not need is not "ignored" by the dataset).
+_WHOLE_DATASET_WARNING = re.compile(r"^(split '.*' has no example of |--splits .* was ignored: |"
+                                    r"split '.*' has no example left of )")
+
+
+def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[str]) -> list[str]:
+    """The warnings of base and of the append run, without those about the whole dataset, which
+    are computed again from the merged per-split class counts; each said once."""
+    kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not _WHOLE_DATASET_WARNING.match(w)]
+    for split, facts in sorted(splits.items()):
+        missing = [label for label in label_names if not facts["class_counts"].get(label)]
+        if missing:
+            shown = ", ".join(map(repr, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            kept.append(f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
+                        f"{shown}")
+    return list(dict.fromkeys(kept))
 
 
 def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -> dict:
@@ -111,7 +135,7 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
             "shards": [shard for part in parts for shard in part["shards"]],
         }
     held = sum(split["num_examples"] for split in base["splits"].values())
-    warnings = list(added.get("warnings", []))
+    warnings = _merged_warnings(base, added, splits, label_names)
     if changes and (changes.get("changed") or changes.get("removed")):
         warnings.append(
             f"--append --changed_sources keep: {changes.get('changed', 0)} changed and {changes.get('removed', 0)} "

@@ -322,7 +322,9 @@ def _parse(path: str, data: bytes) -> dict:
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
-        raise JobError(f"{path} is not valid JSON ({error}); it is not a manifest this job wrote") from None
+        raise JobError(f"{path} is not valid JSON ({error}); it is not a manifest this job wrote (commits replace it "
+                       "whole): if it was edited or damaged by hand, copy the newest versions/NNNNNNNN.json over it, "
+                       "or move it away") from None
     if not isinstance(manifest, dict):
         raise JobError(f"{path} holds a JSON {type(manifest).__name__}, not a manifest")
     return manifest
@@ -379,7 +381,10 @@ def commit_version(output_dir: str, manifest: dict, *, expected: Current, change
     root = _join(output_dir, DATASET_INFO)
     parent = expected.version
     with store.guard():
-        version = parent + 1 if parent is not None else _highest_kept_version(output_dir) + 1
+        # Above every number the history holds, not just the parent's + 1: a root restored by hand
+        # from versions/ (or removed) must never make a commit reuse a number whose history file,
+        # and a trainer pinned to it, exist already; nor may a file of the user's there be replaced.
+        version = max(parent or 0, _highest_kept_version(output_dir)) + 1
         committed = {**{k: v for k, v in manifest.items() if k not in VERSION_KEYS},
                      "version": version, "parent_version": parent, "committed_at": utc_timestamp(),
                      "change": dict(change)}

@@ -353,6 +353,10 @@ class ConvertShardFn(beam.DoFn):
             # Which inputs this shard was made from (in plan order, as ``sources``): --append reads
             # it to convert only the inputs that the current version does not hold yet.
             "inputs": [input_file.uri for input_file in shard.inputs],
+            # ... and what the plan made of each (its label), and the shard's split: an input
+            # relabelled or moved to another split since is a changed input, never silently kept.
+            "input_labels": [input_file.label for input_file in shard.inputs],
+            "split": shard.split,
             "file": shard.file_name,
             "num_examples": num_examples,
             "bytes": writer.bytes,

@@ -62,8 +62,8 @@ def compare_with_held(group, *, state_of) -> Iterable:
     """(uri, {"listed": [InputFile], "held": [state]}) -> the new inputs (main output) and the
     changes (PLAN_CHANGES): --append converts only what the current version does not hold.
 
-    An input held with the state (size, modification time) its shard's sidecar recorded is
-    skipped; one whose state differs is "changed", one held but no longer listed "removed":
+    An input held with the state (size, modification time), label and split its shard's sidecar
+    recorded is skipped; one that differs in any is "changed", one held but no longer listed "removed":
     both are reported, never silently kept or dropped (the caller decides). ``state_of`` gives a
     listed input's state (convert.source_state). Pure but for ``state_of``.
     """
@@ -75,10 +75,19 @@ def compare_with_held(group, *, state_of) -> Iterable:
     if not listed:
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("removed", uri))
         return
-    if any(list(state_of(f)) != list(held[0]) for f in listed):
+    if any(_differs(f, held[0], state_of) for f in listed):
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("changed", uri))
     else:
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", uri))
+
+
+def _differs(listed: InputFile, held: dict, state_of) -> bool:
+    """Whether a listed input is not what the version holds of it: another source state (size,
+    modification time), another label, or another split where the listing names one (a split
+    the plan would assign is the one it was assigned: old inputs never move)."""
+    if list(state_of(listed)) != list(held["state"]) or listed.label != held["label"]:
+        return True
+    return listed.split is not None and listed.split != held["split"]
 
 
 class SourceChangesFn(beam.CombineFn):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import posixpath
+import re
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -21,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.commit import (VERSION_KEYS, VERSIONS_DIR, CommitConflictError, _parse, _store, commit_version,
                               read_current, version_file)
 from beam_jobs.errors import JobError
+from beam_jobs.run_folders import is_run_name
 from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import delete_exactly, list_tree
 
@@ -100,10 +102,20 @@ def _shard_sizes(manifest: dict) -> dict[str, int | None]:
             for s in facts.get("shards", []) if (f := _safe_relative(s.get("file")))}
 
 
+# What a run writes into its folder (run_folders.py): shards, their sidecars, its dead letters and
+# their parts, its progress file, and temp files. gc removes nothing else from a run folder.
+_RUN_FILE = re.compile(r"^(?:[^/]+-\d{5}-of-\d{5}\.tfrecord|\.[^/]+-\d{5}-of-\d{5}\.tfrecord\.json|dead_letters\.jsonl"
+                       r"|\.staged-dead_letters-\d{5}-of-\d{5}\.jsonl|\.progress-[^/]+\.json|\.tmp-[0-9a-f]{32}-[^/]+)$")
+
+
 def _run_of(relative: str) -> str | None:
-    """The run folder of a file under shards/<run>/..., or None."""
+    """The run folder of a file a run of this job writes (shards/<run>/<one of its names>), or
+    None: a folder under shards/ not named like a run, a file not named like a run's, or anything
+    deeper, is the user's, and gc never removes it."""
     parts = relative.split("/")
-    return parts[1] if len(parts) >= 3 and parts[0] == SHARDS_DIR else None
+    if len(parts) == 3 and parts[0] == SHARDS_DIR and is_run_name(parts[1]) and _RUN_FILE.match(parts[2]):
+        return parts[1]
+    return None
 
 
 def garbage(chain: Sequence[dict], others: Iterable[dict], existing: dict[str, int], keep: int,
@@ -225,9 +237,14 @@ def _off_chain_manifests(output_dir: str, chain: Sequence[dict], existing: dict[
 
 
 def _missing_files(manifest: dict, existing: dict[str, int]) -> list[str]:
-    """Shards of ``manifest`` that are gone (or no longer their listed size)."""
-    return [f for f, size in _shard_sizes(manifest).items()
-            if f not in existing or (size is not None and existing[f] != size)]
+    """Files of ``manifest`` that are gone: shards (or no longer their listed size), and its dead
+    letters, without which `verify` fails the version (the format says they are always present)."""
+    missing = [f for f, size in _shard_sizes(manifest).items()
+               if f not in existing or (size is not None and existing[f] != size)]
+    dead = _safe_relative(manifest.get("dead_letters_file"))
+    if dead and dead not in existing:
+        missing.append(dead)
+    return missing
 
 
 # --- Operations that change the folder (under the run lock) ----------------------------------
@@ -355,10 +372,13 @@ def _version_number(text: str) -> int:
 
 
 def _files_state(manifest: dict, existing: dict[str, int]) -> str:
-    total, missing = len(_shard_sizes(manifest)), len(_missing_files(manifest, existing))
-    if not missing:
+    gone = _missing_files(manifest, existing)
+    total, missing = len(_shard_sizes(manifest)), len([f for f in gone if f in _shard_sizes(manifest)])
+    if not gone:
         return "kept"
-    return "collected" if missing == total else f"partly collected ({missing} of {total} shards gone)"
+    if missing == total:
+        return "collected"
+    return f"partly collected ({missing} of {total} shards gone)" if missing else "partly collected (dead letters gone)"
 
 
 def _examples(manifest: dict) -> str:
@@ -400,7 +420,13 @@ def _run(arguments: argparse.Namespace) -> list[str]:
         return [*deleted, f"deleted {len(deleted)} file{'s' if len(deleted) != 1 else ''}; the files of versions "
                 f"{', '.join(map(str, kept))} are kept"]
     manifest = load_version(out, arguments.version)
-    return [FileSystems.join(out, name) for name in shard_files(manifest, arguments.split)]
+    names = shard_files(manifest, arguments.split)
+    existing = _existing(out)
+    gone = [name for name in names if name not in existing]
+    if gone:
+        raise JobError(f"version {manifest.get('version', 1)} of {out}: {len(gone)} of its {len(names)} shard files "
+                       f"are gone (collected by gc?), e.g. {gone[0]}; no list printed")
+    return [FileSystems.join(out, name) for name in names]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,120 @@
+"""The rules that decide what an append, a gc and a commit may do, as pure functions and small
+local commits, each from a case a user hit: a relabelled input kept silently, a user's folder
+under shards/ collected, a hand-restored manifest making a version number reused, warnings of
+the new inputs alone stored as the dataset's, a rollback to a version whose dead letters are gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from beam_jobs.append import merge_appended
+from beam_jobs.commit import commit_version, read_current
+from beam_jobs.planning import PLAN_CHANGES, compare_with_held
+from beam_jobs.records import InputFile
+from beam_jobs.sample_data import make_photo_tree
+from beam_jobs.versions import _files_state, _missing_files, garbage
+from tests.conftest import REPO
+
+RUN = "20261201T100000Z-0123abcd"
+
+
+def _compare(listed, held):
+    outputs = list(compare_with_held(("u", {"listed": listed, "held": held}), state_of=lambda f: [f.size, f.mtime]))
+    return [o.value[0] if getattr(o, "tag", None) == PLAN_CHANGES else "new" for o in outputs]
+
+
+@pytest.mark.parametrize("listed, says", [
+    (InputFile("a.jpg", "u", label="cat", split="train", size=1, mtime=2.0), ["held"]),
+    (InputFile("a.jpg", "u", label="cat", size=1, mtime=2.0), ["held"]),  # the split is the plan's to give
+    (InputFile("a.jpg", "u", label="dog", split="train", size=1, mtime=2.0), ["changed"]),  # relabelled
+    (InputFile("a.jpg", "u", label="cat", split="validation", size=1, mtime=2.0), ["changed"]),  # moved
+    (InputFile("a.jpg", "u", label="cat", split="train", size=9, mtime=2.0), ["changed"]),  # rewritten
+], ids=["same", "no split listed", "label", "split", "content"])
+def test_an_input_relabelled_or_moved_is_changed_not_held(listed, says):
+    held = {"state": [1, 2.0], "label": "cat", "split": "train"}
+    assert _compare([listed], [held]) == says
+
+
+def test_an_input_no_longer_listed_is_removed_and_a_new_one_is_new():
+    assert _compare([], [{"state": [1, 2.0], "label": "cat", "split": "train"}]) == ["removed"]
+    assert _compare([InputFile("a.jpg", "u", label="cat", size=1, mtime=2.0)], []) == ["new"]
+
+
+def _version(version: int, files: list[str], dead: str) -> dict:
+    return {"version": version, "dead_letters_file": dead,
+            "splits": {"train": {"shards": [{"file": f, "bytes": 5} for f in files]}}}
+
+
+def test_gc_never_collects_a_users_folder_or_file_under_shards():
+    old, new = f"shards/{RUN}", "shards/20261201T110000Z-89abcdef"
+    chain = [_version(3, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
+             _version(2, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
+             _version(1, [f"{old}/train-00000-of-00001.tfrecord"], f"{old}/dead_letters.jsonl")]
+    existing = {name: 5 for name in [
+        f"{old}/train-00000-of-00001.tfrecord", f"{old}/.train-00000-of-00001.tfrecord.json",
+        f"{old}/dead_letters.jsonl", f"{new}/train-00000-of-00001.tfrecord", f"{new}/dead_letters.jsonl",
+        "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord",  # a killed run's
+        "shards/mine/notes.txt", "shards/backup-of-v1/train-00000-of-00001.tfrecord",  # the user's
+        "shards/20200101T000000Z-deadbeef/notes.txt", f"{old}/my-notes.txt", "shards/loose.txt"]}
+    doomed = garbage(chain, [], existing, keep=2)
+    assert doomed == sorted([f"{old}/train-00000-of-00001.tfrecord", f"{old}/.train-00000-of-00001.tfrecord.json",
+                             f"{old}/dead_letters.jsonl",
+                             "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord"])
+
+
+def test_a_version_whose_dead_letters_are_gone_is_partly_collected_and_not_rolled_back_to():
+    version = _version(2, [f"shards/{RUN}/train-00000-of-00001.tfrecord"], f"shards/{RUN}/dead_letters.jsonl")
+    existing = {f"shards/{RUN}/train-00000-of-00001.tfrecord": 5}
+    assert _missing_files(version, existing) == [f"shards/{RUN}/dead_letters.jsonl"]
+    assert _files_state(version, existing) == "partly collected (dead letters gone)"
+
+
+def test_a_commit_never_reuses_a_version_number_the_history_holds(tmp_path):
+    """A root restored by hand from versions/ (a "manual rollback") must not make the next commit
+    take a number whose history file, and a trainer pinned to it, exist already."""
+    out = str(tmp_path)
+    for _ in range(3):
+        commit_version(out, {"splits": {}}, expected=read_current(out), change={"kind": "overwrite"})
+    (tmp_path / "dataset_info.json").write_bytes((tmp_path / "versions" / "00000002.json").read_bytes())
+    third = (tmp_path / "versions" / "00000003.json").read_bytes()
+    committed = commit_version(out, {"splits": {}}, expected=read_current(out), change={"kind": "overwrite"})
+    assert committed["version"] == 4 and committed["parent_version"] == 2
+    assert (tmp_path / "versions" / "00000003.json").read_bytes() == third
+
+
+def test_an_appended_version_states_missing_classes_from_its_merged_counts():
+    base = {"label_names": ["cat", "dog"], "num_inputs": 3, "warnings": ["split 'validation' has no example of "
+                                                                        "1 class: 'dog'"],
+            "splits": {"train": {"num_examples": 2, "class_counts": {"cat": 1, "dog": 1}, "shards": [{"file": "a"}]},
+                       "validation": {"num_examples": 1, "class_counts": {"cat": 1, "dog": 0}, "shards": [{"file": "b"}]}}}
+    added = {"label_names": ["cat", "dog", "eel"], "num_inputs": 1,
+             "warnings": ["split 'train' has no example of 2 classes: 'cat', 'dog'",
+                          "--splits train,validation was ignored: every input already has a split"],
+             "splits": {"train": {"num_examples": 1, "class_counts": {"cat": 0, "dog": 0, "eel": 1},
+                                  "shards": [{"file": "c"}]}}}
+    merged = merge_appended(base, added)
+    assert merged["warnings"] == ["split 'validation' has no example of 2 classes: 'dog', 'eel'"]
+    assert merged["splits"]["train"]["class_counts"] == {"cat": 1, "dog": 1, "eel": 1}
+
+
+@pytest.mark.slow
+def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_path):
+    photos = make_photo_tree(tmp_path / "photos", num_images=8, seed=2, classes=["coffee", "china"])
+    rows = [f"{p},{p.parent.name},train" for p in sorted(photos)]
+    (tmp_path / "one.csv").write_text("uri,label,split\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    job = [sys.executable, "-m", "beam_jobs", "--output_dir", str(out), "--image_size", "24"]
+    subprocess.run([*job, "--manifest", str(tmp_path / "one.csv")], cwd=REPO, check=True, capture_output=True)
+    first = sorted(photos)[0]
+    relabelled = [row.replace(f"{first},{first.parent.name},", f"{first},relabelled,") for row in rows]
+    (tmp_path / "two.csv").write_text("uri,label,split\n" + "\n".join(relabelled) + "\n")
+    result = subprocess.run([*job, "--manifest", str(tmp_path / "two.csv"), "--append"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
+    assert "1 input of version 1 changed (content, label or split)" in error and str(first) in error, error
+    assert json.loads((out / "dataset_info.json").read_text())["version"] == 1
