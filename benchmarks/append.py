@@ -38,8 +38,10 @@ TARGET = 0.20
 
 def _job(*args: str) -> float:
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "beam_jobs", *args], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    result = subprocess.run([sys.executable, "-m", "beam_jobs", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"the job failed ({result.returncode}): {' '.join(args)}\n{result.stderr[-3000:]}")
     return time.perf_counter() - began
 
 
