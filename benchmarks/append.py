@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work / "runs", ignore_errors=True)
     if not src.exists():
         make_photo_tree(src, num_images=args.num_images, seed=1)
+    # The starting dataset is made before the new photos are added (a reused --work_dir keeps both).
+    for added in sorted(src.rglob("added-*")) if not start.exists() else []:
+        added.unlink()
     flags = ["--input", str(src), "--image_size", args.image_size, "--splits", "train=0.9,validation=0.1"]
     if not start.exists():
         _job(*flags, "--output_dir", str(start))
