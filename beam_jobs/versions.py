@@ -440,8 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # JobError and VersionNotFoundError are ValueErrors: bad input.
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for line in lines:
-        print(line)
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `list | head`: the reader has all it wanted; no traceback for that.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
