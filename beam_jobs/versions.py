@@ -299,11 +299,16 @@ def rollback(output_dir: str, version: int) -> dict:
             raise JobError(f"version {version} is already the current version of {output_dir}; nothing to roll back")
         target = load_version(output_dir, version)
         missing = _missing_files(target, _existing(output_dir))
-        if missing:
+        shards = [name for name in missing if name in _shard_sizes(target)]
+        if shards:
             raise JobError(
-                f"cannot roll back {output_dir} to version {version}: {len(missing)} of its "
-                f"{len(_shard_sizes(target))} shard files are gone (collected by gc?), e.g. {missing[0]}; "
+                f"cannot roll back {output_dir} to version {version}: {len(shards)} of its "
+                f"{len(_shard_sizes(target))} shard files are gone (collected by gc?), e.g. {shards[0]}; "
                 "nothing was committed")
+        if missing:  # Its shards are there (a later version uses them), its dead letters are not.
+            raise JobError(
+                f"cannot roll back {output_dir} to version {version}: its dead letters ({missing[0]}) are gone "
+                "(collected by gc?), and a version without them fails verify; nothing was committed")
         content = {key: value for key, value in target.items() if key not in VERSION_KEYS}
         return commit_version(output_dir, content, expected=current,
                               change={"kind": "rollback", "run": None, "rolled_back_to": version})
