@@ -23,6 +23,7 @@ from beam_jobs.errors import JobError
 
 __all__ = [
     "CHANGED_SOURCE_POLICIES",
+    "WHOLE_DATASET_WARNING",
     "SourceChangesError",
     "check_source_changes",
     "held_sidecars",
@@ -92,14 +93,14 @@ def _shown(changes: Mapping, kind: str) -> str:
 # Warnings of a plan that are facts of the whole dataset, not of one run's inputs: an append
 # recomputes them over the merged counts (the new inputs alone would miss classes they lack, and
 # an --splits the new inputs did not need is not "ignored" by the dataset).
-_WHOLE_DATASET_WARNING = re.compile(r"^(split '.*' has no example of |--splits .* was ignored: |"
+WHOLE_DATASET_WARNING = re.compile(r"^(split '.*' has no example of |--splits .* was ignored: |"
                                     r"split '.*' has no example left of )")
 
 
 def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[str]) -> list[str]:
     """The warnings of base and of the append run, without those about the whole dataset, which
     are computed again from the merged per-split class counts; each said once."""
-    kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not _WHOLE_DATASET_WARNING.match(w)]
+    kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
     for split, facts in sorted(splits.items()):
         missing = [label for label in label_names if not facts["class_counts"].get(label)]
         if missing:

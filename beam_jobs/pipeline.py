@@ -47,7 +47,8 @@ from beam_jobs.finalize import (
     is_own_plan,
     run_fingerprint,
 )
-from beam_jobs.append import SourceChangesError, check_source_changes, held_sidecars, read_held_inputs
+from beam_jobs.append import (WHOLE_DATASET_WARNING, SourceChangesError, check_source_changes, held_sidecars,
+                              read_held_inputs)
 from beam_jobs.commit import CommitConflictError, Current, read_current
 from beam_jobs.paths import redact
 from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
@@ -270,8 +271,11 @@ class ConvertImages(beam.PTransform):
 def _append_summary(summary: dict, changes: dict) -> dict:
     """The plan's facts for an append run: its inputs are those not held yet (the held ones, and
     the changed ones kept as they are, are not converted again), and the changes found."""
+    # The plan's warnings about the whole dataset (a class missing from a split, --splits that no
+    # input needed) would be about the new inputs alone: finalize states them from the merged counts.
+    warnings = [w for w in summary.get("warnings", []) if not WHOLE_DATASET_WARNING.match(w)]
     return {**summary, "num_inputs": summary["num_inputs"] - changes["held"] - changes["changed"],
-            "append": changes}
+            "append": changes, "warnings": warnings}
 
 
 def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: str):

@@ -118,3 +118,14 @@ def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_pat
     [error] = [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
     assert "1 input of version 1 changed (content, label or split)" in error and str(first) in error, error
     assert json.loads((out / "dataset_info.json").read_text())["version"] == 1
+
+
+def test_an_appends_plan_says_nothing_of_the_whole_dataset_from_its_new_inputs_alone():
+    from beam_jobs.pipeline import _append_summary
+
+    summary = {"num_inputs": 10, "warnings": ["--splits train,validation was ignored: every input already has a split",
+                                              "split 'train' has no example of 1 class: 'cat'",
+                                              "the classes 'Cat', 'cat' differ only by case; they are separate classes"]}
+    planned = _append_summary(summary, {"held": 8, "changed": 1, "removed": 0})
+    assert planned["num_inputs"] == 1
+    assert planned["warnings"] == ["the classes 'Cat', 'cat' differ only by case; they are separate classes"]
