@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.convert import sidecar_name
 from beam_jobs.errors import JobError
+from beam_jobs.plan import plan_warnings
 
 __all__ = [
     "CHANGED_SOURCE_POLICIES",
@@ -97,16 +98,17 @@ WHOLE_DATASET_WARNING = re.compile(r"^(split '.*' has no example of |--splits .*
                                     r"split '.*' has no example left of )")
 
 
+_MISSING_CLASS = re.compile(r"^split '.*' has no example of ")
+
+
 def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[str]) -> list[str]:
     """The warnings of base and of the append run, without those about the whole dataset, which
     are computed again from the merged per-split class counts; each said once."""
     kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
-    for split, facts in sorted(splits.items()):
-        missing = [label for label in label_names if not facts["class_counts"].get(label)]
-        if missing:
-            shown = ", ".join(map(repr, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-            kept.append(f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
-                        f"{shown}")
+    # The plan's own rule and wording for a class missing from a split, over the merged counts.
+    merged = plan_warnings({split: facts["class_counts"] for split, facts in splits.items()}, label_names,
+                           requested=None, num_unsplit=0)
+    kept += [w for w in merged if _MISSING_CLASS.match(w)]
     return list(dict.fromkeys(kept))
 
 

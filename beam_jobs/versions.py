@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.commit import (VERSION_KEYS, VERSIONS_DIR, CommitConflictError, _parse, _store, commit_version,
                               read_current, version_file)
 from beam_jobs.errors import JobError
-from beam_jobs.run_folders import is_run_name
+from beam_jobs.run_folders import SHARDS_DIR, run_of
 from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import delete_exactly, list_tree
 
@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 DEFAULT_KEEP = 2
-SHARDS_DIR = "shards"
 
 
 class VersionNotFoundError(JobError):
@@ -112,10 +111,8 @@ def _run_of(relative: str) -> str | None:
     """The run folder of a file a run of this job writes (shards/<run>/<one of its names>), or
     None: a folder under shards/ not named like a run, a file not named like a run's, or anything
     deeper, is the user's, and gc never removes it."""
-    parts = relative.split("/")
-    if len(parts) == 3 and parts[0] == SHARDS_DIR and is_run_name(parts[1]) and _RUN_FILE.match(parts[2]):
-        return parts[1]
-    return None
+    run = run_of(relative)
+    return run if run is not None and _RUN_FILE.match(posixpath.basename(relative)) else None
 
 
 def garbage(chain: Sequence[dict], others: Iterable[dict], existing: dict[str, int], keep: int,
