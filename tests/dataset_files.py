@@ -14,7 +14,7 @@ import pathlib
 import re
 import shutil
 
-__all__ = ["RUN_KEYS", "as_older_release", "current_files", "dead_letters", "dead_letters_path", "flat_manifest", "flat_names", "shard_paths",
+__all__ = ["RUN_KEYS", "as_older_release", "tree_files", "current_files", "dead_letters", "dead_letters_path", "flat_manifest", "flat_names", "shard_paths",
            "without_run_names"]
 
 # What differs between two runs that wrote the same dataset: who committed it, and when.
@@ -117,3 +117,9 @@ def as_older_release(out: pathlib.Path) -> pathlib.Path:
         shutil.rmtree(out / folder, ignore_errors=True)
     (out / ".commit.lock").unlink(missing_ok=True)
     return out
+
+
+def tree_files(folder: pathlib.Path) -> dict[str, bytes]:
+    """{path relative to the folder: bytes} of every file in it, at any depth."""
+    folder = pathlib.Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

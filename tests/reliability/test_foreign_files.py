@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from beam_jobs.sample_data import make_photo_tree
+from tests.dataset_files import tree_files
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -28,11 +29,6 @@ def photos(tmp_path) -> pathlib.Path:
     root = tmp_path / "photos"
     make_photo_tree(root, num_images=8, seed=3)
     return root
-
-
-def _files(folder: pathlib.Path) -> dict[str, bytes]:
-    """{path relative to the folder: bytes} of every file in it, at any depth."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
@@ -59,9 +55,9 @@ def test_a_folder_of_the_users_shard_named_files_gets_a_dataset_beside_them_unto
     # A run writes only into its own folder under shards/ and commits dataset_info.json: a file of
     # the user's, whatever its name, is never in the way, never listed, never touched.
     out = _users_folder(tmp_path)
-    before = _files(out)
+    before = tree_files(out)
     run_cli("--input", photos, "--output_dir", out, *SMALL, *flags)
-    after = {name: data for name, data in _files(out).items() if name in before}
+    after = {name: data for name, data in tree_files(out).items() if name in before}
     assert after == before
     info = json.loads((out / "dataset_info.json").read_text())
     listed = [shard["file"] for split in info["splits"].values() for shard in split["shards"]]

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO, run_cli
-from tests.dataset_files import current_files, dead_letters_path, flat_names
+from tests.dataset_files import current_files, dead_letters_path, flat_names, tree_files
 from tests.photos import encode, real_photo
 
 pytestmark = pytest.mark.slow
@@ -34,11 +34,6 @@ def _info(out: pathlib.Path) -> dict:
 
 def _dead(out: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines()]
-
-
-def _files(folder: pathlib.Path) -> dict[str, bytes]:
-    """{path relative to the folder: bytes} of every file in it, at any depth."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _unchanged_beside_a_new_run(before: dict[str, bytes], after: dict[str, bytes]) -> set[str]:
@@ -88,17 +83,17 @@ def photos(tmp_path) -> pathlib.Path:
 def test_overwrite_with_a_mistyped_input_keeps_the_old_dataset(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    before = _files(out)
+    before = tree_files(out)
     result = run_cli("--input", tmp_path / "photoz", "--output_dir", out, "--overwrite", *SMALL, check=False)
     _assert_one_clear_error(result, code=2, says="photoz does not exist")
-    assert _files(out) == before
+    assert tree_files(out) == before
 
 
 def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *SMALL)
-    before = _files(out)
-    before_run = _files(out / "shards" / _info(out)["change"]["run"])
+    before = tree_files(out)
+    before_run = tree_files(out / "shards" / _info(out)["change"]["run"])
     (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
     result = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL,
                      check=False)
@@ -107,8 +102,8 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     # Its shards stay in its own folder, which no version lists, for --resume, and the message
     # says so; its dead letters are beside them, not in the version's.
     assert "for a rerun with --resume" in _error_lines(result)[0]
-    assert len(_unchanged_beside_a_new_run(before, _files(out))) == 1
-    assert _files(out / "shards" / _info(out)["change"]["run"]) == before_run
+    assert len(_unchanged_beside_a_new_run(before, tree_files(out))) == 1
+    assert tree_files(out / "shards" / _info(out)["change"]["run"]) == before_run
     [refused] = [p for p in (out / "shards").iterdir() if p.name != _info(out)["change"]["run"]]
     assert str(refused) in _error_lines(result)[0]
     assert [d["reason"] for d in map(json.loads, (refused / "dead_letters.jsonl").read_text().splitlines())] == [
@@ -423,11 +418,11 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(photos, tmp_path):
 def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, "--image_size", "48", "--num_shards", "3")
-    old = _files(out)
+    old = tree_files(out)
     (photos / "chelsea" / "broken.jpg").write_bytes(b"")
     # Refused: its shards stay in its run folder, as an interrupted run's do; the old dataset is untouched.
     run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False)
-    assert len(_unchanged_beside_a_new_run(old, _files(out))) == 1
+    assert len(_unchanged_beside_a_new_run(old, tree_files(out))) == 1
     resumed = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--resume",
                       "--max_bad_fraction", "0.5", *SMALL, "--log_level", "INFO")  # INFO names kept shards
     assert resumed.stderr.count("complete and verified") == 2

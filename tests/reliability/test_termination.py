@@ -21,7 +21,7 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import dead_letters_path
+from tests.dataset_files import dead_letters_path, tree_files
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -42,11 +42,6 @@ def _names(folder: pathlib.Path) -> list[str]:
         return sorted([*os.listdir(folder), *(p.name for p in folder.glob("shards/*/*"))])
     except FileNotFoundError:
         return []
-
-
-def _tree(folder: pathlib.Path) -> dict[str, bytes]:
-    """{path relative to the folder: bytes} of every file in it, at any depth."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _listing(names: list[str]) -> bool:
@@ -193,13 +188,13 @@ def test_a_run_in_which_no_input_is_usable_fails_even_when_every_input_may_be_ba
 def test_an_overwrite_run_with_no_usable_input_keeps_the_old_dataset(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *ARGS)
-    before = _tree(out)
+    before = tree_files(out)
     result = run_cli("--input", _unusable_tree(tmp_path / "broken"), "--output_dir", out, *ARGS, "--overwrite",
                      "--max_bad_fraction", "1", check=False)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "no input became an example" in _error_lines(result)[0]
     assert "version 1 of the dataset stays current, unchanged" in _error_lines(result)[0]
-    after = _tree(out)
+    after = tree_files(out)
     assert {name: after.get(name) for name in before} == before
     # What the refused run added is its own folder's (its dead letters), which no version lists.
     assert all(name.startswith("shards/") and name.split("/")[1] != json.loads(before["dataset_info.json"])[
@@ -219,12 +214,12 @@ def test_the_users_files_survive_a_run_an_overwrite_run_and_a_plan_only_run(phot
     run_cli("--input", photos, "--output_dir", out, *ARGS, "--overwrite")
     assert {name: (out / name).read_bytes() for name in USERS_FILES} == USERS_FILES
     # --plan_only refuses to replace a plan.json it did not write, naming it, and changes nothing.
-    before = _tree(out)
+    before = tree_files(out)
     result = run_cli("--input", photos, "--output_dir", out, *ARGS, "--plan_only", check=False)
     assert result.returncode == 2, result.stderr[-3000:]
     [error] = _error_lines(result)
     assert "plan.json that this job did not write" in error and str(out / "plan.json") in error
-    assert _tree(out) == before
+    assert tree_files(out) == before
 
 
 def test_the_jobs_own_plan_is_replaced_by_the_next_plan_and_removed_by_the_next_run(photos, tmp_path):
