@@ -21,6 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_jobs import commit
 from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version_file
 from beam_jobs.errors import JobError
+from beam_jobs.storage import connect_anonymously_to_a_gcs_emulator
 from beam_jobs.versions import collect_garbage, history, load_version, rollback, shard_files
 from tests.versions.arrange import RUN_A, RUN_KILLED, convert_photos, dataset_files, run_content
 from tests.versions.committers import assert_consistent, kill_committers, race, race_for_the_run_lock
@@ -63,6 +64,7 @@ def gs_out(fake_gcs, monkeypatch) -> StoreOut:
     """A fresh bucket on fake-gcs-server, Beam's GCS filesystem pointed at it."""
     for name, value in fake_gcs.env.items():
         monkeypatch.setenv(name, value)
+    connect_anonymously_to_a_gcs_emulator()  # this process imported the job before the variable was set
     from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
 
     bucket = fake_gcs.client().create_bucket(f"commits-{uuid.uuid4().hex[:8]}")
@@ -137,9 +139,7 @@ def test_runs_starting_at_once_exactly_one_takes_the_run_lock(store_out):
 
 
 def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(store_out):
-    # Fewer kills on gs://: every process Beam's GCS filesystem starts in waits about 30 s for
-    # google.auth.default() (retried with backoff) before it connects anonymously to the emulator.
-    padding, kills = 256 << 10, (8 if store_out.uri.startswith("s3://") else 5)
+    padding, kills = 256 << 10, 8
     states = kill_committers(store_out.uri, kills, padding=padding, seed=20261202, store_flags=store_out.flags)
     print(f"{store_out.uri}: states after {kills} kills: {states}")
     version = assert_consistent(store_out.uri, padding=padding)

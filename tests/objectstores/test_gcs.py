@@ -1,10 +1,7 @@
 """gs:// end to end on fake-gcs-server through Beam's GCS filesystem (batch rename and delete
 included): store to store on the local runner, byte-identical to the local-disk run, and nothing
-left in the bucket beyond the dataset.
-
-One job run only: with no Google credentials (the emulator needs none), Beam's GCS filesystem
-retries google.auth.default() with backoff for about 24 s in every process before it connects
-anonymously, so each run costs over a minute here whatever it converts.
+left in the bucket beyond the dataset. The job connects to the
+emulator anonymously at once (beam_jobs/storage.py), as google-cloud-storage does.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_jobs.discover import _first_level, _list_unit
 from beam_jobs.listing_policy import Ignored, IgnoredEntry
 from beam_jobs.store_folders import list_one_level
+from beam_jobs.storage import connect_anonymously_to_a_gcs_emulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -53,6 +54,7 @@ def test_s3_root_is_listed_one_folder_per_unit(minio):
 def test_gcs_root_is_listed_one_folder_per_unit(fake_gcs, monkeypatch):
     for name, value in fake_gcs.env.items():
         monkeypatch.setenv(name, value)
+    connect_anonymously_to_a_gcs_emulator()  # this process imported the job before the variable was set
     bucket = fake_gcs.client().create_bucket(f"levels-{uuid.uuid4().hex[:8]}")
     for name in NAMES:
         bucket.blob(name).upload_from_string(b"" if name.endswith("/") else BODY)
