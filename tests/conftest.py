@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.cluster.conftest import LAUNCH, FlinkCluster, FLINK_VERSION, run_script
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -21,6 +24,40 @@ def photo_tree(tmp_path_factory):
     return root, good, broken
 
 
+# The Flink fixtures live here, not in tests/cluster/, so that the cluster's tests and the
+# object-store test that runs Flink on MinIO share one cluster and one job server build.
+@pytest.fixture(scope="session")
+def flink_cluster(tmp_path_factory):
+    """2 TaskManagers x 2 slots with a restart strategy, shared by every test that kills nothing in
+    it (a cluster's start costs about 25 s): a job of parallelism 4 uses both TaskManagers."""
+    cluster = FlinkCluster(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=2)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def flink_job_server_jar() -> str:
+    """Beam's Flink job server jar, built once into the cache by the launch scripts. A machine
+    without Java or Maven fails the Flink tests with that reason: they are never skipped."""
+    if not shutil.which("java"):
+        pytest.fail("Java is missing: the Flink tests need a JDK 11 or 17 on PATH")
+    if not os.environ.get("FLINK_JOB_SERVER_JAR") and not shutil.which("mvn"):
+        pytest.fail("Maven (mvn) is missing: the Flink tests build Beam's Flink job server with it "
+                    "(or set FLINK_JOB_SERVER_JAR to a jar built elsewhere)")
+    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "fetch", "--flink_version", FLINK_VERSION],
+                      timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.fail("Beam's Flink job server could not be built, so FlinkRunner cannot run here: "
+                    + proc.stderr.strip()[-1500:])
+    for line in proc.stderr.splitlines():
+        if "job server jar: " in line:
+            return line.split("job server jar: ", 1)[1].strip()
+    raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
+
+
 def run_cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs ``python -m beam_jobs`` as a user would, in a fresh process."""
     result = subprocess.run(
@@ -32,12 +69,26 @@ def run_cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.
     return result
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Runs the object-store tests last, in their usual order among themselves.
+# Test modules that share a Flink cluster (the session's flink_cluster fixture) run in one
+# worker process, so that the cluster starts once.
+_FLINK_GROUP = ("tests/cluster/test_flink.py", "tests/cluster/test_runners.py", "tests/cluster/test_launch_scripts.py",
+                "tests/objectstores/test_flink_s3.py")
 
-    On a fresh machine .ci/run builds MinIO and fake-gcs-server (minutes of CPU) in the background
-    while the tests run; their fixtures wait for that build. Last, they find it done instead of
-    idling on it. Nothing is left out: the order changes, not the set.
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(session, config, items):
+    """Orders the suite and groups it for the parallel workers (pytest-xdist, --dist loadgroup).
+
+    Each test module is one group, run whole by one worker, so that its module and session
+    fixtures (a converted dataset, a TensorFlow subprocess's results) are built once; the
+    modules that share a Flink cluster are one group. The object-store tests run last, in their
+    usual order among themselves: on a fresh machine .ci/run builds MinIO and fake-gcs-server
+    (minutes of CPU) in the background while the tests run, and their fixtures wait for that
+    build. Last, they find it done instead of idling on it. Nothing is left out: the order and
+    the grouping change, not the set.
     """
     stores = REPO / "tests" / "objectstores"
     items.sort(key=lambda item: pathlib.Path(str(item.path)).is_relative_to(stores))  # sort() is stable
+    for item in items:
+        module = pathlib.Path(str(item.path)).relative_to(REPO).as_posix()
+        item.add_marker(pytest.mark.xdist_group("flink" if module in _FLINK_GROUP else module))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -162,6 +161,15 @@ class FlinkCluster:
     def jobs(self) -> list[dict]:
         return rest_get(self.rest_port, "/jobs/overview")["jobs"]
 
+    def job_ids(self) -> set[str]:
+        return {job["jid"] for job in self.jobs()}
+
+    def new_job(self, before: set[str]) -> dict:
+        """The one job submitted since job_ids() returned before (the session cluster runs several)."""
+        jobs = [job for job in self.jobs() if job["jid"] not in before]
+        assert len(jobs) == 1, jobs
+        return jobs[0]
+
     def only_job(self) -> dict:
         jobs = self.jobs()
         assert len(jobs) == 1, jobs
@@ -180,36 +188,6 @@ class FlinkCluster:
             info = rest_get(self.rest_port, f"/jobs/{job_id}/vertices/{vertex['id']}/taskmanagers")
             used |= {tm["taskmanager-id"] for tm in info["taskmanagers"]}
         return used
-
-
-@pytest.fixture(scope="session")
-def flink_cluster(tmp_path_factory):
-    cluster = FlinkCluster(tmp_path_factory.mktemp("flink"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def flink_job_server_jar() -> str:
-    """Beam's Flink job server jar, built once into the cache by the launch scripts. A machine
-    without Java or Maven fails the Flink tests with that reason: they are never skipped."""
-    if not shutil.which("java"):
-        pytest.fail("Java is missing: the Flink tests need a JDK 11 or 17 on PATH")
-    if not os.environ.get("FLINK_JOB_SERVER_JAR") and not shutil.which("mvn"):
-        pytest.fail("Maven (mvn) is missing: the Flink tests build Beam's Flink job server with it "
-                    "(or set FLINK_JOB_SERVER_JAR to a jar built elsewhere)")
-    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "fetch", "--flink_version", FLINK_VERSION],
-                      timeout=900, check=False)
-    if proc.returncode != 0:
-        pytest.fail("Beam's Flink job server could not be built, so FlinkRunner cannot run here: "
-                    + proc.stderr.strip()[-1500:])
-    for line in proc.stderr.splitlines():
-        if "job server jar: " in line:
-            return line.split("job server jar: ", 1)[1].strip()
-    raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 1.0, what: str = "condition"):

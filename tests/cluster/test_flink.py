@@ -1,7 +1,8 @@
 """FlinkRunner on a real Flink 1.19 cluster on loopback, with Beam's Flink job server built from
 Maven Central by the launch scripts: the same bytes as the local runner with one or two
 TaskManagers, a SIGKILLed TaskManager survived (or, with restarts disabled, a clean failure), and
-a stop that leaves nothing behind."""
+a stop that leaves nothing behind. One session cluster (2 TaskManagers x 2 slots) serves every test
+that does not kill a TaskManager; the two that do start their own."""
 
 from __future__ import annotations
 
@@ -47,24 +48,12 @@ def _final_names(folder: pathlib.Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two_taskmanagers(tmp_path_factory):
-    """2 TaskManagers x 2 slots with a restart strategy. The killed-TaskManager test, last in this
-    file, leaves it with one TaskManager."""
-    cluster = FlinkCluster(tmp_path_factory.mktemp("flink-2tm"), taskmanagers=2, slots=2)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
 def big_tree(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
-    """1200 real photos (500x375) and their conversion on the local runner, the reference."""
+    """800 real photos (500x375) and their conversion on the local runner, the reference."""
     from beam_jobs.sample_data import make_photo_tree
 
     root = tmp_path_factory.mktemp("big")
-    make_photo_tree(root / "images", num_images=1200, size=(500, 375), seed=3)
+    make_photo_tree(root / "images", num_images=800, size=(500, 375), seed=3)
     run_script([sys.executable, "-m", "beam_jobs", "--input", str(root / "images"), "--output_dir",
                 str(root / "local"), *BIG_TREE_FLAGS], timeout=400)
     return root / "images", root / "local"
@@ -110,78 +99,43 @@ def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pa
 # their own, and on a cold machine they alone outran a timeout that counted them too. Each is the
 # sum of its body's own subprocess timeouts, with room.
 @pytest.mark.timeout(900, func_only=True)  # the submit: 540 s
-def test_flink_runner_matches_local(flink_job_server_jar, flink_cluster, local_output, photo_tree, tmp_path):
+def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, flink_cluster, local_output,
+                                                         photo_tree, tmp_path):
     out = tmp_path / "out"
-    proc = run_script(_submit_args(flink_cluster, flink_job_server_jar, parallelism=2,
+    before = flink_cluster.job_ids()
+    proc = run_script(_submit_args(flink_cluster, flink_job_server_jar, parallelism=4,
                                    job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS]),
                       timeout=540)
     assert "--runner=FlinkRunner" in proc.stderr
     assert_same_output(out, local_output)
-    job = flink_cluster.only_job()
+    job = flink_cluster.new_job(before)
     assert job["state"] == "FINISHED", job
+    assert flink_cluster.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
     # The job's counters reach Flink as an accumulator, which the web UI shows per job.
     accumulators = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/accumulators")
     assert "images_written" in str(accumulators["user-task-accumulators"])
 
 
-@pytest.mark.timeout(900, func_only=True)  # the submit: 540 s
-def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, two_taskmanagers, local_output,
-                                                         photo_tree, tmp_path):
-    out = tmp_path / "out"
-    run_script(_submit_args(two_taskmanagers, flink_job_server_jar, parallelism=4,
-                            job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS]),
-               timeout=540)
-    assert_same_output(out, local_output)
-    job = two_taskmanagers.only_job()
-    assert job["state"] == "FINISHED", job
-    assert two_taskmanagers.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
-
-
-@pytest.mark.timeout(1500, func_only=True)  # _run_and_kill: 240 + 300 + 480 s
-def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar, two_taskmanagers, big_tree,
-                                                            tmp_path):
+@pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
+def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar, big_tree, tmp_path):
     images, reference = big_tree
     out = tmp_path / "out"
-    jobs_before = {j["jid"] for j in two_taskmanagers.jobs()}
-    victim, returncode, log = _run_and_kill(two_taskmanagers, flink_job_server_jar, images, out)
-    assert returncode == 0, log[-6000:]
-    (job,) = [j for j in two_taskmanagers.jobs() if j["jid"] not in jobs_before]
-    assert job["state"] == "FINISHED", job
-    # The kill landed mid-job: Flink recorded the lost TaskManager and restarted the failed tasks.
-    history = rest_get(two_taskmanagers.rest_port, f"/jobs/{job['jid']}/exceptions")["exceptionHistory"]["entries"]
+    # A cluster of its own: the kill leaves it one TaskManager short.
+    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2)
+    try:
+        cluster.start()
+        victim, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
+        assert returncode == 0, log[-6000:]
+        job = cluster.only_job()
+        assert job["state"] == "FINISHED", job
+        # The kill landed mid-job: Flink recorded the lost TaskManager and restarted the failed tasks.
+        history = rest_get(cluster.rest_port, f"/jobs/{job['jid']}/exceptions")["exceptionHistory"]["entries"]
+    finally:
+        cluster.stop()
     assert history, "Flink recorded no failure: the TaskManager was not killed mid-job"
     assert any(victim in str(entry) for entry in history), history
     # No record lost, none duplicated: the same bytes as the local runner.
     assert_same_output(out, reference)
-    two_taskmanagers.stop()  # one TaskManager short now: no later test may use it
-
-
-@pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
-def test_killed_taskmanager_without_restarts_fails_cleanly(flink_job_server_jar, big_tree, tmp_path):
-    images, _ = big_tree
-    out = tmp_path / "out"
-    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2, restart_attempts=0)
-    try:
-        cluster.start()
-        _, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
-        assert returncode != 0, log[-6000:]
-        assert cluster.only_job()["state"] == "FAILED"
-    finally:
-        cluster.stop()
-    # Nothing under a final name: no shard a reader could mistake for a dataset, no manifest.
-    assert _final_names(out) == [], _final_names(out)
-
-
-def test_flink_cluster_is_up_on_loopback(flink_cluster):
-    overview = rest_get(flink_cluster.rest_port, "/overview")
-    assert overview["flink-version"] == FLINK_VERSION
-    assert overview["taskmanagers"] == 1 and overview["slots-total"] == 2
-    assert port_open(flink_cluster.worker_pool_port)
-    status = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir),
-                         "--rest_port", str(flink_cluster.rest_port)], timeout=60)
-    assert "worker pool: running" in status.stdout
-    config = (flink_cluster.state_dir / "conf" / "config.yaml").read_text()
-    assert "rest.bind-address: 127.0.0.1" in config and "restart-strategy.type: fixed-delay" in config
 
 
 def _listening_ports(pids: list[int]) -> set[int]:
@@ -192,9 +146,12 @@ def _listening_ports(pids: list[int]) -> set[int]:
     return ports
 
 
-@pytest.mark.timeout(900, func_only=True)  # a cluster's start (600 s: a first run installs Flink), its stop
-def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
-    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2)
+@pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
+def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothing(flink_job_server_jar, big_tree,
+                                                                                   tmp_path):
+    images, _ = big_tree
+    out = tmp_path / "out"
+    cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2, restart_attempts=0)
     try:
         cluster.start()
         pids = cluster.all_pids()
@@ -203,8 +160,14 @@ def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
         # JobManager, 2 TaskManagers and the worker pool; REST, RPC and worker pool ports among theirs.
         assert len(pids) == 4, pids
         assert {cluster.rest_port, cluster.rpc_port, cluster.worker_pool_port} <= ports, ports
+        _, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
+        assert returncode != 0, log[-6000:]
+        assert cluster.only_job()["state"] == "FAILED"
     finally:
         cluster.stop()
+    # Nothing under a final name: no shard a reader could mistake for a dataset, no manifest.
+    assert _final_names(out) == [], _final_names(out)
+    # The stop leaves no process (the killed TaskManager's included), no port and no pid file.
     still_running = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert still_running == [], still_running
     assert [port for port in ports if port_open(port)] == []
@@ -212,6 +175,18 @@ def test_flink_cluster_stop_leaves_no_process_and_no_port(tmp_path):
     proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(cluster.state_dir),
                        "--rest_port", str(cluster.rest_port)], timeout=60, check=False)
     assert proc.returncode == 1
+
+
+def test_flink_cluster_is_up_on_loopback(flink_cluster):
+    overview = rest_get(flink_cluster.rest_port, "/overview")
+    assert overview["flink-version"] == FLINK_VERSION
+    assert overview["taskmanagers"] == 2 and overview["slots-total"] == 4
+    assert port_open(flink_cluster.worker_pool_port)
+    status = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir),
+                         "--rest_port", str(flink_cluster.rest_port)], timeout=60)
+    assert "worker pool: running" in status.stdout
+    config = (flink_cluster.state_dir / "conf" / "config.yaml").read_text()
+    assert "rest.bind-address: 127.0.0.1" in config and "restart-strategy.type: fixed-delay" in config
 
 
 def test_another_clusters_rest_api_is_not_taken_for_this_state_dirs(flink_cluster, tmp_path):

@@ -217,7 +217,3 @@ def local_reference(messy_tree, tmp_path_factory) -> pathlib.Path:
 
 def local_files(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file())
-
-
-# Beam's Flink job server jar, built once into the cache (the Flink tests' own fixture).
-from tests.cluster.conftest import flink_job_server_jar  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

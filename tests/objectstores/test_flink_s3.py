@@ -1,5 +1,6 @@
 """FlinkRunner on a real Flink cluster with 2 TaskManagers, input and output on MinIO: how a Flink
-cluster without a shared disk runs the job. Same bytes as the local-disk run, nothing left in the
+cluster without a shared disk runs the job (the session's cluster, tests/cluster/conftest.py, at
+parallelism 4 so that both TaskManagers convert). Same bytes as the local-disk run, nothing left in the
 bucket, and the keys in no log (the submit script's, the job's, Flink's own)."""
 
 from __future__ import annotations
@@ -9,40 +10,30 @@ import uuid
 
 import pytest
 
-from tests.cluster.conftest import LAUNCH, FlinkCluster, rest_get, run_script
+from tests.cluster.conftest import LAUNCH, rest_get, run_script
 from tests.objectstores.conftest import JOB_FLAGS, local_files
 from tests.objectstores.stores import assert_matches_local, assert_no_secret, dataset_names, normalise_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
-@pytest.fixture(scope="module")
-def flink_2tm(tmp_path_factory):
-    """2 TaskManagers x 1 slot: a job of parallelism 2 must use both."""
-    cluster = FlinkCluster(tmp_path_factory.mktemp("flink-s3"), taskmanagers=2, slots=1)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.mark.timeout(900)
-def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_reference, flink_2tm, flink_job_server_jar):
+def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_reference, flink_cluster, flink_job_server_jar):
     bucket = f"flink-{uuid.uuid4().hex[:8]}"
     client = minio.client()
     client.create_bucket(Bucket=bucket)
     for path in local_files(messy_tree):
         client.upload_file(str(path), bucket, f"tree/{path.relative_to(messy_tree).as_posix()}")
     tree = minio.keys(bucket, "tree/")
-    proc = run_script([str(LAUNCH / "submit_flink.sh"), "--flink_master", flink_2tm.flink_master,
-                       "--environment_config", flink_2tm.worker_pool, "--parallelism", "2",
+    before = flink_cluster.job_ids()
+    proc = run_script([str(LAUNCH / "submit_flink.sh"), "--flink_master", flink_cluster.flink_master,
+                       "--environment_config", flink_cluster.worker_pool, "--parallelism", "4",
                        "--flink_job_server_jar", flink_job_server_jar,
                        "--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/out", *JOB_FLAGS,
                        *minio.job_flags()], timeout=600)
-    job = flink_2tm.only_job()
+    job = flink_cluster.new_job(before)
     assert job["state"] == "FINISHED", job
-    assert flink_2tm.taskmanagers_used(job["jid"]) and len(flink_2tm.taskmanagers_used(job["jid"])) == 2
+    assert flink_cluster.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
 
     got = {key[len("out/"):]: client.get_object(Bucket=bucket, Key=key)["Body"].read()
            for key in minio.keys(bucket, "out/")}
@@ -54,7 +45,7 @@ def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_referenc
     # Every log of the cluster: JobManager, TaskManagers (where the SDK workers log), worker pool.
     # Not Flink's own job state (its archived execution graph under tmp/): the options travel to
     # the cluster inside the job, keys included, as every Beam runner needs them to.
-    logs = {str(p): p.read_bytes() for p in local_files(flink_2tm.state_dir / "log")}
+    logs = {str(p): p.read_bytes() for p in local_files(flink_cluster.state_dir / "log")}
     assert any("taskexecutor-1" in name for name in logs), sorted(logs)
     assert "--s3_secret_access_key \\<redacted\\>" in proc.stderr  # its command line, logged without the keys
     assert_no_secret([minio.secret_key, minio.access_key], stdout=proc.stdout, stderr=proc.stderr, **logs,
@@ -63,5 +54,5 @@ def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_referenc
     # configuration, which Flink's web UI and REST API show, so keys passed as options are visible
     # there (measured here). On a shared cluster give the workers their keys through the AWS default
     # credential chain (environment, instance profile) instead of --s3_* options.
-    config = json.dumps(rest_get(flink_2tm.rest_port, f"/jobs/{job['jid']}/config"))
+    config = json.dumps(rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/config"))
     assert minio.access_key in config
