@@ -13,7 +13,12 @@ VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_jobs" / "__init__.
 INSTALL_REQUIRES = [
     "apache-beam>=2.77.0,<3",
     "tensorflow>=2.21.0,<3",
-    "pillow>=12.0,<14",
+    # The codecs are pinned exactly: a shard's bytes are a function of the pixels and of these
+    # libraries' versions (libjpeg-turbo's inside Pillow and simplejpeg, OpenCV's resize), and the
+    # same pins reach Dataflow's workers through this file, so every runner writes the same bytes.
+    "pillow==12.3.0",
+    "simplejpeg==1.9.0",  # libjpeg-turbo straight to numpy: the fast path's JPEG decode and encode
+    "opencv-python-headless==5.0.0.93",  # the fast path's resampling (resample.py)
     "numpy>=2.0,<3",
     "google-crc32c>=1.7,<2",
     "tqdm>=4.66,<5",  # the job's progress bar

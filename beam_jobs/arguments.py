@@ -228,6 +228,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         width, height = parse_image_size(flags.image_size)
         config = ImageConfig(
             width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
+            resample=flags.resample,
             encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
             max_file_bytes=max(1, int(flags.max_file_mb * 2**20)), isolation=flags.isolation,
             decode_timeout_s=flags.decode_timeout_s,

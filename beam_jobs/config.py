@@ -10,6 +10,7 @@ from beam_jobs.example import ENCODINGS, FORMAT_NAMES
 from beam_jobs.isolation import ISOLATION_POLICIES
 from beam_jobs.names import clean_split_name
 from beam_jobs.preprocess import RESIZE_MODES
+from beam_jobs.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
 
 __all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
 
@@ -22,6 +23,8 @@ class ImageConfig:
       width, height: output size in pixels.
       channels: 3 (RGB) or 1 (grayscale).
       resize_mode: "crop" (shorter side, then centre crop), "pad" or "stretch".
+      resample: how pixels are resampled to the output size: "area" (the default), "bilinear",
+        "bicubic" or "lanczos" (resample.py).
       encoding: "jpeg", "png" or "raw" (uint8 pixels).
       jpeg_quality: 1-100, used when encoding is "jpeg".
       max_pixels: images whose header claims more pixels are refused before decoding.
@@ -35,6 +38,7 @@ class ImageConfig:
     height: int = 224
     channels: int = 3
     resize_mode: str = "crop"
+    resample: str = DEFAULT_RESAMPLE
     encoding: str = "jpeg"
     jpeg_quality: int = 95
     max_pixels: int = 100_000_000
@@ -49,6 +53,8 @@ class ImageConfig:
             raise ValueError(f"channels must be 1 or 3 (got {self.channels!r})")
         if self.resize_mode not in RESIZE_MODES:
             raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {self.resize_mode!r})")
+        if self.resample not in RESAMPLE_METHODS:
+            raise ValueError(f"resample must be one of {RESAMPLE_METHODS} (got {self.resample!r})")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS} (got {self.encoding!r})")
         if not 1 <= self.jpeg_quality <= 100:

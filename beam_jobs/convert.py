@@ -7,10 +7,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import TypeVar
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -18,13 +15,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.decode import decode_image
+from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
-from beam_jobs.example import ExampleFields, encode_pixels, serialize_example, source_id_for
+from beam_jobs.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
 from beam_jobs.isolation import IsolatedRunner, needs_isolation
 from beam_jobs.plan import ShardPlan
-from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
+from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
+from beam_jobs.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
+from beam_jobs.resample import ARRAY_METHODS
 from beam_jobs.storage import temp_name, write_atomically
 from beam_jobs.tfrecord_framing import frame_record
 
@@ -44,10 +43,8 @@ CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
-_T = TypeVar("_T")
-# The longest one source's open and read may take. Generous: a 64 MiB object over a slow link
-# reads well within it, while a hung mount or a FIFO would block a read for ever.
-READ_TIMEOUT_S = 300.0
+# Kept importable from here (the pipeline's content hashing and older callers use these names).
+_read_source = read_source
 
 
 def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
@@ -57,14 +54,18 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
     BadInputError for unusable input.
     """
     sha256 = hashlib.sha256(data).hexdigest()
-    decoded = decode_image(
-        data,
-        max_pixels=config.max_pixels,
-        draft_size_for=partial(required_source_size, target=config.size, resize_mode=config.resize_mode),
-    )
-    image = normalize_mode(decoded.image, channels=config.channels)
-    image = resize_image(image, config.size, config.resize_mode)
-    encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+    draft_size_for = partial(required_source_size, target=config.size, resize_mode=config.resize_mode)
+    if config.resample in ARRAY_METHODS and config.channels == 3:
+        # The fast path: numpy arrays from decode to encode (decode.py, resample.py).
+        decoded = decode_rgb_pixels(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for,
+                                    normalize=partial(normalize_mode, channels=3))
+        pixels = resize_pixels(decoded.pixels, config.size, config.resize_mode, config.resample)
+        encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+    else:
+        decoded = decode_image(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for)
+        image = normalize_mode(decoded.image, channels=config.channels)
+        image = resize_image(image, config.size, config.resize_mode, config.resample)
+        encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
     example = serialize_example(
         ExampleFields(
             encoded=encoded,
@@ -90,114 +91,12 @@ def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
-    """[size, modification time] of an input's source, or [None, None] if it cannot be read (or
-    gives no answer within ``timeout_s``: a hung mount hangs a stat as it hangs a read).
-
-    A staged shard is reused by --resume only if every one of its sources still has the state
-    recorded when it was converted: a replaced or repaired file changes size or time, and its
-    shard is converted again. The listing of a tree already knows both; an input list's entries
-    cost one metadata request each (on object stores the time is that of the object's current
-    generation or version).
-    """
-    if input_file.size is not None and input_file.mtime is not None:
-        return [input_file.size, input_file.mtime]
-    try:
-        meta = _within(timeout_s, partial(FileSystems.get_filesystem(input_file.uri).metadata, input_file.uri))
-        return [meta.size_in_bytes, meta.last_updated_in_seconds]
-    except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
-        return [None, None]
-
-
 def sidecar_name(file_name: str) -> str:
     """The hidden record beside a shard in its run folder: the shard's sources with their state,
     its content keys and dead letters. --resume trusts a shard by it without redoing it, and
     --append reads it to know which inputs a version already holds, so it is kept after the commit.
     """
     return f".{file_name}.json"
-
-
-def _limit_mb(max_file_bytes: int) -> str:
-    """The --max_file_mb value a byte limit came from, as the user typed it (64, not 64.0)."""
-    return f"{max_file_bytes / (1 << 20):g}"
-
-
-def _read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float | None = READ_TIMEOUT_S) -> bytes:
-    """Reads a source file, refusing it before (or while) reading when it is too large, and when
-    it gives no answer within ``timeout_s`` (``read_timeout``)."""
-    if input_file.size is not None and input_file.size > max_file_bytes:
-        raise BadInputError(
-            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over --max_file_mb={_limit_mb(max_file_bytes)} ({max_file_bytes} bytes)"
-        )
-    try:
-        data = _within(timeout_s, partial(_read_bytes, input_file.uri, max_file_bytes))
-    except BadInputError:
-        raise
-    except Exception as error:
-        raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
-    if len(data) > max_file_bytes:
-        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE,
-                            f"more than {max_file_bytes} bytes, over --max_file_mb={_limit_mb(max_file_bytes)}")
-    if not data:
-        raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
-    return data
-
-
-def _read_bytes(uri: str, max_file_bytes: int) -> bytes:
-    # UNCOMPRESSED: Beam would otherwise gunzip a file that happens to end in .gz.
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return handle.read(max_file_bytes + 1)
-
-
-def _within(timeout_s: float | None, call: Callable[[], _T]) -> _T:
-    """``call()``, or BadInputError ``read_timeout`` when it has not returned after ``timeout_s``.
-
-    Beam's filesystems take no timeout, and a thread blocked in open() or read() (a FIFO without
-    a writer, a hung NFS or FUSE mount) cannot be interrupted. So the call runs on its own daemon
-    thread, which a timed-out read leaves behind: a daemon, so that it never keeps the worker from
-    exiting (a ThreadPoolExecutor's threads are joined at exit, and would).
-    """
-    if timeout_s is None:
-        return call()
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, call()))
-        except BaseException as error:  # handed to the caller's thread, as if raised there
-            outcome.append((False, error))
-
-    thread = threading.Thread(target=run, name="read-source-timed", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not outcome:
-        raise BadInputError(Stage.READ, Reason.READ_TIMEOUT,
-                            f"no answer after {timeout_s:g} s (a FIFO, or a hung mount?); the read was abandoned")
-    succeeded, value = outcome[0]
-    if not succeeded:
-        raise value
-    return value
-
-
-def _read_ahead(items: Iterable, read: Callable, *, pool: concurrent.futures.Executor, window: int) -> Iterator:
-    """Yields (item, read(item) or the BadInputError it raised) in order, reading up to ``window``
-    items ahead on ``pool`` so that remote storage latency overlaps with decoding."""
-
-    def safe_read(item):
-        try:
-            return read(item)
-        except BadInputError as error:
-            return error
-
-    pending: collections.deque = collections.deque()
-    for item in items:
-        pending.append((item, pool.submit(safe_read, item)))
-        if len(pending) >= window:
-            head, future = pending.popleft()
-            yield head, future.result()
-    while pending:
-        head, future = pending.popleft()
-        yield head, future.result()
 
 
 class _HashingWriter:
@@ -238,7 +137,8 @@ class ConvertShardFn(beam.DoFn):
         self._run_fingerprint = run_fingerprint
         self._resume = resume
         self._read_threads = read_threads
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # for sources' metadata
+        self._readers: SourceReaders | None = None
         self._isolated: IsolatedRunner | None = None
         self._tearing_down = False
         counter = partial(Metrics.counter, METRICS_NAMESPACE)
@@ -251,27 +151,35 @@ class ConvertShardFn(beam.DoFn):
         self._shards_resumed = counter("shards_resumed")
 
     def setup(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="read-source")
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="source-state")
+        self._readers = SourceReaders(self._read_threads, timeout_s=self._read_timeout_s)
         self._isolated = IsolatedRunner(timeout_s=self._config.decode_timeout_s)
 
     def teardown(self) -> None:
         self._tearing_down = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._readers is not None:
+            self._readers.close()
         if self._isolated is not None:
             self._isolated.close()
 
-    def _sources(self, inputs: tuple[InputFile, ...], read: Callable) -> Iterator:
-        """(input, bytes or BadInputError) in order: read ahead on threads only for remote storage,
-        where latency dominates; local reads are faster without the thread hand-offs."""
-        if inputs and "://" in inputs[0].uri:
-            yield from _read_ahead(inputs, read, pool=self._pool, window=2 * self._read_threads)
-            return
-        for input_file in inputs:
-            try:
-                yield input_file, read(input_file)
-            except BadInputError as error:
-                yield input_file, error
+    def _sources(self, inputs: tuple[InputFile, ...]):
+        """(input, bytes or BadInputError) in order, read a few ahead on the converter's reader
+        threads, each read with the --read timeout (reading.py)."""
+        read = partial(read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=None)
+        return self._readers.read_ahead(inputs, read, window=2 * self._read_threads)
+
+    def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
+        """source_state of each input: from the listing where it knows size and time (a tree's
+        does), else one metadata request each, on threads (an input list's entries)."""
+        states = [[f.size, f.mtime] if f.size is not None and f.mtime is not None else None for f in inputs]
+        unknown = [i for i, state in enumerate(states) if state is None]
+        if unknown:
+            fetched = self._pool.map(partial(source_state, timeout_s=self._read_timeout_s), [inputs[i] for i in unknown])
+            for i, state in zip(unknown, fetched):
+                states[i] = state
+        return states
 
     def _convert(self, data: bytes, input_file: InputFile) -> tuple[bytes, list[str], str]:
         if needs_isolation(data, self._config.isolation):
@@ -290,7 +198,7 @@ class ConvertShardFn(beam.DoFn):
         fingerprint = shard_fingerprint(shard, self._run_fingerprint)
         # Before anything is read: a source that changes during the conversion then differs from
         # what the sidecar records, and a later --resume converts it again.
-        sources = list(self._pool.map(partial(source_state, timeout_s=self._read_timeout_s), shard.inputs))
+        sources = self._source_states(shard.inputs)
         if self._resume:
             done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
             if done is not None:
@@ -303,12 +211,11 @@ class ConvertShardFn(beam.DoFn):
         content_keys: list[tuple[str, str, str]] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
-        read = partial(_read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=self._read_timeout_s)
         handle = FileSystems.create(temp_path, mime_type="application/octet-stream",
                                     compression_type=CompressionTypes.UNCOMPRESSED)
         try:
             writer = _HashingWriter(handle)
-            for input_file, data in self._sources(shard.inputs, read):
+            for input_file, data in self._sources(shard.inputs):
                 if self._tearing_down:
                     raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
                 try:

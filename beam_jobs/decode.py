@@ -1,4 +1,10 @@
-"""Safe image decoding with Pillow: an allowlist of formats, header-time size checks, first frame, draft."""
+"""Safe image decoding: an allowlist of formats, header-time size checks, first frame, draft.
+
+Pillow reads every header (format, size, EXIF) and decodes every format; JPEGs in RGB or
+grayscale can instead be decoded by libjpeg-turbo straight into a numpy array (simplejpeg), the
+job's fast path: the same library and DCT scale as Pillow's, so the same pixels (a test checks
+it), without Pillow's copy into its own image memory and back out.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,13 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+import simplejpeg
 from PIL import Image, ImageOps
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 
-__all__ = ["ALLOWED_FORMATS", "DecodedImage", "decode_image", "sniff_format"]
+__all__ = ["ALLOWED_FORMATS", "DecodedImage", "DecodedPixels", "decode_image", "decode_rgb_pixels", "sniff_format"]
 
 # Only these decoders may ever see input bytes. Pillow would otherwise also try formats such as
 # EPS (which starts Ghostscript), PSD or FITS on whatever bytes arrive with a .jpg name.
@@ -33,6 +41,16 @@ class DecodedImage:
     """
 
     image: Image.Image
+    source_format: str
+    source_size: tuple[int, int]
+    events: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DecodedPixels:
+    """decode_rgb_pixels' answer: H x W x 3 uint8 pixels, upright, and what happened on the way."""
+
+    pixels: np.ndarray
     source_format: str
     source_size: tuple[int, int]
     events: list[str] = field(default_factory=list)
@@ -139,19 +157,63 @@ def decode_image(
     Raises BadInputError for anything that cannot become a clean image. Truncated files are never
     padded with grey (Pillow's LOAD_TRUNCATED_IMAGES stays off).
     """
-    with warnings.catch_warnings(record=True) as caught:
-        # Pillow reports corrupt EXIF with a UserWarning (at open or at getexif) rather than an error.
-        warnings.simplefilter("always")
+    with _recording_exif_warnings() as events:
         with _pixel_limit(max_pixels):
-            decoded = _decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
-    if "exif_malformed" not in decoded.events and any(
-        issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught
-    ):
-        decoded.events.append("exif_malformed")
+            opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+            decoded = _load(opened, max_pixels=max_pixels)
+        events.extend(decoded.events)
+    decoded.events = events
     return decoded
 
 
-def _decode(data: bytes, *, max_pixels: int, draft_size_for) -> DecodedImage:
+def decode_rgb_pixels(data: bytes, *, max_pixels: int, draft_size_for=None, normalize=None) -> DecodedPixels:
+    """decode_image's checks and result, as an H x W x 3 uint8 array.
+
+    A JPEG in RGB or grayscale is decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's
+    draft picked; its EXIF orientation is applied to the array. Anything else, and a JPEG that
+    libjpeg-turbo reports any problem with (its strict mode), goes through decode_image and
+    ``normalize`` (the colour-mode normalisation to RGB), so that Pillow gives the verdict on a
+    damaged file exactly as before: accepted if Pillow reads it, dead-lettered if it does not.
+    """
+    with _recording_exif_warnings() as events:
+        with _pixel_limit(max_pixels):
+            opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+            pixels = _libjpeg_pixels(data, opened)
+            if pixels is None:
+                decoded = _load(opened, max_pixels=max_pixels)
+                events.extend(decoded.events)
+                pixels = np.asarray(normalize(decoded.image))
+            else:
+                events.extend(opened.events)
+                pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
+    return DecodedPixels(pixels=pixels, source_format=opened.source_format, source_size=opened.source_size,
+                         events=events)
+
+
+@contextlib.contextmanager
+def _recording_exif_warnings() -> Iterator[list[str]]:
+    """Collects events; adds "exif_malformed" when Pillow reported corrupt EXIF, which it does
+    with a UserWarning (at open or at getexif) rather than an error."""
+    events: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield events
+    if "exif_malformed" not in events and any(
+        issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught
+    ):
+        events.append("exif_malformed")
+
+
+@dataclass
+class _Opened:
+    image: Image.Image  # opened, drafted, not loaded
+    source_format: str
+    source_size: tuple[int, int]
+    orientation: int
+    events: list[str]
+
+
+def _open_for_decode(data: bytes, *, max_pixels: int, draft_size_for) -> _Opened:
     image = _open_allowed(data, max_pixels=max_pixels)
     events: list[str] = []
     source_format = image.format or "UNKNOWN"
@@ -162,6 +224,11 @@ def _decode(data: bytes, *, max_pixels: int, draft_size_for) -> DecodedImage:
         upright = (source_size[1], source_size[0]) if swap else source_size
         need_w, need_h = draft_size_for(upright)
         image.draft(image.mode, (need_h, need_w) if swap else (need_w, need_h))
+    return _Opened(image, source_format, source_size, orientation, events)
+
+
+def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
+    image, events = opened.image, list(opened.events)
     try:
         image.seek(0)  # Animated and multi-page files: always the first frame.
         image.load()
@@ -171,9 +238,41 @@ def _decode(data: bytes, *, max_pixels: int, draft_size_for) -> DecodedImage:
         message = f"{type(error).__name__}: {error}"
         reason = Reason.TRUNCATED if "truncat" in message.lower() else Reason.DECODE_ERROR
         raise BadInputError(Stage.DECODE, reason, message) from None
-    if orientation != 1:
+    if opened.orientation != 1:
         try:
             image = ImageOps.exif_transpose(image)
         except Exception:
             events.append("exif_malformed")
-    return DecodedImage(image=image, source_format=source_format, source_size=source_size, events=events)
+    return DecodedImage(image=image, source_format=opened.source_format, source_size=opened.source_size,
+                        events=events)
+
+
+def _libjpeg_pixels(data: bytes, opened: _Opened) -> np.ndarray | None:
+    """The JPEG's pixels (H x W x 3) at the size Pillow's draft gave ``opened``, or None when this
+    is not an RGB or grayscale JPEG, or libjpeg-turbo reports a problem (corrupt data, a
+    premature end: its strict mode)."""
+    if opened.source_format != "JPEG" or opened.image.mode not in ("RGB", "L"):
+        return None
+    gray = opened.image.mode == "L"
+    width, height = opened.image.size
+    try:
+        # The accurate integer IDCT and smooth upsampling, Pillow's choices (the fast ones differ).
+        pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", fastdct=False,
+                                        fastupsample=False, min_width=width, min_height=height, strict=True)
+    except ValueError:
+        return None
+    if pixels.shape[:2] != (height, width):  # not the scale Pillow picked: leave it to Pillow
+        return None
+    return np.repeat(pixels, 3, axis=2) if gray else pixels
+
+
+# ImageOps.exif_transpose's transpositions, on an H x W x C array (views; the resize copies).
+_ARRAY_ORIENTATIONS = {
+    2: lambda a: a[:, ::-1],  # FLIP_LEFT_RIGHT
+    3: lambda a: a[::-1, ::-1],  # ROTATE_180
+    4: lambda a: a[::-1],  # FLIP_TOP_BOTTOM
+    5: lambda a: a.transpose(1, 0, 2),  # TRANSPOSE
+    6: lambda a: np.rot90(a, -1),  # ROTATE_270 (a quarter turn clockwise)
+    7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],  # TRANSVERSE
+    8: lambda a: np.rot90(a, 1),  # ROTATE_90 (a quarter turn anticlockwise)
+}

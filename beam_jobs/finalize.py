@@ -20,6 +20,7 @@ from beam_jobs.errors import Reason
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.progress import progress_file_name
 from beam_jobs.records import DeadLetter, ShardResult
+from beam_jobs.resample import LEGACY_RESAMPLE
 from beam_jobs.run_folders import run_dir, run_prefix
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 
@@ -76,7 +77,12 @@ class TooManyBadInputsError(RuntimeError):
 def run_fingerprint(config: ImageConfig, settings: dict) -> str:
     """Identifies a run's output-shaping settings: two runs with equal fingerprints write the same
     dataset from the same inputs, so their files may be reused (--resume) but never mixed otherwise."""
-    text = json.dumps({"config": config.to_json(), "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
+    config_json = config.to_json()
+    if config_json["resample"] == LEGACY_RESAMPLE:
+        # The only resampling before --resample existed, byte for byte: a dataset made then has the
+        # fingerprint of --resample bicubic now, so it can be resumed or appended to with it.
+        del config_json["resample"]
+    text = json.dumps({"config": config_json, "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 

@@ -8,6 +8,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
+from beam_jobs.resample import RESAMPLE_METHODS
 
 __all__ = ["LOG_LEVELS", "ConversionOptions"]
 
@@ -40,6 +41,12 @@ class ConversionOptions(PipelineOptions):
         group.add_argument("--resize_mode", default=_DEFAULTS.resize_mode, choices=("crop", "pad", "stretch"),
                            help="crop: shorter side then centre crop; pad: fit then letterbox; "
                            "stretch: ignore the aspect ratio (default: %(default)s)")
+        group.add_argument("--resample", default=_DEFAULTS.resample, choices=RESAMPLE_METHODS,
+                           help="how pixels are resampled to --image_size, each antialiased: area (OpenCV's "
+                           "pixel-area average: the fastest, and sharper than a bilinear resize), bilinear, "
+                           "bicubic (the only choice before this flag existed: it appends to older datasets) "
+                           "or lanczos (the sharpest, the slowest); see the README for their speed and "
+                           "quality (default: %(default)s)")
         group.add_argument("--channels", type=int, default=_DEFAULTS.channels, choices=(1, 3),
                            help="3 for RGB, 1 for grayscale (default: %(default)s)")
         group.add_argument("--encoding", default=_DEFAULTS.encoding, choices=("jpeg", "png", "raw"),

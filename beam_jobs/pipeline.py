@@ -60,6 +60,7 @@ from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, Pl
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
 from beam_jobs.records import InputFile
+from beam_jobs.resample import LEGACY_RESAMPLE
 from beam_jobs.run_summary import outputs_lines, split_table
 from beam_jobs.runner_ui import watch_hint
 
@@ -324,6 +325,12 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     return fn_runner.FnApiRunner(provision_info=provision)
 
 
+def _made_with(manifest: dict) -> dict:
+    """A manifest's preprocessing settings; one written before --resample existed was made with
+    its only resampling (the same bytes as --resample bicubic now)."""
+    return {"resample": LEGACY_RESAMPLE, **(manifest.get("preprocessing") or {})}
+
+
 def _differences(old: dict, new: dict) -> str:
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
@@ -486,7 +493,7 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
         if previous.get("fingerprint") != fingerprint:
             raise UsageError(
                 f"--append: version {current.version} in {redact(output_dir)} was made with other settings "
-                f"({_differences(previous.get('preprocessing') or {}, preprocessing)}); an append takes the same "
+                f"({_differences(_made_with(previous), preprocessing)}); an append takes the same "
                 "flags as the run that made the dataset, so that its examples stay alike")
     if previous is not None and not (overwrite or resume or append):
         raise UsageError(
@@ -497,7 +504,7 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
     if previous is not None and resume and not overwrite and previous.get("fingerprint") != fingerprint:
         raise UsageError(
             f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
-            f"({_differences(previous.get('preprocessing') or {}, preprocessing)}); --resume only continues a run "
+            f"({_differences(_made_with(previous), preprocessing)}); --resume only continues a run "
             "with the same flags. Pass --overwrite to replace it, or choose another folder")
     kind = "create" if previous is None else "append" if append else "overwrite"
     if previous is not None and not append:

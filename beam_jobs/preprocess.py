@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image
 
 from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, resample_array, resample_image
 
 __all__ = [
     "ALPHA_BACKGROUND",
@@ -16,6 +17,7 @@ __all__ = [
     "normalize_mode",
     "required_source_size",
     "resize_image",
+    "resize_pixels",
 ]
 
 # Transparent pixels are composited on white, as browsers and image viewers show them.
@@ -113,31 +115,75 @@ def required_source_size(source: tuple[int, int], target: tuple[int, int], resiz
     )
 
 
-def resize_image(image: Image.Image, target: tuple[int, int], resize_mode: str) -> Image.Image:
-    """Resizes ``image`` to exactly ``target`` (width, height) with antialiasing.
+def _centre_box(source: tuple[int, int], target: tuple[int, int], *,
+                 whole_pixels: bool) -> tuple[float, float, float, float]:
+    """The centred box of the source with the target's aspect ratio (the crop mode's), with
+    fractional edges, or rounded to whole pixels (at most half a source pixel off-centre)."""
+    (src_w, src_h), (dst_w, dst_h) = source, target
+    scale = max(dst_w / src_w, dst_h / src_h)
+    box_w, box_h = dst_w / scale, dst_h / scale
+    if whole_pixels:
+        box_w, box_h = min(src_w, max(1, round(box_w))), min(src_h, max(1, round(box_h)))
+        left, top = (src_w - box_w) // 2, (src_h - box_h) // 2
+        return left, top, left + box_w, top + box_h
+    # Clamped: float noise can otherwise put the box a hair outside the image, which Pillow refuses.
+    left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
+    return left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h)
+
+
+def resize_image(image: Image.Image, target: tuple[int, int], resize_mode: str,
+                 resample_method: str = DEFAULT_RESAMPLE) -> Image.Image:
+    """Resizes ``image`` to exactly ``target`` (width, height) with antialiasing (resample.py).
 
     - crop: scale so the shorter side fits, then take the centre (no distortion, edges lost);
     - pad: scale so the longer side fits, then centre on PAD_FILL (no distortion, nothing lost);
     - stretch: scale each axis independently (distortion, nothing lost).
     """
+    if resample_method in ARRAY_METHODS:
+        return Image.fromarray(resize_pixels(np.asarray(image), target, resize_mode, resample_method), mode=image.mode)
     dst_w, dst_h = target
     src_w, src_h = image.size
-    resample = Image.Resampling.BICUBIC  # Pillow's resize antialiases when it shrinks.
     if resize_mode == "crop":
         # Resize only the centre box, in one step: the box has the target's aspect ratio.
-        scale = max(dst_w / src_w, dst_h / src_h)
-        box_w, box_h = dst_w / scale, dst_h / scale
-        # Clamped: float noise can otherwise put the box a hair outside the image, which Pillow refuses.
-        left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
-        box = (left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h))
-        return image.resize(target, resample, box=box)
+        box = _centre_box(image.size, target, whole_pixels=False)
+        return resample_image(image, target, resample_method, box=box)
     if resize_mode == "stretch":
-        return image.resize(target, resample)
+        return resample_image(image, target, resample_method)
     if resize_mode == "pad":
-        scale = min(dst_w / src_w, dst_h / src_h)
-        inner = (max(1, round(src_w * scale)), max(1, round(src_h * scale)))
+        inner = _padded_size(image.size, target)
         fill = PAD_FILL if image.mode == "RGB" else PAD_FILL[0]
         canvas = Image.new(image.mode, target, fill)
-        canvas.paste(image.resize(inner, resample), ((dst_w - inner[0]) // 2, (dst_h - inner[1]) // 2))
+        canvas.paste(resample_image(image, inner, resample_method), ((dst_w - inner[0]) // 2, (dst_h - inner[1]) // 2))
+        return canvas
+    raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")
+
+
+def _padded_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+    scale = min(target[0] / source[0], target[1] / source[1])
+    return max(1, round(source[0] * scale)), max(1, round(source[1] * scale))
+
+
+def resize_pixels(pixels: np.ndarray, target: tuple[int, int], resize_mode: str,
+                  resample_method: str = DEFAULT_RESAMPLE) -> np.ndarray:
+    """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area").
+
+    The crop mode's centre box has whole-pixel edges here (an array slice), at most half a
+    source pixel off the exact centre.
+    """
+    height, width = pixels.shape[:2]
+    dst_w, dst_h = target
+    if resize_mode == "crop":
+        left, top, right, bottom = (int(edge) for edge in _centre_box((width, height), target, whole_pixels=True))
+        return resample_array(np.ascontiguousarray(pixels[top:bottom, left:right]), target, resample_method)
+    if resize_mode == "stretch":
+        return resample_array(np.ascontiguousarray(pixels), target, resample_method)
+    if resize_mode == "pad":
+        inner_w, inner_h = _padded_size((width, height), target)
+        fill = PAD_FILL if pixels.ndim == 3 else PAD_FILL[0]
+        canvas = np.empty((dst_h, dst_w, *pixels.shape[2:]), dtype=np.uint8)
+        canvas[...] = fill
+        left, top = (dst_w - inner_w) // 2, (dst_h - inner_h) // 2
+        canvas[top:top + inner_h, left:left + inner_w] = resample_array(
+            np.ascontiguousarray(pixels), (inner_w, inner_h), resample_method)
         return canvas
     raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")

@@ -1,16 +1,23 @@
-"""Conversion benchmark: the Beam job vs a single-process loop vs a multiprocessing.Pool.
+"""Conversion benchmark: the Beam job against the script a competent user would write instead.
 
-All three do the same per-image work (beam_jobs.convert.convert_image: decode, orient, normalise,
-resize, encode, serialise) on the same real-photo JPEGs, and are timed as whole processes
-(imports and start-up included), interleaved over several repeats; the table gives medians and
-ratios measured in this one run. It also measures JPEG draft decoding on 12-megapixel photos and
-the job's peak memory (the whole process tree) at N and 4N images.
+The script (SCRIPT below) is what a user times the job against: Pillow with `draft`,
+`ImageOps.fit` with a bilinear resize, JPEG at the job's default quality, a `tf.train.Example`
+with the same keys, `tf.io.TFRecordWriter`. It runs as a single-process loop and as a
+`multiprocessing.Pool(cores)`; the job runs with its defaults. All three are timed as whole
+processes (imports and start-up included), interleaved over the repeats, on the same real-photo
+JPEGs (500x375), at N photos and at the README demo's 200.
 
-    python benchmarks/conversion.py                 # 8000 photos of 500x375, 3 repeats
+It also times the per-image work alone, in this one process on bytes already in memory: the
+script's function against the job's own (beam_jobs.convert.convert_image) with each --resample
+method, and gives each one's quality: the PSNR of its 224 px output against a high-quality
+reference of the same crop (full decode, Lanczos resize of the same source box).
+
+    python benchmarks/conversion.py                  # 8000 photos, 3 repeats
     python benchmarks/conversion.py --num_images 2000 --repeats 1   # a quick look
 
-Besides the table it draws the rates as a bar chart (--chart, default conversion.png in the work
-dir), the single-process loop marked as the baseline; it needs matplotlib (pip install ".[bench]").
+Besides the tables it draws the end-to-end rates as a bar chart (--chart, default conversion.png
+in the work dir), the single-process loop marked as the baseline; it needs matplotlib
+(pip install ".[bench]").
 """
 
 from __future__ import annotations
@@ -25,215 +32,232 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-
-import psutil
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from beam_jobs.sample_data import make_photo_tree, source_photo_paths  # noqa: E402
+from beam_jobs.config import ImageConfig  # noqa: E402
+from beam_jobs.sample_data import make_photo_tree  # noqa: E402
 from benchmarks._charts import rate_chart  # noqa: E402
 
 IMAGE_SIZE = 224
+QUALITY = ImageConfig().jpeg_quality  # the job's default, which the script uses too
+DEMO_IMAGES = 200
+TARGETS = {"job / pool": 1.2, "job / loop": 2.0, "per image: job / script": 1.3, "demo: job / pool": 0.5}
 
-# The baselines run as separate processes, exactly as a user would write them.
-LOOP = r'''
-import pathlib, sys, time
+# The script, as a user would write it (it shares no code with the job). Its per-image function
+# is also timed alone, in this process (SCRIPT_FUNCTIONS).
+SCRIPT_FUNCTIONS = r'''
+import io, hashlib
+from PIL import Image, ImageOps
 import tensorflow as tf
-from beam_jobs.config import ImageConfig
-from beam_jobs.convert import convert_image
-from beam_jobs.records import InputFile
-src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-config = ImageConfig(width=224, height=224)
-paths = sorted(src.rglob("*.jpg"))
-labels = {name: i for i, name in enumerate(sorted({p.parent.name for p in paths}))}
-with tf.io.TFRecordWriter(str(out / "train-00000-of-00001.tfrecord")) as writer:
-    for p in paths:
-        f = InputFile(str(p.relative_to(src)), str(p), label=p.parent.name, label_id=labels[p.parent.name])
-        writer.write(convert_image(p.read_bytes(), f, config)[0])
-'''
 
-POOL = r'''
+SIZE, QUALITY = {size}, {quality}
+
+def to_example(data, label, label_text, filename):
+    image = Image.open(io.BytesIO(data))
+    image.draft("RGB", (SIZE, SIZE))
+    image = ImageOps.exif_transpose(image).convert("RGB")
+    image = ImageOps.fit(image, (SIZE, SIZE), Image.Resampling.BILINEAR)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=QUALITY)
+    feature = {{
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[out.getvalue()])),
+        "image/format": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"JPEG"])),
+        "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[SIZE])),
+        "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[SIZE])),
+        "image/channels": tf.train.Feature(int64_list=tf.train.Int64List(value=[3])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        "image/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[label_text.encode()])),
+        "image/filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[filename.encode()])),
+        "image/key/sha256": tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[hashlib.sha256(data).hexdigest().encode()])),
+    }}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+'''.format(size=IMAGE_SIZE, quality=QUALITY)
+
+SCRIPT = SCRIPT_FUNCTIONS + r'''
 import multiprocessing, os, pathlib, sys
-import tensorflow as tf
-from beam_jobs.config import ImageConfig
-from beam_jobs.convert import convert_image
-from beam_jobs.records import InputFile
-CONFIG = ImageConfig(width=224, height=224)
 
 def work(item):
-    path, rel, label, label_id = item
-    f = InputFile(rel, path, label=label, label_id=label_id)
-    with open(path, "rb") as h:
-        return convert_image(h.read(), f, CONFIG)[0]
+    path, label, label_text, filename = item
+    with open(path, "rb") as handle:
+        return to_example(handle.read(), label, label_text, filename)
 
 if __name__ == "__main__":
-    src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    mode, src, out = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
     paths = sorted(src.rglob("*.jpg"))
     labels = {name: i for i, name in enumerate(sorted({p.parent.name for p in paths}))}
-    items = [(str(p), str(p.relative_to(src)), p.parent.name, labels[p.parent.name]) for p in paths]
-    num_shards = 16
-    writers = [tf.io.TFRecordWriter(str(out / f"train-{i:05d}-of-{num_shards:05d}.tfrecord")) for i in range(num_shards)]
-    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        for i, record in enumerate(pool.imap(work, items, chunksize=32)):
-            writers[i % num_shards].write(record)
-    for w in writers:
-        w.close()
+    items = [(str(p), labels[p.parent.name], p.parent.name, str(p.relative_to(src))) for p in paths]
+    if mode == "loop":
+        with tf.io.TFRecordWriter(str(out / "train-00000-of-00001.tfrecord")) as writer:
+            for item in items:
+                writer.write(work(item))
+    else:
+        num_shards = 16
+        writers = [tf.io.TFRecordWriter(str(out / f"train-{i:05d}-of-{num_shards:05d}.tfrecord"))
+                   for i in range(num_shards)]
+        with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+            for i, record in enumerate(pool.imap(work, items, chunksize=32)):
+                writers[i % num_shards].write(record)
+        for writer in writers:
+            writer.close()
 '''
 
 
-def _tree_rss(process: psutil.Process) -> int:
-    total = 0
-    try:
-        members = [process, *process.children(recursive=True)]
-    except psutil.Error:  # The process ended between samples.
-        return 0
-    for p in members:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def timed_run(command: list[str], *, cwd: pathlib.Path) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes, summed over the process tree, sampled every 50 ms)."""
+def _run(command: list[str]) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     start = time.perf_counter()
-    process = psutil.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = 0
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, _tree_rss(process))
-            stop.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, stderr = process.communicate()
+    proc = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - start
-    stop.set()
-    sampler.join()
-    if process.returncode != 0:
-        raise RuntimeError(f"{command[:4]} failed:\n{stderr.decode()[-3000:]}")
-    return elapsed, peak
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:5])} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed
 
 
-def job_command(src: pathlib.Path, out: pathlib.Path) -> list[str]:
-    return [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
-            "--image_size", str(IMAGE_SIZE), "--overwrite"]
-
-
-def conversion_table(src: pathlib.Path, work: pathlib.Path, num_images: int, repeats: int) -> dict:
-    scripts = {"loop": work / "loop.py", "pool": work / "pool.py"}
-    scripts["loop"].write_text(LOOP)
-    scripts["pool"].write_text(POOL)
+def end_to_end(src: pathlib.Path, work: pathlib.Path, num_images: int, repeats: int) -> dict[str, float]:
+    """{name: images/s, the median over the repeats} for the job, the loop and the pool."""
+    script = work / "script.py"
+    script.write_text(SCRIPT)
     commands = {
-        "Beam job, local runner (all cores)": lambda out: job_command(src, out),
-        "single-process loop (Pillow + TFRecordWriter)": lambda out: [sys.executable, str(scripts["loop"]), str(src), str(out)],
-        f"multiprocessing.Pool({os.cpu_count()})": lambda out: [sys.executable, str(scripts["pool"]), str(src), str(out)],
+        "images-to-tfrecords (local runner, defaults)": lambda out: [
+            sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
+            "--image_size", str(IMAGE_SIZE)],
+        "script: single-process loop": lambda out: [sys.executable, str(script), "loop", str(src), str(out)],
+        f"script: multiprocessing.Pool({os.cpu_count()})": lambda out: [
+            sys.executable, str(script), "pool", str(src), str(out)],
     }
     seconds: dict[str, list[float]] = {name: [] for name in commands}
     for repeat in range(repeats):
-        for name, make in commands.items():  # Interleaved, so drifting machine load hits all alike.
-            out = work / f"out-{repeat}-{len(seconds[name])}-{abs(hash(name))}"
+        for index, (name, command) in enumerate(commands.items()):  # interleaved: drifting load hits all alike
+            out = work / f"out-{num_images}-{repeat}-{index}"
+            shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            elapsed, _ = timed_run(make(out), cwd=REPO)
-            seconds[name].append(elapsed)
+            seconds[name].append(_run(command(out)))
             shutil.rmtree(out)
-            print(f"  {name}: {num_images / elapsed:.0f} img/s ({elapsed:.1f} s)", flush=True)
+            print(f"  {num_images} photos, {name}: {num_images / seconds[name][-1]:.0f} img/s "
+                  f"({seconds[name][-1]:.1f} s)", flush=True)
     return {name: num_images / statistics.median(values) for name, values in seconds.items()}
 
 
-def draft_speedup(work: pathlib.Path, count: int = 12) -> tuple[float, float]:
-    """Per-image seconds for 12-megapixel JPEGs to 224 px: (with draft, full decode)."""
-    from PIL import Image
+def _psnr(a, b) -> float:
+    import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from beam_jobs.decode import decode_image
-    from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image
+    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
-    photos = list(source_photo_paths().values())
-    blobs = []
-    for i in range(count):
-        image = Image.open(photos[i % len(photos)]).convert("RGB").resize((4000, 3000), Image.Resampling.BICUBIC)
-        buffer = io.BytesIO()
-        image.save(buffer, "JPEG", quality=92)
-        blobs.append(buffer.getvalue())
 
-    def per_image(use_draft: bool) -> float:
-        need = (lambda size: required_source_size(size, (224, 224), "crop")) if use_draft else None
-        timings = []
-        for data in blobs:
+def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """{path: (median ms per image, mean PSNR in dB against the Lanczos reference of its crop)}."""
+    from PIL import Image, ImageOps  # pylint: disable=import-outside-toplevel
+
+    from beam_jobs.convert import convert_image  # pylint: disable=import-outside-toplevel
+    from beam_jobs.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.records import InputFile  # pylint: disable=import-outside-toplevel
+    from beam_jobs.resample import RESAMPLE_METHODS, uses_whole_pixel_boxes  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    paths = sorted(src.rglob("*.jpg"))[:count]
+    blobs = [p.read_bytes() for p in paths]
+    namespace: dict = {}
+    exec(compile(SCRIPT_FUNCTIONS, "script", "exec"), namespace)  # pylint: disable=exec-used
+    script = namespace["to_example"]
+    inputs = [InputFile(p.name, str(p), label=p.parent.name, label_id=0) for p in paths]
+    paths_under_test = {"script (draft, ImageOps.fit bilinear)": lambda data, f: script(data, 0, f.label, f.filename)}
+    for method in RESAMPLE_METHODS:
+        config = ImageConfig(width=IMAGE_SIZE, height=IMAGE_SIZE, resample=method)
+        paths_under_test[f"job --resample {method}" + (" (default)" if method == ImageConfig().resample else "")] = (
+            lambda data, f, config=config: convert_image(data, f, config)[0])
+    timings: dict[str, list[float]] = {name: [] for name in paths_under_test}
+    for _ in range(repeats):
+        for name, run in paths_under_test.items():
             start = time.perf_counter()
-            image = decode_image(data, max_pixels=10**9, draft_size_for=need).image
-            resize_image(normalize_mode(image, channels=3), (224, 224), "crop")
-            timings.append(time.perf_counter() - start)
-        return statistics.median(timings)
+            for data, input_file in zip(blobs, inputs):
+                run(data, input_file)
+            timings[name].append((time.perf_counter() - start) / len(blobs) * 1000)
 
-    per_image(True)  # Warm caches.
-    return per_image(True), per_image(False)
+    def pixels(record: bytes):
+        example = tf.train.Example.FromString(record)
+        encoded = example.features.feature["image/encoded"].bytes_list.value[0]
+        return Image.open(io.BytesIO(encoded)).convert("RGB")
+
+    def reference(data: bytes, whole_pixels: bool):
+        image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+        if whole_pixels is None:  # ImageOps.fit's own box, at full resolution
+            return ImageOps.fit(image, (IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
+        box = _centre_box(image.size, (IMAGE_SIZE, IMAGE_SIZE), whole_pixels=whole_pixels)
+        return image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS, box=box)
+
+    quality_sample = list(zip(blobs, inputs))[:60]
+    results = {}
+    for name, run in paths_under_test.items():
+        method = name.split("--resample ")[1].split()[0] if "--resample" in name else None
+        whole = None if method is None else uses_whole_pixel_boxes(method)
+        psnr = statistics.mean(_psnr(pixels(run(data, f)), reference(data, whole)) for data, f in quality_sample)
+        results[name] = (statistics.median(timings[name]), psnr)
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_images", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--memory_base", type=int, default=2000, help="N for the N vs 4N peak-memory check")
+    parser.add_argument("--per_image_count", type=int, default=400, help="photos in the per-image timing")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument("--chart", type=pathlib.Path, default=None,
-                        help="bar chart PNG of the rates [WORK_DIR/conversion.png]")
+                        help="bar chart PNG of the end-to-end rates [WORK_DIR/conversion.png]")
     args = parser.parse_args()
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="conversion-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    src = work / f"photos-{args.num_images}"
-    if not src.exists():
-        print(f"making {args.num_images} real-photo JPEGs (500x375) in {src}", flush=True)
-        make_photo_tree(src, num_images=args.num_images, size=(500, 375), seed=0)
-    print(f"converting {args.num_images} photos to {IMAGE_SIZE} px JPEG shards, {args.repeats} repeats, "
-          f"{os.cpu_count()} cores", flush=True)
-    rates = conversion_table(src, work, args.num_images, args.repeats)
-
-    draft, full = draft_speedup(work)
-
-    memory = {}
-    for n in (args.memory_base, 4 * args.memory_base):
-        tree = work / f"photos-{n}"
-        if not tree.exists():
-            make_photo_tree(tree, num_images=n, size=(500, 375), seed=0)
-        out = work / f"mem-{n}"
-        out.mkdir(exist_ok=True)
-        _, peak = timed_run(job_command(tree, out), cwd=REPO)
-        memory[n] = peak
-        shutil.rmtree(out)
+    trees = {}
+    for n in (args.num_images, DEMO_IMAGES):
+        trees[n] = work / f"photos-{n}"
+        if not trees[n].exists():
+            print(f"making {n} real-photo JPEGs (500x375) in {trees[n]}", flush=True)
+            make_photo_tree(trees[n], num_images=n, size=(500, 375), seed=0)
+    print(f"{os.cpu_count()} cores; {args.repeats} repeats; JPEG quality {QUALITY} everywhere", flush=True)
+    single = per_image(trees[args.num_images], args.per_image_count, args.repeats)
+    rates = end_to_end(trees[args.num_images], work, args.num_images, args.repeats)
+    demo = end_to_end(trees[DEMO_IMAGES], work, DEMO_IMAGES, args.repeats)
 
     job, loop, pool = rates.values()
+    demo_job, _, demo_pool = demo.values()
+    script_ms, script_psnr = next(iter(single.values()))
+    default_name = next(name for name in single if "(default)" in name)
+    default_ms, default_psnr = single[default_name]
     print()
-    print(f"| conversion ({args.num_images} photos 500x375 -> {IMAGE_SIZE} px JPEG, median of {args.repeats}) "
-          "| images/s | job / this |")
+    print(f"| per image, one process, {args.per_image_count} photos 500x375 -> {IMAGE_SIZE} px | ms | "
+          "script / this | PSNR vs Lanczos (dB) |")
+    print("|---|---:|---:|---:|")
+    for name, (ms, psnr) in single.items():
+        print(f"| {name} | {ms:.2f} | {script_ms / ms:.2f}x | {psnr:.1f} |")
+    print()
+    print(f"| end to end, {args.num_images} photos, median of {args.repeats} | images/s | job / this |")
     print("|---|---:|---:|")
     for name, rate in rates.items():
         print(f"| {name} | {rate:.0f} | {job / rate:.2f}x |")
     print()
-    print("| check | measured | target |")
+    print(f"| end to end, {DEMO_IMAGES} photos (the README demo), median of {args.repeats} | images/s | job / this |")
     print("|---|---:|---:|")
-    print(f"| job / pool | {job / pool:.2f}x | >= 0.9x |")
-    print(f"| job / single loop | {job / loop:.2f}x | >= 1.6x |")
-    print(f"| 12 MP JPEG to 224 px, per image: full decode / draft decode | {full * 1000:.0f} ms / "
-          f"{draft * 1000:.0f} ms = {full / draft:.1f}x | >= 4x |")
-    small, large = memory[args.memory_base], memory[4 * args.memory_base]
-    print(f"| job peak RSS (process tree), {args.memory_base} -> {4 * args.memory_base} images | "
-          f"{small / 2**20:.0f} MB -> {large / 2**20:.0f} MB = +{(large / small - 1) * 100:.0f}% | <= +25% |")
+    for name, rate in demo.items():
+        print(f"| {name} | {rate:.0f} | {demo_job / rate:.2f}x |")
+    measured = {"job / pool": job / pool, "job / loop": job / loop, "per image: job / script": script_ms / default_ms,
+                "demo: job / pool": demo_job / demo_pool}
+    print()
+    print("| target | measured | at least | met |")
+    print("|---|---:|---:|:-:|")
+    for name, value in measured.items():
+        print(f"| {name} | {value:.2f}x | {TARGETS[name]:.1f}x | {'yes' if value >= TARGETS[name] else 'NO'} |")
+    print(f"| PSNR: default / script | {default_psnr:.1f} / {script_psnr:.1f} dB | equal | "
+          f"{'yes' if default_psnr >= script_psnr else 'NO'} |")
     chart = rate_chart(
-        rates, args.chart or work / "conversion.png", baseline="single-process loop (Pillow + TFRecordWriter)",
+        rates, args.chart or work / "conversion.png", baseline="script: single-process loop",
         title=f"conversion: {args.num_images} photos 500x375 -> {IMAGE_SIZE} px JPEG shards, {os.cpu_count()} cores, "
               f"median of {args.repeats}")
     print(f"chart: {chart}")
-    print(json.dumps({"rates": rates, "draft_ms": draft * 1000, "full_ms": full * 1000,
-                      "peak_rss_mb": {k: v / 2**20 for k, v in memory.items()}}))
+    print(json.dumps({"per_image": single, "rates": rates, "demo_rates": demo, "measured": measured}))
 
 
 if __name__ == "__main__":

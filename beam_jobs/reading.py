@@ -1,0 +1,187 @@
+"""Reading an input's bytes and state, each with a timeout, ahead of its decode.
+
+Beam's filesystems take no timeout, and a thread blocked in open() or read() (a FIFO without a
+writer, a hung NFS or FUSE mount) cannot be interrupted. So reads run on daemon threads: a read
+that times out is abandoned there, and never keeps the worker from exiting (a
+ThreadPoolExecutor's threads are joined at exit, and would). The job's shard converter reads a
+few inputs ahead on a handful of such threads that live as long as it does, so that a read
+costs no thread start and its latency (remote storage's above all) overlaps with decoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import TypeVar
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.records import InputFile
+
+__all__ = ["READ_TIMEOUT_S", "SourceReaders", "read_source", "source_state"]
+
+_T = TypeVar("_T")
+# The longest one source's open and read may take. Generous: a 64 MiB object over a slow link
+# reads well within it, while a hung mount or a FIFO would block a read for ever.
+READ_TIMEOUT_S = 300.0
+
+
+def _timed_out(timeout_s: float) -> BadInputError:
+    return BadInputError(Stage.READ, Reason.READ_TIMEOUT,
+                         f"no answer after {timeout_s:g} s (a FIFO, or a hung mount?); the read was abandoned")
+
+
+def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
+    """[size, modification time] of an input's source, or [None, None] if it cannot be read (or
+    gives no answer within ``timeout_s``: a hung mount hangs a stat as it hangs a read).
+
+    A staged shard is reused by --resume only if every one of its sources still has the state
+    recorded when it was converted: a replaced or repaired file changes size or time, and its
+    shard is converted again. The listing of a tree already knows both; an input list's entries
+    cost one metadata request each (on object stores the time is that of the object's current
+    generation or version).
+    """
+    if input_file.size is not None and input_file.mtime is not None:
+        return [input_file.size, input_file.mtime]
+    try:
+        meta = _within(timeout_s, partial(FileSystems.get_filesystem(input_file.uri).metadata, input_file.uri))
+        return [meta.size_in_bytes, meta.last_updated_in_seconds]
+    except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
+        return [None, None]
+
+
+def _limit_mb(max_file_bytes: int) -> str:
+    """The --max_file_mb value a byte limit came from, as the user typed it (64, not 64.0)."""
+    return f"{max_file_bytes / (1 << 20):g}"
+
+
+def read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float | None = READ_TIMEOUT_S) -> bytes:
+    """Reads a source file, refusing it before (or while) reading when it is too large, and when
+    it gives no answer within ``timeout_s`` (``read_timeout``)."""
+    if input_file.size is not None and input_file.size > max_file_bytes:
+        raise BadInputError(
+            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over --max_file_mb={_limit_mb(max_file_bytes)} ({max_file_bytes} bytes)"
+        )
+    try:
+        data = _within(timeout_s, partial(_read_bytes, input_file.uri, max_file_bytes))
+    except BadInputError:
+        raise
+    except Exception as error:
+        raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
+    if len(data) > max_file_bytes:
+        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE,
+                            f"more than {max_file_bytes} bytes, over --max_file_mb={_limit_mb(max_file_bytes)}")
+    if not data:
+        raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
+    return data
+
+
+def _read_bytes(uri: str, max_file_bytes: int) -> bytes:
+    # UNCOMPRESSED: Beam would otherwise gunzip a file that happens to end in .gz.
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read(max_file_bytes + 1)
+
+
+def _within(timeout_s: float | None, call: Callable[[], _T]) -> _T:
+    """``call()``, or BadInputError ``read_timeout`` when it has not returned after ``timeout_s``:
+    the call runs on a daemon thread of its own, which a timed-out call leaves behind (for one
+    call; SourceReaders keeps its threads for many)."""
+    if timeout_s is None:
+        return call()
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # handed to the caller's thread, as if raised there
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="read-source-timed", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise _timed_out(timeout_s)
+    succeeded, value = outcome[0]
+    if not succeeded:
+        raise value
+    return value
+
+
+class SourceReaders:
+    """A few daemon threads that read sources for one converter, each read with a timeout.
+
+    ``read_ahead`` yields (input, bytes or the BadInputError its read raised) in order, keeping
+    up to ``window`` reads queued or running. A read that has run for ``timeout_s`` becomes a
+    read_timeout dead letter; its thread, blocked in the read, is abandoned and replaced.
+    """
+
+    def __init__(self, threads: int, *, timeout_s: float | None) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._timeout_s = timeout_s
+        self._threads = threads
+        for _ in range(threads):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._serve, name="read-source", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            call, future, started = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            started.append(time.monotonic())
+            try:
+                future.set_result(call())
+            except BaseException as error:  # handed to the caller's thread, as if raised there
+                future.set_exception(error)
+
+    def _submit(self, call: Callable[[], _T]) -> tuple[concurrent.futures.Future, list]:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        started: list[float] = []
+        self._jobs.put((call, future, started))
+        return future, started
+
+    def _result(self, future: concurrent.futures.Future, started: list[float]):
+        if self._timeout_s is None:
+            return future.result()
+        while True:
+            # Until the read starts, wait in steps; once it runs, until its own deadline.
+            wait = 1.0 if not started else max(0.0, started[0] + self._timeout_s - time.monotonic())
+            try:
+                return future.result(timeout=wait)
+            except concurrent.futures.TimeoutError:
+                if started and time.monotonic() - started[0] >= self._timeout_s:
+                    self._start_thread()  # the one blocked in this read is lost
+                    raise _timed_out(self._timeout_s) from None
+
+    def read_ahead(self, items: Iterable, read: Callable, *, window: int) -> Iterator:
+        pending: collections.deque = collections.deque()
+
+        def take():
+            item, future, started = pending.popleft()
+            try:
+                return item, self._result(future, started)
+            except BadInputError as error:
+                return item, error
+
+        for item in items:
+            pending.append((item, *self._submit(partial(read, item))))
+            if len(pending) >= window:
+                yield take()
+        while pending:
+            yield take()
+
+    def close(self) -> None:
+        for _ in range(self._threads):
+            self._jobs.put(None)
