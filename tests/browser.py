@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -44,7 +45,7 @@ class Chromium:
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
              "--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={self._profile}",
              "--window-size=1280,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         port_file = pathlib.Path(self._profile) / "DevToolsActivePort"
         deadline = time.monotonic() + timeout_s
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -75,13 +76,22 @@ class Chromium:
             self._socket.close()
         except Exception:
             pass
-        self._process.terminate()
+        # The whole process group: Debian's chromium-headless-shell is a wrapper script, and the
+        # browser it starts (with its renderers) outlived a plain terminate() of the wrapper.
+        self._signal_group(signal.SIGTERM)
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            pass
+        self._signal_group(signal.SIGKILL)
+        self._process.wait()
         shutil.rmtree(self._profile, ignore_errors=True)
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self._process.pid, signum)
+        except ProcessLookupError:  # every process of the group has exited
+            pass
 
     def send(self, method: str, **params) -> dict:
         """Sends one command and returns its result; events that arrive meanwhile are kept."""
