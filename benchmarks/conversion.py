@@ -155,7 +155,7 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     from beam_jobs.convert import convert_image  # pylint: disable=import-outside-toplevel
     from beam_jobs.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
     from beam_jobs.records import InputFile  # pylint: disable=import-outside-toplevel
-    from beam_jobs.resample import RESAMPLE_METHODS, uses_whole_pixel_boxes  # pylint: disable=import-outside-toplevel
+    from beam_jobs.resample import ARRAY_METHODS, RESAMPLE_METHODS  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -194,7 +194,7 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     results = {}
     for name, run in paths_under_test.items():
         method = name.split("--resample ")[1].split()[0] if "--resample" in name else None
-        whole = None if method is None else uses_whole_pixel_boxes(method)
+        whole = None if method is None else method in ARRAY_METHODS
         psnr = statistics.mean(_psnr(pixels(run(data, f)), reference(data, whole)) for data, f in quality_sample)
         results[name] = (statistics.median(timings[name]), psnr)
     return results
