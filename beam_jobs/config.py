@@ -23,8 +23,8 @@ class ImageConfig:
       width, height: output size in pixels.
       channels: 3 (RGB) or 1 (grayscale).
       resize_mode: "crop" (shorter side, then centre crop), "pad" or "stretch".
-      resample: how pixels are resampled to the output size: "area" (the default), "bilinear",
-        "bicubic" or "lanczos" (resample.py).
+      resample: how pixels are resampled to the output size: "bicubic" (the default), "antialias",
+        "area", "bilinear" or "lanczos" (resample.py).
       encoding: "jpeg", "png" or "raw" (uint8 pixels).
       jpeg_quality: 1-100, used when encoding is "jpeg".
       max_pixels: images whose header claims more pixels are refused before decoding.

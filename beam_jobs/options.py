@@ -42,11 +42,11 @@ class ConversionOptions(PipelineOptions):
                            help="crop: shorter side then centre crop; pad: fit then letterbox; "
                            "stretch: ignore the aspect ratio (default: %(default)s)")
         group.add_argument("--resample", default=_DEFAULTS.resample, choices=RESAMPLE_METHODS,
-                           help="how pixels are resampled to --image_size, each antialiased: area (OpenCV's "
-                           "pixel-area average: the fastest, and sharper than a bilinear resize), bilinear, "
-                           "bicubic (the only choice before this flag existed: it appends to older datasets) "
-                           "or lanczos (the sharpest, the slowest); see the README for their speed and "
-                           "quality (default: %(default)s)")
+                           help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased, as "
+                           "every earlier release), bilinear or lanczos (Pillow's, antialiased), or the faster "
+                           "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
+                           "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
+                           "periodic detail through as moire; see the README (default: %(default)s)")
         group.add_argument("--channels", type=int, default=_DEFAULTS.channels, choices=(1, 3),
                            help="3 for RGB, 1 for grayscale (default: %(default)s)")
         group.add_argument("--encoding", default=_DEFAULTS.encoding, choices=("jpeg", "png", "raw"),

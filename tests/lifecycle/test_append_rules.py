@@ -132,25 +132,25 @@ def test_an_appends_plan_says_nothing_of_the_whole_dataset_from_its_new_inputs_a
 
 
 @pytest.mark.slow
-def test_a_dataset_made_before_resample_existed_appends_with_bicubic_and_says_so_without_it(tmp_path):
-    """Releases before --resample resampled with bicubic only and recorded no such setting: an
-    append with the new default is refused naming it, and --resample bicubic (the same bytes)
-    appends."""
+def test_a_dataset_made_before_resample_existed_appends_as_it_was_and_another_resample_is_refused(tmp_path):
+    """Releases before --resample resampled with bicubic only and recorded no such setting; the
+    default is still bicubic, byte for byte: an append with the defaults extends such a dataset,
+    and one with another --resample is refused naming it."""
     photos = tmp_path / "photos"
     make_photo_tree(photos, num_images=6, seed=2, classes=["coffee", "china"])
     out = tmp_path / "out"
     job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "24"]
-    subprocess.run([*job, "--resample", "bicubic"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(job, cwd=REPO, check=True, capture_output=True)
     info = json.loads((out / "dataset_info.json").read_text())
     del info["preprocessing"]["resample"]  # as such a release wrote it
     (out / "dataset_info.json").write_text(json.dumps(info))
     for photo in make_photo_tree(tmp_path / "more", num_images=9, seed=2, classes=["coffee", "china"]):
         if not (photos / photo.parent.name / photo.name).exists():  # the 3 new ones
             photo.rename(photos / photo.parent.name / photo.name)
-    refused = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
+    refused = subprocess.run([*job, "--append", "--resample", "antialias"], cwd=REPO, capture_output=True, text=True)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "resample 'bicubic' there, 'antialias' now" in refused.stderr, refused.stderr[-2000:]
-    appended = subprocess.run([*job, "--append", "--resample", "bicubic"], cwd=REPO, capture_output=True, text=True)
+    appended = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
     assert appended.returncode == 0, appended.stderr[-3000:]
     merged = json.loads((out / "dataset_info.json").read_text())
     assert merged["version"] == 2 and merged["splits"]["train"]["num_examples"] == 9
