@@ -43,8 +43,6 @@ CONTENT_KEYS = "content_keys"
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
-# Kept importable from here (the pipeline's content hashing and older callers use these names).
-_read_source = read_source
 
 
 def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
@@ -166,20 +164,17 @@ class ConvertShardFn(beam.DoFn):
 
     def _sources(self, inputs: tuple[InputFile, ...]):
         """(input, bytes or BadInputError) in order, read a few ahead on the converter's reader
-        threads, each read with the --read timeout (reading.py)."""
+        threads, each read with the converter's read timeout (reading.py)."""
         read = partial(read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=None)
         return self._readers.read_ahead(inputs, read, window=2 * self._read_threads)
 
     def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
         """source_state of each input: from the listing where it knows size and time (a tree's
         does), else one metadata request each, on threads (an input list's entries)."""
-        states = [[f.size, f.mtime] if f.size is not None and f.mtime is not None else None for f in inputs]
-        unknown = [i for i, state in enumerate(states) if state is None]
-        if unknown:
-            fetched = self._pool.map(partial(source_state, timeout_s=self._read_timeout_s), [inputs[i] for i in unknown])
-            for i, state in zip(unknown, fetched):
-                states[i] = state
-        return states
+        state_of = partial(source_state, timeout_s=self._read_timeout_s)
+        if all(f.size is not None and f.mtime is not None for f in inputs):
+            return [state_of(f) for f in inputs]  # no I/O: not worth a thread hand-off each
+        return list(self._pool.map(state_of, inputs))
 
     def _convert(self, data: bytes, input_file: InputFile) -> tuple[bytes, list[str], str]:
         if needs_isolation(data, self._config.isolation):

@@ -27,8 +27,7 @@ from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
-from beam_jobs.convert import (CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, READ_TIMEOUT_S, ConvertShardFn,
-                               _read_source, source_state)
+from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
 from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
 from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
@@ -59,6 +58,7 @@ from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigter
 from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
+from beam_jobs.reading import READ_TIMEOUT_S, read_source, source_state
 from beam_jobs.records import InputFile
 from beam_jobs.resample import LEGACY_RESAMPLE
 from beam_jobs.run_summary import outputs_lines, split_table
@@ -78,7 +78,7 @@ def _with_content_hash(item, *, max_file_bytes: int):
     if not isinstance(item, InputFile):
         return item
     try:
-        data = _read_source(item, max_file_bytes)
+        data = read_source(item, max_file_bytes)
     except BadInputError:
         return item
     return dataclasses.replace(item, content_sha256=hashlib.sha256(data).hexdigest())

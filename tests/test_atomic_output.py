@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import _read_source
+from beam_jobs.reading import read_source
 from beam_jobs.errors import BadInputError
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
@@ -24,11 +24,11 @@ def test_oversized_files_are_refused_before_and_while_reading(tmp_path):
     path.write_bytes(b"\xff\xd8" + b"\x00" * 5000)
     # The refusal names the flag the limit came from, as --max_pixels's does.
     with pytest.raises(BadInputError, match=r"over --max_file_mb=0\.5 \(524288 bytes\)") as listed:
-        _read_source(InputFile("big.jpg", str(path), size=600_000), max_file_bytes=1 << 19)
+        read_source(InputFile("big.jpg", str(path), size=600_000), max_file_bytes=1 << 19)
     with pytest.raises(BadInputError, match=r"over --max_file_mb=0\.000953674") as unlisted:
-        _read_source(InputFile("big.jpg", str(path)), max_file_bytes=1000)
+        read_source(InputFile("big.jpg", str(path)), max_file_bytes=1000)
     assert listed.value.reason == unlisted.value.reason == "file_too_large"
-    assert len(_read_source(InputFile("big.jpg", str(path)), max_file_bytes=ImageConfig().max_file_bytes)) == 5002
+    assert len(read_source(InputFile("big.jpg", str(path)), max_file_bytes=ImageConfig().max_file_bytes)) == 5002
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import DEAD_LETTERS, ConvertShardFn, _read_source
+from beam_jobs.convert import DEAD_LETTERS, ConvertShardFn
+from beam_jobs.reading import read_source
 from beam_jobs.errors import BadInputError
 from beam_jobs.plan import plan_dataset
 from beam_jobs.records import InputFile
@@ -36,7 +37,7 @@ def test_a_read_that_never_answers_is_a_read_timeout_dead_letter(fifo: pathlib.P
     """A FIFO with no writer blocks open() for ever: a real blocking read, as a hung mount gives.
     Whatever the machine's speed, it never answers, so the verdict is always read_timeout."""
     with pytest.raises(BadInputError) as caught:
-        _read_source(InputFile("never.jpg", str(fifo)), 1 << 20, timeout_s=0.5)
+        read_source(InputFile("never.jpg", str(fifo)), 1 << 20, timeout_s=0.5)
     assert caught.value.reason == "read_timeout" and "0.5 s" in caught.value.detail
     # The abandoned read is a daemon thread: released here, it ends; left, it would not hold the exit.
     blocked = [t for t in threading.enumerate() if t.name == "read-source-timed"]
@@ -45,9 +46,9 @@ def test_a_read_that_never_answers_is_a_read_timeout_dead_letter(fifo: pathlib.P
 
 def test_a_read_that_answers_is_unchanged_by_the_timeout(tmp_path):
     photo = make_photo_tree(tmp_path, num_images=1, seed=23)[0]
-    assert _read_source(InputFile("x.jpg", str(photo)), 1 << 24, timeout_s=60) == photo.read_bytes()
+    assert read_source(InputFile("x.jpg", str(photo)), 1 << 24, timeout_s=60) == photo.read_bytes()
     with pytest.raises(BadInputError) as caught:
-        _read_source(InputFile("x.jpg", str(tmp_path / "missing.jpg")), 1 << 24, timeout_s=60)
+        read_source(InputFile("x.jpg", str(tmp_path / "missing.jpg")), 1 << 24, timeout_s=60)
     assert caught.value.reason == "read_error"
 
 
