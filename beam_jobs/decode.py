@@ -166,7 +166,7 @@ def decode_image(
     return decoded
 
 
-def decode_rgb_pixels(data: bytes, *, max_pixels: int, draft_size_for=None, normalize=None) -> DecodedPixels:
+def decode_rgb_pixels(data: bytes, *, max_pixels: int, normalize, draft_size_for=None) -> DecodedPixels:
     """decode_image's checks and result, as an H x W x 3 uint8 array.
 
     A JPEG in RGB or grayscale is decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's
