@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,23 +80,42 @@ def _too_many_pixels(error: Exception, max_pixels: int) -> BadInputError:
     return BadInputError(Stage.DECODE, Reason.TOO_MANY_PIXELS, f"{pixels} pixels is over --max_pixels={max_pixels}")
 
 
+# Pillow's pixel limit (Image.MAX_IMAGE_PIXELS) and Python's warnings filters are process-wide,
+# so a decode that sets them holds this lock: the converter runs several decodes at once on
+# threads (convert.py), and each must see its own limit and record its own EXIF warnings, never a
+# neighbour's. Only Pillow's part is held (parsing headers and EXIF, and its own decodes); the
+# libjpeg-turbo decode, the resize and the encode run outside it, side by side.
+_PILLOW_GLOBALS = threading.Lock()
+
+
 @contextlib.contextmanager
-def _pixel_limit(max_pixels: int) -> Iterator[None]:
-    """Makes --max_pixels Pillow's own limit for one decode, so that there is one limit only.
+def _pillow_checks(max_pixels: int) -> Iterator[list[bool]]:
+    """Holds _PILLOW_GLOBALS with --max_pixels as Pillow's own limit, and yields a list that gets
+    True when Pillow reported corrupt EXIF, which it does with a UserWarning (at open or at
+    getexif) rather than an error.
 
     Pillow refuses images over twice Image.MAX_IMAGE_PIXELS (178,956,970 by default) wherever it
     checks (at open, and at each GIF frame), and only warns between once and twice: a job limit
     above its default had no effect, and a refusal quoted Pillow's number. With the limit set to
     the job's and the warning raised as an error, every one of Pillow's checks refuses exactly
-    what the job's does. Called inside the caller's ``warnings.catch_warnings``.
+    what the job's does.
     """
-    previous = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = max_pixels
-    warnings.simplefilter("error", Image.DecompressionBombWarning)
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = previous
+    exif_warned: list[bool] = []
+    with _PILLOW_GLOBALS, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        previous = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = max_pixels
+        try:
+            yield exif_warned
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
+    if any(issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught):
+        exif_warned.append(True)
+
+
+def _with_exif_warning(events: list[str], exif_warned: list[bool]) -> list[str]:
+    return events + ["exif_malformed"] if exif_warned and "exif_malformed" not in events else events
 
 
 def _open_allowed(data: bytes, *, max_pixels: int) -> Image.Image:
@@ -157,12 +177,10 @@ def decode_image(
     Raises BadInputError for anything that cannot become a clean image. Truncated files are never
     padded with grey (Pillow's LOAD_TRUNCATED_IMAGES stays off).
     """
-    with _recording_exif_warnings() as events:
-        with _pixel_limit(max_pixels):
-            opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
-            decoded = _load(opened, max_pixels=max_pixels)
-        events.extend(decoded.events)
-    decoded.events = events
+    with _pillow_checks(max_pixels) as exif_warned:
+        opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+        decoded = _load(opened, max_pixels=max_pixels)
+    decoded.events = _with_exif_warning(decoded.events, exif_warned)
     return decoded
 
 
@@ -175,33 +193,20 @@ def decode_rgb_pixels(data: bytes, *, max_pixels: int, normalize, draft_size_for
     ``normalize`` (the colour-mode normalisation to RGB), so that Pillow gives the verdict on a
     damaged file exactly as before: accepted if Pillow reads it, dead-lettered if it does not.
     """
-    with _recording_exif_warnings() as events:
-        with _pixel_limit(max_pixels):
-            opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
-            pixels = _libjpeg_pixels(data, opened)
-            if pixels is None:
-                decoded = _load(opened, max_pixels=max_pixels)
-                events.extend(decoded.events)
-                pixels = np.asarray(normalize(decoded.image))
-            else:
-                events.extend(opened.events)
-                pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
+    with _pillow_checks(max_pixels) as exif_warned:
+        opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
+    # Outside the lock: libjpeg-turbo touches no process-wide state, and releases the GIL.
+    pixels = _libjpeg_pixels(data, opened)
+    if pixels is None:
+        with _pillow_checks(max_pixels) as load_warned:
+            decoded = _load(opened, max_pixels=max_pixels)
+            pixels = np.asarray(normalize(decoded.image))
+        events = _with_exif_warning(decoded.events, exif_warned + load_warned)
+    else:
+        events = _with_exif_warning(list(opened.events), exif_warned)
+        pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
     return DecodedPixels(pixels=pixels, source_format=opened.source_format, source_size=opened.source_size,
                          events=events)
-
-
-@contextlib.contextmanager
-def _recording_exif_warnings() -> Iterator[list[str]]:
-    """Collects events; adds "exif_malformed" when Pillow reported corrupt EXIF, which it does
-    with a UserWarning (at open or at getexif) rather than an error."""
-    events: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield events
-    if "exif_malformed" not in events and any(
-        issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught
-    ):
-        events.append("exif_malformed")
 
 
 @dataclass
