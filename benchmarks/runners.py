@@ -1,7 +1,7 @@
 """What a cluster runner costs: the same 2000 real photos through the local runner, the portable job
 service, and FlinkRunner on a loopback Flink cluster with one and with two TaskManagers.
 
-    python benchmarks/runners.py [--num_images 2000] [--work_dir DIR] [--json FILE]
+    python benchmarks/runners.py [--num_images 2000] [--resample antialias] [--work_dir DIR] [--json FILE]
 
 Each job runs as a whole process through its launch script, and its time is split where the
 first shard starts being written (the first `.tmp-` file in the output folder):
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_images", type=int, default=2000)
     parser.add_argument("--work_dir", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
+    parser.add_argument("--resample", default=None, help="the job's --resample (default: the job's default)")
     args = parser.parse_args(argv)
+    flags = [*JOB_FLAGS, *(["--resample", args.resample] if args.resample else [])]
     work = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="runners-bench-"))
     images = work / "images"
     if not images.exists():
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
 
     def job_args(out: pathlib.Path) -> list[str]:
-        return ["--input", str(images), "--output_dir", str(out), *JOB_FLAGS]
+        return ["--input", str(images), "--output_dir", str(out), *flags]
 
     local = work / "out-local"
     shutil.rmtree(local, ignore_errors=True)
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                      "cluster_s": cluster_s, **timing, "same_bytes": same_output(out, local)})
 
     n = args.num_images
-    print(f"{n} real photos 500x375 -> 224 px JPEG, 8 shards; {os.cpu_count()} cores")
+    print(f"{n} real photos 500x375 -> 224 px JPEG, 8 shards, {' '.join(flags)}; {os.cpu_count()} cores")
     print("| runner | cluster start s | job start-up s | conversion s | job total s | img/s conversion | img/s job |"
           " same bytes as local |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
