@@ -59,7 +59,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "images-to-tfrecords=beam_jobs.pipeline:main",
+            "images-to-tfrecords=beam_jobs.cli:main",
             "verify-tfrecords=tfdata_readers.verify:main",
             "inspect-tfrecords=tfdata_readers.inspect:main",
         ]

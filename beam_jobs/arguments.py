@@ -21,14 +21,12 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+from beam_jobs.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.options import ConversionOptions
 from beam_jobs.plan import DEFAULT_SPLIT_RULE
 from beam_jobs.paths import redact
 
 __all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
-
-PROG = "images-to-tfrecords"
-
 
 class UsageError(ValueError):
     """A command line the job refuses before doing anything; the CLI shows it as one line, exit 2."""
@@ -80,15 +78,8 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
     _, unknown = parser.parse_known_args(list(argv))
     if not unknown:
         return
-    first = unknown[0]
     known = [option for action in parser._actions for option in action.option_strings]  # pylint: disable=protected-access
-    if not first.startswith("-"):
-        raise UsageError(f"unexpected argument {first!r}: every job argument is a --flag (e.g. --input {first})")
-    name = first.split("=", 1)[0]
-    guesses = difflib.get_close_matches(name.replace("-", "_").replace("__", "--", 1), known, n=1, cutoff=0.6)
-    guesses = guesses or difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {guesses[0]}?" if guesses else f"; see {PROG} --help"
-    raise UsageError(f"unrecognized argument {name}{hint}")
+    raise UsageError(unknown_flag_message(unknown[0], known))
 
 
 def _refuse_repeats_and_blanks(argv: Sequence[str]) -> None:
@@ -122,24 +113,6 @@ def _check_runner(name: str | None) -> None:
         guess = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"; did you mean {guess[0]}?" if guess else f"; expected one of {', '.join(sorted(known))}"
         raise UsageError(f"--runner {name} is not a runner Beam knows{hint}")
-
-
-def help_parser() -> argparse.ArgumentParser:
-    """The parser behind --help: the job's own flags and the runner choice (Beam has hundreds more)."""
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Convert a folder tree or a CSV/JSONL list of images into deterministic, sharded "
-        "TFRecords of tf.train.Example, with dataset_info.json and dead_letters.jsonl.",
-        epilog="Standard Beam flags pass through, e.g. --runner=DataflowRunner or --runner=FlinkRunner. "
-        "With no --runner the job runs on all local cores (FnApiRunner, multi_processing). "
-        "An argument the job does not know is an error.",
-    )
-    ConversionOptions._add_argparse_args(parser)  # pylint: disable=protected-access
-    parser.add_argument("-v", action="count", dest="verbosity",
-                        help="-v is --log_level INFO (per-shard lines, counters, Beam's own INFO lines); "
-                        "-vv is --log_level DEBUG")
-    StandardOptions._add_argparse_args(parser)  # pylint: disable=protected-access
-    return parser
 
 
 @dataclasses.dataclass(frozen=True)

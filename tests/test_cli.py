@@ -1,0 +1,71 @@
+"""The command line answers --help and a misspelt flag without importing Beam or TensorFlow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from beam_jobs import cli
+from beam_jobs.arguments import UsageError, parse_job_arguments
+from beam_jobs.beam_flags import BEAM_OPTION_STRINGS, live_beam_option_strings
+
+_HEAVY = ("apache_beam", "tensorflow")
+
+
+def _run_cli_in_fresh_python(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    code = ("import sys\nfrom beam_jobs import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n")
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    imported_line = [line for line in result.stderr.splitlines() if line.startswith("IMPORTED")]
+    assert imported_line, result.stderr
+    return result, set(eval(imported_line[0].split(" ", 1)[1]))  # noqa: S307 (our own list literal)
+
+
+def test_help_groups_the_jobs_flags_with_examples_and_imports_neither_beam_nor_tensorflow():
+    result, imported = _run_cli_in_fresh_python("--help")
+    assert result.returncode == 0 and not imported
+    text = result.stdout
+    groups = [line for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert groups == ["options:", "inputs:", "output:", "image:", "splits:", "robustness:", "runs:", "runner:",
+                      "examples:"]
+    assert "--streaming" not in text and "--auto_unique_labels" not in text  # Beam's generic flags
+    assert text.index("--input") < text.index("--runner") < text.index("examples:")
+
+
+def test_a_misspelt_flag_is_refused_before_beam_is_imported_with_the_same_message(tmp_path):
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--imgae_size", "64"]
+    result, imported = _run_cli_in_fresh_python(*argv)
+    assert result.returncode == 2 and not imported
+    with pytest.raises(UsageError) as full:
+        parse_job_arguments(argv)
+    assert result.stderr.splitlines()[0] == f"images-to-tfrecords: error: {full.value}"
+    assert "did you mean --image_size?" in result.stderr
+
+
+@pytest.mark.parametrize("typo", ["--image-size=64", "--outptu_dir", "--directnumworkers=2", "--runnr", "--x"])
+def test_the_fast_check_says_what_the_full_parse_says(tmp_path, typo):
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), typo]
+    with pytest.raises(UsageError) as full:
+        parse_job_arguments(argv)
+    assert cli.misspelt_flag(argv) == str(full.value)
+
+
+def test_beams_own_flags_pass_the_fast_check(tmp_path):
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path), "--direct_num_workers=1",
+            "--runner", "DirectRunner", "--no_pipeline_type_check", "-v"]
+    assert cli.misspelt_flag(argv) is None
+    parse_job_arguments(argv)
+
+
+def test_with_another_beam_release_the_full_parse_decides(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_installed_beam_version", lambda: "9.99.0")
+    assert cli.misspelt_flag(["--input", str(tmp_path), "--flag_of_a_newer_beam"]) is None
+
+
+def test_the_listed_beam_flags_are_the_installed_beams():
+    live = live_beam_option_strings()
+    assert BEAM_OPTION_STRINGS == live, (
+        f"beam_flags.py is out of date: missing {sorted(live - BEAM_OPTION_STRINGS)}, "
+        f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.beam_flags prints the new set")
