@@ -4,7 +4,7 @@ service, and FlinkRunner on a loopback Flink cluster with one and with two TaskM
     python benchmarks/runners.py [--num_images 2000] [--resample antialias] [--work_dir DIR] [--json FILE]
 
 Each job runs as a whole process through its launch script, and its time is split where the
-first shard starts being written (the first `.tmp-` file in the output folder):
+first shard starts being written (the first `.tmp-` file in the run's folder):
 - start-up: the runner itself, job submission, SDK workers, listing and planning;
 - conversion: from the first shard written to the process exit (decode, resize, encode, write,
   manifest).
@@ -57,7 +57,8 @@ def timed_job(args: list[str], out: pathlib.Path) -> dict[str, float]:
                             text=True)
     first_shard = None
     while proc.poll() is None:
-        if first_shard is None and out.exists() and any(p.name.startswith(".tmp-") for p in out.iterdir()):
+        # Shards are written in the run's own folder, out/shards/<run>/.
+        if first_shard is None and out.exists() and any(out.glob("shards/*/.tmp-*")):
             first_shard = time.perf_counter()
         time.sleep(0.05)
     end = time.perf_counter()
