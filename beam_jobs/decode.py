@@ -101,16 +101,30 @@ def _pillow_checks(max_pixels: int) -> Iterator[list[bool]]:
     what the job's does.
     """
     exif_warned: list[bool] = []
-    with _PILLOW_GLOBALS, warnings.catch_warnings(record=True) as caught:
+    caught: list[tuple[type[Warning], str]] = []
+    owner = threading.get_ident()
+    shown_before = warnings.showwarning
+
+    def record_or_show(message, category, filename, lineno, file=None, line=None):
+        # catch_warnings(record=True) would record every thread's warnings while this one holds
+        # the lock: a neighbour's would count as this image's, and be dropped unseen. Only this
+        # thread's are this decode's; the others are shown as they would have been.
+        if threading.get_ident() == owner:
+            caught.append((category, str(message)))
+        else:
+            shown_before(message, category, filename, lineno, file, line)
+
+    with _PILLOW_GLOBALS, warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.simplefilter("error", Image.DecompressionBombWarning)
+        warnings.showwarning = record_or_show
         previous = Image.MAX_IMAGE_PIXELS
         Image.MAX_IMAGE_PIXELS = max_pixels
         try:
             yield exif_warned
         finally:
             Image.MAX_IMAGE_PIXELS = previous
-    if any(issubclass(w.category, UserWarning) and "exif" in str(w.message).lower() for w in caught):
+    if any(issubclass(category, UserWarning) and "exif" in message.lower() for category, message in caught):
         exif_warned.append(True)
 
 

@@ -107,3 +107,27 @@ def test_counters_counted_for_conversions_on_threads_reach_beams_metrics(tmp_pat
                 for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]}
     assert counters["isolated_decodes"] == 3
     assert counters["images_written"] == 5
+
+
+def test_a_neighbours_warning_during_a_decode_is_neither_this_images_event_nor_lost(tmp_path, recwarn):
+    """Python's warnings machinery is process-wide: while one thread decodes, another thread's
+    warning must not become the decoded image's exif_malformed event, and must still be shown."""
+    import threading
+    import warnings
+
+    clean = encode(real_photo("chelsea", (1500, 1200)), "PNG")
+    stop = threading.Event()
+
+    def neighbour():
+        while not stop.is_set():
+            warnings.warn("Corrupt EXIF data in a neighbour", UserWarning)
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    thread.start()
+    try:
+        events = [decode_image(clean, max_pixels=10**8).events for _ in range(5)]
+    finally:
+        stop.set()
+        thread.join()
+    assert events == [[]] * 5
+    assert any("neighbour" in str(w.message) for w in recwarn.list)
