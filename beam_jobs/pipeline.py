@@ -510,9 +510,14 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
     if previous is not None and not append:
         _LOG.info("--overwrite: version %s in %s stays current until this run commits the next one",
                   current.version, redact(output_dir))
-    if not resume:
-        return new_run_name(), kind
     committed = listed_runs(_committed_manifests(output_dir, current))
+    if not resume:
+        if any(fingerprint in found for _, found in resumable_runs(output_dir, committed)):
+            # Said before the work, not after: the earlier run's shards are removed once this run commits.
+            _LOG.warning("an interrupted earlier run in %s left shards made with these same settings; this run "
+                         "converts everything again and removes them when it commits (stop it now and rerun "
+                         "with --resume to keep them)", redact(output_dir))
+        return new_run_name(), kind
     unkept, differences = 0, set()
     for run, found in resumable_runs(output_dir, committed):
         if found and set(found) <= {fingerprint, None}:
