@@ -9,7 +9,7 @@ import pytest
 
 from beam_jobs import cli
 from beam_jobs.arguments import UsageError, parse_job_arguments
-from beam_jobs.beam_flags import BEAM_OPTION_STRINGS, live_beam_option_strings
+from beam_jobs.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION, live_beam_option_strings
 
 _HEAVY = ("apache_beam", "tensorflow")
 
@@ -65,7 +65,12 @@ def test_with_another_beam_release_the_full_parse_decides(tmp_path, monkeypatch)
 
 
 def test_the_listed_beam_flags_are_the_installed_beams():
+    """For the release they were copied from, the listed flags are exactly Beam's; under any other
+    release (setup.py allows a range) the fast check stands aside and Beam's parser decides."""
     live = live_beam_option_strings()
+    if cli._installed_beam_version() != BEAM_VERSION:  # pylint: disable=protected-access
+        assert cli.misspelt_flag(["--a_flag_no_release_has"]) is None
+        return
     assert BEAM_OPTION_STRINGS == live, (
         f"beam_flags.py is out of date: missing {sorted(live - BEAM_OPTION_STRINGS)}, "
         f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.beam_flags prints the new set")
