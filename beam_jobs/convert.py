@@ -188,15 +188,16 @@ class ConvertShardFn(beam.DoFn):
             return [state_of(f) for f in inputs]  # no I/O: not worth a thread hand-off each
         return list(self._pool.map(state_of, inputs))
 
-    def _convert(self, data: bytes, input_file: InputFile) -> tuple[bytes, list[str], str]:
-        """convert_image, in the isolated child when the policy says so. Runs on a converter thread."""
-        if needs_isolation(data, self._config.isolation):
+    def _convert(self, data: bytes, input_file: InputFile, *, isolated: bool) -> tuple[bytes, list[str], str]:
+        """convert_image, in the isolated child if ``isolated``. Runs on a converter thread."""
+        if isolated:
             with self._isolated_lock:
                 return self._isolated(convert_image, data, input_file, self._config)
         return convert_image(data, input_file, self._config)
 
     def _conversions(self, inputs: tuple[InputFile, ...]):
-        """(input, bytes or BadInputError, future of its _convert or None) in plan order.
+        """(input, bytes or BadInputError, whether it is decoded in isolation, future of its
+        _convert or None) in plan order.
 
         Each source is read ahead on the reader threads, then converted on the converter threads,
         a few ahead of the one being written. The codecs (libjpeg-turbo, OpenCV, Pillow's decode,
@@ -209,15 +210,18 @@ class ConvertShardFn(beam.DoFn):
         window = 2 * self._convert_threads
         try:
             for input_file, data in self._sources(inputs):
-                conversion = (None if isinstance(data, BadInputError)
-                              else self._converters.submit(self._convert, data, input_file))
-                pending.append((input_file, data, conversion))
+                if isinstance(data, BadInputError):
+                    isolated, conversion = False, None
+                else:
+                    isolated = needs_isolation(data, self._config.isolation)
+                    conversion = self._converters.submit(self._convert, data, input_file, isolated=isolated)
+                pending.append((input_file, data, isolated, conversion))
                 if len(pending) > window:
                     yield pending.popleft()
             while pending:
                 yield pending.popleft()
         finally:  # the shard failed, or the worker is shutting down: nothing more to convert
-            for _, _, conversion in pending:
+            for _, _, _, conversion in pending:
                 if conversion is not None:
                     conversion.cancel()
 
@@ -249,7 +253,7 @@ class ConvertShardFn(beam.DoFn):
                                     compression_type=CompressionTypes.UNCOMPRESSED)
         try:
             writer = _HashingWriter(handle)
-            for input_file, data, conversion in self._conversions(shard.inputs):
+            for input_file, data, isolated, conversion in self._conversions(shard.inputs):
                 if self._tearing_down:
                     raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
                 try:
@@ -257,7 +261,7 @@ class ConvertShardFn(beam.DoFn):
                         raise data
                     self._images_read.inc()
                     self._bytes_read.inc(len(data))
-                    if needs_isolation(data, self._config.isolation):
+                    if isolated:
                         # Here, not on the converter thread: Beam's metrics belong to this thread.
                         Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
                     try:

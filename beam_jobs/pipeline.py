@@ -512,7 +512,7 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
                   current.version, redact(output_dir))
     committed = listed_runs(_committed_manifests(output_dir, current))
     if not resume:
-        if any(fingerprint in found for _, found in resumable_runs(output_dir, committed)):
+        if any(_continuable(found, fingerprint) for _, found in resumable_runs(output_dir, committed)):
             # Said before the work, not after: the earlier run's shards are removed once this run commits.
             _LOG.warning("an interrupted earlier run in %s left shards made with these same settings; this run "
                          "converts everything again and removes them when it commits (stop it now and rerun "
@@ -520,7 +520,7 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
         return new_run_name(), kind
     unkept, differences = 0, set()
     for run, found in resumable_runs(output_dir, committed):
-        if found and set(found) <= {fingerprint, None}:
+        if _continuable(found, fingerprint):
             _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
             return run, kind
         if found:
@@ -533,6 +533,12 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
                      "" if unkept == 1 else "s", redact(output_dir), "is" if unkept == 1 else "are",
                      "; ".join(sorted(differences)))
     return new_run_name(), kind
+
+
+def _continuable(found: dict, fingerprint: str) -> bool:
+    """Whether --resume continues a run folder whose sidecars record the fingerprints ``found``:
+    it has shards, and all were made with this run's settings (None: a sidecar older than them)."""
+    return bool(found) and set(found) <= {fingerprint, None}
 
 
 def _committed_manifests(output_dir: str, current: Current) -> list[dict]:
