@@ -1,6 +1,6 @@
 """--append: a new version that lists the current version's shards, untouched, plus new ones.
 
-The current version's inputs are known from its shards' sidecars (convert.py records, per
+The current version's inputs are known from its shards' sidecars (convert_shards.py records, per
 shard, each input's uri and the state of its source when it was converted), so only inputs
 that no shard holds are planned and converted. Label ids never change: the current version's
 label names keep their ids, new labels get the next ones. A source that changed or disappeared
@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.convert import sidecar_name
+from beam_jobs.convert_shards import sidecar_name
 from beam_jobs.errors import JobError
 from beam_jobs.plan import plan_warnings
 

@@ -82,7 +82,7 @@ def _too_many_pixels(error: Exception, max_pixels: int) -> BadInputError:
 
 # Pillow's pixel limit (Image.MAX_IMAGE_PIXELS) and Python's warnings filters are process-wide,
 # so a decode that sets them holds this lock: the converter runs several decodes at once on
-# threads (convert.py), and each must see its own limit and record its own EXIF warnings, never a
+# threads (convert_shards.py), and each must see its own limit and record its own EXIF warnings, never a
 # neighbour's. Only Pillow's part is held (parsing headers and EXIF, and its own decodes); the
 # libjpeg-turbo decode, the resize and the encode run outside it, side by side.
 _PILLOW_GLOBALS = threading.Lock()

@@ -2,12 +2,12 @@
 
 The local runner converts in worker processes, and cluster runners on other machines; neither
 reports metrics to the launching process until the job ends. What every runner does leave, as
-each shard completes, is the shard and its sidecar in the run's folder (see convert.py),
+each shard completes, is the shard and its sidecar in the run's folder (see convert_shards.py),
 and the plan step writes a small progress file there before any shard is converted. Listing the
 folder therefore tells shards and images done, on any runner whose output folder the launching
 machine can read, at the cost of one listing every few seconds.
 
-A sidecar counts only when it names this run's id: convert.py writes the id into every sidecar it
+A sidecar counts only when it names this run's id: convert_shards.py writes the id into every sidecar it
 writes, and rewrites the sidecar of a shard it keeps under --resume (with ``kept`` set). The id,
 not a modification time, decides, because a shard left by an earlier run may be kept or redone,
 which no time and no plan-time listing can tell, and because the clocks of the launching machine

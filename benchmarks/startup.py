@@ -64,7 +64,7 @@ def main() -> None:
     photos = work / "photos"
     make_photo_tree(photos, num_images=6, size=(500, 375), seed=0)
     imports = [_seconds([sys.executable, "-c", "import beam_jobs.pipeline"]) for _ in range(args.repeats)]
-    workers = [_seconds([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.convert, "
+    workers = [_seconds([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.convert_shards, "
                          "beam_jobs.planning, beam_jobs.discover"]) for _ in range(args.repeats)]
     wholes = []
     for repeat in range(args.repeats):

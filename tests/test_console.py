@@ -128,7 +128,7 @@ def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
 
 def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path):
     from beam_jobs.config import ImageConfig
-    from beam_jobs.convert import ConvertShardFn
+    from beam_jobs.convert_shards import ConvertShardFn
     from beam_jobs.plan import plan_dataset
     from beam_jobs.records import InputFile
     from tests.photos import real_photo
@@ -365,7 +365,7 @@ def test_a_relayed_worker_record_becomes_its_own_message():
                                  "Worker: %s", (str(entry).replace("\n", " "),), None)
 
     relay = RelayedWorkerRecords(drop_steps=("LogPlan",))
-    record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/convert.py:315", "ConvertImages/ConvertShards")
+    record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/convert_shards.py:315", "ConvertImages/ConvertShards")
     assert relay.filter(record) and record.getMessage() == 'wrote a "b"\nc: 1'
     assert record.name == "beam_jobs.details"
     other = relayed("a warning", "/x/apache_beam/io/x.py:3", "S", level=logging.WARNING)

@@ -13,7 +13,7 @@ import pathlib
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import ConvertShardFn
+from beam_jobs.convert_shards import ConvertShardFn
 from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError
 from beam_jobs.plan import plan_dataset
@@ -88,7 +88,7 @@ def test_counters_counted_for_conversions_on_threads_reach_beams_metrics(tmp_pat
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from beam_jobs.convert import METRICS_NAMESPACE
+    from beam_jobs.convert_shards import METRICS_NAMESPACE
 
     folder = tmp_path / "cat"
     folder.mkdir()

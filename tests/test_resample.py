@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import convert_image
+from beam_jobs.convert_shards import convert_image
 from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError
 from beam_jobs.example_proto import Example
@@ -178,7 +178,7 @@ _CONVERT_SOME = r"""
 import hashlib, io, sys
 from PIL import Image
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import convert_image
+from beam_jobs.convert_shards import convert_image
 from beam_jobs.records import InputFile
 from tests.photos import real_photo
 digest = hashlib.sha256()

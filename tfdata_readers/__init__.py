@@ -1,42 +1,73 @@
-"""A tf.data reader for the TFRecord image shards (and dataset_info.json) written by the conversion job."""
+"""A tf.data reader for the TFRecord image shards (and dataset_info.json) written by the conversion job.
+
+    import tfdata_readers as tr
+    info = tr.load_manifest("tfrecords/")
+    train = tr.make_dataset("tfrecords/", tr.ReadConfig(split="train", batch_size=64, training=True))
+
+Each name below is imported from its module when first used (PEP 562), so ``import tfdata_readers``
+and the command lines' ``--help`` do not pay TensorFlow's import (seconds) until something needs it.
+TensorFlow is the ``[read]`` extra: a name that needs it, without it installed, says how to get it.
+"""
 
 from __future__ import annotations
 
-# First: the command lines import TensorFlow with its start-up noise kept off the terminal.
-from tfdata_readers._quiet_start import quiet_for_command_lines
+import importlib
+from typing import TYPE_CHECKING
 
-quiet_for_command_lines()
+from tfdata_readers._quiet_start import MISSING_TENSORFLOW
 
-from tfdata_readers.classes import class_counts  # noqa: E402
-from tfdata_readers.config import ReadConfig
-from tfdata_readers.distribute import distribute
-from tfdata_readers.files import ShardError
-from tfdata_readers.manifest import (
-    DatasetInfo,
-    VersionNotFoundError,
-    current_version,
-    load_manifest,
-    num_examples,
-    steps_per_epoch,
-)
-from tfdata_readers.pipeline import make_dataset
-from tfdata_readers.records import reset_skipped_records, skipped_records
-from tfdata_readers.verification import ShardProblem, verify
+if TYPE_CHECKING:
+    from tfdata_readers.classes import class_counts
+    from tfdata_readers.config import ReadConfig
+    from tfdata_readers.distribute import distribute
+    from tfdata_readers.files import ShardError
+    from tfdata_readers.manifest import (
+        DatasetInfo,
+        VersionNotFoundError,
+        current_version,
+        load_manifest,
+        num_examples,
+        steps_per_epoch,
+    )
+    from tfdata_readers.pipeline import make_dataset
+    from tfdata_readers.records import reset_skipped_records, skipped_records
+    from tfdata_readers.verification import ShardProblem, verify
 
-__all__ = [
-    "DatasetInfo",
-    "ReadConfig",
-    "ShardError",
-    "ShardProblem",
-    "VersionNotFoundError",
-    "class_counts",
-    "current_version",
-    "distribute",
-    "load_manifest",
-    "make_dataset",
-    "num_examples",
-    "reset_skipped_records",
-    "skipped_records",
-    "steps_per_epoch",
-    "verify",
-]
+_HOMES = {
+    "class_counts": "classes",
+    "ReadConfig": "config",
+    "distribute": "distribute",
+    "ShardError": "files",
+    "DatasetInfo": "manifest",
+    "VersionNotFoundError": "manifest",
+    "current_version": "manifest",
+    "load_manifest": "manifest",
+    "num_examples": "manifest",
+    "steps_per_epoch": "manifest",
+    "make_dataset": "pipeline",
+    "reset_skipped_records": "records",
+    "skipped_records": "records",
+    "ShardProblem": "verification",
+    "verify": "verification",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tfdata_readers' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"tfdata_readers.{home}")
+    except ModuleNotFoundError as error:
+        if error.name != "tensorflow":
+            raise
+        raise ModuleNotFoundError(f"tfdata_readers.{name} {MISSING_TENSORFLOW}", name="tensorflow") from None
+    value = getattr(module, name)
+    globals()[name] = value  # Once imported, an ordinary attribute.
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -14,7 +14,11 @@ import os
 import sys
 import tempfile
 
-__all__ = ["COMMAND_MODULES", "import_tensorflow_quietly", "invoked_as_command", "quiet_for_command_lines"]
+__all__ = ["COMMAND_MODULES", "MISSING_TENSORFLOW", "import_tensorflow_for_command", "import_tensorflow_quietly",
+           "invoked_as_command"]
+
+MISSING_TENSORFLOW = ("needs TensorFlow, which the reader's extra installs: pip install 'images-to-tfrecords[read]' "
+                      "(or install your own TensorFlow build, 2.21 or later)")
 
 COMMAND_MODULES = ("tfdata_readers.verify", "tfdata_readers.inspect")
 COMMAND_SCRIPTS = ("verify-tfrecords", "inspect-tfrecords")
@@ -54,7 +58,17 @@ def import_tensorflow_quietly() -> None:
             os.close(saved)
 
 
-def quiet_for_command_lines() -> None:
-    """Called first thing by the package: quiet start-up for the command lines, nothing otherwise."""
-    if invoked_as_command(list(getattr(sys, "orig_argv", [])), sys.argv[0] if sys.argv else ""):
-        import_tensorflow_quietly()
+def import_tensorflow_for_command(prog: str) -> None:
+    """What a command line calls once its arguments are parsed (so --help and a bad flag answer
+    without TensorFlow): TensorFlow imported quietly when run as a command, else as it is; without
+    TensorFlow installed, one error line that says how to install it, and exit 2."""
+    try:
+        if invoked_as_command(list(getattr(sys, "orig_argv", [])), sys.argv[0] if sys.argv else ""):
+            import_tensorflow_quietly()
+        else:
+            import tensorflow  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+    except ModuleNotFoundError as error:
+        if error.name != "tensorflow":
+            raise
+        print(f"{prog}: error: this command {MISSING_TENSORFLOW}", file=sys.stderr)
+        raise SystemExit(2) from None

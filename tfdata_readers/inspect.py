@@ -14,11 +14,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from typing import TYPE_CHECKING
+
+from tfdata_readers._quiet_start import import_tensorflow_for_command
 from tfdata_readers.inspection.class_chart import balance, balance_text, draw_class_counts
-from tfdata_readers.inspection.gather import Inspection, gather
-from tfdata_readers.inspection.html_report import render_report
-from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png
 from tfdata_readers.inspection.units import format_mib, plural
+
+if TYPE_CHECKING:  # These need TensorFlow: imported once the arguments are parsed (--help stays instant).
+    from tfdata_readers.inspection.gather import Inspection
 
 __all__ = ["main", "text_summary", "write_inspection"]
 
@@ -113,6 +116,9 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
 
 def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = False, tile: int = 160) -> list[str]:
     """Draws and writes the pictures and the page; returns the paths written."""
+    from tfdata_readers.inspection.html_report import render_report  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.inspection.sheet import draw_contact_sheet, sheet_jpeg, sheet_png  # pylint: disable=import-outside-toplevel
+
     os.makedirs(out_dir, exist_ok=True)
     info = report.info
     image_size = (info.image.height, info.image.width)
@@ -173,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem := _out_problem(args.out):
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
+    import_tensorflow_for_command(PROG)
+    from tfdata_readers.inspection.gather import gather  # pylint: disable=import-outside-toplevel
+
     try:
         report = gather(args.data_dir, num_examples=num_examples, seed=args.seed, augmented=args.augmented,
                         scan=scan, splits=args.split, version=args.version)

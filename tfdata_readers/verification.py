@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -211,39 +210,28 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tfdata_readers.verify",
-        description="Check a converted dataset's shards against its dataset_info.json. Exits 1 on any problem.",
-    )
-    parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
-    parser.add_argument("--split", action="append", help="split to check (repeatable); default: all")
-    parser.add_argument("--version", type=_version, default=None,
-                        help="dataset version to check (an int >= 1); default: the current one")
-    args = parser.parse_args(argv)
+    """The verify command (its parser lives in verify_cli.py, which needs no TensorFlow)."""
+    from tfdata_readers.verify_cli import main as verify_main  # pylint: disable=import-outside-toplevel
+
+    return verify_main(argv)
+
+
+def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int | None) -> int:
+    """Checks a dataset and prints what the command prints; returns its exit status."""
     try:
-        info, manifest_problems = read_manifest(args.data_dir, args.version)
-        problems = _verify_info(info, manifest_problems, args.split)
+        info, manifest_problems = read_manifest(data_dir, version)
+        problems = _verify_info(info, manifest_problems, splits)
         current = current_version(info.data_dir)
     except (OSError, ValueError) as e:  # no manifest or version, bad JSON, newer schema_version, unknown split
         print(f"ERROR {e}", file=sys.stderr)
         return 1
     for problem in problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
-    names = args.split or sorted(info.splits)
+    names = splits or sorted(info.splits)
     total = sum(len(info.split(n).shards) for n in names)
     print(f"{_version_line(info.version, current)}: checked {total} shard(s) of split(s) {', '.join(names)}: "
           f"{len(problems)} problem(s)")
     return 1 if problems else 0
-
-
-def _version(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text!r})")
-    return value
 
 
 def _version_line(version: int, current: int | None) -> str:

@@ -58,7 +58,7 @@ def test_sdist_contains_the_packages(sdist):
     import tarfile
 
     names = tarfile.open(sdist).getnames()
-    for needed in ("beam_jobs/__init__.py", "beam_jobs/convert.py", "beam_jobs/pipeline.py", "setup.py"):
+    for needed in ("beam_jobs/__init__.py", "beam_jobs/convert_shards.py", "beam_jobs/pipeline.py", "setup.py"):
         assert any(name.endswith(needed) for name in names), needed
 
 
@@ -66,11 +66,11 @@ def test_clean_venv_imports_the_dofns_from_the_sdist(clean_venv):
     probe = textwrap.dedent("""
         import inspect, pathlib, pickle, sys
         import apache_beam as beam
-        import beam_jobs, beam_jobs.convert, beam_jobs.pipeline
+        import beam_jobs, beam_jobs.convert_shards, beam_jobs.pipeline
         assert pathlib.Path(beam_jobs.__file__).is_relative_to(sys.prefix), beam_jobs.__file__
-        dofns = [c for _, c in inspect.getmembers(beam_jobs.convert, inspect.isclass)
+        dofns = [c for _, c in inspect.getmembers(beam_jobs.convert_shards, inspect.isclass)
                  if issubclass(c, beam.DoFn) and c.__module__.startswith("beam_jobs")]
-        assert dofns, "no DoFn in beam_jobs.convert"
+        assert dofns, "no DoFn in beam_jobs.convert_shards"
         print("ok", beam_jobs.__file__, [c.__name__ for c in dofns])
     """)
     proc = _venv_run(clean_venv, [str(clean_venv / "bin" / "python"), "-c", probe], timeout=180)

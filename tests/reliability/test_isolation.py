@@ -16,7 +16,7 @@ import time
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import ConvertShardFn
+from beam_jobs.convert_shards import ConvertShardFn
 from beam_jobs.errors import BadInputError, WorkerShutdownError
 from beam_jobs.isolation import DecoderStartupError, IsolatedRunner, needs_isolation
 from beam_jobs.plan import plan_dataset

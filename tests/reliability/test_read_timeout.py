@@ -14,7 +14,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import DEAD_LETTERS, ConvertShardFn
+from beam_jobs.convert_shards import DEAD_LETTERS, ConvertShardFn
 from beam_jobs.reading import read_source
 from beam_jobs.errors import BadInputError
 from beam_jobs.plan import plan_dataset

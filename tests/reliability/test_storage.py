@@ -15,7 +15,7 @@ import time
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert import ConvertShardFn
+from beam_jobs.convert_shards import ConvertShardFn
 from beam_jobs.plan import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree

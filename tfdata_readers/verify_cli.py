@@ -1,0 +1,51 @@
+"""The verify command's arguments and entry point, parsed before TensorFlow is imported, so that
+--help and a bad flag answer at once.
+
+Its own module, not ``tfdata_readers/verify.py``: importing that submodule would set the
+package's ``verify`` attribute (the function) to the module.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from tfdata_readers._quiet_start import import_tensorflow_for_command
+
+__all__ = ["main", "parser"]
+
+PROG = "python -m tfdata_readers.verify"
+
+
+def _version(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text!r})")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (no TensorFlow needed to build or print them)."""
+    built = argparse.ArgumentParser(
+        prog=PROG,
+        description="Check a converted dataset's shards against its dataset_info.json. Exits 1 on any problem.",
+        epilog="examples:\n  verify-tfrecords tfrecords/\n  verify-tfrecords gs://bucket/tfrecords --split train "
+        "--version 3",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    built.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
+    built.add_argument("--split", action="append", help="split to check (repeatable); default: all")
+    built.add_argument("--version", type=_version, default=None,
+                       help="dataset version to check (an int >= 1); default: the current one")
+    return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import_tensorflow_for_command(PROG)
+    from tfdata_readers.verification import verify_command  # pylint: disable=import-outside-toplevel
+
+    return verify_command(args.data_dir, splits=args.split, version=args.version)
