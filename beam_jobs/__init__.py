@@ -1,8 +1,35 @@
-"""Apache Beam job that converts raw image collections into deterministic, sharded TFRecords."""
+"""Apache Beam job that converts raw image collections into deterministic, sharded TFRecords.
+
+    import beam_jobs
+    info = beam_jobs.convert("photos/", output_dir="tfrecords/", image_size=224)
+
+``convert`` takes the command line's flags as keyword arguments. ``ConvertImages`` is the whole job
+as one Beam transform, for a pipeline of your own (its rows from BigQuery, say). Neither imports
+Beam until it is used, so ``import beam_jobs`` stays instant.
+"""
+
+from __future__ import annotations
 
 import logging as _logging
+from typing import TYPE_CHECKING
+
+from beam_jobs.api import convert
+from beam_jobs.errors import UsageError
+
+if TYPE_CHECKING:
+    from beam_jobs.pipeline import ConvertImages
 
 __version__ = "0.1.0"
+__all__ = ["ConvertImages", "UsageError", "__version__", "convert"]
+
+
+def __getattr__(name: str):
+    """``beam_jobs.ConvertImages`` imports Beam (through pipeline.py) when first asked for."""
+    if name == "ConvertImages":
+        from beam_jobs.pipeline import ConvertImages  # pylint: disable=import-outside-toplevel
+
+        return ConvertImages
+    raise AttributeError(f"module 'beam_jobs' has no attribute {name!r}")
 
 
 class _WithoutGcpExtraNotice(_logging.Filter):

@@ -21,16 +21,13 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
+from beam_jobs.errors import UsageError
 from beam_jobs.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.options import ConversionOptions
 from beam_jobs.plan import DEFAULT_SPLIT_RULE
 from beam_jobs.paths import redact
 
 __all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
-
-class UsageError(ValueError):
-    """A command line the job refuses before doing anything; the CLI shows it as one line, exit 2."""
-
 
 class _RaisingParser(_BeamArgumentParser):
     """Beam's own parser (so every Beam flag is known), raising instead of printing usage and exiting."""

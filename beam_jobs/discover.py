@@ -31,11 +31,13 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "LISTING",
     "ListInputList",
+    "ListRows",
     "ListTree",
     "is_image_filename",
     "normalize_root",
     "parse_input_list",
     "relative_filename",
+    "row_to_input",
 ]
 
 def normalize_root(root: str) -> str:
@@ -430,3 +432,28 @@ class ListInputList(beam.PTransform):
         if not self._with_ignored:
             return listing
         return {LISTING: listing, IGNORED: pipeline | "NothingIgnored" >> beam.Create([])}
+
+
+def row_to_input(row, *, root: str, allow_outside_root: bool = False) -> InputFile | DeadLetter:
+    """One row of a user's PCollection (a dict, or a ``beam.Row``, with uri, label and optionally
+    split) as an input, by the same rules as a line of an input list; a bad row is a dead letter
+    named by its uri."""
+    fields = row._asdict() if hasattr(row, "_asdict") else dict(row)
+    where = str(fields.get("uri") or f"row {fields!r}")[:500]
+    return _row_to_input(fields, root=root.rstrip("/") + "/", where=where, allow_outside_root=allow_outside_root)
+
+
+class ListRows(beam.PTransform):
+    """A PCollection of rows (uri, label[, split]) as InputFile | DeadLetter, shaped as ListTree's
+    output with ``with_ignored``: relative uris, and each input's relative name, are relative to
+    ``root``."""
+
+    def __init__(self, root: str, *, allow_outside_root: bool = False) -> None:
+        super().__init__()
+        self._root = root
+        self._allow_outside_root = allow_outside_root
+
+    def expand(self, rows):
+        listing = rows | "RowsToInputs" >> beam.Map(row_to_input, root=self._root,
+                                                    allow_outside_root=self._allow_outside_root)
+        return {LISTING: listing, IGNORED: rows.pipeline | "NothingIgnored" >> beam.Create([])}

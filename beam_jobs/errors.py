@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInputError", "JobError", "Reason", "Stage", "WorkerShutdownError"]
+__all__ = ["BadInputError", "JobError", "Reason", "Stage", "UsageError", "WorkerShutdownError"]
 
 
 class Stage:
@@ -67,3 +67,8 @@ class WorkerShutdownError(RuntimeError):
     """The worker is shutting down under a shard being converted (its runner died or cancelled the
     work). It fails the shard, which is never staged: blaming each remaining image with a dead
     letter would record a broken shard as complete, and --resume would trust it."""
+
+
+class UsageError(ValueError):
+    """A command line (or ``convert`` call) the job refuses before doing anything; the command line
+    shows it as one line and exits 2."""

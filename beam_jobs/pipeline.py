@@ -24,11 +24,19 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-from beam_jobs.arguments import PROG, JobArguments, UsageError, expand_verbosity, help_parser, parse_job_arguments
+from beam_jobs.arguments import (
+    PROG,
+    JobArguments,
+    UsageError,
+    absolute_uri,
+    expand_verbosity,
+    help_parser,
+    parse_job_arguments,
+)
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
-from beam_jobs.convert import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
-from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListTree, input_list_files
+from beam_jobs.convert_shards import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
+from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
 from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
@@ -53,7 +61,7 @@ from beam_jobs.paths import redact
 from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.plan import DEFAULT_SPLIT_RULE, estimate_example_bytes
+from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
 from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
 from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.progress import StagingWatcher, write_progress_plan
@@ -106,18 +114,29 @@ def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (),
 class ConvertImages(beam.PTransform):
     """Lists, plans, converts and finalises: the whole job as one transform.
 
+    Applied to a pipeline, it lists ``input_root`` (a class-per-folder tree) or ``input_list`` (a
+    CSV/JSONL file). Applied to a PCollection of rows, dicts with ``uri`` and ``label`` and
+    optionally ``split`` (read from BigQuery, say), it converts those: relative uris are relative
+    to ``rows_root``, which is also what each example's ``image/filename`` is relative to, and a
+    bad row is a dead letter like a bad line of an input list. It returns a PCollection of one
+    dict, the ``dataset_info.json`` it committed into ``output_dir``.
+
     With ``plan_only`` it stops after planning and writes plan.json instead of converting.
     """
 
-    def __init__(self, *, input_root: str | None, input_list: str | None, output_dir: str,
-                 image_config: ImageConfig, split_fractions: dict[str, float] | None,
-                 num_shards: int | None, target_shard_bytes: int, max_bad_fraction: float,
-                 settings: dict, dedup: str = "path", resume: bool = False,
+    def __init__(self, *, output_dir: str, input_root: str | None = None, input_list: str | None = None,
+                 rows_root: str | None = None, image_config: ImageConfig | None = None,
+                 split_fractions: dict[str, float] | None = None, num_shards: int | None = None,
+                 target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 2**20, max_bad_fraction: float = 0.01,
+                 settings: dict | None = None, dedup: str = "path", resume: bool = False,
                  allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
                  run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE,
                  expected: Current | None = None, change_kind: str = "create", keep_versions: int = 2,
                  changed_sources: str = "refuse") -> None:
         super().__init__()
+        if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
+            raise ValueError("ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
+                             "file) and rows_root (applied to a PCollection of rows)")
         self._changed_sources = changed_sources  # --append: what to do with changed or removed sources
         # The run's name: its folder under shards/, and the progress file the launching process
         # watches there (None: a plan only, which converts nothing).
@@ -130,14 +149,18 @@ class ConvertImages(beam.PTransform):
         self._keep_versions = keep_versions
         self._input_root = input_root
         self._input_list = input_list
+        self._rows_root = None if rows_root is None else absolute_uri(rows_root)
         self._output_dir = output_dir
-        self._config = image_config
+        self._config = image_config if image_config is not None else ImageConfig()
         self._split_fractions = split_fractions
         self._split_rule = split_rule
         self._num_shards = num_shards
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
-        self._settings = settings
+        # What the command line records as its settings (part of the run's fingerprint).
+        self._settings = settings if settings is not None else {
+            "splits": split_fractions, "split_rule": split_rule, "num_shards": num_shards or 0,
+            "target_shard_mb": target_shard_bytes / 2**20, "dedup": dedup}
         self._dedup = dedup
         self._resume = resume
         self._allow_outside_root = allow_outside_root
@@ -152,6 +175,8 @@ class ConvertImages(beam.PTransform):
         if self._input_root is not None:
             listed = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root,
                                                          with_ignored=True)
+        elif self._rows_root is not None:
+            listed = pipeline | "ListRows" >> ListRows(self._rows_root, allow_outside_root=self._allow_outside_root)
         else:
             listed = pipeline | "ListInputList" >> ListInputList(
                 self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True)
@@ -178,7 +203,7 @@ class ConvertImages(beam.PTransform):
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
             from_tree=self._input_root is not None,
             tree_layout=self._tree_layout,
-            source=self._input_root or self._input_list,
+            source=self._input_root or self._input_list or f"the rows under {self._rows_root}",
             split_fractions=self._split_fractions,
             split_rule=self._split_rule,
             num_shards=self._num_shards,
@@ -880,6 +905,14 @@ class _HideCredentials(logging.Filter):
         return True
 
 
+def configure_job_logging(argv: Sequence[str]) -> str:
+    """Sets up the console's logging for a run of ``argv`` (its --log_level, credentials hidden);
+    returns the level. The command line and ``beam_jobs.convert`` both start with it."""
+    level = _peek_log_level(argv)
+    _configure_logging(level, secrets=_credential_values(argv))
+    return level
+
+
 def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's
@@ -982,8 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     With --log_level DEBUG the full trace is printed first.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    level = _peek_log_level(argv)
-    _configure_logging(level, secrets=_credential_values(argv))
+    level = configure_job_logging(argv)
     try:
         with sigterm_as_interrupt():
             info = run(argv)

@@ -1,0 +1,124 @@
+"""The Python API: ``beam_jobs.convert`` is the command line as a call, ``ConvertImages`` works in a
+user's own pipeline, and importing the packages costs no Beam or TensorFlow import."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pathlib
+import subprocess
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.portability import fn_api_runner
+
+import beam_jobs
+from beam_jobs.api import convert_argv
+from beam_jobs.arguments import parse_job_arguments
+from beam_jobs.config import ImageConfig
+from beam_jobs.flags import help_parser
+from tests.conftest import run_cli
+
+# Flags of --help that are not keyword arguments: -h itself, and -v (log_level says it in words).
+_NOT_KEYWORDS = {"help", "verbosity"}
+
+
+def _flag_defaults() -> dict[str, object]:
+    return {a.dest: a.default for a in help_parser()._actions if a.dest not in _NOT_KEYWORDS}  # pylint: disable=protected-access
+
+
+def test_convert_takes_exactly_the_command_lines_flags_with_their_defaults():
+    parameters = dict(inspect.signature(beam_jobs.convert).parameters)
+    parameters.pop("beam_options")
+    flags = _flag_defaults()
+    assert set(parameters) == set(flags)
+    for name, parameter in parameters.items():
+        assert parameter.annotation is not inspect.Parameter.empty, name
+        if parameter.default is None or parameter.default is inspect.Parameter.empty:
+            continue  # None: the flag's own default, whatever it is; output_dir: required
+        default = flags[name]
+        if name == "image_size":
+            default = int(default)
+        assert parameter.default == default, name
+
+
+def test_the_call_parses_as_the_same_command_line_would():
+    argv = convert_argv({"input": "/data/photos", "output_dir": "/data/out", "splits": {"train": 0.8, "test": 0.2},
+                         "image_size": (64, 48), "overwrite": True, "resume": False, "max_pixels": None},
+                        {"direct_num_workers": 2})
+    assert argv == ["--input=/data/photos", "--output_dir=/data/out", "--splits=train=0.8,test=0.2",
+                    "--image_size=64x48", "--overwrite", "--direct_num_workers=2"]
+    from_call, options = parse_job_arguments(argv)
+    from_line, _ = parse_job_arguments(["--input", "/data/photos", "--output_dir", "/data/out", "--splits",
+                                        "train=0.8,test=0.2", "--image_size", "64x48", "--overwrite"])
+    assert from_call == from_line
+    assert options.get_all_options()["direct_num_workers"] == 2
+    with pytest.raises(TypeError, match="mapping or a list"):
+        convert_argv({}, "--direct_num_workers=2")
+
+
+def test_importing_the_packages_imports_neither_beam_nor_tensorflow():
+    code = ("import sys, beam_jobs, tfdata_readers\nbeam_jobs.convert; beam_jobs.UsageError\n"
+            "print([m for m in ('apache_beam', 'tensorflow') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_refused_argument_raises_usage_error_and_writes_nothing(tmp_path, photo_tree):
+    root = photo_tree[0]
+    with pytest.raises(beam_jobs.UsageError, match="jpeg_quality"):
+        beam_jobs.convert(str(root), output_dir=str(tmp_path / "out"), jpeg_quality=0)
+    assert not (tmp_path / "out").exists()
+
+
+def _shard_bytes(out: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shards/*/*.tfrecord"))}
+
+
+@pytest.mark.slow
+def test_convert_returns_the_manifest_and_writes_what_the_command_line_writes(tmp_path, photo_tree):
+    root, good, broken = photo_tree
+    info = beam_jobs.convert(str(root), output_dir=str(tmp_path / "api"), image_size=(40, 32),
+                             splits={"train": 0.75, "validation": 0.25}, max_bad_fraction=0.5,
+                             beam_options={"direct_num_workers": 2})
+    assert info == json.loads((tmp_path / "api" / "dataset_info.json").read_text())
+    assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
+    assert info["num_dead_letters"] == len(broken)
+    run_cli("--input", root, "--output_dir", tmp_path / "cli", "--image_size", "40x32",
+            "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5", "--direct_num_workers", "2")
+    api, cli = _shard_bytes(tmp_path / "api"), _shard_bytes(tmp_path / "cli")
+    assert api and api == cli
+
+
+@pytest.mark.slow
+def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_path, photo_tree):
+    """What reading the rows from BigQuery (beam.io.ReadFromBigQuery) and converting them looks like:
+    rows with uri and label, relative to rows_root; a bad row is a dead letter, not a failure."""
+    root, good, _ = photo_tree
+    rows = [{"uri": str(pathlib.Path(p).relative_to(root)), "label": pathlib.Path(p).parent.name} for p in good]
+    rows.append({"uri": "nowhere/missing.jpg", "label": ""})  # a blank label: refused by the naming policy
+    with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
+        info = (pipeline
+                | "Rows" >> beam.Create(rows)
+                | beam_jobs.ConvertImages(rows_root=str(root), output_dir=str(tmp_path / "out"),
+                                          image_config=ImageConfig(width=32, height=32),
+                                          split_fractions={"train": 0.5, "validation": 0.5}, max_bad_fraction=0.1))
+        _ = info | beam.Map(lambda i: None)
+    written = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
+    assert sum(s["num_examples"] for s in written["splits"].values()) == len(good)
+    assert written["num_dead_letters"] == 1
+    assert sorted(written["label_names"]) == sorted({pathlib.Path(p).parent.name for p in good})
+    # The same rows written as an input list make the same shards: one set of rules for both.
+    listing = tmp_path / "list.csv"
+    listing.write_text("uri,label\n" + "".join(f"{root / r['uri']},{r['label']}\n" for r in rows[:-1]))
+    run_cli("--manifest", listing, "--output_dir", tmp_path / "cli", "--image_size", "32",
+            "--splits", "train=0.5,validation=0.5", "--allow_outside_root", "--direct_num_workers", "2")
+    cli_info = json.loads((tmp_path / "cli" / "dataset_info.json").read_text())
+    assert {s: v["num_examples"] for s, v in cli_info["splits"].items()} == {
+        s: v["num_examples"] for s, v in written["splits"].items()}
+
+
+def test_convert_images_takes_one_source():
+    with pytest.raises(ValueError, match="exactly one of input_root"):
+        beam_jobs.ConvertImages(output_dir="/tmp/x", input_root="/a", rows_root="/b")
