@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. ./run_tests.sh -m "not slow".
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-python="$("$repo/launch/ensure_venv.sh")"
+python="$("$repo/launch/ensure_venv.sh" test)"
 export PATH="$(dirname "$python"):$PATH"  # Worker pools and subprocesses must find this venv's python.
 cd "$repo"
 exec "$python" -m pytest "$@"

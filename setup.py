@@ -10,9 +10,12 @@ VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_jobs" / "__init__.
 
 # Ranges: the lower bounds are the versions this project is tested with; the upper bounds stop at
 # the next major version, whose API changes we have not tested.
+# The core install is what converting needs. TensorFlow, which only the reader (tfdata_readers)
+# imports, is the [read] extra, as TFDS leaves it to its users: a trainer's own TensorFlow build
+# (tensorflow[and-cuda], tf-nightly) is not replaced, and Dataflow's workers, which get this file's
+# requirements through --setup_file, install no 1.9 GB of TensorFlow they never import.
 INSTALL_REQUIRES = [
     "apache-beam>=2.77.0,<3",
-    "tensorflow>=2.21.0,<3",
     # The codecs are pinned exactly: a shard's bytes are a function of the pixels and of these
     # libraries' versions (libjpeg-turbo's inside Pillow and simplejpeg, OpenCV's resize), and the
     # same pins reach Dataflow's workers through this file, so every runner writes the same bytes.
@@ -24,6 +27,7 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",  # the job's progress bar
     "psutil>=6,<8",  # ending the local runner's workers after Ctrl-C or SIGTERM
 ]
+READ_REQUIRE = ["tensorflow>=2.21.0,<3"]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]
 GCP_REQUIRE = ["apache-beam[gcp]>=2.77.0,<3"]
 AWS_REQUIRE = ["apache-beam[aws]>=2.77.0,<3"]
@@ -31,13 +35,15 @@ AWS_REQUIRE = ["apache-beam[aws]>=2.77.0,<3"]
 # `pip install ".[inspect]"` from older instructions still works. The benchmarks' charts use matplotlib.
 INSPECT_REQUIRE: list[str] = []
 BENCH_REQUIRE = ["matplotlib>=3.8,<4"]
+# The docs site (mkdocs.yml), built with --strict by the tests.
+DOCS_REQUIRE = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10"]
 # websocket-client drives a real headless Chromium over the DevTools protocol in the report's test;
 # the object-store tests run the job against real gs:// and s3:// servers, so they need both clients.
 # pytest-xdist runs the suite in 2 processes, one test module (or the Flink group) per process at a
 # time; its --dist loadgroup reads each test's group from a node id that pytest 9 no longer lets it
 # change (the groups are silently ignored there, measured), hence pytest 8.
 TEST_REQUIRE = ["pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.7", "psutil>=6", "websocket-client>=1.7,<2",
-                *SAMPLES_REQUIRE, *BENCH_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
+                *READ_REQUIRE, *SAMPLES_REQUIRE, *BENCH_REQUIRE, *DOCS_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
 
 setup(
     name="images-to-tfrecords",
@@ -51,6 +57,8 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": TEST_REQUIRE,
+        "read": READ_REQUIRE,
+        "docs": DOCS_REQUIRE,
         "samples": SAMPLES_REQUIRE,
         "inspect": INSPECT_REQUIRE,
         "bench": BENCH_REQUIRE,

@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Creates ./.venv and installs the project with its test extras, unless that is already done for
-# this exact setup.py. Sourced by run_local.sh and run_tests.sh; prints the venv's python path.
+# Creates ./.venv and installs the project with the extras named (default: test), unless that,
+# or the test extras (which hold every other), is already installed for this exact setup.py.
+#
+#   launch/ensure_venv.sh samples   # run_local.sh: converting and the sample photos (about 0.9 GB)
+#   launch/ensure_venv.sh test      # run_tests.sh and CI: everything the tests need (about 3.4 GB)
+#
+# Prints the venv's python path.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$repo/.venv}"
 python="${PYTHON:-python3}"
-stamp="$venv/.installed-$(cat "$repo/setup.py" | sha256sum | cut -c1-16)"
+extras="${1:-test}"
+setup_hash="$(cat "$repo/setup.py" | sha256sum | cut -c1-16)"
+stamp="$venv/.installed-$setup_hash-$extras"
+if [ -f "$venv/.installed-$setup_hash-test" ]; then
+  stamp="$venv/.installed-$setup_hash-test"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   echo "creating $venv" >&2
   "$python" -m venv "$venv"
 fi
 if [ ! -f "$stamp" ]; then
-  echo "installing images-to-tfrecords and its dependencies into $venv (first run takes a few minutes)" >&2
+  echo "installing images-to-tfrecords[$extras] and its dependencies into $venv (first run takes a few minutes)" >&2
   "$venv/bin/python" -m pip install --quiet --upgrade pip setuptools wheel >&2
   # uv resolves the same versions from the same index as pip, and installs them about 8x faster
   # (it unpacks TensorFlow's 550 MB wheel and the rest in parallel): 32 s against pip's 254 s
@@ -26,11 +36,12 @@ if [ ! -f "$stamp" ]; then
     index_args=()
     [ -n "${PIP_INDEX_URL:-}" ] && index_args+=(--index-url "$PIP_INDEX_URL")
     for url in ${PIP_EXTRA_INDEX_URL:-}; do index_args+=(--extra-index-url "$url"); done
-    "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -e "$repo[test]" >&2
+    "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -e "$repo[$extras]" >&2
   else
-    "$venv/bin/python" -m pip install --quiet -e "$repo[test]" >&2
+    "$venv/bin/python" -m pip install --quiet -e "$repo[$extras]" >&2
   fi
-  rm -f "$venv"/.installed-*
+  # Stamps of other setup.py versions are stale; this version's other extras are still installed.
+  find "$venv" -maxdepth 1 -name '.installed-*' ! -name ".installed-$setup_hash-*" -delete
   touch "$stamp"
 fi
 echo "$venv/bin/python"

@@ -28,8 +28,10 @@ import math
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
+if TYPE_CHECKING:  # Imported where used, after the arguments: --help and a bad flag answer at once.
+    import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -46,6 +48,8 @@ def _positive_int(text: str) -> int:
 
 def make_strategy(num_replicas: int | None) -> tf.distribute.MirroredStrategy:
     """Mirrors over the GPUs; with num_replicas on a CPU-only machine, over N logical CPUs."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     gpus = tf.config.list_physical_devices("GPU")
     if gpus or not num_replicas:
         return tf.distribute.MirroredStrategy()
@@ -60,6 +64,8 @@ def build_model(input_shape: tuple[int, int, int], num_classes: int, *, input_dt
 
     With uint8 input the first layer scales to [0, 1], as the reader does for float32 by default.
     """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     scaling = [tf.keras.layers.Rescaling(1.0 / 255.0)] if input_dtype == "uint8" else []
     return tf.keras.Sequential([
         tf.keras.Input(input_shape, dtype=input_dtype),
@@ -179,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
                         help="resume at epoch K: Keras counts from K, and the reader replays epoch K's order and crops")
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     if args.save_path is not None and args.save_path.suffix != ".keras":
         parser.error(f"--save_path must end in .keras (Keras's model format) (got {str(args.save_path)!r})")
     if not 0 <= args.initial_epoch < args.epochs:
