@@ -17,18 +17,24 @@ from beam_jobs.api import convert
 from beam_jobs.errors import UsageError
 
 if TYPE_CHECKING:
+    from beam_jobs.config import ImageConfig
     from beam_jobs.pipeline import ConvertImages
 
 __version__ = "0.1.0"
-__all__ = ["ConvertImages", "UsageError", "__version__", "convert"]
+__all__ = ["ConvertImages", "ImageConfig", "UsageError", "__version__", "convert"]
 
 
 def __getattr__(name: str):
-    """``beam_jobs.ConvertImages`` imports Beam (through pipeline.py) when first asked for."""
+    """``beam_jobs.ConvertImages`` imports Beam (through pipeline.py), and ``beam_jobs.ImageConfig``
+    the image modules, when first asked for."""
     if name == "ConvertImages":
         from beam_jobs.pipeline import ConvertImages  # pylint: disable=import-outside-toplevel
 
         return ConvertImages
+    if name == "ImageConfig":
+        from beam_jobs.config import ImageConfig  # pylint: disable=import-outside-toplevel
+
+        return ImageConfig
     raise AttributeError(f"module 'beam_jobs' has no attribute {name!r}")
 
 
