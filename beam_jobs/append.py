@@ -62,8 +62,15 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
         raise JobError(
             f"--append: {path} (the record of which inputs a shard of version {version} holds) cannot be "
             f"read ({type(error).__name__}: {error}); datasets written by releases before versioned datasets "
-            "keep no such record: rebuild once with --overwrite, then append") from None
-    for uri, state, label in zip(inputs, sources, labels):
+            "keep no such record: rebuild once with --overwrite, then append"
+        ) from None
+    if not len(inputs) == len(sources) == len(labels):  # zip would drop the tail without a word
+        raise JobError(
+            f"--append: {path} (the record of which inputs a shard of version {version} holds) lists "
+            f"{len(inputs)} inputs but {len(sources)} source states and {len(labels)} labels; it was changed "
+            "after the run that wrote it: rebuild once with --overwrite, then append"
+        )
+    for uri, state, label in zip(inputs, sources, labels, strict=True):
         yield uri, {"state": state, "label": label, "split": split}
 
 
@@ -75,14 +82,17 @@ def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict
         return dict(changes)
     parts = []
     if changed:
-        parts.append(f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label or "
-                     f"split) since {'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})")
+        parts.append(
+            f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label or "
+            f"split) since {'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})"
+        )
     if removed:
         parts.append(f"{removed} {'are' if removed != 1 else 'is'} no longer listed ({_shown(changes, 'removed')})")
     raise SourceChangesError(
         "--append: " + " and ".join(parts) + "; nothing was converted. Pass --changed_sources keep to keep "
         "their examples as version " + str(version) + " holds them (reported in dataset_info.json's warnings), "
-        "or rebuild with --overwrite")
+        "or rebuild with --overwrite"
+    )
 
 
 def _shown(changes: Mapping, kind: str) -> str:
@@ -94,8 +104,10 @@ def _shown(changes: Mapping, kind: str) -> str:
 # Warnings of a plan that are facts of the whole dataset, not of one run's inputs: an append
 # recomputes them over the merged counts (the new inputs alone would miss classes they lack, and
 # an --splits the new inputs did not need is not "ignored" by the dataset).
-WHOLE_DATASET_WARNING = re.compile(r"^(split '.*' has no example of |--splits .* was ignored: |"
-                                    r"split '.*' has no example left of )")
+WHOLE_DATASET_WARNING = re.compile(
+    r"^(split '.*' has no example of |--splits .* was ignored: |"
+    r"split '.*' has no example left of )"
+)
 
 
 _MISSING_CLASS = re.compile(r"^split '.*' has no example of ")
@@ -106,8 +118,9 @@ def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[st
     are computed again from the merged per-split class counts; each said once."""
     kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
     # The plan's own rule and wording for a class missing from a split, over the merged counts.
-    merged = plan_warnings({split: facts["class_counts"] for split, facts in splits.items()}, label_names,
-                           requested=None, num_unsplit=0)
+    merged = plan_warnings(
+        {split: facts["class_counts"] for split, facts in splits.items()}, label_names, requested=None, num_unsplit=0
+    )
     kept += [w for w in merged if _MISSING_CLASS.match(w)]
     return list(dict.fromkeys(kept))
 
@@ -121,7 +134,7 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
     failed before included); the inputs count the base's examples plus the run's inputs.
     """
     label_names = list(added["label_names"])
-    if label_names[:len(base["label_names"])] != list(base["label_names"]):
+    if label_names[: len(base["label_names"])] != list(base["label_names"]):
         raise ValueError("an append must keep the label ids of the version it appends to")
     splits = {}
     for name in sorted(set(base["splits"]) | set(added["splits"])):
@@ -143,7 +156,8 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
         warnings.append(
             f"--append --changed_sources keep: {changes.get('changed', 0)} changed and {changes.get('removed', 0)} "
             f"removed source(s) keep the examples version {base.get('version', 1)} made of them "
-            f"(e.g. {', '.join([*changes.get('changed_examples', []), *changes.get('removed_examples', [])][:3])})")
+            f"(e.g. {', '.join([*changes.get('changed_examples', []), *changes.get('removed_examples', [])][:3])})"
+        )
     return {
         **added,
         "label_names": label_names,
@@ -151,6 +165,8 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
         "splits": splits,
         "warnings": warnings,
         "num_inputs": held + added["num_inputs"],
-        "content_duplicates": sorted([*base.get("content_duplicates", []), *added.get("content_duplicates", [])],
-                                     key=lambda group: group["files"]),
+        "content_duplicates": sorted(
+            [*base.get("content_duplicates", []), *added.get("content_duplicates", [])],
+            key=lambda group: group["files"],
+        ),
     }
