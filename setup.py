@@ -37,13 +37,28 @@ INSPECT_REQUIRE: list[str] = []
 BENCH_REQUIRE = ["matplotlib>=3.8,<4"]
 # The docs site (mkdocs.yml), built with --strict by the tests.
 DOCS_REQUIRE = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10"]
+# The checkers the tests run (their settings are in pyproject.toml), pinned exactly: a new release
+# adds rules and changes the formatter's output, which should be a commit of its own.
+CHECK_REQUIRE = ["ruff==0.17.6", "mypy==2.4.1"]
 # websocket-client drives a real headless Chromium over the DevTools protocol in the report's test;
 # the object-store tests run the job against real gs:// and s3:// servers, so they need both clients.
 # pytest-xdist runs the suite in 2 processes, one test module (or the Flink group) per process at a
 # time; its --dist loadgroup reads each test's group from a node id that pytest 9 no longer lets it
 # change (the groups are silently ignored there, measured), hence pytest 8.
-TEST_REQUIRE = ["pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.7", "psutil>=6", "websocket-client>=1.7,<2",
-                *READ_REQUIRE, *SAMPLES_REQUIRE, *BENCH_REQUIRE, *DOCS_REQUIRE, *GCP_REQUIRE, *AWS_REQUIRE]
+TEST_REQUIRE = [
+    "pytest>=8,<9",
+    "pytest-timeout>=2.3",
+    "pytest-xdist>=3.7",
+    "psutil>=6",
+    "websocket-client>=1.7,<2",
+    *READ_REQUIRE,
+    *SAMPLES_REQUIRE,
+    *BENCH_REQUIRE,
+    *DOCS_REQUIRE,
+    *CHECK_REQUIRE,
+    *GCP_REQUIRE,
+    *AWS_REQUIRE,
+]
 
 setup(
     name="images-to-tfrecords",

@@ -68,8 +68,10 @@ def convert(
     return run(argv)
 
 
-def convert_argv(arguments: Mapping[str, Any], beam_options: Mapping[str, Any] | Sequence[str] | None = None,
-                 ) -> list[str]:
+def convert_argv(
+    arguments: Mapping[str, Any],
+    beam_options: Mapping[str, Any] | Sequence[str] | None = None,
+) -> list[str]:
     """The command line that ``convert``'s keyword arguments stand for: a pure function, tested
     against the command line's own parser so that the two cannot drift apart."""
     argv: list[str] = []

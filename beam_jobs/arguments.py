@@ -8,7 +8,6 @@ the job would refuse, without touching storage or a cloud API.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import logging
@@ -24,10 +23,11 @@ from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
 from beam_jobs.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.options import ConversionOptions
-from beam_jobs.plan import DEFAULT_SPLIT_RULE
 from beam_jobs.paths import redact
+from beam_jobs.plan import DEFAULT_SPLIT_RULE
 
 __all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
+
 
 class _RaisingParser(_BeamArgumentParser):
     """Beam's own parser (so every Beam flag is known), raising instead of printing usage and exiting."""
@@ -82,8 +82,12 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
 def _refuse_repeats_and_blanks(argv: Sequence[str]) -> None:
     """The job's own flags may be given once, with a value: with argparse the last of two
     --image_size wins silently, and an empty --input= would count as not given."""
-    own = {option: action for action in help_parser()._actions  # pylint: disable=protected-access
-           for option in action.option_strings if option.startswith("--")}
+    own = {
+        option: action
+        for action in help_parser()._actions  # pylint: disable=protected-access
+        for option in action.option_strings
+        if option.startswith("--")
+    }
     seen: dict[str, int] = {}
     for index, arg in enumerate(argv):
         name, has_value, value = arg.partition("=")
@@ -147,8 +151,13 @@ class JobArguments:
     @property
     def settings(self) -> dict:
         """The settings besides ImageConfig that shape the output (part of the run fingerprint)."""
-        return {"splits": self.split_fractions, "split_rule": self.split_rule, "num_shards": self.num_shards,
-                "target_shard_mb": self.target_shard_mb, "dedup": self.dedup}
+        return {
+            "splits": self.split_fractions,
+            "split_rule": self.split_rule,
+            "num_shards": self.num_shards,
+            "target_shard_mb": self.target_shard_mb,
+            "dedup": self.dedup,
+        }
 
 
 def absolute_uri(path: str) -> str:
@@ -180,8 +189,9 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     _check_runner(options.view_as(StandardOptions).runner)
     flags = options.view_as(ConversionOptions)
     if bool(flags.input) == bool(flags.manifest):
-        raise UsageError("give exactly one of --input DIR_OR_URI and --manifest FILE"
-                         + (" (got both)" if flags.input else ""))
+        raise UsageError(
+            "give exactly one of --input DIR_OR_URI and --manifest FILE" + (" (got both)" if flags.input else "")
+        )
     if not flags.output_dir:
         raise UsageError("--output_dir is required")
     _finite("--max_bad_fraction", flags.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
@@ -197,10 +207,16 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     try:
         width, height = parse_image_size(flags.image_size)
         config = ImageConfig(
-            width=width, height=height, channels=flags.channels, resize_mode=flags.resize_mode,
+            width=width,
+            height=height,
+            channels=flags.channels,
+            resize_mode=flags.resize_mode,
             resample=flags.resample,
-            encoding=flags.encoding, jpeg_quality=flags.jpeg_quality, max_pixels=flags.max_pixels,
-            max_file_bytes=max(1, int(flags.max_file_mb * 2**20)), isolation=flags.isolation,
+            encoding=flags.encoding,
+            jpeg_quality=flags.jpeg_quality,
+            max_pixels=flags.max_pixels,
+            max_file_bytes=max(1, int(flags.max_file_mb * 2**20)),
+            isolation=flags.isolation,
             decode_timeout_s=flags.decode_timeout_s,
         )
         split_fractions = parse_splits(flags.splits) if flags.splits else None

@@ -184,7 +184,7 @@ class _GcsStore:
         yield
 
     def _blob(self, path: str):
-        bucket, _, name = path[len("gs://"):].partition("/")
+        bucket, _, name = path[len("gs://") :].partition("/")
         return self.client.bucket(bucket).blob(name)
 
     def read(self, path: str) -> tuple[bytes | None, object]:
@@ -204,8 +204,7 @@ class _GcsStore:
         from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
 
         try:
-            self._blob(path).upload_from_string(data, content_type="application/json",
-                                                if_generation_match=generation)
+            self._blob(path).upload_from_string(data, content_type="application/json", if_generation_match=generation)
         except exceptions.PreconditionFailed:
             return False
         return True
@@ -239,7 +238,7 @@ class _S3Store:
 
     @staticmethod
     def _key(path: str) -> tuple[str, str]:
-        bucket, _, key = path[len("s3://"):].partition("/")
+        bucket, _, key = path[len("s3://") :].partition("/")
         return bucket, key
 
     def read(self, path: str) -> tuple[bytes | None, object]:
@@ -302,7 +301,8 @@ def _store(output_dir: str):
     raise JobError(
         f"cannot commit a dataset version into {output_dir}: a commit must replace dataset_info.json only "
         f"if no one else did meanwhile, and {scheme}:// offers no conditional write this job can use "
-        "(local disk, gs:// and s3:// do); nothing was committed")
+        "(local disk, gs:// and s3:// do); nothing was committed"
+    )
 
 
 # --- Reading and committing ------------------------------------------------------------------
@@ -322,9 +322,11 @@ def _parse(path: str, data: bytes) -> dict:
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
-        raise JobError(f"{path} is not valid JSON ({error}); it is not a manifest this job wrote (commits replace it "
-                       "whole): if it was edited or damaged by hand, copy the newest versions/NNNNNNNN.json over it, "
-                       "or move it away") from None
+        raise JobError(
+            f"{path} is not valid JSON ({error}); it is not a manifest this job wrote (commits replace it "
+            "whole): if it was edited or damaged by hand, copy the newest versions/NNNNNNNN.json over it, "
+            "or move it away"
+        ) from None
     if not isinstance(manifest, dict):
         raise JobError(f"{path} holds a JSON {type(manifest).__name__}, not a manifest")
     return manifest
@@ -343,8 +345,7 @@ def _describe(current: Current) -> str:
         return "there is no dataset_info.json now (it was removed)"
     change = current.manifest.get("change") or {}
     when = current.manifest.get("committed_at")
-    return (f"version {current.version} is current now"
-            + (f" ({change.get('kind')}, committed {when})" if when else ""))
+    return f"version {current.version} is current now" + (f" ({change.get('kind')}, committed {when})" if when else "")
 
 
 def _highest_kept_version(output_dir: str) -> int:
@@ -385,9 +386,13 @@ def commit_version(output_dir: str, manifest: dict, *, expected: Current, change
         # from versions/ (or removed) must never make a commit reuse a number whose history file,
         # and a trainer pinned to it, exist already; nor may a file of the user's there be replaced.
         version = max(parent or 0, _highest_kept_version(output_dir)) + 1
-        committed = {**{k: v for k, v in manifest.items() if k not in VERSION_KEYS},
-                     "version": version, "parent_version": parent, "committed_at": utc_timestamp(),
-                     "change": dict(change)}
+        committed = {
+            **{k: v for k, v in manifest.items() if k not in VERSION_KEYS},
+            "version": version,
+            "parent_version": parent,
+            "committed_at": utc_timestamp(),
+            "change": dict(change),
+        }
         data = manifest_bytes(committed)
         if parent is not None and expected.data is not None:
             store.write_if_absent(_join(output_dir, version_file(parent)), expected.data)
@@ -396,6 +401,7 @@ def commit_version(output_dir: str, manifest: dict, *, expected: Current, change
             if now.data != data:
                 raise CommitConflictError(
                     f"{root} changed after this commit read it: {_describe(now)}, so version {version} "
-                    f"(over version {parent}) was not committed; read the current version and try again")
+                    f"(over version {parent}) was not committed; read the current version and try again"
+                )
         store.write(_join(output_dir, version_file(version)), data)
     return committed

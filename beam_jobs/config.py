@@ -114,12 +114,15 @@ def parse_splits(text: str) -> dict[str, float]:
         try:
             fraction = float(value)
         except ValueError:
-            raise ValueError(f"--splits: the fraction of {name!r} must be a number such as 0.9 "
-                             f"(got {value.strip()!r} in {text!r})") from None
+            raise ValueError(
+                f"--splits: the fraction of {name!r} must be a number such as 0.9 (got {value.strip()!r} in {text!r})"
+            ) from None
         if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
             leave_out = "; leave a split out rather than give it 0" if fraction == 0 else ""
-            raise ValueError(f"--splits: the fraction of {name!r} must be > 0 and <= 1 "
-                             f"(got {value.strip()!r} in {text!r}){leave_out}")
+            raise ValueError(
+                f"--splits: the fraction of {name!r} must be > 0 and <= 1 "
+                f"(got {value.strip()!r} in {text!r}){leave_out}"
+            )
         if name in splits:
             raise ValueError(f"--splits names {name!r} twice (in {text!r}; split names are lower case)")
         splits[name] = fraction

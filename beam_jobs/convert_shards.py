@@ -59,8 +59,12 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
     draft_size_for = partial(required_source_size, target=config.size, resize_mode=config.resize_mode)
     if config.resample in ARRAY_METHODS and config.channels == 3:
         # The fast path: numpy arrays from decode to encode (decode.py, resample.py).
-        decoded = decode_rgb_pixels(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for,
-                                    normalize=partial(normalize_mode, channels=3))
+        decoded = decode_rgb_pixels(
+            data,
+            max_pixels=config.max_pixels,
+            draft_size_for=draft_size_for,
+            normalize=partial(normalize_mode, channels=3),
+        )
         pixels = resize_pixels(decoded.pixels, config.size, config.resize_mode, config.resample)
         encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
     else:
@@ -126,9 +130,19 @@ class ConvertShardFn(beam.DoFn):
     inputs go to the DEAD_LETTERS output.
     """
 
-    def __init__(self, config: ImageConfig, output_dir: str, *, run_fingerprint: str = "", resume: bool = False,
-                 read_threads: int = 4, convert_threads: int = CONVERT_THREADS, run_id: str | None = None,
-                 read_timeout_s: float = READ_TIMEOUT_S, preprocessing: dict | None = None) -> None:
+    def __init__(
+        self,
+        config: ImageConfig,
+        output_dir: str,
+        *,
+        run_fingerprint: str = "",
+        resume: bool = False,
+        read_threads: int = 4,
+        convert_threads: int = CONVERT_THREADS,
+        run_id: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        preprocessing: dict | None = None,
+    ) -> None:
         self._config = config
         # Recorded in each sidecar with the run's fingerprint, so that a --resume with other flags
         # can say which setting differs for the staged shards it cannot keep.
@@ -249,8 +263,9 @@ class ConvertShardFn(beam.DoFn):
         content_keys: list[tuple[str, str, str]] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
-        handle = FileSystems.create(temp_path, mime_type="application/octet-stream",
-                                    compression_type=CompressionTypes.UNCOMPRESSED)
+        handle = FileSystems.create(
+            temp_path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+        )
         try:
             writer = _HashingWriter(handle)
             for input_file, data, isolated, conversion in self._conversions(shard.inputs):
@@ -269,8 +284,9 @@ class ConvertShardFn(beam.DoFn):
                     except (BadInputError, WorkerShutdownError):
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.
-                        raise BadInputError(Stage.CONVERT, Reason.UNEXPECTED_ERROR,
-                                            f"{type(error).__name__}: {error}") from error
+                        raise BadInputError(
+                            Stage.CONVERT, Reason.UNEXPECTED_ERROR, f"{type(error).__name__}: {error}"
+                        ) from error
                 except BadInputError as error:
                     dead_letters.append(DeadLetter(input_file.uri, error.stage, error.reason, error.detail))
                     self._images_failed.inc()
@@ -324,7 +340,10 @@ class ConvertShardFn(beam.DoFn):
         self._shards_written.inc()
         _DETAILS.info(
             "wrote %s: %d examples, %.3g MiB, %d dead letters",
-            shard.file_name, num_examples, writer.bytes / 2**20, len(dead_letters),
+            shard.file_name,
+            num_examples,
+            writer.bytes / 2**20,
+            len(dead_letters),
         )
         yield from self._outputs(shard, done)
 
@@ -334,8 +353,9 @@ class ConvertShardFn(beam.DoFn):
         if self._run_id is None:
             return
         try:
-            write_atomically(sidecar_path, json.dumps({**done, "run_id": self._run_id, "kept": True},
-                                                      sort_keys=True).encode("utf-8"))
+            write_atomically(
+                sidecar_path, json.dumps({**done, "run_id": self._run_id, "kept": True}, sort_keys=True).encode("utf-8")
+            )
         except Exception:  # Only the progress display would miss this shard; the shard itself is good.
             _LOG.warning("could not mark %s as kept by this run", sidecar_path)
 

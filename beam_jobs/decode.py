@@ -219,8 +219,9 @@ def decode_rgb_pixels(data: bytes, *, max_pixels: int, normalize, draft_size_for
     else:
         events = _with_exif_warning(list(opened.events), exif_warned)
         pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
-    return DecodedPixels(pixels=pixels, source_format=opened.source_format, source_size=opened.source_size,
-                         events=events)
+    return DecodedPixels(
+        pixels=pixels, source_format=opened.source_format, source_size=opened.source_size, events=events
+    )
 
 
 @dataclass
@@ -262,8 +263,7 @@ def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
             image = ImageOps.exif_transpose(image)
         except Exception:
             events.append("exif_malformed")
-    return DecodedImage(image=image, source_format=opened.source_format, source_size=opened.source_size,
-                        events=events)
+    return DecodedImage(image=image, source_format=opened.source_format, source_size=opened.source_size, events=events)
 
 
 def _libjpeg_pixels(data: bytes, opened: _Opened) -> np.ndarray | None:
@@ -276,8 +276,15 @@ def _libjpeg_pixels(data: bytes, opened: _Opened) -> np.ndarray | None:
     width, height = opened.image.size
     try:
         # The accurate integer IDCT and smooth upsampling, Pillow's choices (the fast ones differ).
-        pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", fastdct=False,
-                                        fastupsample=False, min_width=width, min_height=height, strict=True)
+        pixels = simplejpeg.decode_jpeg(
+            data,
+            colorspace="GRAY" if gray else "RGB",
+            fastdct=False,
+            fastupsample=False,
+            min_width=width,
+            min_height=height,
+            strict=True,
+        )
     except ValueError:
         return None
     if pixels.shape[:2] != (height, width):  # not the scale Pillow picked: leave it to Pillow

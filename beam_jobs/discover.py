@@ -16,8 +16,15 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.listing_policy import (IMAGE_EXTENSIONS, Ignored, IgnoredEntry, check_listed_file, classify_local,
-                                      is_image_filename, walk_local)
+from beam_jobs.listing_policy import (
+    IMAGE_EXTENSIONS,
+    Ignored,
+    IgnoredEntry,
+    check_listed_file,
+    classify_local,
+    is_image_filename,
+    walk_local,
+)
 from beam_jobs.names import clean_label, clean_split_name, is_hidden_name
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import DeadLetter, InputFile
@@ -40,6 +47,7 @@ __all__ = [
     "row_to_input",
 ]
 
+
 def normalize_root(root: str) -> str:
     """The input root with exactly one trailing separator, so prefixes compare safely."""
     if "://" not in root:
@@ -55,7 +63,7 @@ def relative_filename(root: str, path: str) -> str:
     """
     if not path.startswith(root):
         raise ValueError(f"{path!r} is not under the input root {root!r}")
-    return path[len(root):]
+    return path[len(root) :]
 
 
 def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | DeadLetter:
@@ -65,8 +73,9 @@ def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | D
         resolve_inside_root(filename, root, allow_outside=allow_outside_root)
     except BadInputError as error:
         return DeadLetter(meta.path, error.stage, error.reason, error.detail)
-    return InputFile(filename=filename, uri=meta.path, size=meta.size_in_bytes,
-                     mtime=meta.last_updated_in_seconds or None)
+    return InputFile(
+        filename=filename, uri=meta.path, size=meta.size_in_bytes, mtime=meta.last_updated_in_seconds or None
+    )
 
 
 LISTING = "listing"  # the output of ListTree and ListInputList: InputFile | DeadLetter
@@ -102,8 +111,8 @@ class ListTree(beam.PTransform):
             # read "[", "*" and "?" in it as glob syntax.
             | "ListUnits" >> beam.FlatMap(_list_unit, allow_outside_root=allow)
             # FileMetadata(path, size_in_bytes, last_updated_in_seconds) | DeadLetter | IgnoredEntry
-            | "ToInputFile" >> beam.FlatMap(_sort_entry, root=root, allow_outside_root=allow).with_outputs(
-                IGNORED, main=LISTING)
+            | "ToInputFile"
+            >> beam.FlatMap(_sort_entry, root=root, allow_outside_root=allow).with_outputs(IGNORED, main=LISTING)
             # InputFile(filename, uri, size) | DeadLetter; IGNORED: the Ignored kind of each entry left out
         )
         if not self._with_ignored:
@@ -159,17 +168,23 @@ def _json_value_not_text(row: dict) -> str | None:
     for column in ("label", "uri", "split"):
         value = row.get(column)
         if isinstance(value, (int, float)):
-            return (f"{column} {json.dumps(value)} is a JSON number; write it as text "
-                    f"({json.dumps(str(json.dumps(value)))}): {_NUMBER_ADVICE[column]}")
+            return (
+                f"{column} {json.dumps(value)} is a JSON number; write it as text "
+                f"({json.dumps(str(json.dumps(value)))}): {_NUMBER_ADVICE[column]}"
+            )
     return None
 
 
-def _row_to_input(row: dict, *, root: str, where: str, allow_outside_root: bool,
-                  base: str | None = None) -> InputFile | DeadLetter:
+def _row_to_input(
+    row: dict, *, root: str, where: str, allow_outside_root: bool, base: str | None = None
+) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
         return _bad_row(where, "the row is not valid UTF-8")
-    missing = [column for column in _REQUIRED_COLUMNS if row.get(column) is None
-               or (column == "uri" and not str(row[column]).strip())]
+    missing = [
+        column
+        for column in _REQUIRED_COLUMNS
+        if row.get(column) is None or (column == "uri" and not str(row[column]).strip())
+    ]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
     not_text = _json_value_not_text(row)
@@ -210,8 +225,9 @@ def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:
     yield from lines
 
 
-def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_outside_root: bool = False,
-                     root: str | None = None) -> Iterator[InputFile | DeadLetter]:
+def parse_input_list(
+    data: bytes | str | Iterable[str], *, list_uri: str, allow_outside_root: bool = False, root: str | None = None
+) -> Iterator[InputFile | DeadLetter]:
     """Parses an input list: CSV (with a header naming uri, label and optionally split) or JSONL.
 
     ``data`` may be the whole file or a stream of its lines: rows are parsed one at a time, so a
@@ -256,8 +272,9 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
     if columns is None:
         return  # An empty part: sharded exporters write them; it lists nothing.
     if not all(column in columns for column in _REQUIRED_COLUMNS):
-        raise JobError(f"the input list {redact(list_uri)} must have a header row naming uri and label "
-                       f"(got {columns!r})")
+        raise JobError(
+            f"the input list {redact(list_uri)} must have a header row naming uri and label (got {columns!r})"
+        )
     while True:
         try:
             row = next(reader)
@@ -274,8 +291,12 @@ def parse_input_list(data: bytes | str | Iterable[str], *, list_uri: str, allow_
         yield convert(row, where=where)
 
 
-def _read_input_list(list_uri: str, *, allow_outside_root: bool, root: str | None = None,
-                     ) -> Iterator[InputFile | DeadLetter]:
+def _read_input_list(
+    list_uri: str,
+    *,
+    allow_outside_root: bool,
+    root: str | None = None,
+) -> Iterator[InputFile | DeadLetter]:
     """Streams one input list file's rows: memory is one row, whatever the file's size."""
     try:
         handle = FileSystems.open(list_uri, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -302,9 +323,13 @@ def input_list_files(list_uri: str) -> list[str]:
         if re.search(r"[\[*?]", list_uri):
             others = [meta.path for meta in match_literally([list_uri])[0] if meta.path != list_uri]
             if others:
-                _LOG.warning("the input list %s exists, so it is read alone; as a pattern its name would "
-                             "also match %d other file(s), such as %s", redact(list_uri), len(others),
-                             redact(others[0]))
+                _LOG.warning(
+                    "the input list %s exists, so it is read alone; as a pattern its name would "
+                    "also match %d other file(s), such as %s",
+                    redact(list_uri),
+                    len(others),
+                    redact(others[0]),
+                )
         return [list_uri]
     return sorted(meta.path for meta in match_literally([list_uri])[0])
 
@@ -329,15 +354,25 @@ def _first_level(root: str, *, allow_outside_root: bool = False) -> list:
         if level is None:
             return [root]
         folders, files = level
-        hidden = [IgnoredEntry(Ignored.HIDDEN) for path in [*folders, *(m.path for m in files)]
-                  if is_hidden_name(path.rstrip("/").rsplit("/", 1)[-1])]
-        return [*hidden, *(f for f in folders if not is_hidden_name(f.rstrip("/").rsplit("/", 1)[-1])),
-                *(m for m in files if not is_hidden_name(m.path.rsplit("/", 1)[-1]))]
+        hidden = [
+            IgnoredEntry(Ignored.HIDDEN)
+            for path in [*folders, *(m.path for m in files)]
+            if is_hidden_name(path.rstrip("/").rsplit("/", 1)[-1])
+        ]
+        return [
+            *hidden,
+            *(f for f in folders if not is_hidden_name(f.rstrip("/").rsplit("/", 1)[-1])),
+            *(m for m in files if not is_hidden_name(m.path.rsplit("/", 1)[-1])),
+        ]
     real_root, open_folders = os.path.realpath(root), frozenset({_identity(root)})
     units = []
     for name in sorted(os.listdir(root)):
-        _, emitted, identity = classify_local(os.path.join(root, name), real_root=real_root,
-                                              open_folders=open_folders, allow_outside_root=allow_outside_root)
+        _, emitted, identity = classify_local(
+            os.path.join(root, name),
+            real_root=real_root,
+            open_folders=open_folders,
+            allow_outside_root=allow_outside_root,
+        )
         units.append(os.path.join(root, name) if identity is not None else emitted)
     return units
 
@@ -348,9 +383,12 @@ def _list_unit(unit, *, allow_outside_root: bool = False) -> Iterable:
         return [unit]
     if "://" not in unit:
         root = os.path.dirname(unit)  # a local unit is always a folder directly under the root
-        return walk_local(unit, real_root=os.path.realpath(root),
-                          open_folders=frozenset({_identity(root), _identity(unit)}),
-                          allow_outside_root=allow_outside_root)
+        return walk_local(
+            unit,
+            real_root=os.path.realpath(root),
+            open_folders=frozenset({_identity(root), _identity(unit)}),
+            allow_outside_root=allow_outside_root,
+        )
     # An object store's "folder/" marker objects (made by consoles and some tools) are no files;
     # one with no key under it is an empty folder, counted as on disk.
     return _markers_as_empty_folders(_without_hidden(_empty_markers_only(list_tree(unit)), unit=unit))
@@ -425,8 +463,8 @@ class ListInputList(beam.PTransform):
             | "InputListFiles" >> beam.FlatMap(input_list_files)
             # path of one input list file
             | "SpreadListFiles" >> beam.Reshuffle()
-            | "ReadInputList" >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root,
-                                              root=self._root)
+            | "ReadInputList"
+            >> beam.FlatMap(_read_input_list, allow_outside_root=self._allow_outside_root, root=self._root)
             # InputFile(filename, uri, label, split) | DeadLetter
         )
         if not self._with_ignored:
@@ -454,6 +492,7 @@ class ListRows(beam.PTransform):
         self._allow_outside_root = allow_outside_root
 
     def expand(self, rows):
-        listing = rows | "RowsToInputs" >> beam.Map(row_to_input, root=self._root,
-                                                    allow_outside_root=self._allow_outside_root)
+        listing = rows | "RowsToInputs" >> beam.Map(
+            row_to_input, root=self._root, allow_outside_root=self._allow_outside_root
+        )
         return {LISTING: listing, IGNORED: rows.pipeline | "NothingIgnored" >> beam.Create([])}

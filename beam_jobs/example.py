@@ -78,8 +78,9 @@ def encode_array(pixels: np.ndarray, *, encoding: str, jpeg_quality: int) -> byt
     straight from the array (simplejpeg), with Pillow's settings: 4:2:0 chroma subsampling, the
     accurate DCT, no optimisation or progressive scan, so a pure function of the pixels."""
     if encoding == "jpeg" and pixels.ndim == 3 and pixels.shape[2] == 3:
-        return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=jpeg_quality, colorspace="RGB",
-                                      colorsubsampling="420", fastdct=False)
+        return simplejpeg.encode_jpeg(
+            np.ascontiguousarray(pixels), quality=jpeg_quality, colorspace="RGB", colorsubsampling="420", fastdct=False
+        )
     if encoding == "raw":
         return np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()
     return encode_pixels(Image.fromarray(np.ascontiguousarray(pixels)), encoding=encoding, jpeg_quality=jpeg_quality)

@@ -20,8 +20,17 @@ _PACKAGE = "images_to_tfrecords.wire"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
-def _field(message, name: str, number: int, kind: int, *, repeated: bool = False, type_name: str = "",
-           oneof: int | None = None, packed: bool = False) -> None:
+def _field(
+    message,
+    name: str,
+    number: int,
+    kind: int,
+    *,
+    repeated: bool = False,
+    type_name: str = "",
+    oneof: int | None = None,
+    packed: bool = False,
+) -> None:
     field = message.field.add(name=name, number=number, type=kind)
     field.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
     if type_name:

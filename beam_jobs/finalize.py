@@ -13,9 +13,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
-from beam_jobs.config import ImageConfig
 from beam_jobs.append import merge_appended
 from beam_jobs.commit import Current, commit_version
+from beam_jobs.config import ImageConfig
 from beam_jobs.errors import Reason
 from beam_jobs.example import FEATURE_DTYPES
 from beam_jobs.progress import progress_file_name
@@ -64,8 +64,13 @@ _PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")  # see progress.progress_f
 def is_dataset_file(name: str) -> bool:
     """True for the names this job writes into an output folder (shards, their hidden staged and
     temporary forms, the two JSON files)."""
-    return (bool(_SHARD_FILE.match(name)) or name in (DATASET_INFO, DEAD_LETTERS_FILE, REFUSED_DEAD_LETTERS_FILE)
-            or name.startswith((".staged-", ".tmp-")))
+    return (
+        bool(_SHARD_FILE.match(name))
+        or name in (DATASET_INFO, DEAD_LETTERS_FILE, REFUSED_DEAD_LETTERS_FILE)
+        or name.startswith((".staged-", ".tmp-"))
+    )
+
+
 SCHEMA_VERSION = 1
 PRODUCER = "images-to-tfrecords"
 
@@ -93,8 +98,14 @@ def content_duplicate_groups(keys_by_sha: Iterable[tuple[str, Iterable[tuple[str
         members = sorted(members)
         if len(members) > 1:
             labels = sorted({label for _, label in members})
-            groups.append({"sha256": sha256, "files": [f for f, _ in members], "labels": labels,
-                           "conflicting_labels": len(labels) > 1})
+            groups.append(
+                {
+                    "sha256": sha256,
+                    "files": [f for f, _ in members],
+                    "labels": labels,
+                    "conflicting_labels": len(labels) > 1,
+                }
+            )
     return sorted(groups, key=lambda g: g["files"])
 
 
@@ -156,8 +167,11 @@ def build_dataset_info(
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
         # --splits that no input took); the console showed them under the plan line.
-        "warnings": [*summary.get("warnings", []), *_emptied_class_warnings(summary, splits),
-                     *conflicting_label_warnings(content_duplicates)],
+        "warnings": [
+            *summary.get("warnings", []),
+            *_emptied_class_warnings(summary, splits),
+            *conflicting_label_warnings(content_duplicates),
+        ],
         "num_inputs": summary["num_inputs"],
         "num_dead_letters": num_dead_letters,
         # Per reason; duplicate_input and duplicate_content were dropped on purpose (--dedup).
@@ -177,8 +191,10 @@ def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
         planned = summary.get("splits", {}).get(split, {}).get("class_counts", {})
         emptied = [label for label, count in facts["class_counts"].items() if not count and planned.get(label)]
         if emptied:
-            warnings.append(f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
-                            f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter")
+            warnings.append(
+                f"split {split!r} has no example left of {', '.join(map(repr, emptied))}: "
+                f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter"
+            )
     return warnings
 
 
@@ -189,13 +205,17 @@ def conflicting_label_warnings(content_duplicates: Sequence[dict], *, shown: int
     conflicting = [group for group in content_duplicates if group.get("conflicting_labels")]
     if not conflicting:
         return []
-    examples = "; ".join(f"{' = '.join(map(repr, group['files']))} (labels {', '.join(group['labels'])})"
-                         for group in conflicting[:shown])
+    examples = "; ".join(
+        f"{' = '.join(map(repr, group['files']))} (labels {', '.join(group['labels'])})"
+        for group in conflicting[:shown]
+    )
     more = f"; and {len(conflicting) - shown} more" if len(conflicting) > shown else ""
     groups = "image" if len(conflicting) == 1 else "images"
-    return [f"{len(conflicting)} {groups} with identical content carry more than one label: {examples}{more} "
-            "(a symlinked class folder, or a file linked or copied into another class?); see "
-            f"content_duplicates in {DATASET_INFO} (--dedup content makes them dead letters instead)"]
+    return [
+        f"{len(conflicting)} {groups} with identical content carry more than one label: {examples}{more} "
+        "(a symlinked class folder, or a file linked or copied into another class?); see "
+        f"content_duplicates in {DATASET_INFO} (--dedup content makes them dead letters instead)"
+    ]
 
 
 def _applied(settings: dict, summary: dict) -> dict:
@@ -209,11 +229,15 @@ def _applied(settings: dict, summary: dict) -> dict:
 # What to do about the reasons that can refuse a whole run by themselves (a layout or a policy,
 # not a broken file): said on the console, since few open dead_letters.jsonl before retrying.
 _REASON_FIXES = {
-    Reason.OUTSIDE_INPUT_ROOT: ("entries outside the input list's folder (or symlinks out of the tree) are "
-                                      "refused: pass --allow_outside_root to accept them"),
-    Reason.UNEXPECTED_LAYOUT: ("images must sit in one folder per class (ROOT/<label>/<image>, or "
-                                     "ROOT/<split>/<label>/<image>): put them in class folders, or give a CSV "
-                                     "or JSONL list with --manifest"),
+    Reason.OUTSIDE_INPUT_ROOT: (
+        "entries outside the input list's folder (or symlinks out of the tree) are "
+        "refused: pass --allow_outside_root to accept them"
+    ),
+    Reason.UNEXPECTED_LAYOUT: (
+        "images must sit in one folder per class (ROOT/<label>/<image>, or "
+        "ROOT/<split>/<label>/<image>): put them in class folders, or give a CSV "
+        "or JSONL list with --manifest"
+    ),
 }
 
 
@@ -227,9 +251,15 @@ def refusal_hint(by_reason: dict[str, int]) -> str:
     return text + "".join(f"; {fix}" for fix in fixes)
 
 
-def check_bad_fraction(*, num_dead: int, num_inputs: int, max_bad_fraction: float, dead_letters_uri: str,
-                       kept_message: str = "no dataset_info.json was written",
-                       by_reason: dict[str, int] | None = None) -> None:
+def check_bad_fraction(
+    *,
+    num_dead: int,
+    num_inputs: int,
+    max_bad_fraction: float,
+    dead_letters_uri: str,
+    kept_message: str = "no dataset_info.json was written",
+    by_reason: dict[str, int] | None = None,
+) -> None:
     """``num_dead`` counts unusable inputs only, ``num_inputs`` the inputs that were not dropped as
     copies: --dedup content drops copies on purpose, and they must not fail the job."""
     if num_inputs and num_dead / num_inputs > max_bad_fraction:
@@ -262,14 +292,18 @@ def part_file_name(part: int, prefix: str = "dead_letters") -> str:
     return f".staged-{prefix}-{part:05d}-of-{DEAD_LETTER_PARTS:05d}.jsonl"
 
 
-def write_dead_letter_part(group: tuple[int, Iterable[DeadLetter]], *, output_dir: str,
-                           prefix: str = "dead_letters") -> dict:
+def write_dead_letter_part(
+    group: tuple[int, Iterable[DeadLetter]], *, output_dir: str, prefix: str = "dead_letters"
+) -> dict:
     """Writes one part (sorted) under a hidden name; returns its small facts for finalize."""
     part, letters = group
     letters = sorted(letters)
     write_atomically(FileSystems.join(output_dir, part_file_name(part, prefix)), dead_letters_jsonl(letters))
-    return {"part": part, "count": len(letters),
-            "by_reason": dict(collections.Counter(letter.reason for letter in letters))}
+    return {
+        "part": part,
+        "count": len(letters),
+        "by_reason": dict(collections.Counter(letter.reason for letter in letters)),
+    }
 
 
 def is_own_plan(path: str) -> bool:
@@ -305,11 +339,17 @@ def remove_root_leftovers(output_dir: str, *, run_id: str | None = None) -> list
     """
     own_progress = None if run_id is None else progress_file_name(run_id)
     listing = {meta.path.rsplit("/", 1)[-1]: meta.path for meta in list_folder(output_dir)}
-    plan_files = ((PLAN_FILE, PLAN_DEAD_LETTERS_FILE)
-                  if PLAN_FILE not in listing or is_own_plan(listing[PLAN_FILE]) else ())
-    doomed = [path for name, path in listing.items()
-              if name.startswith((".tmp-", ".staged-")) or name == REFUSED_DEAD_LETTERS_FILE
-              or name in plan_files or (_PROGRESS_FILE.match(name) and name != own_progress)]
+    plan_files = (
+        (PLAN_FILE, PLAN_DEAD_LETTERS_FILE) if PLAN_FILE not in listing or is_own_plan(listing[PLAN_FILE]) else ()
+    )
+    doomed = [
+        path
+        for name, path in listing.items()
+        if name.startswith((".tmp-", ".staged-"))
+        or name == REFUSED_DEAD_LETTERS_FILE
+        or name in plan_files
+        or (_PROGRESS_FILE.match(name) and name != own_progress)
+    ]
     delete_exactly(doomed)
     return sorted(path.rsplit("/", 1)[-1] for path in doomed)
 
@@ -370,29 +410,52 @@ def finalize_outputs(
     if base is not None and not any(result.num_examples for result in results):
         # Nothing new became an example: a version equal to the current one would only be noise
         # (a nightly append over a folder with one bad file would commit one every night).
-        _LOG.info("--append: no new example; version %s stays current%s", expected.version,
-                  f" ({num_dead} dead letters in {dead_letters_path})" if num_dead else "")
+        _LOG.info(
+            "--append: no new example; version %s stays current%s",
+            expected.version,
+            f" ({num_dead} dead letters in {dead_letters_path})" if num_dead else "",
+        )
         return base
     # A dataset of no examples is never what a user wants, whatever --max_bad_fraction allows.
     empty = not any(result.num_examples for result in results) and base is None
     if empty or (considered and unusable / considered > max_bad_fraction):
-        kept = (f"version {expected.version} of the dataset stays current, unchanged" if expected.manifest
-                else "no dataset_info.json was written")
+        kept = (
+            f"version {expected.version} of the dataset stays current, unchanged"
+            if expected.manifest
+            else "no dataset_info.json was written"
+        )
         if results:
-            kept += (f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
-                     f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it) "
-                     "for a rerun with --resume and the same flags, which redoes only what changed")
+            kept += (
+                f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
+                f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it) "
+                "for a rerun with --resume and the same flags, which redoes only what changed"
+            )
         unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
-        check_bad_fraction(num_dead=unusable, num_inputs=considered, max_bad_fraction=max_bad_fraction,
-                           dead_letters_uri=dead_letters_path, kept_message=kept, by_reason=unusable_by_reason)
+        check_bad_fraction(
+            num_dead=unusable,
+            num_inputs=considered,
+            max_bad_fraction=max_bad_fraction,
+            dead_letters_uri=dead_letters_path,
+            kept_message=kept,
+            by_reason=unusable_by_reason,
+        )
         hint = refusal_hint(unusable_by_reason)
         raise TooManyBadInputsError(
             f"no input became an example ({unusable} of {considered} inputs could not be used"
-            + (f"; {hint}" if hint else "") + f"); a dataset of no examples is refused, whatever "
-            f"--max_bad_fraction allows; {kept}. See {dead_letters_path} for each file and the reason.")
-    info = build_dataset_info(summary, results, num_dead_letters=num_dead, config=config, settings=settings,
-                              content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
-                              dead_letters_by_reason=dict(by_reason), run=run)
+            + (f"; {hint}" if hint else "")
+            + f"); a dataset of no examples is refused, whatever "
+            f"--max_bad_fraction allows; {kept}. See {dead_letters_path} for each file and the reason."
+        )
+    info = build_dataset_info(
+        summary,
+        results,
+        num_dead_letters=num_dead,
+        config=config,
+        settings=settings,
+        content_duplicates=sorted(content_duplicates, key=lambda g: g["files"]),
+        dead_letters_by_reason=dict(by_reason),
+        run=run,
+    )
     change = {"kind": change_kind, "run": run}
     if base is not None:
         change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
@@ -412,31 +475,50 @@ def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run
         from beam_jobs.versions import collect_garbage  # pylint: disable=import-outside-toplevel  # cycle
 
         remove_root_leftovers(output_dir, run_id=run_id)
-        delete_exactly([meta.path for meta in list_folder(run_dir(output_dir, run))
-                        if meta.path.rsplit("/", 1)[-1].startswith(".tmp-")])
+        delete_exactly(
+            [
+                meta.path
+                for meta in list_folder(run_dir(output_dir, run))
+                if meta.path.rsplit("/", 1)[-1].startswith(".tmp-")
+            ]
+        )
         collect_garbage(output_dir, keep=keep_versions, holding_run=run)
     except Exception as error:  # The dataset is committed: a clean-up failure must not fail the run.
-        _LOG.warning("the new version is committed, but cleaning up %s failed (%s): `python -m "
-                     "beam_jobs.versions %s gc` retries it", output_dir, error, output_dir)
+        _LOG.warning(
+            "the new version is committed, but cleaning up %s failed (%s): `python -m "
+            "beam_jobs.versions %s gc` retries it",
+            output_dir,
+            error,
+            output_dir,
+        )
 
 
 def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     """The plan in one line, in the Keras style: what a user checks before a long run."""
     splits = summary["splits"]
     total = sum(s["num_examples"] for s in splits.values())
-    shown = ", ".join(f"{name} {s['num_examples']} ({s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''})"
-                      for name, s in splits.items()) or "no split"
+    shown = (
+        ", ".join(
+            f"{name} {s['num_examples']} ({s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''})"
+            for name, s in splits.items()
+        )
+        or "no split"
+    )
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
     classes = len(summary["label_names"])
     append = summary.get("append")
     if append is not None:  # --append: what is new, beside what the current version holds
         held = append.get("held", 0) + append.get("changed", 0)
-        return (f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
-                f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}; {ignored} listed "
-                f"file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
-    return (f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
-            f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else ""))
+        return (
+            f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
+            f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}; {ignored} listed "
+            f"file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else "")
+        )
+    return (
+        f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
+        f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else "")
+    )
 
 
 def plan_warning_lines(summary: dict) -> list[str]:
@@ -445,8 +527,9 @@ def plan_warning_lines(summary: dict) -> list[str]:
     return [f"WARNING: {warning}" for warning in summary.get("warnings", [])]
 
 
-def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict,
-               max_bad_fraction: float = 1.0) -> dict:
+def write_plan(
+    summary: dict, dead_parts: list[dict], *, output_dir: str, settings: dict, max_bad_fraction: float = 1.0
+) -> dict:
     """--plan_only: plan.json (counts per split, shard counts, per-class counts per split, the
     listing's dead letters by reason) and plan_dead_letters.jsonl, each written atomically.
     ``would_fail`` says why the full run would fail already from the listing (or is None)."""
@@ -454,8 +537,10 @@ def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settin
     by_reason: collections.Counter[str] = collections.Counter()
     for part in parts:
         by_reason.update(part["by_reason"])
-    concatenate_atomically(FileSystems.join(output_dir, PLAN_DEAD_LETTERS_FILE),
-                           [FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts])
+    concatenate_atomically(
+        FileSystems.join(output_dir, PLAN_DEAD_LETTERS_FILE),
+        [FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts],
+    )
     planned = sum(split["num_examples"] for split in summary["splits"].values())
     unusable = sum(count for reason, count in by_reason.items() if reason not in DROPPED_REASONS)
     considered = summary["num_inputs"] - (sum(by_reason.values()) - unusable)
@@ -463,13 +548,24 @@ def write_plan(summary: dict, dead_parts: list[dict], *, output_dir: str, settin
     if planned == 0:
         verdict = "no input can become an example"
     elif considered and unusable / considered > max_bad_fraction:
-        verdict = (f"{unusable} of {considered} inputs are refused already by the listing, more than "
-                   f"--max_bad_fraction={max_bad_fraction}: the full run would fail")
-    plan = {**summary, "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
-            "settings": _applied(settings, summary), "would_fail": verdict,
-            "dead_letters": {"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
-                             "file": PLAN_DEAD_LETTERS_FILE}}
-    write_atomically(FileSystems.join(output_dir, PLAN_FILE),
-                     (json.dumps(plan, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
+        verdict = (
+            f"{unusable} of {considered} inputs are refused already by the listing, more than "
+            f"--max_bad_fraction={max_bad_fraction}: the full run would fail"
+        )
+    plan = {
+        **summary,
+        "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
+        "settings": _applied(settings, summary),
+        "would_fail": verdict,
+        "dead_letters": {
+            "count": sum(by_reason.values()),
+            "by_reason": dict(sorted(by_reason.items())),
+            "file": PLAN_DEAD_LETTERS_FILE,
+        },
+    }
+    write_atomically(
+        FileSystems.join(output_dir, PLAN_FILE),
+        (json.dumps(plan, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"),
+    )
     delete_exactly([FileSystems.join(output_dir, part_file_name(p["part"], "plan_dead_letters")) for p in parts])
     return {**plan, "line": plan_line(summary, dict(by_reason))}

@@ -35,100 +35,202 @@ An argument the job does not know is an error."""
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the job's flags to ``parser``, in groups that follow the conversion."""
     group = parser.add_argument_group("inputs", "what to convert")
-    group.add_argument("--input", help="root of a class-per-folder tree: ROOT/<label>/<image> or "
-                       "ROOT/<split>/<label>/<image>; a local path or any Beam filesystem URI (gs://...)")
-    group.add_argument("--manifest", help="a CSV (header: uri,label[,split]) or JSONL list of the input "
-                       "images; relative uris are relative to the list's folder")
-    group.add_argument("--tree_layout", default="auto", choices=("auto", "label", "split_label"),
-                       help="how --input's folders name things: label = ROOT/<label>/<image>; "
-                       "split_label = ROOT/<split>/<label>/<image>; auto = split_label when every image is "
-                       "three levels deep under top folders named like splits (train, validation, val, "
-                       "test, ...), else label (default: %(default)s)")
-    group.add_argument("--allow_outside_root", action="store_true", default=False,
-                       help="accept manifest entries and symlinks that lead outside the input root "
-                       "(absolute paths elsewhere, other buckets, ..)")
-    group.add_argument("--dedup", default="path", choices=("path", "content"),
-                       help="path: the same path listed twice is one input; content: also files with "
-                       "identical bytes (the first name is kept; copies with conflicting labels are all "
-                       "dead letters). With path, identical-content copies are kept and reported in "
-                       "dataset_info.json (default: %(default)s)")
+    group.add_argument(
+        "--input",
+        help="root of a class-per-folder tree: ROOT/<label>/<image> or "
+        "ROOT/<split>/<label>/<image>; a local path or any Beam filesystem URI (gs://...)",
+    )
+    group.add_argument(
+        "--manifest",
+        help="a CSV (header: uri,label[,split]) or JSONL list of the input "
+        "images; relative uris are relative to the list's folder",
+    )
+    group.add_argument(
+        "--tree_layout",
+        default="auto",
+        choices=("auto", "label", "split_label"),
+        help="how --input's folders name things: label = ROOT/<label>/<image>; "
+        "split_label = ROOT/<split>/<label>/<image>; auto = split_label when every image is "
+        "three levels deep under top folders named like splits (train, validation, val, "
+        "test, ...), else label (default: %(default)s)",
+    )
+    group.add_argument(
+        "--allow_outside_root",
+        action="store_true",
+        default=False,
+        help="accept manifest entries and symlinks that lead outside the input root "
+        "(absolute paths elsewhere, other buckets, ..)",
+    )
+    group.add_argument(
+        "--dedup",
+        default="path",
+        choices=("path", "content"),
+        help="path: the same path listed twice is one input; content: also files with "
+        "identical bytes (the first name is kept; copies with conflicting labels are all "
+        "dead letters). With path, identical-content copies are kept and reported in "
+        "dataset_info.json (default: %(default)s)",
+    )
     group = parser.add_argument_group("output", "where the dataset goes, and its shards")
     group.add_argument("--output_dir", help="where shards, dataset_info.json and dead_letters.jsonl go")
-    group.add_argument("--num_shards", type=int, default=0,
-                       help="shards per split; 0 derives it from --target_shard_mb (default: %(default)s)")
-    group.add_argument("--target_shard_mb", type=float, default=DEFAULT_TARGET_SHARD_MB,
-                       help="approximate shard size when --num_shards is 0; there are always enough "
-                       "shards to keep many workers busy (default: %(default)s)")
+    group.add_argument(
+        "--num_shards",
+        type=int,
+        default=0,
+        help="shards per split; 0 derives it from --target_shard_mb (default: %(default)s)",
+    )
+    group.add_argument(
+        "--target_shard_mb",
+        type=float,
+        default=DEFAULT_TARGET_SHARD_MB,
+        help="approximate shard size when --num_shards is 0; there are always enough "
+        "shards to keep many workers busy (default: %(default)s)",
+    )
     group = parser.add_argument_group("image", "what each example holds")
-    group.add_argument("--image_size", default=str(_DEFAULTS.width),
-                       help="output size: 224 or WIDTHxHEIGHT such as 256x192 (default: %(default)s)")
-    group.add_argument("--resize_mode", default=_DEFAULTS.resize_mode, choices=("crop", "pad", "stretch"),
-                       help="crop: shorter side then centre crop; pad: fit then letterbox; "
-                       "stretch: ignore the aspect ratio (default: %(default)s)")
-    group.add_argument("--resample", default=_DEFAULTS.resample, choices=RESAMPLE_METHODS,
-                       help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased, as "
-                       "every earlier release), bilinear or lanczos (Pillow's, antialiased), or the faster "
-                       "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
-                       "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
-                       "periodic detail through as moire; see the README (default: %(default)s)")
-    group.add_argument("--channels", type=int, default=_DEFAULTS.channels, choices=(1, 3),
-                       help="3 for RGB, 1 for grayscale (default: %(default)s)")
-    group.add_argument("--encoding", default=_DEFAULTS.encoding, choices=("jpeg", "png", "raw"),
-                       help="how image/encoded is stored (default: %(default)s)")
-    group.add_argument("--jpeg_quality", type=int, default=_DEFAULTS.jpeg_quality,
-                       help="1-100 (default: %(default)s)")
+    group.add_argument(
+        "--image_size",
+        default=str(_DEFAULTS.width),
+        help="output size: 224 or WIDTHxHEIGHT such as 256x192 (default: %(default)s)",
+    )
+    group.add_argument(
+        "--resize_mode",
+        default=_DEFAULTS.resize_mode,
+        choices=("crop", "pad", "stretch"),
+        help="crop: shorter side then centre crop; pad: fit then letterbox; "
+        "stretch: ignore the aspect ratio (default: %(default)s)",
+    )
+    group.add_argument(
+        "--resample",
+        default=_DEFAULTS.resample,
+        choices=RESAMPLE_METHODS,
+        help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased, as "
+        "every earlier release), bilinear or lanczos (Pillow's, antialiased), or the faster "
+        "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
+        "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
+        "periodic detail through as moire; see the README (default: %(default)s)",
+    )
+    group.add_argument(
+        "--channels",
+        type=int,
+        default=_DEFAULTS.channels,
+        choices=(1, 3),
+        help="3 for RGB, 1 for grayscale (default: %(default)s)",
+    )
+    group.add_argument(
+        "--encoding",
+        default=_DEFAULTS.encoding,
+        choices=("jpeg", "png", "raw"),
+        help="how image/encoded is stored (default: %(default)s)",
+    )
+    group.add_argument("--jpeg_quality", type=int, default=_DEFAULTS.jpeg_quality, help="1-100 (default: %(default)s)")
     group = parser.add_argument_group("splits", "which split each input goes to")
-    group.add_argument("--splits", default=None, help="split fractions for inputs without one, e.g. "
-                       "train=0.9,validation=0.1 (default: everything in train); split folders of the tree "
-                       "and the input list's split column win")
-    group.add_argument("--split_rule", default=DEFAULT_SPLIT_RULE, choices=SPLIT_RULES,
-                       help="stratified: exactly the fractions, overall and per class (largest remainder "
-                       "over each class's inputs in hash order), every class with at least as many inputs "
-                       "as splits in every split; hash: each input by its own stable hash of the relative "
-                       "path, only near the fractions, but adding inputs never moves another "
-                       "(default: %(default)s)")
+    group.add_argument(
+        "--splits",
+        default=None,
+        help="split fractions for inputs without one, e.g. "
+        "train=0.9,validation=0.1 (default: everything in train); split folders of the tree "
+        "and the input list's split column win",
+    )
+    group.add_argument(
+        "--split_rule",
+        default=DEFAULT_SPLIT_RULE,
+        choices=SPLIT_RULES,
+        help="stratified: exactly the fractions, overall and per class (largest remainder "
+        "over each class's inputs in hash order), every class with at least as many inputs "
+        "as splits in every split; hash: each input by its own stable hash of the relative "
+        "path, only near the fractions, but adding inputs never moves another "
+        "(default: %(default)s)",
+    )
     group = parser.add_argument_group("robustness", "what counts as a bad input, and how much of it a run accepts")
-    group.add_argument("--max_pixels", type=int, default=_DEFAULTS.max_pixels,
-                       help="refuse images whose header claims more pixels (default: %(default)s)")
-    group.add_argument("--max_file_mb", type=float, default=_DEFAULTS.max_file_bytes / 2**20,
-                       help="refuse larger files without reading them (default: %(default)s)")
-    group.add_argument("--isolation", default=_DEFAULTS.isolation, choices=("none", "risky", "all"),
-                       help="which decodes run in a child process with a timeout, so a hanging or "
-                       "crashing decoder costs one dead letter, not a worker: risky = all but JPEG and "
-                       "PNG (default: %(default)s)")
-    group.add_argument("--decode_timeout_s", type=float, default=_DEFAULTS.decode_timeout_s,
-                       help="time limit of one isolated decode (default: %(default)s)")
-    group.add_argument("--max_bad_fraction", type=float, default=0.01,
-                       help="fail the job when more inputs than this are dead letters (default: %(default)s)")
+    group.add_argument(
+        "--max_pixels",
+        type=int,
+        default=_DEFAULTS.max_pixels,
+        help="refuse images whose header claims more pixels (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max_file_mb",
+        type=float,
+        default=_DEFAULTS.max_file_bytes / 2**20,
+        help="refuse larger files without reading them (default: %(default)s)",
+    )
+    group.add_argument(
+        "--isolation",
+        default=_DEFAULTS.isolation,
+        choices=("none", "risky", "all"),
+        help="which decodes run in a child process with a timeout, so a hanging or "
+        "crashing decoder costs one dead letter, not a worker: risky = all but JPEG and "
+        "PNG (default: %(default)s)",
+    )
+    group.add_argument(
+        "--decode_timeout_s",
+        type=float,
+        default=_DEFAULTS.decode_timeout_s,
+        help="time limit of one isolated decode (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max_bad_fraction",
+        type=float,
+        default=0.01,
+        help="fail the job when more inputs than this are dead letters (default: %(default)s)",
+    )
     group = parser.add_argument_group("runs", "versions, resuming, appending, and what the console shows")
-    group.add_argument("--plan_only", action="store_true", default=False,
-                       help="list and plan, read no image, and write plan.json (per split: examples and "
-                       "shards; per class counts; the listing's dead letters) into --output_dir: check a long "
-                       "job's class balance and shard count in seconds before paying for it")
-    group.add_argument("--overwrite", action="store_true", default=False,
-                       help="commit a new version of the dataset in --output_dir holding only this run's "
-                       "examples, once this run succeeds (the version it replaces stays readable for the "
-                       "retention window, see --keep_versions); with --resume, continue an interrupted "
-                       "--overwrite run")
-    group.add_argument("--append", action="store_true", default=False,
-                       help="commit a new version that adds to the current one the inputs it does not hold "
-                       "yet (same flags as the run that made it); its shards stay untouched and label ids "
-                       "never change")
-    group.add_argument("--changed_sources", default="refuse", choices=("refuse", "keep"),
-                       help="--append, when inputs of the current version changed or disappeared since they "
-                       "were converted: refuse = convert nothing and list them; keep = keep their examples as "
-                       "they are, with a warning in dataset_info.json (default: %(default)s)")
-    group.add_argument("--keep_versions", type=int, default=2,
-                       help="after a commit, keep the files of this many versions (the new one and those "
-                       "before it) and remove older versions' files; a trainer still reading the previous "
-                       "version goes on reading it whole (default: %(default)s)")
-    group.add_argument("--resume", action="store_true", default=False,
-                       help="continue an interrupted run with the same flags: shards already complete "
-                       "and verified (size and sha256) are kept, the rest are redone")
-    group.add_argument("--log_level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
-                       help="how much of Beam's and the workers' own logging to show; DEBUG also shows "
-                       "the full trace of a failure (default: %(default)s: the job's progress and "
-                       "summary, and every warning and error)")
+    group.add_argument(
+        "--plan_only",
+        action="store_true",
+        default=False,
+        help="list and plan, read no image, and write plan.json (per split: examples and "
+        "shards; per class counts; the listing's dead letters) into --output_dir: check a long "
+        "job's class balance and shard count in seconds before paying for it",
+    )
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=False,
+        help="commit a new version of the dataset in --output_dir holding only this run's "
+        "examples, once this run succeeds (the version it replaces stays readable for the "
+        "retention window, see --keep_versions); with --resume, continue an interrupted "
+        "--overwrite run",
+    )
+    group.add_argument(
+        "--append",
+        action="store_true",
+        default=False,
+        help="commit a new version that adds to the current one the inputs it does not hold "
+        "yet (same flags as the run that made it); its shards stay untouched and label ids "
+        "never change",
+    )
+    group.add_argument(
+        "--changed_sources",
+        default="refuse",
+        choices=("refuse", "keep"),
+        help="--append, when inputs of the current version changed or disappeared since they "
+        "were converted: refuse = convert nothing and list them; keep = keep their examples as "
+        "they are, with a warning in dataset_info.json (default: %(default)s)",
+    )
+    group.add_argument(
+        "--keep_versions",
+        type=int,
+        default=2,
+        help="after a commit, keep the files of this many versions (the new one and those "
+        "before it) and remove older versions' files; a trainer still reading the previous "
+        "version goes on reading it whole (default: %(default)s)",
+    )
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        default=False,
+        help="continue an interrupted run with the same flags: shards already complete "
+        "and verified (size and sha256) are kept, the rest are redone",
+    )
+    group.add_argument(
+        "--log_level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="how much of Beam's and the workers' own logging to show; DEBUG also shows "
+        "the full trace of a failure (default: %(default)s: the job's progress and "
+        "summary, and every warning and error)",
+    )
 
 
 def help_parser() -> argparse.ArgumentParser:
@@ -143,11 +245,17 @@ def help_parser() -> argparse.ArgumentParser:
     )
     add_job_flags(parser)
     group = parser.add_argument_group("runner")
-    group.add_argument("-v", action="count", dest="verbosity",
-                       help="-v is --log_level INFO (per-shard lines, counters, Beam's own INFO lines); "
-                       "-vv is --log_level DEBUG")
-    group.add_argument("--runner", help="Beam's runner: DataflowRunner, FlinkRunner, PortableRunner, ... "
-                       "(default: the local FnApiRunner on every core)")
+    group.add_argument(
+        "-v",
+        action="count",
+        dest="verbosity",
+        help="-v is --log_level INFO (per-shard lines, counters, Beam's own INFO lines); -vv is --log_level DEBUG",
+    )
+    group.add_argument(
+        "--runner",
+        help="Beam's runner: DataflowRunner, FlinkRunner, PortableRunner, ... "
+        "(default: the local FnApiRunner on every core)",
+    )
     return parser
 
 

@@ -13,8 +13,13 @@ from collections.abc import Callable, Iterable
 
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
 
-__all__ = ["DEFAULT_STARTUP_TIMEOUT_S", "DecoderStartupError", "ISOLATION_POLICIES", "IsolatedRunner",
-           "needs_isolation"]
+__all__ = [
+    "DEFAULT_STARTUP_TIMEOUT_S",
+    "DecoderStartupError",
+    "ISOLATION_POLICIES",
+    "IsolatedRunner",
+    "needs_isolation",
+]
 
 # Starting Python and importing Beam, Pillow and numpy takes a second on an idle machine, and
 # tens of seconds on a cold or overloaded worker. This limit only catches a child that can never
@@ -104,8 +109,9 @@ class IsolatedRunner:
         self._closed = False
         self.calls = 0
 
-    def _prepare(self, modules: frozenset[str]) -> tuple[concurrent.futures.ProcessPoolExecutor,
-                                                            concurrent.futures.Future]:
+    def _prepare(
+        self, modules: frozenset[str]
+    ) -> tuple[concurrent.futures.ProcessPoolExecutor, concurrent.futures.Future]:
         """The current child (started if need be) and its future answer to importing ``modules``."""
         with self._lock:
             if self._closed:
@@ -142,8 +148,9 @@ class IsolatedRunner:
         except (WorkerShutdownError, RuntimeError):  # Closed meanwhile: nothing to replace.
             pass
 
-    def _wait_until_ready(self, ready: concurrent.futures.Future, modules: frozenset[str],
-                          pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    def _wait_until_ready(
+        self, ready: concurrent.futures.Future, modules: frozenset[str], pool: concurrent.futures.ProcessPoolExecutor
+    ) -> None:
         """Waits, under the start-up limit, for the child's answer that ``modules`` are imported.
 
         Raises DecoderStartupError, or BrokenProcessPool for a child that died meanwhile."""
@@ -166,8 +173,9 @@ class IsolatedRunner:
                 f"{type(error).__name__}: {error}"
             ) from None
 
-    def _submit(self, function: Callable, args: tuple) -> tuple[concurrent.futures.ProcessPoolExecutor,
-                                                              concurrent.futures.Future]:
+    def _submit(
+        self, function: Callable, args: tuple
+    ) -> tuple[concurrent.futures.ProcessPoolExecutor, concurrent.futures.Future]:
         """Sends the call to a ready child, replacing one that died before it could take it."""
         modules = _modules_to_import(function, args)
         for _ in range(2):
@@ -195,16 +203,20 @@ class IsolatedRunner:
             return future.result(timeout=self._timeout_s)  # The decode clock starts here.
         except concurrent.futures.TimeoutError:
             self._replace(pool)
-            raise BadInputError(Stage.DECODE, Reason.DECODER_TIMEOUT,
-                                f"decoding took longer than {self._timeout_s:g} s; the decoder was killed") from None
+            raise BadInputError(
+                Stage.DECODE,
+                Reason.DECODER_TIMEOUT,
+                f"decoding took longer than {self._timeout_s:g} s; the decoder was killed",
+            ) from None
         except concurrent.futures.CancelledError:
             raise WorkerShutdownError("the isolated decode was cancelled: the worker is shutting down") from None
         except concurrent.futures.process.BrokenProcessPool:
             if self._closed:
                 raise WorkerShutdownError("the isolated decoder was closed: the worker is shutting down") from None
             self._replace(pool)
-            raise BadInputError(Stage.DECODE, Reason.DECODER_CRASHED,
-                                "the decoder process died (crash or out of memory) on this file") from None
+            raise BadInputError(
+                Stage.DECODE, Reason.DECODER_CRASHED, "the decoder process died (crash or out of memory) on this file"
+            ) from None
 
     def close(self) -> None:
         with self._lock:

@@ -182,8 +182,9 @@ def _is_inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip("/") + "/")
 
 
-def local_facts(path: str, *, real_root: str, open_folders: frozenset = frozenset(),
-                image_name: bool = False) -> tuple[EntryFacts, os.stat_result | None]:
+def local_facts(
+    path: str, *, real_root: str, open_folders: frozenset = frozenset(), image_name: bool = False
+) -> tuple[EntryFacts, os.stat_result | None]:
     """The facts of the local entry ``path``, and its stat (after symlinks; None if there is none).
 
     ``open_folders`` holds the (st_dev, st_ino) of the folders being listed above it: a symlinked
@@ -212,8 +213,10 @@ def _dead_letter(path: str, reason: str, facts: EntryFacts) -> DeadLetter:
         Reason.SYMLINK_LOOP: "a symlink that leads back into a folder being listed (or to itself); not followed",
         Reason.DANGLING_SYMLINK: f"a symlink to {_link_target(path)!r}, which does not exist",
         Reason.NOT_A_REGULAR_FILE: f"a {facts.kind}, not a regular file: never opened",
-        Reason.OUTSIDE_INPUT_ROOT: (f"a symlinked folder that leads out of the input root (to "
-                                    f"{os.path.realpath(path)!r}); pass --allow_outside_root to list it"),
+        Reason.OUTSIDE_INPUT_ROOT: (
+            f"a symlinked folder that leads out of the input root (to "
+            f"{os.path.realpath(path)!r}); pass --allow_outside_root to list it"
+        ),
     }
     return DeadLetter(path, Stage.LIST, reason, details[reason])
 
@@ -225,15 +228,24 @@ def _link_target(path: str) -> str:
         return "?"
 
 
-def classify_local(path: str, *, real_root: str, open_folders: frozenset, allow_outside_root: bool,
-                   ) -> tuple[Decision, FileMetadata | DeadLetter | IgnoredEntry | None, tuple | None]:
+def classify_local(
+    path: str,
+    *,
+    real_root: str,
+    open_folders: frozenset,
+    allow_outside_root: bool,
+) -> tuple[Decision, FileMetadata | DeadLetter | IgnoredEntry | None, tuple | None]:
     """(decision, what to emit, the folder's (st_dev, st_ino) when it is to be listed) for one entry."""
     try:
-        facts, target = local_facts(path, real_root=real_root, open_folders=open_folders,
-                                    image_name=is_image_filename(path))
+        facts, target = local_facts(
+            path, real_root=real_root, open_folders=open_folders, image_name=is_image_filename(path)
+        )
     except OSError as error:  # gone since its folder was read, or not readable: said, not skipped
-        return (Decision(Action.DEAD, Reason.READ_ERROR),
-                DeadLetter(path, Stage.LIST, Reason.READ_ERROR, f"cannot stat: {error}"), None)
+        return (
+            Decision(Action.DEAD, Reason.READ_ERROR),
+            DeadLetter(path, Stage.LIST, Reason.READ_ERROR, f"cannot stat: {error}"),
+            None,
+        )
     decision = decide(facts, allow_outside_root=allow_outside_root)
     if decision.action == Action.DEAD:
         return decision, _dead_letter(path, decision.why, facts), None
@@ -244,8 +256,13 @@ def classify_local(path: str, *, real_root: str, open_folders: frozenset, allow_
     return decision, FileMetadata(path, target.st_size, target.st_mtime), None
 
 
-def walk_local(folder: str, *, real_root: str, open_folders: frozenset, allow_outside_root: bool,
-               ) -> Iterator[FileMetadata | DeadLetter | IgnoredEntry]:
+def walk_local(
+    folder: str,
+    *,
+    real_root: str,
+    open_folders: frozenset,
+    allow_outside_root: bool,
+) -> Iterator[FileMetadata | DeadLetter | IgnoredEntry]:
     """Every listed file (FileMetadata), refused entry (DeadLetter) and ignored entry under the
     local ``folder``, depth first in name order, following symlinked folders by the policy;
     ``open_folders`` holds the identities of ``folder`` and those above it."""
@@ -263,7 +280,8 @@ def walk_local(folder: str, *, real_root: str, open_folders: frozenset, allow_ou
         for name in names:
             path = os.path.join(current, name)
             decision, emitted, identity = classify_local(
-                path, real_root=real_root, open_folders=above, allow_outside_root=allow_outside_root)
+                path, real_root=real_root, open_folders=above, allow_outside_root=allow_outside_root
+            )
             if identity is not None:
                 below.append((path, above | {identity}))
             else:
@@ -289,8 +307,12 @@ def check_listed_file(path: str) -> DeadLetter | None:
 
 
 _NOTE_ORDER = (Ignored.HIDDEN, Ignored.SPECIAL, Ignored.NOT_IMAGE, Ignored.EMPTY_FOLDER)
-_NOTE_WORDS = {Ignored.HIDDEN: "hidden", Ignored.SPECIAL: "special", Ignored.NOT_IMAGE: "non-image",
-               Ignored.EMPTY_FOLDER: "empty folder"}
+_NOTE_WORDS = {
+    Ignored.HIDDEN: "hidden",
+    Ignored.SPECIAL: "special",
+    Ignored.NOT_IMAGE: "non-image",
+    Ignored.EMPTY_FOLDER: "empty folder",
+}
 
 
 def _counted(count: int, kind: str) -> str:

@@ -43,8 +43,9 @@ def clean_label(raw: str, *, where: str) -> str:
     bad = sorted({c for c in label if unicodedata.category(c) in _FORBIDDEN_CATEGORIES})
     if bad:
         shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
-        raise BadInputError(Stage.LIST, Reason.BAD_LABEL,
-                            f"{where}: the label {label!r} contains control characters ({shown})")
+        raise BadInputError(
+            Stage.LIST, Reason.BAD_LABEL, f"{where}: the label {label!r} contains control characters ({shown})"
+        )
     return label
 
 
@@ -63,7 +64,9 @@ def clean_split_name(raw: str, *, where: str) -> str:
     """
     split = unicodedata.normalize("NFC", str(raw)).strip().lower()
     if not is_valid_split_name(split):
-        raise BadInputError(Stage.LIST, Reason.BAD_LABEL,
-                            f"{where}: the split {raw!r} cannot name shard files "
-                            "(letters, digits, '_' and '-' only)")
+        raise BadInputError(
+            Stage.LIST,
+            Reason.BAD_LABEL,
+            f"{where}: the split {raw!r} cannot name shard files (letters, digits, '_' and '-' only)",
+        )
     return split

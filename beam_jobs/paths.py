@@ -42,9 +42,12 @@ def _real_path(root: str) -> str:
 
 
 def _outside(uri: str, root: str, why: str) -> BadInputError:
-    return BadInputError(Stage.LIST, Reason.OUTSIDE_INPUT_ROOT,
-                         f"{redact(uri)!r} is outside the input root {redact(root)!r} ({why}); "
-                         "pass --allow_outside_root to accept such inputs")
+    return BadInputError(
+        Stage.LIST,
+        Reason.OUTSIDE_INPUT_ROOT,
+        f"{redact(uri)!r} is outside the input root {redact(root)!r} ({why}); "
+        "pass --allow_outside_root to accept such inputs",
+    )
 
 
 def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> tuple[str, str]:
@@ -68,13 +71,13 @@ def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> 
                 raise _outside(uri, root, f"a {scheme.group(1)}:// uri")
             return full, full
         # Normalise without touching the scheme's double slash.
-        prefix, rest = full[: scheme.end()], full[scheme.end():]
+        prefix, rest = full[: scheme.end()], full[scheme.end() :]
         full = prefix + posixpath.normpath(rest)
     elif uri.startswith("/"):
         full = posixpath.normpath(uri)
     else:
         if root_scheme:
-            prefix, rest = root[: root_scheme.end()], root[root_scheme.end():]
+            prefix, rest = root[: root_scheme.end()], root[root_scheme.end() :]
             full = prefix + posixpath.normpath(rest + uri)
         else:
             full = posixpath.normpath(posixpath.join(root or ".", uri))
@@ -82,7 +85,7 @@ def resolve_inside_root(uri: str, root: str, *, allow_outside: bool = False) -> 
         if not allow_outside:
             raise _outside(uri, root, "it resolves to " + repr(redact(full)))
         return full, full
-    relative = full[len(root):]
+    relative = full[len(root) :]
     if root_scheme is None and not allow_outside:
         if os.path.islink(full) and not os.path.exists(full):
             # A dangling link leads nowhere, so nothing outside can be read through it, and

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from functools import partial
 import logging
 import os
 import re
@@ -15,6 +14,7 @@ import sys
 import traceback
 import urllib.parse
 from collections.abc import Sequence
+from functools import partial
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -24,6 +24,13 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+from beam_jobs.append import (
+    WHOLE_DATASET_WARNING,
+    SourceChangesError,
+    check_source_changes,
+    held_sidecars,
+    read_held_inputs,
+)
 from beam_jobs.arguments import (
     PROG,
     JobArguments,
@@ -33,11 +40,11 @@ from beam_jobs.arguments import (
     help_parser,
     parse_job_arguments,
 )
+from beam_jobs.commit import CommitConflictError, Current, read_current
 from beam_jobs.config import ImageConfig
 from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
 from beam_jobs.convert_shards import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
 from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
-from beam_jobs.listing_policy import ignored_note
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.finalize import (
     DATASET_INFO,
@@ -47,30 +54,28 @@ from beam_jobs.finalize import (
     content_duplicate_groups,
     dead_letter_part,
     finalize_outputs,
+    is_own_plan,
     plan_line,
     plan_warning_lines,
+    run_fingerprint,
     write_dead_letter_part,
     write_plan,
-    is_own_plan,
-    run_fingerprint,
 )
-from beam_jobs.append import (WHOLE_DATASET_WARNING, SourceChangesError, check_source_changes, held_sidecars,
-                              read_held_inputs)
-from beam_jobs.commit import CommitConflictError, Current, read_current
+from beam_jobs.listing_policy import ignored_note
 from beam_jobs.paths import redact
-from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
-from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
-from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
 from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.progress import StagingWatcher, write_progress_plan
 from beam_jobs.progress_display import LineProgress, TtyProgress
 from beam_jobs.reading import READ_TIMEOUT_S, read_source, source_state
 from beam_jobs.records import InputFile
 from beam_jobs.resample import LEGACY_RESAMPLE
+from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
+from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.run_summary import outputs_lines, split_table
 from beam_jobs.runner_ui import watch_hint
+from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
 
 __all__ = ["ConvertImages", "main", "run"]
 
@@ -96,8 +101,9 @@ def _duplicate_groups(keyed):
     return content_duplicate_groups([keyed])
 
 
-def _log_plan(summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str,
-              run_id: str | None) -> dict:
+def _log_plan(
+    summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str, run_id: str | None
+) -> dict:
     """Logs the plan's line, and leaves it with the totals for the launching process's watcher.
     ``ignored`` holds (Ignored kind, count) for the entries the listing left out on purpose."""
     by_reason: dict[str, int] = {}
@@ -124,19 +130,37 @@ class ConvertImages(beam.PTransform):
     With ``plan_only`` it stops after planning and writes plan.json instead of converting.
     """
 
-    def __init__(self, *, output_dir: str, input_root: str | None = None, input_list: str | None = None,
-                 rows_root: str | None = None, image_config: ImageConfig | None = None,
-                 split_fractions: dict[str, float] | None = None, num_shards: int | None = None,
-                 target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 2**20, max_bad_fraction: float = 0.01,
-                 settings: dict | None = None, dedup: str = "path", resume: bool = False,
-                 allow_outside_root: bool = False, tree_layout: str = "auto", plan_only: bool = False,
-                 run_id: str | None = None, split_rule: str = DEFAULT_SPLIT_RULE,
-                 expected: Current | None = None, change_kind: str = "create", keep_versions: int = 2,
-                 changed_sources: str = "refuse") -> None:
+    def __init__(
+        self,
+        *,
+        output_dir: str,
+        input_root: str | None = None,
+        input_list: str | None = None,
+        rows_root: str | None = None,
+        image_config: ImageConfig | None = None,
+        split_fractions: dict[str, float] | None = None,
+        num_shards: int | None = None,
+        target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 2**20,
+        max_bad_fraction: float = 0.01,
+        settings: dict | None = None,
+        dedup: str = "path",
+        resume: bool = False,
+        allow_outside_root: bool = False,
+        tree_layout: str = "auto",
+        plan_only: bool = False,
+        run_id: str | None = None,
+        split_rule: str = DEFAULT_SPLIT_RULE,
+        expected: Current | None = None,
+        change_kind: str = "create",
+        keep_versions: int = 2,
+        changed_sources: str = "refuse",
+    ) -> None:
         super().__init__()
         if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
-            raise ValueError("ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
-                             "file) and rows_root (applied to a PCollection of rows)")
+            raise ValueError(
+                "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
+                "file) and rows_root (applied to a PCollection of rows)"
+            )
         self._changed_sources = changed_sources  # --append: what to do with changed or removed sources
         # The run's name: its folder under shards/, and the progress file the launching process
         # watches there (None: a plan only, which converts nothing).
@@ -144,8 +168,11 @@ class ConvertImages(beam.PTransform):
         # whatever version is current when the pipeline is built.
         self._run_id = run_id if run_id is not None or plan_only else new_run_name()
         self._expected = expected if expected is not None or plan_only else read_current(output_dir)
-        self._change_kind = ("overwrite" if change_kind == "create" and self._expected is not None
-                             and self._expected.manifest is not None else change_kind)
+        self._change_kind = (
+            "overwrite"
+            if change_kind == "create" and self._expected is not None and self._expected.manifest is not None
+            else change_kind
+        )
         self._keep_versions = keep_versions
         self._input_root = input_root
         self._input_list = input_list
@@ -158,9 +185,17 @@ class ConvertImages(beam.PTransform):
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
         # What the command line records as its settings (part of the run's fingerprint).
-        self._settings = settings if settings is not None else {
-            "splits": split_fractions, "split_rule": split_rule, "num_shards": num_shards or 0,
-            "target_shard_mb": target_shard_bytes / 2**20, "dedup": dedup}
+        self._settings = (
+            settings
+            if settings is not None
+            else {
+                "splits": split_fractions,
+                "split_rule": split_rule,
+                "num_shards": num_shards or 0,
+                "target_shard_mb": target_shard_bytes / 2**20,
+                "dedup": dedup,
+            }
+        )
         self._dedup = dedup
         self._resume = resume
         self._allow_outside_root = allow_outside_root
@@ -173,13 +208,15 @@ class ConvertImages(beam.PTransform):
         # Everything the conversion writes goes into the run's own folder (run_folders.py).
         folder = output_dir if self._run_id is None else run_dir(output_dir, self._run_id)
         if self._input_root is not None:
-            listed = pipeline | "ListTree" >> ListTree(self._input_root, allow_outside_root=self._allow_outside_root,
-                                                         with_ignored=True)
+            listed = pipeline | "ListTree" >> ListTree(
+                self._input_root, allow_outside_root=self._allow_outside_root, with_ignored=True
+            )
         elif self._rows_root is not None:
             listed = pipeline | "ListRows" >> ListRows(self._rows_root, allow_outside_root=self._allow_outside_root)
         else:
             listed = pipeline | "ListInputList" >> ListInputList(
-                self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True)
+                self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True
+            )
         listing, ignored = listed[LISTING], listed[IGNORED]
         # listing: InputFile | DeadLetter; ignored: the Ignored kind of each entry left out on purpose
         if self._dedup == "content":
@@ -193,13 +230,16 @@ class ConvertImages(beam.PTransform):
         base = self._expected.manifest if append and self._expected is not None else None
         held = None
         if base is not None:
-            held = (pipeline
-                    | "HeldShards" >> beam.Create(held_sidecars(base))
-                    | "ReadHeldInputs" >> beam.FlatMap(read_held_inputs, output_dir=output_dir,
-                                                       version=self._expected.version))
+            held = (
+                pipeline
+                | "HeldShards" >> beam.Create(held_sidecars(base))
+                | "ReadHeldInputs"
+                >> beam.FlatMap(read_held_inputs, output_dir=output_dir, version=self._expected.version)
+            )
             # (uri, [size, mtime] when converted): every input the current version holds
         planned = listing | "PlanShards" >> PlanShards(
-            held=held, known_labels=tuple(base["label_names"]) if base else (),
+            held=held,
+            known_labels=tuple(base["label_names"]) if base else (),
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
             from_tree=self._input_root is not None,
             tree_layout=self._tree_layout,
@@ -218,39 +258,63 @@ class ConvertImages(beam.PTransform):
         ignored_counts = beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement())
         # [(Ignored kind, count)]
         if self._plan_only:
-            plan_parts = (planned[PLAN_DEAD_LETTERS]
-                          | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
-                          | "GroupPlanDeadLetters" >> beam.GroupByKey()
-                          | "WritePlanDeadLetters" >> beam.Map(write_dead_letter_part, output_dir=output_dir,
-                                                              prefix="plan_dead_letters"))
-            return (planned[PLAN_SUMMARY]
-                    | "WithIgnored" >> beam.Map(lambda plan, counts: {**plan, "ignored": dict(counts)}, ignored_counts)
-                    | "WritePlan" >> beam.Map(write_plan, beam.pvalue.AsList(plan_parts), output_dir=output_dir,
-                                              settings=self._settings, max_bad_fraction=self._max_bad_fraction))
+            plan_parts = (
+                planned[PLAN_DEAD_LETTERS]
+                | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
+                | "GroupPlanDeadLetters" >> beam.GroupByKey()
+                | "WritePlanDeadLetters"
+                >> beam.Map(write_dead_letter_part, output_dir=output_dir, prefix="plan_dead_letters")
+            )
+            return (
+                planned[PLAN_SUMMARY]
+                | "WithIgnored" >> beam.Map(lambda plan, counts: {**plan, "ignored": dict(counts)}, ignored_counts)
+                | "WritePlan"
+                >> beam.Map(
+                    write_plan,
+                    beam.pvalue.AsList(plan_parts),
+                    output_dir=output_dir,
+                    settings=self._settings,
+                    max_bad_fraction=self._max_bad_fraction,
+                )
+            )
             # dict: plan.json as written, plus its one-line summary
         plan_summary, shards = planned[PLAN_SUMMARY], planned["shards"]
         if base is not None:
-            changes = (planned[PLAN_CHANGES]
-                       | "CountSourceChanges" >> beam.CombineGlobally(SourceChangesFn())
-                       | "CheckSourceChanges" >> beam.Map(check_source_changes, policy=self._changed_sources,
-                                                          version=self._expected.version))
+            changes = (
+                planned[PLAN_CHANGES]
+                | "CountSourceChanges" >> beam.CombineGlobally(SourceChangesFn())
+                | "CheckSourceChanges"
+                >> beam.Map(check_source_changes, policy=self._changed_sources, version=self._expected.version)
+            )
             plan_summary = plan_summary | "OfTheAppend" >> beam.Map(_append_summary, beam.pvalue.AsSingleton(changes))
             # Through the check's result, so that no shard is converted before an append is refused.
             shards = shards | "AfterSourceCheck" >> beam.Map(lambda shard, _: shard, beam.pvalue.AsSingleton(changes))
         summary = plan_summary | _LOG_PLAN_STEP >> beam.Map(
-            _log_plan, beam.pvalue.AsList(
+            _log_plan,
+            beam.pvalue.AsList(
                 planned[PLAN_DEAD_LETTERS]
                 | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
                 | "CountPlanReasons" >> beam.CombinePerKey(sum)
-                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})),
-            ignored_counts, output_dir=folder, run_id=self._run_id)
+                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})
+            ),
+            ignored_counts,
+            output_dir=folder,
+            run_id=self._run_id,
+        )
         converted = (
             shards
             | "SpreadShards" >> beam.Reshuffle()
-            | "ConvertShards" >> beam.ParDo(ConvertShardFn(
-                config, folder, run_fingerprint=run_fingerprint(config, self._settings),
-                resume=self._resume, run_id=self._run_id, preprocessing={**config.to_json(), **self._settings},
-            )).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
+            | "ConvertShards"
+            >> beam.ParDo(
+                ConvertShardFn(
+                    config,
+                    folder,
+                    run_fingerprint=run_fingerprint(config, self._settings),
+                    resume=self._resume,
+                    run_id=self._run_id,
+                    preprocessing={**config.to_json(), **self._settings},
+                )
+            ).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
         # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
         # content_keys: (sha256 of source bytes, (filename, label))
@@ -274,7 +338,8 @@ class ConvertImages(beam.PTransform):
             converted.shards
             | "GatherShards" >> beam.combiners.ToList()
             # [ShardResult, ...]: one small record per shard
-            | "WriteManifest" >> beam.Map(
+            | "WriteManifest"
+            >> beam.Map(
                 finalize_outputs,
                 summary=beam.pvalue.AsSingleton(summary),
                 dead_parts=beam.pvalue.AsList(dead_parts),
@@ -300,8 +365,12 @@ def _append_summary(summary: dict, changes: dict) -> dict:
     # The plan's warnings about the whole dataset (a class missing from a split, --splits that no
     # input needed) would be about the new inputs alone: finalize states them from the merged counts.
     warnings = [w for w in summary.get("warnings", []) if not WHOLE_DATASET_WARNING.match(w)]
-    return {**summary, "num_inputs": summary["num_inputs"] - changes["held"] - changes["changed"],
-            "append": changes, "warnings": warnings}
+    return {
+        **summary,
+        "num_inputs": summary["num_inputs"] - changes["held"] - changes["changed"],
+        "append": changes,
+        "warnings": warnings,
+    }
 
 
 def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: str):
@@ -326,27 +395,36 @@ def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: s
     if "--default_sdk_harness_log_level" not in given:
         worker.default_sdk_harness_log_level = log_level
     if "--sdk_harness_log_level_overrides" not in given:
-        overrides = {"beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
-                     "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level}
+        overrides = {
+            "beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
+            "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level,
+        }
         # sdk_worker_main logs every pipeline option (keys included) when a worker starts, and the
         # runner relays that line; botocore at DEBUG logs request headers (a session token).
-        overrides.update({name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING),
-                                                          getattr(logging, quiet)))
-                          for name, quiet in _QUIET_LOGGERS.items()})
+        overrides.update(
+            {
+                name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING), getattr(logging, quiet)))
+                for name, quiet in _QUIET_LOGGERS.items()
+            }
+        )
         if log_level != "DEBUG":
             # These two log each failed bundle's traceback, twice; the failure is what ends the
             # run, and main() reports it as one line (--log_level DEBUG shows them).
-            overrides.update({"apache_beam.runners.common": "CRITICAL",
-                              "apache_beam.runners.worker.sdk_worker": "CRITICAL"})
+            overrides.update(
+                {"apache_beam.runners.common": "CRITICAL", "apache_beam.runners.worker.sdk_worker": "CRITICAL"}
+            )
         worker.sdk_harness_log_level_overrides = overrides
     # Beam's own options only: workers do not know the job's flags, and would warn about each.
     ours = {action.dest for action in help_parser()._actions}  # pylint: disable=protected-access
-    beam_options = {k: v for k, v in options.get_all_options(drop_default=True).items()
-                    if k not in ours or k == "runner"}
-    provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
-        retrieval_token="unused-retrieval-token",
-        pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
-    ))
+    beam_options = {
+        k: v for k, v in options.get_all_options(drop_default=True).items() if k not in ours or k == "runner"
+    }
+    provision = fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(
+            retrieval_token="unused-retrieval-token",
+            pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
+        )
+    )
     return fn_runner.FnApiRunner(provision_info=provision)
 
 
@@ -378,8 +456,13 @@ def _check_endpoint_reachable(options: PipelineOptions, uris: Sequence[str], *, 
         with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
             pass
     except (OSError, ValueError) as error:
-        why = "connection refused" if isinstance(error, ConnectionRefusedError) else (
-            f"no answer in {timeout:g} s" if isinstance(error, TimeoutError) else str(error) or type(error).__name__)
+        why = (
+            "connection refused"
+            if isinstance(error, ConnectionRefusedError)
+            else (
+                f"no answer in {timeout:g} s" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
+            )
+        )
         raise UsageError(f"cannot reach --s3_endpoint_url {redact(endpoint)}: {why}") from None
 
 
@@ -388,16 +471,20 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
     if arguments.input_list is not None:
         path = arguments.input_list
         if "://" not in path and os.path.isdir(path):
-            raise UsageError(f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
-                             "the images (for a class-per-folder tree use --input)")
+            raise UsageError(
+                f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
+                "the images (for a class-per-folder tree use --input)"
+            )
         if not input_list_files(path):
             raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
         return
     root = arguments.input_root
     if "://" not in root:
         if os.path.isfile(root):
-            raise UsageError(f"--input {root} is a file; --input takes the root folder of a class-per-folder "
-                             "tree (ROOT/<label>/<image>); for a CSV or JSONL list of images use --manifest")
+            raise UsageError(
+                f"--input {root} is a file; --input takes the root folder of a class-per-folder "
+                "tree (ROOT/<label>/<image>); for a CSV or JSONL list of images use --manifest"
+            )
         if not os.path.isdir(root):
             raise UsageError(f"--input {root} does not exist")
     elif not list_tree(root, limit=1):
@@ -417,9 +504,11 @@ def _check_output_outside_input(arguments: JobArguments) -> None:
     root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
     if output.startswith(root):
         where = "is" if output == root else "lies inside"
-        raise UsageError(f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
-                         f"{redact(arguments.input_root)}; the dataset would be mixed with the images (and read as "
-                         "a class by the next run): choose an output folder outside it")
+        raise UsageError(
+            f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
+            f"{redact(arguments.input_root)}; the dataset would be mixed with the images (and read as "
+            "a class by the next run): choose an output folder outside it"
+        )
 
 
 def _make_output_dir(output_dir: str) -> list[str]:
@@ -470,8 +559,10 @@ def _probe_writable(output_dir: str) -> None:
     try:
         delete_exactly([probe])
     except Exception as error:
-        raise OSError(f"wrote {probe} but could not delete it ({error}); the job deletes its temp files "
-                      "as it goes, so it needs delete permission there (remove that object by hand)") from None
+        raise OSError(
+            f"wrote {probe} but could not delete it ({error}); the job deletes its temp files "
+            "as it goes, so it needs delete permission there (remove that object by hand)"
+        ) from None
 
 
 # This run's progress file (progress.progress_file_name); only this run's exists while it holds the lock
@@ -485,8 +576,16 @@ _SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
 _RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
 
 
-def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, resume: bool, fingerprint: str,
-                      preprocessing: dict, append: bool = False) -> tuple[str, str]:
+def _check_output_dir(
+    output_dir: str,
+    current: Current,
+    *,
+    overwrite: bool,
+    resume: bool,
+    fingerprint: str,
+    preprocessing: dict,
+    append: bool = False,
+) -> tuple[str, str]:
     """Decides what this run may do with the folder; returns (its run name, its change kind).
 
     A run writes only into its own folder under shards/ and commits by one write of
@@ -507,41 +606,56 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
     # run is writing one.
     leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
     if leftovers:
-        _LOG.info("removing %d temp file(s) of a killed run from %s: %s", len(leftovers), redact(output_dir),
-                  ", ".join(leftovers))
+        _LOG.info(
+            "removing %d temp file(s) of a killed run from %s: %s",
+            len(leftovers),
+            redact(output_dir),
+            ", ".join(leftovers),
+        )
         delete_exactly([names.pop(name) for name in leftovers])
     previous = current.manifest
     if append:
         if previous is None:
-            raise UsageError(f"--append: --output_dir {redact(output_dir)} holds no dataset to append to (no "
-                             f"{DATASET_INFO}); run without --append to create one")
+            raise UsageError(
+                f"--append: --output_dir {redact(output_dir)} holds no dataset to append to (no "
+                f"{DATASET_INFO}); run without --append to create one"
+            )
         if previous.get("fingerprint") != fingerprint:
             raise UsageError(
                 f"--append: version {current.version} in {redact(output_dir)} was made with other settings "
                 f"({_differences(_made_with(previous), preprocessing)}); an append takes the same "
-                "flags as the run that made the dataset, so that its examples stay alike")
+                "flags as the run that made the dataset, so that its examples stay alike"
+            )
     if previous is not None and not (overwrite or resume or append):
         raise UsageError(
             f"--output_dir {redact(output_dir)} already holds a dataset (version {current.version}, {DATASET_INFO}); "
             "pass --overwrite to replace it with a new version (the current one stays readable until a later "
             "commit removes it), --resume to continue an interrupted run with the same flags, or choose another "
-            "folder")
+            "folder"
+        )
     if previous is not None and resume and not overwrite and previous.get("fingerprint") != fingerprint:
         raise UsageError(
             f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
             f"({_differences(_made_with(previous), preprocessing)}); --resume only continues a run "
-            "with the same flags. Pass --overwrite to replace it, or choose another folder")
+            "with the same flags. Pass --overwrite to replace it, or choose another folder"
+        )
     kind = "create" if previous is None else "append" if append else "overwrite"
     if previous is not None and not append:
-        _LOG.info("--overwrite: version %s in %s stays current until this run commits the next one",
-                  current.version, redact(output_dir))
+        _LOG.info(
+            "--overwrite: version %s in %s stays current until this run commits the next one",
+            current.version,
+            redact(output_dir),
+        )
     committed = listed_runs(_committed_manifests(output_dir, current))
     if not resume:
         if any(_continuable(found, fingerprint) for _, found in resumable_runs(output_dir, committed)):
             # Said before the work, not after: the earlier run's shards are removed once this run commits.
-            _LOG.warning("an interrupted earlier run in %s left shards made with these same settings; this run "
-                         "converts everything again and removes them when it commits (stop it now and rerun "
-                         "with --resume to keep them)", redact(output_dir))
+            _LOG.warning(
+                "an interrupted earlier run in %s left shards made with these same settings; this run "
+                "converts everything again and removes them when it commits (stop it now and rerun "
+                "with --resume to keep them)",
+                redact(output_dir),
+            )
         return new_run_name(), kind
     unkept, differences = 0, set()
     for run, found in resumable_runs(output_dir, committed):
@@ -550,13 +664,21 @@ def _check_output_dir(output_dir: str, current: Current, *, overwrite: bool, res
             return run, kind
         if found:
             unkept += 1
-            differences.update(_differences(settings, preprocessing) for key, settings in found.items()
-                               if key not in (fingerprint, None))
+            differences.update(
+                _differences(settings, preprocessing)
+                for key, settings in found.items()
+                if key not in (fingerprint, None)
+            )
     if unkept:
-        _LOG.warning("--resume: the shards of %d earlier run%s in %s %s not kept: made with other settings (%s); "
-                     "this run converts everything again with the flags given now", unkept,
-                     "" if unkept == 1 else "s", redact(output_dir), "is" if unkept == 1 else "are",
-                     "; ".join(sorted(differences)))
+        _LOG.warning(
+            "--resume: the shards of %d earlier run%s in %s %s not kept: made with other settings (%s); "
+            "this run converts everything again with the flags given now",
+            unkept,
+            "" if unkept == 1 else "s",
+            redact(output_dir),
+            "is" if unkept == 1 else "are",
+            "; ".join(sorted(differences)),
+        )
     return new_run_name(), kind
 
 
@@ -580,8 +702,10 @@ def _check_plan_file(output_dir: str) -> None:
     """--plan_only replaces its own earlier plan.json, never a file of the user's of that name."""
     path = FileSystems.join(output_dir, PLAN_FILE)
     if FileSystems.exists(path) and not is_own_plan(path):
-        raise UsageError(f"--output_dir {redact(output_dir)} holds a {PLAN_FILE} that this job did not write "
-                         f"({redact(path)}); --plan_only would replace it: move it, or choose another folder")
+        raise UsageError(
+            f"--output_dir {redact(output_dir)} holds a {PLAN_FILE} that this job did not write "
+            f"({redact(path)}); --plan_only would replace it: move it, or choose another folder"
+        )
 
 
 def _write_stderr(text: str) -> None:
@@ -666,8 +790,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
     try:
         lock = acquire_output_lock(output_dir)
         on_stuck(lambda signum: _abandon(output_dir, lock, created, run_id))
-        on_stuck(lambda signum: say["now"](_interrupted_line(argv, terminated=signum == signal.SIGTERM,
-                                                             state=state()) + "\n"))
+        on_stuck(
+            lambda signum: say["now"](
+                _interrupted_line(argv, terminated=signum == signal.SIGTERM, state=state()) + "\n"
+            )
+        )
         # The version this run starts from: it commits only if that is still the current one.
         current = read_current(output_dir)
         kind = "create"
@@ -675,26 +802,46 @@ def run(argv: Sequence[str] | None = None) -> dict:
             _check_plan_file(output_dir)
         else:
             run_id, kind = _check_output_dir(
-                output_dir, current, overwrite=arguments.overwrite, resume=arguments.resume,
+                output_dir,
+                current,
+                overwrite=arguments.overwrite,
+                resume=arguments.resume,
                 fingerprint=run_fingerprint(config, arguments.settings),
-                preprocessing={**config.to_json(), **arguments.settings}, append=arguments.append)
+                preprocessing={**config.to_json(), **arguments.settings},
+                append=arguments.append,
+            )
         runner = _local_runner(options, argv, log_level=arguments.log_level)
         _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(
-            input_root=arguments.input_root, input_list=arguments.input_list, output_dir=output_dir,
-            image_config=config, split_fractions=arguments.split_fractions,
-            num_shards=arguments.num_shards, target_shard_bytes=arguments.target_shard_bytes,
-            max_bad_fraction=arguments.max_bad_fraction, settings=arguments.settings, dedup=arguments.dedup,
-            resume=arguments.resume, allow_outside_root=arguments.allow_outside_root,
-            tree_layout=arguments.tree_layout, plan_only=arguments.plan_only, run_id=run_id,
-            split_rule=arguments.split_rule, expected=current, change_kind=kind,
-            keep_versions=arguments.keep_versions, changed_sources=arguments.changed_sources,
+            input_root=arguments.input_root,
+            input_list=arguments.input_list,
+            output_dir=output_dir,
+            image_config=config,
+            split_fractions=arguments.split_fractions,
+            num_shards=arguments.num_shards,
+            target_shard_bytes=arguments.target_shard_bytes,
+            max_bad_fraction=arguments.max_bad_fraction,
+            settings=arguments.settings,
+            dedup=arguments.dedup,
+            resume=arguments.resume,
+            allow_outside_root=arguments.allow_outside_root,
+            tree_layout=arguments.tree_layout,
+            plan_only=arguments.plan_only,
+            run_id=run_id,
+            split_rule=arguments.split_rule,
+            expected=current,
+            change_kind=kind,
+            keep_versions=arguments.keep_versions,
+            changed_sources=arguments.changed_sources,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             say["now"] = lambda text: _write_to(console.terminal, text)
-            watcher, display = (None, None) if run_id is None else _watch(
-                console, run_dir(output_dir, run_id), run_id, plain=arguments.log_level == "DEBUG")
+            watcher, display = (
+                (None, None)
+                if run_id is None
+                else _watch(console, run_dir(output_dir, run_id), run_id, plain=arguments.log_level == "DEBUG")
+            )
             succeeded = False
             try:
                 result = pipeline.run()
@@ -741,8 +888,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     return info
 
 
-def _watch(console: ConsoleFilter, output_dir: str, run_id: str, *,
-           plain: bool) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
+def _watch(
+    console: ConsoleFilter, output_dir: str, run_id: str, *, plain: bool
+) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
     """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
     tty = not plain and console.terminal.isatty()
     display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
@@ -770,8 +918,10 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _summary(info: dict, output_dir: str) -> str:
-    splits = ", ".join(f"{name}: {_plural(s['num_examples'], 'example')} in {_plural(s['num_shards'], 'shard')}"
-                       for name, s in info["splits"].items())
+    splits = ", ".join(
+        f"{name}: {_plural(s['num_examples'], 'example')} in {_plural(s['num_shards'], 'shard')}"
+        for name, s in info["splits"].items()
+    )
     by_reason = info.get("dead_letters_by_reason", {})
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable = info["num_dead_letters"] - dropped
@@ -780,11 +930,17 @@ def _summary(info: dict, output_dir: str) -> str:
     committed = ""
     if info.get("version"):
         added = change.get("added")
-        what = (f"appended {', '.join(f'{n} {split}' for split, n in added.items()) or 'no example'} to version "
-                f"{info.get('parent_version')}" if change.get("kind") == "append" else change.get("kind", "create"))
+        what = (
+            f"appended {', '.join(f'{n} {split}' for split, n in added.items()) or 'no example'} to version "
+            f"{info.get('parent_version')}"
+            if change.get("kind") == "append"
+            else change.get("kind", "create")
+        )
         committed = f"committed version {info['version']} ({what}): "
-    return (f"{committed}wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used"
-            f"{copies} (see {FileSystems.join(redact(output_dir), info['dead_letters_file'])})")
+    return (
+        f"{committed}wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used"
+        f"{copies} (see {FileSystems.join(redact(output_dir), info['dead_letters_file'])})"
+    )
 
 
 _STORAGE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
@@ -798,16 +954,26 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
     """One line for a failed run, and whether a trace would help: our own message when the failure
     is ours, the storage problem when the disk said no, else the innermost error and its step."""
     text = redact(f"{type(error).__name__}: {error}")
-    for own in (TooManyBadInputsError, OutputLockedError, SourceChangesError, CommitConflictError, JobError, UsageError):
+    for own in (
+        TooManyBadInputsError,
+        OutputLockedError,
+        SourceChangesError,
+        CommitConflictError,
+        JobError,
+        UsageError,
+    ):
         matches = re.findall(rf"{own.__name__}: (.+)", text)
         if matches:
             return _STEP.sub("", matches[-1]).strip(), False
     for needle in _STORAGE_ERRORS:
         if needle in text:
             where = re.search(rf"{re.escape(needle)}[^\n]*?: '([^']+)'", text)
-            return (f"could not write the output: {needle}" + (f" ({where.group(1)})" if where else "")
-                    + "; nothing was committed (dataset_info.json, and the version it names, if any, are as "
-                      "they were; the shards completed so far stay in the run's folder for --resume)"), False
+            return (
+                f"could not write the output: {needle}"
+                + (f" ({where.group(1)})" if where else "")
+                + "; nothing was committed (dataset_info.json, and the version it names, if any, are as "
+                "they were; the shards completed so far stay in the run's folder for --resume)"
+            ), False
     lines = [m for m in _ERROR_LINE.finditer(text) if not m.group(2).startswith("[while running")]
     step = _STEP.findall(text)
     if not lines:
@@ -837,8 +1003,9 @@ class _HideRunnerTraces(logging.Filter):
     the worker's traceback (and of the bad-fraction refusal) would only bury it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and (record.exc_info or "Traceback (most recent call last)"
-                                                 in record.getMessage()):
+        if record.levelno >= logging.ERROR and (
+            record.exc_info or "Traceback (most recent call last)" in record.getMessage()
+        ):
             return False
         return TooManyBadInputsError.__name__ not in record.getMessage()
 
@@ -859,13 +1026,18 @@ class _ConsoleFormatter(logging.Formatter):
 
 
 # Credential options: their values never reach a log line the job prints.
-_CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token",
-                     "--azure_connection_string")
+_CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token", "--azure_connection_string")
 # Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG: their
 # DEBUG lines print the pipeline options and each request's signed headers, credentials included
 # (an x-amz-security-token), and DEBUG output is what users paste into bug reports.
-_QUIET_LOGGERS = {"apache_beam.runners.worker.sdk_worker_main": "WARNING", "botocore": "INFO",
-                  "boto3": "INFO", "s3transfer": "INFO", "urllib3": "INFO", "google.auth": "INFO"}
+_QUIET_LOGGERS = {
+    "apache_beam.runners.worker.sdk_worker_main": "WARNING",
+    "botocore": "INFO",
+    "boto3": "INFO",
+    "s3transfer": "INFO",
+    "urllib3": "INFO",
+    "google.auth": "INFO",
+}
 
 
 # At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
@@ -965,8 +1137,9 @@ def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple |
         return InterruptedState(completed=completed)
     staged = 0
     try:
-        sidecars = [m.path for m in list_folder(run_dir(output_dir, run_id))
-                    if _SIDECAR.match(m.path.rsplit("/", 1)[-1])]
+        sidecars = [
+            m.path for m in list_folder(run_dir(output_dir, run_id)) if _SIDECAR.match(m.path.rsplit("/", 1)[-1])
+        ]
     except Exception:  # Gone: nothing of this run is there.
         sidecars = []
     for path in sidecars:
@@ -982,14 +1155,18 @@ def _interrupted_line(argv: Sequence[str], *, terminated: bool, state: Interrupt
     """The one line for an interrupted run, saying what is true of what it left."""
     overwrite = "--overwrite" in argv
     if state is None:  # Not known (the folder could not be read): say what holds in every case.
-        outcome = ("any shards finished so far are staged: rerun with "
-                   f"{'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue")
+        outcome = (
+            "any shards finished so far are staged: rerun with "
+            f"{'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
+        )
     elif state.completed:
         outcome = "the dataset was already complete (dataset_info.json written): nothing to rerun"
     elif state.staged:
         verb = "is" if state.staged == 1 else "are"
-        outcome = (f"the {state.staged} shard{'s' if state.staged != 1 else ''} converted so far {verb} staged: "
-                   f"rerun with {'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue")
+        outcome = (
+            f"the {state.staged} shard{'s' if state.staged != 1 else ''} converted so far {verb} staged: "
+            f"rerun with {'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
+        )
     else:
         outcome = "nothing was converted yet: rerun the same command to start again"
     if overwrite and not (state and state.completed):
@@ -1024,8 +1201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     except KeyboardInterrupt as interrupt:
         terminated = isinstance(interrupt, Terminated)
-        print(_interrupted_line(argv, terminated=terminated, state=getattr(interrupt, "state", None)),
-              file=sys.stderr)
+        print(_interrupted_line(argv, terminated=terminated, state=getattr(interrupt, "state", None)), file=sys.stderr)
         _exit_now(143 if terminated else 130)  # 128 + the signal, as a shell reports a job it ended
     except Exception as error:  # Runners wrap worker exceptions; surface the cause plainly.
         if level == "DEBUG":
@@ -1036,13 +1212,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     arguments = parse_job_arguments(argv)[0]
     if arguments.plan_only:
-        print(f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
-              f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}")
+        print(
+            f"{plan_line(info, info['dead_letters']['by_reason'])}{ignored_note(info.get('ignored', {}))}; wrote "
+            f"{redact(FileSystems.join(arguments.output_dir, PLAN_FILE))}"
+        )
         for warning in plan_warning_lines(info):
             print(warning)
         if info.get("would_fail"):
-            print(f"{PROG}: error: {info['would_fail']} (see "
-                  f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})", file=sys.stderr)
+            print(
+                f"{PROG}: error: {info['would_fail']} (see "
+                f"{redact(FileSystems.join(arguments.output_dir, info['dead_letters']['file']))})",
+                file=sys.stderr,
+            )
             raise SystemExit(1)
         return
     if info.get("nothing_appended"):

@@ -47,8 +47,22 @@ DEFAULT_SPLIT = "train"
 TREE_LAYOUTS = ("auto", "label", "split_label")
 # Top folder names that "auto" reads as splits in a ROOT/<split>/<label>/<image> tree; any other
 # name makes the three-level tree ambiguous (ROOT/<label>/<year>/<image> is common too).
-KNOWN_SPLIT_NAMES = frozenset({"train", "training", "validation", "valid", "val", "dev", "test", "testing",
-                               "eval", "evaluation", "holdout", "calibration"})
+KNOWN_SPLIT_NAMES = frozenset(
+    {
+        "train",
+        "training",
+        "validation",
+        "valid",
+        "val",
+        "dev",
+        "test",
+        "testing",
+        "eval",
+        "evaluation",
+        "holdout",
+        "calibration",
+    }
+)
 
 # Rough bytes per pixel-channel of encoded photos, to turn --target_shard_mb into a shard count
 # before anything is encoded. Measured on the sample photos at 224 px: JPEG q95 ~0.2, PNG ~0.6.
@@ -58,7 +72,7 @@ _RECORD_OVERHEAD_BYTES = 300  # Other features, proto and TFRecord framing.
 
 def _digest(purpose: str, filename: str) -> bytes:
     # Each purpose gets its own salt, so that split and shard assignments are independent.
-    return hashlib.sha256(f"{purpose}\0{filename}".encode("utf-8")).digest()
+    return hashlib.sha256(f"{purpose}\0{filename}".encode()).digest()
 
 
 def stable_fraction(filename: str, purpose: str = "split") -> float:
@@ -105,8 +119,17 @@ class DatasetPlan:
 def input_order(f: InputFile) -> tuple:
     """A total order of inputs by explicit keys: their optional fields may be None, which does not
     compare with a string, so the dataclass's own ordering cannot be used."""
-    return (f.filename, f.uri, f.label or "", f.split or "", -1 if f.size is None else f.size,
-            f.content_sha256 or "", f.label_id, -1.0 if f.mtime is None else f.mtime, f.origin or "")
+    return (
+        f.filename,
+        f.uri,
+        f.label or "",
+        f.split or "",
+        -1 if f.size is None else f.size,
+        f.content_sha256 or "",
+        f.label_id,
+        -1.0 if f.mtime is None else f.mtime,
+        f.origin or "",
+    )
 
 
 def tree_reads_splits(depths: Iterable[int], tops: Iterable[str], layout: str) -> bool:
@@ -139,8 +162,13 @@ def _names_from_tree(f: InputFile, split_folder: str | None, label_folder: str) 
     return replace(f, split=split, label=label)
 
 
-def label_from_tree(f: InputFile, *, with_split: bool, depths: Iterable[int], tops: Iterable[str],
-                    ) -> InputFile | DeadLetter:
+def label_from_tree(
+    f: InputFile,
+    *,
+    with_split: bool,
+    depths: Iterable[int],
+    tops: Iterable[str],
+) -> InputFile | DeadLetter:
     """One tree input labelled by the decided layout, or a dead letter that says why it does not fit."""
     parts = f.filename.split("/")
     try:
@@ -151,12 +179,13 @@ def label_from_tree(f: InputFile, *, with_split: bool, depths: Iterable[int], to
     except BadInputError as error:
         return DeadLetter(f.uri, error.stage, error.reason, error.detail)
     if not with_split and set(depths) == {3} and tops and all(_split_key(t) in KNOWN_SPLIT_NAMES for t in tops):
-        why = (f"--tree_layout label expects <label>/<image>, but this image is three levels deep "
-               f"(got {f.filename!r})")
+        why = f"--tree_layout label expects <label>/<image>, but this image is three levels deep (got {f.filename!r})"
     elif not with_split and set(depths) == {3}:
         shown = ", ".join(map(repr, sorted(tops)[:5]))
-        why = (f"every image is three levels deep, but the top folders ({shown}) are not split names; "
-               "pass --tree_layout split_label to read them as <split>/<label>/<image>")
+        why = (
+            f"every image is three levels deep, but the top folders ({shown}) are not split names; "
+            "pass --tree_layout split_label to read them as <split>/<label>/<image>"
+        )
     else:
         expected = "<split>/<label>/<image>" if with_split else "<label>/<image> or <split>/<label>/<image>"
         why = f"expected {expected} under the input root (got {f.filename!r})"
@@ -274,7 +303,7 @@ def stratified_counts(class_sizes: Mapping[str, int], fractions: Mapping[str, fl
     tie = {cell: _cell_tie(*cell) for cell in ideal}
     eligible = [c for c in labels if class_sizes[c] >= len(splits)]
     for s in splits:
-        for c in sorted(eligible, key=lambda c: (-ideal[c, s], tie[c, s]))[:quotas[s]]:
+        for c in sorted(eligible, key=lambda c: (-ideal[c, s], tie[c, s]))[: quotas[s]]:
             floor[c, s] = 1
             cells[c, s] = max(cells[c, s], 1)
 
@@ -361,14 +390,15 @@ def assign_splits_by_hash(files: Iterable[InputFile], fractions: Mapping[str, fl
     for f in files:
         if f.split is None:
             position = stable_fraction(f.filename, "split") * total
-            split = next((n for n, bound in zip(names, bounds) if position < bound), names[-1])
+            split = next((n for n, bound in zip(names, bounds, strict=True) if position < bound), names[-1])
             f = replace(f, split=split)
         result.append(f)
     return result
 
 
-def assign_splits(files: Iterable[InputFile], fractions: Mapping[str, float], *,
-                  rule: str = DEFAULT_SPLIT_RULE) -> list[InputFile]:
+def assign_splits(
+    files: Iterable[InputFile], fractions: Mapping[str, float], *, rule: str = DEFAULT_SPLIT_RULE
+) -> list[InputFile]:
     """Gives each input without a split one by ``rule`` (see SPLIT_RULES); given splits are kept."""
     if rule not in SPLIT_RULES:
         raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
@@ -392,42 +422,62 @@ def _first_label_out_of_numeric_order(label_names: Sequence[str]) -> str | None:
     if not label_names or not all(_DECIMAL.fullmatch(label) for label in label_names):
         return None
     numeric = sorted(label_names, key=lambda label: (int(label), label))
-    return next((text for text, number in zip(label_names, numeric) if text != number), None)
+    return next((text for text, number in zip(label_names, numeric, strict=True) if text != number), None)
 
 
-def plan_warnings(class_counts: Mapping[str, Mapping[str, int]], label_names: Sequence[str], *,
-                  requested: Mapping[str, float] | None, num_unsplit: int,
-                  merged_folders: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+def plan_warnings(
+    class_counts: Mapping[str, Mapping[str, int]],
+    label_names: Sequence[str],
+    *,
+    requested: Mapping[str, float] | None,
+    num_unsplit: int,
+    merged_folders: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
     """What a user should know before a long run, from the plan's small facts: split folders
     merged into one split, classes whose names differ only by case, labels that look like numbers
     but whose ids are not in numeric order, --splits that no input took,
     a requested split that received nothing, and classes missing from a split. ``class_counts``
     is {split: {label: count}}."""
-    warnings = [f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
-                for split, folders in sorted((merged_folders or {}).items())]
+    warnings = [
+        f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
+        for split, folders in sorted((merged_folders or {}).items())
+    ]
     by_folded: dict[str, list[str]] = defaultdict(list)
     for label in label_names:
         by_folded[label.casefold()].append(label)
     # Labels are compared as written (a dataset may mean "US" and "us"), but case twins are
     # more often one class typed twice: said, never merged behind the user's back.
-    warnings += [f"the classes {_shown(sorted(twins))} differ only by case; they are separate classes"
-                 for _, twins in sorted(by_folded.items()) if len(twins) > 1]
+    warnings += [
+        f"the classes {_shown(sorted(twins))} differ only by case; they are separate classes"
+        for _, twins in sorted(by_folded.items())
+        if len(twins) > 1
+    ]
     out_of_order = _first_label_out_of_numeric_order(label_names)
     if out_of_order is not None:
-        warnings.append(f"labels look like numbers but ids follow sorted text order ({out_of_order!r} has id "
-                        f"{list(label_names).index(out_of_order)}); dataset_info.json's label_names maps ids to "
-                        "names (Keras does the same); name them 00, 01, ... to keep numeric order")
+        warnings.append(
+            f"labels look like numbers but ids follow sorted text order ({out_of_order!r} has id "
+            f"{list(label_names).index(out_of_order)}); dataset_info.json's label_names maps ids to "
+            "names (Keras does the same); name them 00, 01, ... to keep numeric order"
+        )
     if requested and num_unsplit == 0:
-        warnings.append(f"--splits {','.join(requested)} was ignored: every input already has a split "
-                        "(from the tree's split folders or the input list's split column)")
+        warnings.append(
+            f"--splits {','.join(requested)} was ignored: every input already has a split "
+            "(from the tree's split folders or the input list's split column)"
+        )
     elif requested:
-        warnings += [f"--splits asks for {split!r}, but none of the {num_unsplit} inputs without a split went to it "
-                     "(too few inputs for its fraction)" for split in requested if split not in class_counts]
+        warnings += [
+            f"--splits asks for {split!r}, but none of the {num_unsplit} inputs without a split went to it "
+            "(too few inputs for its fraction)"
+            for split in requested
+            if split not in class_counts
+        ]
     for split in sorted(class_counts):
         missing = [label for label in label_names if not class_counts[split].get(label)]
         if missing:
-            warnings.append(f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
-                            f"{_shown(missing)}")
+            warnings.append(
+                f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
+                f"{_shown(missing)}"
+            )
     return warnings
 
 
@@ -460,18 +510,31 @@ def resolve_same_path(filename: str, rows: Iterable[InputFile]) -> tuple[InputFi
     labels = {f.label or "" for f in rows}
     splits = {f.split for f in rows if f.split}
     if len(labels) > 1 or len(splits) > 1:
-        shown = ", ".join(f"label {f.label!r} split {f.split or '(none)'!r}" + (f" at {f.origin}" if f.origin else "")
-                          for f in rows)
-        return None, [DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS,
-                                 f"{filename!r} is listed {len(rows)} times with different labels or splits: "
-                                 f"{shown}" + (f" (this row: {f.origin})" if f.origin else ""))
-                      for f in rows]
+        shown = ", ".join(
+            f"label {f.label!r} split {f.split or '(none)'!r}" + (f" at {f.origin}" if f.origin else "") for f in rows
+        )
+        return None, [
+            DeadLetter(
+                f.uri,
+                Stage.LIST,
+                Reason.CONFLICTING_LABELS,
+                f"{filename!r} is listed {len(rows)} times with different labels or splits: "
+                f"{shown}" + (f" (this row: {f.origin})" if f.origin else ""),
+            )
+            for f in rows
+        ]
     first = next((f for f in rows if f.split), rows[0])
     where = f" (kept {first.origin})" if first.origin else ""
-    return first, [DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_INPUT,
-                              f"{filename!r} is listed more than once" + (f"; this row: {f.origin}" if f.origin else "")
-                              + where)
-                   for f in rows if f is not first]
+    return first, [
+        DeadLetter(
+            f.uri,
+            Stage.LIST,
+            Reason.DUPLICATE_INPUT,
+            f"{filename!r} is listed more than once" + (f"; this row: {f.origin}" if f.origin else "") + where,
+        )
+        for f in rows
+        if f is not first
+    ]
 
 
 def resolve_same_content(sha256: str, group: Iterable[InputFile]) -> tuple[list[InputFile], list[DeadLetter]]:
@@ -483,11 +546,19 @@ def resolve_same_content(sha256: str, group: Iterable[InputFile]) -> tuple[list[
     labels = sorted({f.label or "" for f in group})
     names = ", ".join(repr(f.filename) for f in group)
     if len(labels) > 1:
-        return [], [DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS,
-                               f"the same bytes (sha256 {sha256[:16]}...) are labelled {labels!r}: {names}")
-                    for f in group]
-    return group[:1], [DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_CONTENT,
-                                  f"same bytes as {group[0].filename!r} (kept)") for f in group[1:]]
+        return [], [
+            DeadLetter(
+                f.uri,
+                Stage.LIST,
+                Reason.CONFLICTING_LABELS,
+                f"the same bytes (sha256 {sha256[:16]}...) are labelled {labels!r}: {names}",
+            )
+            for f in group
+        ]
+    return group[:1], [
+        DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_CONTENT, f"same bytes as {group[0].filename!r} (kept)")
+        for f in group[1:]
+    ]
 
 
 def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[InputFile], list[DeadLetter]]:
@@ -551,11 +622,11 @@ def place_in_shard(rank: int, num_shards: int) -> tuple[int, int]:
     return rank % num_shards, rank // num_shards
 
 
-def split_shard_count(num_examples: int, *, num_shards: int | None, example_bytes: int,
-                      target_shard_bytes: int) -> int:
+def split_shard_count(num_examples: int, *, num_shards: int | None, example_bytes: int, target_shard_bytes: int) -> int:
     """Shards of one split: --num_shards, or derived from the size, and never more than inputs."""
-    count = num_shards or plan_num_shards(num_examples, example_bytes=example_bytes,
-                                          target_shard_bytes=target_shard_bytes)
+    count = num_shards or plan_num_shards(
+        num_examples, example_bytes=example_bytes, target_shard_bytes=target_shard_bytes
+    )
     return min(count, num_examples)
 
 
@@ -594,8 +665,9 @@ def plan_dataset(
     shards = []
     for split in sorted(by_split):
         members = sorted(by_split[split], key=lambda f: shard_digest(f.filename))
-        count = split_shard_count(len(members), num_shards=num_shards, example_bytes=example_bytes,
-                                  target_shard_bytes=target_shard_bytes)
+        count = split_shard_count(
+            len(members), num_shards=num_shards, example_bytes=example_bytes, target_shard_bytes=target_shard_bytes
+        )
         for index in range(count):
             shards.append(ShardPlan(split, index, count, tuple(members[index::count])))
     return DatasetPlan(
@@ -603,6 +675,13 @@ def plan_dataset(
         shards=tuple(shards),
         num_inputs=len(files) + len(duplicates) + len(dead_letters),
         dead_letters=tuple(sorted([*dead_letters, *duplicates])),
-        warnings=tuple(plan_warnings(class_counts, label_names, requested=split_fractions, num_unsplit=num_unsplit,
-                                     merged_folders=merged_folders)),
+        warnings=tuple(
+            plan_warnings(
+                class_counts,
+                label_names,
+                requested=split_fractions,
+                num_unsplit=num_unsplit,
+                merged_folders=merged_folders,
+            )
+        ),
     )

@@ -105,7 +105,7 @@ class SourceChangesFn(beam.CombineFn):
             accumulator["held"] += 1
         else:
             count, shown = accumulator[kind]
-            accumulator[kind] = [count + 1, sorted([*shown, uri])[:self.SHOWN]]
+            accumulator[kind] = [count + 1, sorted([*shown, uri])[: self.SHOWN]]
         return accumulator
 
     def merge_accumulators(self, accumulators):
@@ -113,14 +113,20 @@ class SourceChangesFn(beam.CombineFn):
         for accumulator in accumulators:
             merged["held"] += accumulator["held"]
             for kind in ("changed", "removed"):
-                merged[kind] = [merged[kind][0] + accumulator[kind][0],
-                                sorted([*merged[kind][1], *accumulator[kind][1]])[:self.SHOWN]]
+                merged[kind] = [
+                    merged[kind][0] + accumulator[kind][0],
+                    sorted([*merged[kind][1], *accumulator[kind][1]])[: self.SHOWN],
+                ]
         return merged
 
     def extract_output(self, accumulator):
-        return {"held": accumulator["held"],
-                "changed": accumulator["changed"][0], "changed_examples": accumulator["changed"][1],
-                "removed": accumulator["removed"][0], "removed_examples": accumulator["removed"][1]}
+        return {
+            "held": accumulator["held"],
+            "changed": accumulator["changed"][0],
+            "changed_examples": accumulator["changed"][1],
+            "removed": accumulator["removed"][0],
+            "removed_examples": accumulator["removed"][1],
+        }
 
 
 def _route(item):
@@ -225,25 +231,31 @@ class _AssignSplits(beam.PTransform):
         if self._rule == "hash":
             return inputs | "SplitByHash" >> beam.Map(_with_hash_split, fractions=self._fractions)
         given, unsplit = inputs | "HasSplit" >> beam.Partition(lambda f, _: 0 if f.split is not None else 1, 2)
-        split_counts = (unsplit
-                        | "KeyByLabel" >> beam.Map(lambda f: (f.label or "", 1))
-                        | "CountPerLabel" >> beam.CombinePerKey(sum)
-                        | "LabelSizes" >> beam.combiners.ToList()
-                        | "SplitCounts" >> beam.Map(_split_counts, fractions=self._fractions))
+        split_counts = (
+            unsplit
+            | "KeyByLabel" >> beam.Map(lambda f: (f.label or "", 1))
+            | "CountPerLabel" >> beam.CombinePerKey(sum)
+            | "LabelSizes" >> beam.combiners.ToList()
+            | "SplitCounts" >> beam.Map(_split_counts, fractions=self._fractions)
+        )
         # {label: {split: count}}: one small element
         keyed = unsplit | "KeyByLabelBucket" >> beam.Map(lambda f: (split_bucket_key(f), f))
-        offsets = (keyed
-                   | "OneByLabelBucket" >> beam.Map(lambda kv: (kv[0], 1))
-                   | "CountPerLabelBucket" >> beam.CombinePerKey(sum)
-                   | "KeyBucketCountsByLabel" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
-                   | "GroupBucketsByLabel" >> beam.GroupByKey()
-                   # (label, [(bucket, count), ...]): at most NUM_BUCKETS per class
-                   | "LabelBucketOffsets" >> beam.FlatMap(_class_bucket_offsets))
+        offsets = (
+            keyed
+            | "OneByLabelBucket" >> beam.Map(lambda kv: (kv[0], 1))
+            | "CountPerLabelBucket" >> beam.CombinePerKey(sum)
+            | "KeyBucketCountsByLabel" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+            | "GroupBucketsByLabel" >> beam.GroupByKey()
+            # (label, [(bucket, count), ...]): at most NUM_BUCKETS per class
+            | "LabelBucketOffsets" >> beam.FlatMap(_class_bucket_offsets)
+        )
         # ((label, bucket), offset)
-        assigned = ({"offset": offsets, "inputs": keyed}
-                    | "JoinOffsets" >> beam.CoGroupByKey()
-                    # ((label, bucket), {"offset": [offset], "inputs": [InputFile, ...]})
-                    | "SplitInBucket" >> beam.FlatMap(_split_bucket, beam.pvalue.AsSingleton(split_counts)))
+        assigned = (
+            {"offset": offsets, "inputs": keyed}
+            | "JoinOffsets" >> beam.CoGroupByKey()
+            # ((label, bucket), {"offset": [offset], "inputs": [InputFile, ...]})
+            | "SplitInBucket" >> beam.FlatMap(_split_bucket, beam.pvalue.AsSingleton(split_counts))
+        )
         return (given, assigned) | "WithSplits" >> beam.Flatten()
 
 
@@ -261,8 +273,9 @@ def _layout(counts: Iterable[tuple[tuple[str, int], int]], *, num_shards, exampl
         total = sum(buckets.values())
         layout[split] = {
             "count": total,
-            "num_shards": split_shard_count(total, num_shards=num_shards, example_bytes=example_bytes,
-                                            target_shard_bytes=target_shard_bytes),
+            "num_shards": split_shard_count(
+                total, num_shards=num_shards, example_bytes=example_bytes, target_shard_bytes=target_shard_bytes
+            ),
             "offsets": bucket_offsets(buckets),
         }
     return layout
@@ -285,8 +298,18 @@ def _to_shard_plan(group, layout: dict) -> ShardPlan:
     return ShardPlan(split, index, layout[split]["num_shards"], ordered)
 
 
-def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_counts: list, num_unsplit: int,
-             merged_folders: dict, *, source: str, requested: Mapping[str, float] | None, split_rule: str) -> dict:
+def _summary(
+    layout: dict,
+    label_names: tuple[str, ...],
+    num_listed: int,
+    class_counts: list,
+    num_unsplit: int,
+    merged_folders: dict,
+    *,
+    source: str,
+    requested: Mapping[str, float] | None,
+    split_rule: str,
+) -> dict:
     """The plan's small facts: what plan.json records, and what finalize needs.
 
     ``splits_ignored`` says that --splits was given but no input took it (every input had its
@@ -300,13 +323,19 @@ def _summary(layout: dict, label_names: tuple[str, ...], num_listed: int, class_
     return {
         "label_names": list(label_names),
         "num_inputs": num_listed,
-        "splits": {split: {"num_examples": facts["count"], "num_shards": facts["num_shards"],
-                           "class_counts": dict(sorted(per_class[split].items()))}
-                   for split, facts in sorted(layout.items())},
+        "splits": {
+            split: {
+                "num_examples": facts["count"],
+                "num_shards": facts["num_shards"],
+                "class_counts": dict(sorted(per_class[split].items())),
+            }
+            for split, facts in sorted(layout.items())
+        },
         "split_rule": split_rule,
         "splits_ignored": bool(requested) and num_unsplit == 0,
-        "warnings": plan_warnings(per_class, label_names, requested=requested, num_unsplit=num_unsplit,
-                                  merged_folders=merged_folders),
+        "warnings": plan_warnings(
+            per_class, label_names, requested=requested, num_unsplit=num_unsplit, merged_folders=merged_folders
+        ),
     }
 
 
@@ -318,10 +347,22 @@ class PlanShards(beam.PTransform):
     else is global. Inputs without a split get one by ``split_rule`` (plan.SPLIT_RULES).
     """
 
-    def __init__(self, *, from_tree: bool, tree_layout: str, source: str, split_fractions: dict | None,
-                 num_shards: int | None, example_bytes: int, target_shard_bytes: int, dedup: str,
-                 split_rule: str = DEFAULT_SPLIT_RULE, held=None, known_labels: tuple[str, ...] = (),
-                 state_of=None) -> None:
+    def __init__(
+        self,
+        *,
+        from_tree: bool,
+        tree_layout: str,
+        source: str,
+        split_fractions: dict | None,
+        num_shards: int | None,
+        example_bytes: int,
+        target_shard_bytes: int,
+        dedup: str,
+        split_rule: str = DEFAULT_SPLIT_RULE,
+        held=None,
+        known_labels: tuple[str, ...] = (),
+        state_of=None,
+    ) -> None:
         super().__init__()
         # --append: the inputs the current version holds ((uri, state) PCollection), and its label
         # names, whose ids never change (new labels get the next ids, in sorted order).
@@ -344,12 +385,14 @@ class PlanShards(beam.PTransform):
         routed = listing | "RouteListing" >> beam.FlatMap(_route).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
         inputs, dead = routed[_INPUTS], [routed[PLAN_DEAD_LETTERS]]
         if self._from_tree:
-            facts = (inputs
-                     | "DepthsAndTops" >> beam.Map(_tree_facts)
-                     | "TreeFacts" >> beam.CombineGlobally(_TreeFactsFn()))
+            facts = (
+                inputs | "DepthsAndTops" >> beam.Map(_tree_facts) | "TreeFacts" >> beam.CombineGlobally(_TreeFactsFn())
+            )
             # (sorted depths, sorted top folders of three-level images): tiny, whatever the tree
             laid_out = inputs | "ApplyTreeLayout" >> beam.FlatMap(
-                _apply_layout, beam.pvalue.AsSingleton(facts), layout=self._tree_layout,
+                _apply_layout,
+                beam.pvalue.AsSingleton(facts),
+                layout=self._tree_layout,
             ).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
             inputs = laid_out[_INPUTS]
             dead.append(laid_out[PLAN_DEAD_LETTERS])
@@ -357,72 +400,98 @@ class PlanShards(beam.PTransform):
         else:
             merged = listing.pipeline | "NoSplitFolders" >> beam.Create([{}])
         # {split: [top folders]} for splits named by several folders: one small element
-        by_path = (inputs
-                   | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
-                   | "GroupByPath" >> beam.GroupByKey()
-                   # (filename, [InputFile, ...]): one group per path, almost always of one
-                   | "DropSamePath" >> beam.FlatMap(_kept_by_path, dedup=self._dedup)
-                   .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
+        by_path = (
+            inputs
+            | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
+            | "GroupByPath" >> beam.GroupByKey()
+            # (filename, [InputFile, ...]): one group per path, almost always of one
+            | "DropSamePath"
+            >> beam.FlatMap(_kept_by_path, dedup=self._dedup).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+        )
         inputs = by_path[_INPUTS]
         dead.append(by_path[PLAN_DEAD_LETTERS])
         if self._dedup == "content":
             hashed, unhashed = inputs | "HashKnown" >> beam.Partition(
-                lambda f, _: 0 if f.content_sha256 is not None else 1, 2)
-            by_content = (hashed
-                          | "KeyByContent" >> beam.Map(lambda f: (f.content_sha256, f))
-                          | "GroupByContent" >> beam.GroupByKey()
-                          # (sha256, [InputFile, ...])
-                          | "DropSameContent" >> beam.FlatMap(_kept_by_content)
-                          .with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS))
+                lambda f, _: 0 if f.content_sha256 is not None else 1, 2
+            )
+            by_content = (
+                hashed
+                | "KeyByContent" >> beam.Map(lambda f: (f.content_sha256, f))
+                | "GroupByContent" >> beam.GroupByKey()
+                # (sha256, [InputFile, ...])
+                | "DropSameContent" >> beam.FlatMap(_kept_by_content).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+            )
             inputs = (by_content[_INPUTS], unhashed) | "KeptInputs" >> beam.Flatten()
             dead.append(by_content[PLAN_DEAD_LETTERS])
         changes = None
         if self._held is not None:
             # Before splits are assigned: an input already held keeps its split (it is not planned
             # again), and the new ones get theirs by the same rule as a fresh run.
-            compared = ({"listed": inputs | "KeyByUri" >> beam.Map(lambda f: (f.uri, f)), "held": self._held}
-                        | "JoinHeld" >> beam.CoGroupByKey()
-                        | "NotHeldYet" >> beam.FlatMap(compare_with_held, state_of=self._state_of)
-                        .with_outputs(PLAN_CHANGES, main=_INPUTS))
+            compared = (
+                {"listed": inputs | "KeyByUri" >> beam.Map(lambda f: (f.uri, f)), "held": self._held}
+                | "JoinHeld" >> beam.CoGroupByKey()
+                | "NotHeldYet"
+                >> beam.FlatMap(compare_with_held, state_of=self._state_of).with_outputs(PLAN_CHANGES, main=_INPUTS)
+            )
             inputs, changes = compared[_INPUTS], compared[PLAN_CHANGES]
-        num_unsplit = (inputs
-                       | "Unsplit" >> beam.Filter(lambda f: f.split is None)
-                       | "CountUnsplit" >> beam.combiners.Count.Globally())
+        num_unsplit = (
+            inputs
+            | "Unsplit" >> beam.Filter(lambda f: f.split is None)
+            | "CountUnsplit" >> beam.combiners.Count.Globally()
+        )
         inputs = inputs | "AssignSplits" >> _AssignSplits(self._fractions, self._split_rule)
         # InputFile(split, label): one per kept input
-        label_names = (inputs
-                       | "Labels" >> beam.Map(lambda f: f.label)
-                       | "DistinctLabels" >> beam.Distinct()
-                       | "LabelList" >> beam.combiners.ToList()
-                       | "SortLabels" >> beam.Map(_label_order, known=self._known_labels))
+        label_names = (
+            inputs
+            | "Labels" >> beam.Map(lambda f: f.label)
+            | "DistinctLabels" >> beam.Distinct()
+            | "LabelList" >> beam.combiners.ToList()
+            | "SortLabels" >> beam.Map(_label_order, known=self._known_labels)
+        )
         # (label, ...): one small element
-        layout = (inputs
-                  | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
-                  | "CountPerBucket" >> beam.CombinePerKey(sum)
-                  # ((split, bucket), count): at most splits x NUM_BUCKETS
-                  | "BucketCounts" >> beam.combiners.ToList()
-                  | "SplitLayout" >> beam.Map(_layout, num_shards=self._num_shards, example_bytes=self._example_bytes,
-                                              target_shard_bytes=self._target_shard_bytes))
+        layout = (
+            inputs
+            | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
+            | "CountPerBucket" >> beam.CombinePerKey(sum)
+            # ((split, bucket), count): at most splits x NUM_BUCKETS
+            | "BucketCounts" >> beam.combiners.ToList()
+            | "SplitLayout"
+            >> beam.Map(
+                _layout,
+                num_shards=self._num_shards,
+                example_bytes=self._example_bytes,
+                target_shard_bytes=self._target_shard_bytes,
+            )
+        )
         # {split: {count, num_shards, offsets}}: one small element
-        class_counts = (inputs
-                        | "KeyByClass" >> beam.Map(lambda f: ((f.split, f.label), 1))
-                        | "CountPerClass" >> beam.CombinePerKey(sum)
-                        | "ClassCounts" >> beam.combiners.ToList())
-        summary = (layout
-                   | "Summary" >> beam.Map(_summary, beam.pvalue.AsSingleton(label_names),
-                                           beam.pvalue.AsSingleton(num_listed), beam.pvalue.AsSingleton(class_counts),
-                                           beam.pvalue.AsSingleton(num_unsplit), beam.pvalue.AsSingleton(merged),
-                                           source=self._source, requested=self._requested,
-                                           split_rule=self._split_rule))
-        shards = (inputs
-                  | "KeyBySplitBucket" >> beam.Map(lambda f: (_bucket_key(f), f))
-                  | "GroupByBucket" >> beam.GroupByKey()
-                  # ((split, bucket), [InputFile, ...]): about 1/4096 of a split each
-                  | "RankInBucket" >> beam.FlatMap(_rank_bucket, beam.pvalue.AsSingleton(layout),
-                                                   beam.pvalue.AsSingleton(label_names))
-                  # ((split, shard), (position, InputFile with label_id))
-                  | "GroupByShard" >> beam.GroupByKey()
-                  | "ShardPlan" >> beam.Map(_to_shard_plan, beam.pvalue.AsSingleton(layout)))
+        class_counts = (
+            inputs
+            | "KeyByClass" >> beam.Map(lambda f: ((f.split, f.label), 1))
+            | "CountPerClass" >> beam.CombinePerKey(sum)
+            | "ClassCounts" >> beam.combiners.ToList()
+        )
+        summary = layout | "Summary" >> beam.Map(
+            _summary,
+            beam.pvalue.AsSingleton(label_names),
+            beam.pvalue.AsSingleton(num_listed),
+            beam.pvalue.AsSingleton(class_counts),
+            beam.pvalue.AsSingleton(num_unsplit),
+            beam.pvalue.AsSingleton(merged),
+            source=self._source,
+            requested=self._requested,
+            split_rule=self._split_rule,
+        )
+        shards = (
+            inputs
+            | "KeyBySplitBucket" >> beam.Map(lambda f: (_bucket_key(f), f))
+            | "GroupByBucket" >> beam.GroupByKey()
+            # ((split, bucket), [InputFile, ...]): about 1/4096 of a split each
+            | "RankInBucket"
+            >> beam.FlatMap(_rank_bucket, beam.pvalue.AsSingleton(layout), beam.pvalue.AsSingleton(label_names))
+            # ((split, shard), (position, InputFile with label_id))
+            | "GroupByShard" >> beam.GroupByKey()
+            | "ShardPlan" >> beam.Map(_to_shard_plan, beam.pvalue.AsSingleton(layout))
+        )
         # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         outputs = {"shards": shards, PLAN_DEAD_LETTERS: dead_letters, PLAN_SUMMARY: summary}

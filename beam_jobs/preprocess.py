@@ -115,8 +115,9 @@ def required_source_size(source: tuple[int, int], target: tuple[int, int], resiz
     )
 
 
-def _centre_box(source: tuple[int, int], target: tuple[int, int], *,
-                 whole_pixels: bool) -> tuple[float, float, float, float]:
+def _centre_box(
+    source: tuple[int, int], target: tuple[int, int], *, whole_pixels: bool
+) -> tuple[float, float, float, float]:
     """The centred box of the source with the target's aspect ratio (the crop mode's), with
     fractional edges, or rounded to whole pixels (at most half a source pixel off-centre)."""
     (src_w, src_h), (dst_w, dst_h) = source, target
@@ -131,8 +132,9 @@ def _centre_box(source: tuple[int, int], target: tuple[int, int], *,
     return left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h)
 
 
-def resize_image(image: Image.Image, target: tuple[int, int], resize_mode: str,
-                 resample_method: str = DEFAULT_RESAMPLE) -> Image.Image:
+def resize_image(
+    image: Image.Image, target: tuple[int, int], resize_mode: str, resample_method: str = DEFAULT_RESAMPLE
+) -> Image.Image:
     """Resizes ``image`` to exactly ``target`` (width, height) with antialiasing (resample.py).
 
     - crop: scale so the shorter side fits, then take the centre (no distortion, edges lost);
@@ -163,8 +165,9 @@ def _padded_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[int,
     return max(1, round(source[0] * scale)), max(1, round(source[1] * scale))
 
 
-def resize_pixels(pixels: np.ndarray, target: tuple[int, int], resize_mode: str,
-                  resample_method: str = DEFAULT_RESAMPLE) -> np.ndarray:
+def resize_pixels(
+    pixels: np.ndarray, target: tuple[int, int], resize_mode: str, resample_method: str = DEFAULT_RESAMPLE
+) -> np.ndarray:
     """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area").
 
     The crop mode's centre box has whole-pixel edges here (an array slice), at most half a
@@ -183,7 +186,8 @@ def resize_pixels(pixels: np.ndarray, target: tuple[int, int], resize_mode: str,
         canvas = np.empty((dst_h, dst_w, *pixels.shape[2:]), dtype=np.uint8)
         canvas[...] = fill
         left, top = (dst_w - inner_w) // 2, (dst_h - inner_h) // 2
-        canvas[top:top + inner_h, left:left + inner_w] = resample_array(
-            np.ascontiguousarray(pixels), (inner_w, inner_h), resample_method)
+        canvas[top : top + inner_h, left : left + inner_w] = resample_array(
+            np.ascontiguousarray(pixels), (inner_w, inner_h), resample_method
+        )
         return canvas
     raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")

@@ -41,10 +41,16 @@ def progress_file_name(run_id: str) -> str:
 
 def write_progress_plan(output_dir: str, run_id: str, *, line: str, summary: dict) -> None:
     """Called by the plan step: what the watcher needs to know the totals, and the plan's line."""
-    plan = {"line": line, "splits": {name: {"num_examples": s["num_examples"], "num_shards": s["num_shards"]}
-                                     for name, s in summary["splits"].items()}}
-    write_atomically(FileSystems.join(output_dir, progress_file_name(run_id)),
-                     json.dumps(plan, sort_keys=True).encode("utf-8"))
+    plan = {
+        "line": line,
+        "splits": {
+            name: {"num_examples": s["num_examples"], "num_shards": s["num_shards"]}
+            for name, s in summary["splits"].items()
+        },
+    }
+    write_atomically(
+        FileSystems.join(output_dir, progress_file_name(run_id)), json.dumps(plan, sort_keys=True).encode("utf-8")
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +85,13 @@ def tally(plan: dict, staged: dict[str, int], kept: Collection[str] = ()) -> Pro
             shards += 1
             images += inputs
             images_kept += inputs if name in kept else 0
-    return Progress(shards_done=shards, shards_total=sum(s["num_shards"] for s in splits.values()),
-                    images_done=images, images_total=sum(s["num_examples"] for s in splits.values()),
-                    images_kept=images_kept)
+    return Progress(
+        shards_done=shards,
+        shards_total=sum(s["num_shards"] for s in splits.values()),
+        images_done=images,
+        images_total=sum(s["num_examples"] for s in splits.values()),
+        images_kept=images_kept,
+    )
 
 
 def _read_json(path: str) -> dict | None:
@@ -102,8 +112,15 @@ class StagingWatcher:
     be listed leaves the run without progress, and never fails it.
     """
 
-    def __init__(self, output_dir: str, run_id: str, *, on_plan: Callable[[str, Progress], None],
-                 on_progress: Callable[[Progress], None], interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        run_id: str,
+        *,
+        on_plan: Callable[[str, Progress], None],
+        on_progress: Callable[[Progress], None],
+        interval_s: float = 0.5,
+    ) -> None:
         self._output_dir = output_dir
         self._run_id = run_id
         self._progress_path = FileSystems.join(output_dir, progress_file_name(run_id))
@@ -134,8 +151,9 @@ class StagingWatcher:
             self._thread.join()
         self.poll()
         if succeeded and self._last is not None:
-            done = dataclasses.replace(self._last, shards_done=self._last.shards_total,
-                                       images_done=self._last.images_total)
+            done = dataclasses.replace(
+                self._last, shards_done=self._last.shards_total, images_done=self._last.images_total
+            )
             if done != self._last:
                 self._last = done
                 self._on_progress(done)

@@ -29,9 +29,11 @@ def progress_line(progress: Progress, *, elapsed_s: float) -> str:
     rate = converted / elapsed_s if elapsed_s > 0 else 0.0
     left = progress.images_total - progress.images_done
     eta = f", ETA {format_duration(left / rate)}" if rate > 0 and left > 0 else ""
-    return (f"progress: {progress.shards_done}/{progress.shards_total} shards, {progress.images_done}/"
-            f"{progress.images_total} images ({progress.fraction:.0%}), {rate:.0f} images/s{eta}, "
-            f"{format_duration(elapsed_s)} elapsed")
+    return (
+        f"progress: {progress.shards_done}/{progress.shards_total} shards, {progress.images_done}/"
+        f"{progress.images_total} images ({progress.fraction:.0%}), {rate:.0f} images/s{eta}, "
+        f"{format_duration(elapsed_s)} elapsed"
+    )
 
 
 class LineProgress:
@@ -82,8 +84,7 @@ def _fixed_size(out: TextIO) -> dict:
 class TtyProgress:
     """A tqdm bar of images, with shards done of total; other console lines print above it."""
 
-    _FORMAT = ("{l_bar}{bar}| {n_fmt}/{total_fmt} images [{elapsed}<{remaining}, {rate_fmt}]"
-               "{postfix}")
+    _FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} images [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
 
     def __init__(self, out: TextIO, lock: threading.Lock) -> None:
         self._out = out
@@ -104,9 +105,16 @@ class TtyProgress:
         with self._lock:
             self._kept = progress.images_kept
             # initial: the kept images are no work of this run, and tqdm leaves them out of its rate.
-            self._bar = tqdm(total=progress.images_total, initial=progress.images_kept, file=self._out,
-                             unit="img", desc="converting", bar_format=self._FORMAT, smoothing=0.1,
-                             **_fixed_size(self._out))
+            self._bar = tqdm(
+                total=progress.images_total,
+                initial=progress.images_kept,
+                file=self._out,
+                unit="img",
+                desc="converting",
+                bar_format=self._FORMAT,
+                smoothing=0.1,
+                **_fixed_size(self._out),
+            )
         self.update(progress)
 
     def update(self, progress: Progress) -> None:

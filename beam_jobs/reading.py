@@ -34,8 +34,11 @@ READ_TIMEOUT_S = 300.0
 
 
 def _timed_out(timeout_s: float) -> BadInputError:
-    return BadInputError(Stage.READ, Reason.READ_TIMEOUT,
-                         f"no answer after {timeout_s:g} s (a FIFO, or a hung mount?); the read was abandoned")
+    return BadInputError(
+        Stage.READ,
+        Reason.READ_TIMEOUT,
+        f"no answer after {timeout_s:g} s (a FIFO, or a hung mount?); the read was abandoned",
+    )
 
 
 def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
@@ -67,7 +70,9 @@ def read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float 
     it gives no answer within ``timeout_s`` (``read_timeout``)."""
     if input_file.size is not None and input_file.size > max_file_bytes:
         raise BadInputError(
-            Stage.READ, Reason.FILE_TOO_LARGE, f"{input_file.size} bytes is over --max_file_mb={_limit_mb(max_file_bytes)} ({max_file_bytes} bytes)"
+            Stage.READ,
+            Reason.FILE_TOO_LARGE,
+            f"{input_file.size} bytes is over --max_file_mb={_limit_mb(max_file_bytes)} ({max_file_bytes} bytes)",
         )
     try:
         data = _within(timeout_s, partial(_read_bytes, input_file.uri, max_file_bytes))
@@ -76,8 +81,11 @@ def read_source(input_file: InputFile, max_file_bytes: int, *, timeout_s: float 
     except Exception as error:
         raise BadInputError(Stage.READ, Reason.READ_ERROR, f"{type(error).__name__}: {error}") from None
     if len(data) > max_file_bytes:
-        raise BadInputError(Stage.READ, Reason.FILE_TOO_LARGE,
-                            f"more than {max_file_bytes} bytes, over --max_file_mb={_limit_mb(max_file_bytes)}")
+        raise BadInputError(
+            Stage.READ,
+            Reason.FILE_TOO_LARGE,
+            f"more than {max_file_bytes} bytes, over --max_file_mb={_limit_mb(max_file_bytes)}",
+        )
     if not data:
         raise BadInputError(Stage.READ, Reason.EMPTY_FILE, "the file is empty")
     return data

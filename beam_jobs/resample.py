@@ -1,6 +1,7 @@
 """Resampling an upright 8-bit image to its output size: the --resample methods.
 
-Pillow's filters antialias at every scale; the two array methods only partly (see DEFAULT_RESAMPLE). What each costs and how close it comes to a Lanczos
+Pillow's filters antialias at every scale; the two array methods only partly (see DEFAULT_RESAMPLE).
+What each costs and how close it comes to a Lanczos
 resize of the full-resolution source (PSNR over real photos) is measured by
 benchmarks/conversion.py and given in the README.
 
@@ -82,8 +83,9 @@ def _gaussian_prefilter(pixels: np.ndarray, scale_x: float, scale_y: float) -> n
     # A kernel of +-3 sigma; size 1 (no blur) on an axis that is not shrunk. OpenCV reads a zero
     # sigma as "take the other axis's", hence the tiny positive one there (a 1-tap kernel is 1).
     size = (2 * math.ceil(3 * sigma_x) + 1 if sigma_x else 1, 2 * math.ceil(3 * sigma_y) + 1 if sigma_y else 1)
-    return opencv().GaussianBlur(pixels, size, sigmaX=sigma_x or 1e-3, sigmaY=sigma_y or 1e-3,
-                                 borderType=opencv().BORDER_REFLECT)
+    return opencv().GaussianBlur(
+        pixels, size, sigmaX=sigma_x or 1e-3, sigmaY=sigma_y or 1e-3, borderType=opencv().BORDER_REFLECT
+    )
 
 
 def resample_array(pixels: np.ndarray, size: tuple[int, int], method: str) -> np.ndarray:
@@ -102,8 +104,9 @@ def resample_array(pixels: np.ndarray, size: tuple[int, int], method: str) -> np
     return resized.reshape(size[1], size[0], *pixels.shape[2:])  # OpenCV drops a channel axis of 1
 
 
-def resample_image(image: Image.Image, size: tuple[int, int], method: str,
-                   box: tuple[float, float, float, float] | None = None) -> Image.Image:
+def resample_image(
+    image: Image.Image, size: tuple[int, int], method: str, box: tuple[float, float, float, float] | None = None
+) -> Image.Image:
     """``image`` (or its ``box``: left, top, right, bottom, fractional edges allowed) resampled
     to ``size`` (width, height) with one of Pillow's filters."""
     try:

@@ -76,8 +76,11 @@ def listed_runs(manifests: Iterable[dict]) -> set[str]:
     """The run folders that these manifests list shards (or dead letters) in. Pure."""
     runs = set()
     for manifest in manifests:
-        files = [shard.get("file", "") for split in (manifest.get("splits") or {}).values()
-                 for shard in split.get("shards", [])]
+        files = [
+            shard.get("file", "")
+            for split in (manifest.get("splits") or {}).values()
+            for shard in split.get("shards", [])
+        ]
         files.append(manifest.get("dead_letters_file") or "")
         runs.update(run for run in map(run_of, files) if run)
     return runs
@@ -89,7 +92,7 @@ def run_folders(output_dir: str) -> list[str]:
     runs = set()
     try:
         for meta in list_tree(root):
-            relative = meta.path[len(root):].lstrip("/")
+            relative = meta.path[len(root) :].lstrip("/")
             name = relative.split("/", 1)[0]
             if is_run_name(name):
                 runs.add(name)
@@ -123,5 +126,6 @@ def run_fingerprints(output_dir: str, run: str) -> dict[str | None, dict]:
 def resumable_runs(output_dir: str, committed: set[str]) -> list[tuple[str, dict[str | None, dict]]]:
     """The uncommitted run folders, newest first, each with the fingerprints its sidecars record:
     --resume continues the newest whose shards were made with the same settings."""
-    return [(run, run_fingerprints(output_dir, run))
-            for run in reversed(run_folders(output_dir)) if run not in committed]
+    return [
+        (run, run_fingerprints(output_dir, run)) for run in reversed(run_folders(output_dir)) if run not in committed
+    ]

@@ -92,8 +92,11 @@ def acquire_output_lock(output_dir: str) -> str:
 
 
 def _locked(output_dir: str, path: str, holder: dict) -> OutputLockedError:
-    who = (f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-           if holder else "another run")
+    who = (
+        f"process {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+        if holder
+        else "another run"
+    )
     return OutputLockedError(
         f"another run ({who}) is writing into {output_dir}; wait for it to finish, or, if no run is "
         f"(it was killed on another machine), remove {path}"

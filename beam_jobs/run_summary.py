@@ -45,15 +45,24 @@ def split_table(info: dict) -> str:
         by_reason = split.get("dead_letters_by_reason", {})
         for reason, n in by_reason.items():
             assigned[reason] = assigned.get(reason, 0) + n
-        rows.append((name, str(split["num_examples"]), str(split["num_shards"]), format_mib(size),
-                     _reasons(by_reason)))
+        rows.append((name, str(split["num_examples"]), str(split["num_shards"]), format_mib(size), _reasons(by_reason)))
         totals = [totals[0] + split["num_examples"], totals[1] + split["num_shards"], totals[2] + size]
-    unassigned = {reason: n - assigned.get(reason, 0)
-                  for reason, n in info.get("dead_letters_by_reason", {}).items() if n > assigned.get(reason, 0)}
+    unassigned = {
+        reason: n - assigned.get(reason, 0)
+        for reason, n in info.get("dead_letters_by_reason", {}).items()
+        if n > assigned.get(reason, 0)
+    }
     if unassigned:
         rows.append((_LISTING, "", "", "", _reasons(unassigned)))
-    rows.append(("total", str(totals[0]), str(totals[1]), format_mib(totals[2]),
-                 str(info.get("num_dead_letters", sum(assigned.values()) + sum(unassigned.values())))))
+    rows.append(
+        (
+            "total",
+            str(totals[0]),
+            str(totals[1]),
+            format_mib(totals[2]),
+            str(info.get("num_dead_letters", sum(assigned.values()) + sum(unassigned.values()))),
+        )
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = []
     for row in rows:
@@ -70,8 +79,11 @@ def shard_globs(info: dict, split: str) -> list[str]:
     for shard in info["splits"][split]["shards"]:
         folder, _, name = shard["file"].rpartition("/")
         folders.setdefault(folder, set()).add(name.rsplit("-of-", 1)[-1])
-    return [f"{folder + '/' if folder else ''}{split}-*-of-{total}"
-            for folder, totals in folders.items() for total in sorted(totals)]
+    return [
+        f"{folder + '/' if folder else ''}{split}-*-of-{total}"
+        for folder, totals in folders.items()
+        for total in sorted(totals)
+    ]
 
 
 def outputs_lines(info: dict, output_dir: str) -> list[str]:

@@ -37,8 +37,10 @@ def watch_hint(options: PipelineOptions, job_id: str | None = None) -> str | Non
     if name.startswith("dataflow"):
         cloud = options.view_as(GoogleCloudOptions)
         if job_id:
-            return (f"watch the job in the Dataflow console: https://console.cloud.google.com/dataflow/jobs/"
-                    f"{cloud.region}/{job_id}?project={cloud.project}")
+            return (
+                f"watch the job in the Dataflow console: https://console.cloud.google.com/dataflow/jobs/"
+                f"{cloud.region}/{job_id}?project={cloud.project}"
+            )
         return f"watch the job in the Dataflow console: https://console.cloud.google.com/dataflow/jobs?project={cloud.project}"
     endpoint = options.view_as(PortableOptions).job_endpoint
     where = f" (job service {endpoint})" if endpoint else ""

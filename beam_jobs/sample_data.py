@@ -47,9 +47,7 @@ def _package_dir(package: str) -> pathlib.Path:
 
 def source_photo_paths() -> dict[str, pathlib.Path]:
     """Returns {class name: path of the real photo} for every source photograph."""
-    return {
-        pathlib.Path(rel).stem: _package_dir(package) / rel for package, rel in SOURCE_PHOTOS
-    }
+    return {pathlib.Path(rel).stem: _package_dir(package) / rel for package, rel in SOURCE_PHOTOS}
 
 
 def _random_crop(photo: Image.Image, size: tuple[int, int], rng: random.Random) -> Image.Image:

@@ -32,9 +32,11 @@ def _split(root: str) -> tuple[str, str, str]:
 def _gcs_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[FileMetadata]]:
     client = filesystem._gcsIO().client  # google.cloud.storage.Client, see the module docstring
     blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
-    files = [FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0,
-                          blob.updated.timestamp() if blob.updated else 0.0)
-             for blob in blobs if not blob.name.endswith("/")]
+    files = [
+        FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0)
+        for blob in blobs
+        if not blob.name.endswith("/")
+    ]
     # ``prefixes`` fills as the pages are read, so it is taken after the loop above.
     folders = [f"gs://{bucket}/{name}" for name in blobs.prefixes]
     return folders, files
@@ -47,8 +49,11 @@ def _s3_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[Fil
     folders, files = [], []
     for page in boto.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
         folders += [f"s3://{bucket}/{entry['Prefix']}" for entry in page.get("CommonPrefixes", [])]
-        files += [FileMetadata(f"s3://{bucket}/{entry['Key']}", entry["Size"], entry["LastModified"].timestamp())
-                  for entry in page.get("Contents", []) if not entry["Key"].endswith("/")]
+        files += [
+            FileMetadata(f"s3://{bucket}/{entry['Key']}", entry["Size"], entry["LastModified"].timestamp())
+            for entry in page.get("Contents", [])
+            if not entry["Key"].endswith("/")
+        ]
     return folders, files
 
 

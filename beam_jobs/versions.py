@@ -19,8 +19,16 @@ from collections.abc import Iterable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.commit import (VERSION_KEYS, VERSIONS_DIR, CommitConflictError, _parse, _store, commit_version,
-                              read_current, version_file)
+from beam_jobs.commit import (
+    VERSION_KEYS,
+    VERSIONS_DIR,
+    CommitConflictError,
+    _parse,
+    _store,
+    commit_version,
+    read_current,
+    version_file,
+)
 from beam_jobs.errors import JobError
 from beam_jobs.run_folders import SHARDS_DIR, run_of
 from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
@@ -68,8 +76,9 @@ def shard_files(manifest: dict, split: str | None = None) -> list[str]:
     """The shard files a manifest lists (of one split, or all), relative to OUT, in manifest order."""
     splits = manifest.get("splits") or {}
     if split is not None and split not in splits:
-        raise VersionNotFoundError(f"version {manifest.get('version', 1)} has no split {split!r}; "
-                                   f"it has {', '.join(sorted(splits)) or 'none'}")
+        raise VersionNotFoundError(
+            f"version {manifest.get('version', 1)} has no split {split!r}; it has {', '.join(sorted(splits)) or 'none'}"
+        )
     names = []
     for name, facts in splits.items():
         if split is None or name == split:
@@ -97,14 +106,20 @@ def listed_files(manifest: dict) -> set[str]:
 
 
 def _shard_sizes(manifest: dict) -> dict[str, int | None]:
-    return {f: s.get("bytes") for facts in (manifest.get("splits") or {}).values()
-            for s in facts.get("shards", []) if (f := _safe_relative(s.get("file")))}
+    return {
+        f: s.get("bytes")
+        for facts in (manifest.get("splits") or {}).values()
+        for s in facts.get("shards", [])
+        if (f := _safe_relative(s.get("file")))
+    }
 
 
 # What a run writes into its folder (run_folders.py): shards, their sidecars, its dead letters and
 # their parts, its progress file, and temp files. gc removes nothing else from a run folder.
-_RUN_FILE = re.compile(r"^(?:[^/]+-\d{5}-of-\d{5}\.tfrecord|\.[^/]+-\d{5}-of-\d{5}\.tfrecord\.json|dead_letters\.jsonl"
-                       r"|\.staged-dead_letters-\d{5}-of-\d{5}\.jsonl|\.progress-[^/]+\.json|\.tmp-[0-9a-f]{32}-[^/]+)$")
+_RUN_FILE = re.compile(
+    r"^(?:[^/]+-\d{5}-of-\d{5}\.tfrecord|\.[^/]+-\d{5}-of-\d{5}\.tfrecord\.json|dead_letters\.jsonl"
+    r"|\.staged-dead_letters-\d{5}-of-\d{5}\.jsonl|\.progress-[^/]+\.json|\.tmp-[0-9a-f]{32}-[^/]+)$"
+)
 
 
 def _run_of(relative: str) -> str | None:
@@ -115,8 +130,14 @@ def _run_of(relative: str) -> str | None:
     return run if run is not None and _RUN_FILE.match(posixpath.basename(relative)) else None
 
 
-def garbage(chain: Sequence[dict], others: Iterable[dict], existing: dict[str, int], keep: int,
-            *, protected_runs: Iterable[str] = ()) -> list[str]:
+def garbage(
+    chain: Sequence[dict],
+    others: Iterable[dict],
+    existing: dict[str, int],
+    keep: int,
+    *,
+    protected_runs: Iterable[str] = (),
+) -> list[str]:
     """What gc deletes, relative to OUT. Pure.
 
     ``chain`` is the history, newest first; ``others`` any other manifest of ours (versions/ files
@@ -203,8 +224,9 @@ def kept_versions(output_dir: str, keep: int) -> list[int]:
 
 def _check_keep(keep: int) -> None:
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
-        raise ValueError(f"keep must be a whole number of at least 1 (got {keep!r}): the current version is "
-                         "always kept")
+        raise ValueError(
+            f"keep must be a whole number of at least 1 (got {keep!r}): the current version is always kept"
+        )
 
 
 def _existing(output_dir: str) -> dict[str, int]:
@@ -216,7 +238,7 @@ def _existing(output_dir: str) -> dict[str, int]:
     for meta in list_tree(output_dir):
         path = meta.path if "://" in meta.path else os.path.abspath(meta.path)
         if path.startswith(root):
-            files[path[len(root):]] = meta.size_in_bytes
+            files[path[len(root) :]] = meta.size_in_bytes
     return files
 
 
@@ -236,8 +258,11 @@ def _off_chain_manifests(output_dir: str, chain: Sequence[dict], existing: dict[
 def _missing_files(manifest: dict, existing: dict[str, int]) -> list[str]:
     """Files of ``manifest`` that are gone: shards (or no longer their listed size), and its dead
     letters, without which `verify` fails the version (the format says they are always present)."""
-    missing = [f for f, size in _shard_sizes(manifest).items()
-               if f not in existing or (size is not None and existing[f] != size)]
+    missing = [
+        f
+        for f, size in _shard_sizes(manifest).items()
+        if f not in existing or (size is not None and existing[f] != size)
+    ]
     dead = _safe_relative(manifest.get("dead_letters_file"))
     if dead and dead not in existing:
         missing.append(dead)
@@ -261,8 +286,13 @@ def collect_garbage(output_dir: str, *, keep: int = DEFAULT_KEEP, holding_run: s
     try:
         chain = history(output_dir)
         existing = _existing(output_dir)
-        doomed = garbage(chain, _off_chain_manifests(output_dir, chain, existing), existing, keep,
-                         protected_runs=[holding_run] if holding_run else [])
+        doomed = garbage(
+            chain,
+            _off_chain_manifests(output_dir, chain, existing),
+            existing,
+            keep,
+            protected_runs=[holding_run] if holding_run else [],
+        )
         delete_exactly([FileSystems.join(output_dir, name) for name in doomed])
         if "://" not in output_dir:
             _remove_empty_run_folders(output_dir)
@@ -301,14 +331,17 @@ def rollback(output_dir: str, version: int) -> dict:
             raise JobError(
                 f"cannot roll back {output_dir} to version {version}: {len(shards)} of its "
                 f"{len(_shard_sizes(target))} shard files are gone (collected by gc?), e.g. {shards[0]}; "
-                "nothing was committed")
+                "nothing was committed"
+            )
         if missing:  # Its shards are there (a later version uses them), its dead letters are not.
             raise JobError(
                 f"cannot roll back {output_dir} to version {version}: its dead letters ({missing[0]}) are gone "
-                "(collected by gc?), and a version without them fails verify; nothing was committed")
+                "(collected by gc?), and a version without them fails verify; nothing was committed"
+            )
         content = {key: value for key, value in target.items() if key not in VERSION_KEYS}
-        return commit_version(output_dir, content, expected=current,
-                              change={"kind": "rollback", "run": None, "rolled_back_to": version})
+        return commit_version(
+            output_dir, content, expected=current, change={"kind": "rollback", "run": None, "rolled_back_to": version}
+        )
     finally:
         release_output_lock(lock)
 
@@ -340,25 +373,39 @@ def _parser() -> argparse.ArgumentParser:
         "gc and rollback take the folder's run lock: while a conversion writes into DATA_DIR they refuse\n"
         "with the lock's message (exit 1). Bad input exits 2 with one line. gs:// uses the usual Google\n"
         "credentials (or STORAGE_EMULATOR_HOST); s3:// takes Beam's --s3_* options after the command\n"
-        "(see COMMAND --help).")
+        "(see COMMAND --help).",
+    )
     parser.add_argument("data_dir", metavar="DATA_DIR", help="the dataset folder (local path, gs:// or s3://)")
     # Beam's S3 options, accepted after the command (where a user types them).
     stores = argparse.ArgumentParser(add_help=False)
     S3Options._add_argparse_args(stores.add_argument_group("s3:// options (Beam's)"))  # pylint: disable=protected-access
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     commands.add_parser("list", parents=[stores], help="a table of the versions, newest first; * marks the current one")
-    back = commands.add_parser("rollback", parents=[stores], help="commit a new version whose content is "
-                               "version N's (its files must still be kept)")
+    back = commands.add_parser(
+        "rollback",
+        parents=[stores],
+        help="commit a new version whose content is version N's (its files must still be kept)",
+    )
     back.add_argument("version", metavar="N", type=_version_number, help="the version to go back to")
-    gc = commands.add_parser("gc", parents=[stores], help="delete the files of versions outside the retention window, and run "
-                             "folders no kept version lists (killed runs); never a file no manifest lists outside "
-                             "shards/")
-    gc.add_argument("--keep", type=_version_number, default=DEFAULT_KEEP,
-                    help="versions whose files stay: the current one and the K-1 before it (default: %(default)s)")
-    files = commands.add_parser("files", parents=[stores], help="the shard files of a version, one path per line (for tools that "
-                                "take file lists)")
-    files.add_argument("--version", type=_version_number, default=None,
-                       help="the version (default: the current one)")
+    gc = commands.add_parser(
+        "gc",
+        parents=[stores],
+        help="delete the files of versions outside the retention window, and run "
+        "folders no kept version lists (killed runs); never a file no manifest lists outside "
+        "shards/",
+    )
+    gc.add_argument(
+        "--keep",
+        type=_version_number,
+        default=DEFAULT_KEEP,
+        help="versions whose files stay: the current one and the K-1 before it (default: %(default)s)",
+    )
+    files = commands.add_parser(
+        "files",
+        parents=[stores],
+        help="the shard files of a version, one path per line (for tools that take file lists)",
+    )
+    files.add_argument("--version", type=_version_number, default=None, help="the version (default: the current one)")
     files.add_argument("--split", default=None, help="only this split's shards (default: every split)")
     return parser
 
@@ -396,10 +443,20 @@ def version_table(chain: Sequence[dict], existing: dict[str, int]) -> list[str]:
         kind = change.get("kind", "-")
         if kind == "rollback" and "rolled_back_to" in change:
             kind = f"rollback to {change['rolled_back_to']}"
-        rows.append(("*" if index == 0 else "", str(manifest["version"]), manifest.get("committed_at") or "-",
-                     kind, _examples(manifest), _files_state(manifest, existing)))
+        rows.append(
+            (
+                "*" if index == 0 else "",
+                str(manifest["version"]),
+                manifest.get("committed_at") or "-",
+                kind,
+                _examples(manifest),
+                _files_state(manifest, existing),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows
+    ]
 
 
 def _set_filesystem_options(arguments: argparse.Namespace) -> None:
@@ -419,15 +476,20 @@ def _run(arguments: argparse.Namespace) -> list[str]:
     if arguments.command == "gc":
         deleted = collect_garbage(out, keep=arguments.keep)
         kept = kept_versions(out, arguments.keep)
-        return [*deleted, f"deleted {len(deleted)} file{'s' if len(deleted) != 1 else ''}; the files of versions "
-                f"{', '.join(map(str, kept))} are kept"]
+        return [
+            *deleted,
+            f"deleted {len(deleted)} file{'s' if len(deleted) != 1 else ''}; the files of versions "
+            f"{', '.join(map(str, kept))} are kept",
+        ]
     manifest = load_version(out, arguments.version)
     names = shard_files(manifest, arguments.split)
     existing = _existing(out)
     gone = [name for name in names if name not in existing]
     if gone:
-        raise JobError(f"version {manifest.get('version', 1)} of {out}: {len(gone)} of its {len(names)} shard files "
-                       f"are gone (collected by gc?), e.g. {gone[0]}; no list printed")
+        raise JobError(
+            f"version {manifest.get('version', 1)} of {out}: {len(gone)} of its {len(names)} shard files "
+            f"are gone (collected by gc?), e.g. {gone[0]}; no list printed"
+        )
     return [FileSystems.join(out, name) for name in names]
 
 

@@ -14,8 +14,13 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-__all__ = ["problem_from_generator", "method1_interleave_generators", "method2_paths_then_map",
-           "write_method4_float_tfrecords", "method4_float_tfrecords"]
+__all__ = [
+    "problem_from_generator",
+    "method1_interleave_generators",
+    "method2_paths_then_map",
+    "write_method4_float_tfrecords",
+    "method4_float_tfrecords",
+]
 
 IMAGE_SIZE = 224
 BATCH_SIZE = 32
@@ -33,10 +38,10 @@ def load_and_preprocess(path: str) -> np.ndarray:
 
 
 def problem_from_generator(paths: Sequence[str], labels: Sequence[int]) -> tf.data.Dataset:
-    """"The Problem": all the work in one Python generator (plus the batch + prefetch it mentions)."""
+    """ "The Problem": all the work in one Python generator (plus the batch + prefetch it mentions)."""
 
     def data_generator():
-        for path, label in zip(paths, labels):
+        for path, label in zip(paths, labels, strict=True):
             yield load_and_preprocess(path), label
 
     dataset = tf.data.Dataset.from_generator(data_generator, output_signature=_SIGNATURE)
@@ -70,7 +75,7 @@ def method2_paths_then_map(paths: Sequence[str], labels: Sequence[int]) -> tf.da
     """Method 2 as printed: a generator of paths, then a parallel map of TF decode + resize."""
 
     def path_generator():
-        yield from zip(paths, labels)
+        yield from zip(paths, labels, strict=True)
 
     path_dataset = tf.data.Dataset.from_generator(
         path_generator,
@@ -98,7 +103,7 @@ def write_method4_float_tfrecords(
     out_dir.mkdir(parents=True, exist_ok=True)
     writers = [tf.io.TFRecordWriter(str(out_dir / f"data_shard_{i}.tfrecord")) for i in range(num_shards)]
     start = time.perf_counter()
-    for i, (path, label) in enumerate(zip(paths, labels)):
+    for i, (path, label) in enumerate(zip(paths, labels, strict=True)):
         image = load_and_preprocess(path)
         feature = {
             "image": tf.train.Feature(float_list=tf.train.FloatList(value=image.flatten())),
@@ -117,10 +122,13 @@ def method4_float_tfrecords(out_dir: pathlib.Path) -> tf.data.Dataset:
     dataset = files.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE, cycle_length=4)
 
     def parse_example(serialized):
-        features = tf.io.parse_single_example(serialized, {
-            "image": tf.io.FixedLenFeature([IMAGE_SIZE * IMAGE_SIZE * 3], tf.float32),
-            "label": tf.io.FixedLenFeature([1], tf.int64),
-        })
+        features = tf.io.parse_single_example(
+            serialized,
+            {
+                "image": tf.io.FixedLenFeature([IMAGE_SIZE * IMAGE_SIZE * 3], tf.float32),
+                "label": tf.io.FixedLenFeature([1], tf.int64),
+            },
+        )
         image = tf.reshape(features["image"], (IMAGE_SIZE, IMAGE_SIZE, 3))
         label = features["label"][0]
         return image, label

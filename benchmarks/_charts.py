@@ -17,8 +17,15 @@ def chart_size(num_bars: int) -> tuple[int, int]:
     return 1100, round((1.8 + 0.42 * max(1, num_bars)) * _DPI)
 
 
-def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str, baseline: str | None = None,
-               limit: str | None = None, unit: str = "images/s") -> pathlib.Path:
+def rate_chart(
+    rates: dict[str, float],
+    path: pathlib.Path | str,
+    *,
+    title: str,
+    baseline: str | None = None,
+    limit: str | None = None,
+    unit: str = "images/s",
+) -> pathlib.Path:
     """Writes a horizontal bar chart of `rates` (in the table's order, top to bottom) to `path`.
 
     `baseline` (the pipeline the others are compared with) is drawn grey, with a dashed line at
@@ -42,7 +49,7 @@ def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str,
     bars = axes.barh(names, values, color=colours)
     peak = max(values, default=1.0)
     base = rates.get(baseline) if baseline else None
-    for bar, value in zip(bars, values):
+    for bar, value in zip(bars, values, strict=True):
         label = f"{value:,.0f}" + (f"  ({value / base:.1f}x)" if base else "")
         axes.text(bar.get_width() + peak * 0.01, bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
     if base:
@@ -51,8 +58,14 @@ def rate_chart(rates: dict[str, float], path: pathlib.Path | str, *, title: str,
         axes.axvline(rates[limit], color="#c62828", linestyle=":", linewidth=1.2, label=f"limit: {limit}")
     if base or limit:
         # At the foot of the figure, where it can cover no bar.
-        figure.legend(*axes.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.01), ncol=2,
-                      fontsize=8, frameon=False)
+        figure.legend(
+            *axes.get_legend_handles_labels(),
+            loc="lower center",
+            bbox_to_anchor=(0.5, 0.01),
+            ncol=2,
+            fontsize=8,
+            frameon=False,
+        )
     axes.set_xlim(0, peak * 1.25)
     axes.set_xlabel(unit)
     axes.tick_params(axis="y", labelsize=8)

@@ -38,16 +38,24 @@ TARGET = 0.20
 
 def _job(*args: str) -> float:
     began = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "beam_jobs", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if result.returncode != 0:
         raise SystemExit(f"the job failed ({result.returncode}): {' '.join(args)}\n{result.stderr[-3000:]}")
     return time.perf_counter() - began
 
 
 def _shard_digests(out: pathlib.Path, info: dict) -> dict[str, str]:
-    return {shard["file"]: hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
-            for split in info["splits"].values() for shard in split["shards"]}
+    return {
+        shard["file"]: hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
+        for split in info["splits"].values()
+        for shard in split["shards"]
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,13 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     full_s, append_s = statistics.median(full), statistics.median(append)
     ratio = append_s / full_s
     total = args.num_images + max(1, args.num_images // 10)
-    print(f"Append benchmark: {args.num_images} photos + {max(1, args.num_images // 10)} new, "
-          f"--image_size {args.image_size}, median of {args.repeats}")
+    print(
+        f"Append benchmark: {args.num_images} photos + {max(1, args.num_images // 10)} new, "
+        f"--image_size {args.image_size}, median of {args.repeats}"
+    )
     print(f"{'run':<34}{'seconds':>10}{'ratio':>10}")
     print(f"{'full run (--overwrite, ' + str(total) + ' inputs)':<34}{full_s:>10.1f}{1.0:>10.2f}")
     print(f"{'append (--append, new inputs)':<34}{append_s:>10.1f}{ratio:>10.2f}")
-    print(f"target: append <= {TARGET:.2f} x full run: {'met' if ratio <= TARGET else 'MISSED'}; "
-          f"old shards' bytes unchanged: yes ({len(old_digests)} shards checked)")
+    print(
+        f"target: append <= {TARGET:.2f} x full run: {'met' if ratio <= TARGET else 'MISSED'}; "
+        f"old shards' bytes unchanged: yes ({len(old_digests)} shards checked)"
+    )
     return 0
 
 

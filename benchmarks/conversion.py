@@ -50,12 +50,12 @@ TARGETS = {"job / pool": 1.2, "job / loop": 2.0, "per image: job / script": 1.3,
 
 # The script, as a user would write it (it shares no code with the job). Its per-image function
 # is also timed alone, in this process (SCRIPT_FUNCTIONS).
-SCRIPT_FUNCTIONS = r'''
+SCRIPT_FUNCTIONS = rf"""
 import io, hashlib
 from PIL import Image, ImageOps
 import tensorflow as tf
 
-SIZE, QUALITY = {size}, {quality}
+SIZE, QUALITY = {IMAGE_SIZE}, {QUALITY}
 
 def to_example(data, label, label_text, filename):
     image = Image.open(io.BytesIO(data))
@@ -77,9 +77,11 @@ def to_example(data, label, label_text, filename):
             value=[hashlib.sha256(data).hexdigest().encode()])),
     }}
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-'''.format(size=IMAGE_SIZE, quality=QUALITY)
+"""
 
-SCRIPT = SCRIPT_FUNCTIONS + r'''
+SCRIPT = (
+    SCRIPT_FUNCTIONS
+    + r"""
 import multiprocessing, os, pathlib, sys
 
 def work(item):
@@ -105,7 +107,8 @@ if __name__ == "__main__":
                 writers[i % num_shards].write(record)
         for writer in writers:
             writer.close()
-'''
+"""
+)
 
 
 def _run(command: list[str]) -> float:
@@ -124,11 +127,26 @@ def end_to_end(src: pathlib.Path, work: pathlib.Path, num_images: int, repeats: 
     script.write_text(SCRIPT)
     commands = {
         f"images-to-tfrecords --resample {FAST} (local runner)": lambda out: [
-            sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
-            "--image_size", str(IMAGE_SIZE), "--resample", FAST],
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(src),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            str(IMAGE_SIZE),
+            "--resample",
+            FAST,
+        ],
         "script: single-process loop": lambda out: [sys.executable, str(script), "loop", str(src), str(out)],
         f"script: multiprocessing.Pool({os.cpu_count()})": lambda out: [
-            sys.executable, str(script), "pool", str(src), str(out)],
+            sys.executable,
+            str(script),
+            "pool",
+            str(src),
+            str(out),
+        ],
     }
     seconds: dict[str, list[float]] = {name: [] for name in commands}
     for repeat in range(repeats):
@@ -138,8 +156,11 @@ def end_to_end(src: pathlib.Path, work: pathlib.Path, num_images: int, repeats: 
             out.mkdir()
             seconds[name].append(_run(command(out)))
             shutil.rmtree(out)
-            print(f"  {num_images} photos, {name}: {num_images / seconds[name][-1]:.0f} img/s "
-                  f"({seconds[name][-1]:.1f} s)", flush=True)
+            print(
+                f"  {num_images} photos, {name}: {num_images / seconds[name][-1]:.0f} img/s "
+                f"({seconds[name][-1]:.1f} s)",
+                flush=True,
+            )
     return {name: num_images / statistics.median(values) for name, values in seconds.items()}
 
 
@@ -152,14 +173,13 @@ def _psnr(a, b) -> float:
 
 def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[float, float]]:
     """{path: (median ms per image, mean PSNR in dB against the Lanczos reference of its crop)}."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from PIL import Image, ImageOps  # pylint: disable=import-outside-toplevel
 
     from beam_jobs.convert_shards import convert_image  # pylint: disable=import-outside-toplevel
     from beam_jobs.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
     from beam_jobs.records import InputFile  # pylint: disable=import-outside-toplevel
     from beam_jobs.resample import ARRAY_METHODS, RESAMPLE_METHODS  # pylint: disable=import-outside-toplevel
-
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     paths = sorted(src.rglob("*.jpg"))[:count]
     blobs = [p.read_bytes() for p in paths]
@@ -171,12 +191,13 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     for method in RESAMPLE_METHODS:
         config = ImageConfig(width=IMAGE_SIZE, height=IMAGE_SIZE, resample=method)
         paths_under_test[f"job --resample {method}" + (" (default)" if method == ImageConfig().resample else "")] = (
-            lambda data, f, config=config: convert_image(data, f, config)[0])
+            lambda data, f, config=config: convert_image(data, f, config)[0]
+        )
     timings: dict[str, list[float]] = {name: [] for name in paths_under_test}
     for _ in range(repeats):
         for name, run in paths_under_test.items():
             start = time.perf_counter()
-            for data, input_file in zip(blobs, inputs):
+            for data, input_file in zip(blobs, inputs, strict=True):
                 run(data, input_file)
             timings[name].append((time.perf_counter() - start) / len(blobs) * 1000)
 
@@ -192,7 +213,7 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
         box = _centre_box(image.size, (IMAGE_SIZE, IMAGE_SIZE), whole_pixels=whole_pixels)
         return image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS, box=box)
 
-    quality_sample = list(zip(blobs, inputs))[:60]
+    quality_sample = list(zip(blobs, inputs, strict=True))[:60]
     results = {}
     for name, run in paths_under_test.items():
         method = name.split("--resample ")[1].split()[0] if "--resample" in name else None
@@ -208,8 +229,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--per_image_count", type=int, default=400, help="photos in the per-image timing")
     parser.add_argument("--work_dir", default=None)
-    parser.add_argument("--chart", type=pathlib.Path, default=None,
-                        help="bar chart PNG of the end-to-end rates [WORK_DIR/conversion.png]")
+    parser.add_argument(
+        "--chart",
+        type=pathlib.Path,
+        default=None,
+        help="bar chart PNG of the end-to-end rates [WORK_DIR/conversion.png]",
+    )
     args = parser.parse_args()
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="conversion-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -230,8 +255,10 @@ def main() -> None:
     default_name = next(name for name in single if f"--resample {FAST}" in name)
     default_ms, default_psnr = single[default_name]
     print()
-    print(f"| per image, one process, {args.per_image_count} photos 500x375 -> {IMAGE_SIZE} px | ms | "
-          "script / this | PSNR vs Lanczos (dB) |")
+    print(
+        f"| per image, one process, {args.per_image_count} photos 500x375 -> {IMAGE_SIZE} px | ms | "
+        "script / this | PSNR vs Lanczos (dB) |"
+    )
     print("|---|---:|---:|---:|")
     for name, (ms, psnr) in single.items():
         print(f"| {name} | {ms:.2f} | {script_ms / ms:.2f}x | {psnr:.1f} |")
@@ -245,19 +272,28 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, rate in demo.items():
         print(f"| {name} | {rate:.0f} | {demo_job / rate:.2f}x |")
-    measured = {"job / pool": job / pool, "job / loop": job / loop, "per image: job / script": script_ms / default_ms,
-                "demo: job / pool": demo_job / demo_pool}
+    measured = {
+        "job / pool": job / pool,
+        "job / loop": job / loop,
+        "per image: job / script": script_ms / default_ms,
+        "demo: job / pool": demo_job / demo_pool,
+    }
     print()
     print("| target | measured | at least | met |")
     print("|---|---:|---:|:-:|")
     for name, value in measured.items():
         print(f"| {name} | {value:.2f}x | {TARGETS[name]:.1f}x | {'yes' if value >= TARGETS[name] else 'NO'} |")
-    print(f"| PSNR: {FAST} / script | {default_psnr:.1f} / {script_psnr:.1f} dB | equal | "
-          f"{'yes' if default_psnr >= script_psnr else 'NO'} |")
+    print(
+        f"| PSNR: {FAST} / script | {default_psnr:.1f} / {script_psnr:.1f} dB | equal | "
+        f"{'yes' if default_psnr >= script_psnr else 'NO'} |"
+    )
     chart = rate_chart(
-        rates, args.chart or work / "conversion.png", baseline="script: single-process loop",
+        rates,
+        args.chart or work / "conversion.png",
+        baseline="script: single-process loop",
         title=f"conversion: {args.num_images} photos 500x375 -> {IMAGE_SIZE} px JPEG shards, {os.cpu_count()} cores, "
-              f"median of {args.repeats}")
+        f"median of {args.repeats}",
+    )
     print(f"chart: {chart}")
     print(json.dumps({"per_image": single, "rates": rates, "demo_rates": demo, "measured": measured}))
 

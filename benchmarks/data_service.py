@@ -52,9 +52,23 @@ def _ensure_shards(work: pathlib.Path, num_images: int, num_shards: int) -> path
     if len(sorted(src.glob("*/*.jpg"))) != num_images:
         make_photo_tree(src, num_images=num_images, size=(500, 375), seed=0)
     subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out), "--image_size", str(SIZE),
-         "--encoding", "jpeg", "--num_shards", str(num_shards)],
-        check=True, cwd=_REPO,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(src),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            str(SIZE),
+            "--encoding",
+            "jpeg",
+            "--num_shards",
+            str(num_shards),
+        ],
+        check=True,
+        cwd=_REPO,
     )
     return out
 
@@ -96,7 +110,13 @@ def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
 
     service_pids = [int(p) for p in args.service_pids.split(",") if p]
     dataset = tfdata_readers.make_dataset(
-        args.data_dir, args.split, BATCH, training=True, seed=0, num_epochs=None, dtype=args.dtype,
+        args.data_dir,
+        args.split,
+        BATCH,
+        training=True,
+        seed=0,
+        num_epochs=None,
+        dtype=args.dtype,
         data_service=args.data_service or None,
     )
     iterator = iter(dataset)
@@ -119,9 +139,21 @@ def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
 def _start_service(state_dir: pathlib.Path) -> str:
     env = {**os.environ, "PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        ["taskset", "-c", "1", str(_REPO / "launch" / "data_service.sh"), "start", "--state_dir", str(state_dir),
-         "--workers", "2"],
-        capture_output=True, text=True, env=env, check=False,
+        [
+            "taskset",
+            "-c",
+            "1",
+            str(_REPO / "launch" / "data_service.sh"),
+            "start",
+            "--state_dir",
+            str(state_dir),
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"launch/data_service.sh start failed:\n{proc.stderr[-3000:]}")
@@ -129,8 +161,11 @@ def _start_service(state_dir: pathlib.Path) -> str:
 
 
 def _stop_service(state_dir: pathlib.Path) -> None:
-    subprocess.run([str(_REPO / "launch" / "data_service.sh"), "stop", "--state_dir", str(state_dir)],
-                   capture_output=True, check=False)
+    subprocess.run(
+        [str(_REPO / "launch" / "data_service.sh"), "stop", "--state_dir", str(state_dir)],
+        capture_output=True,
+        check=False,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,41 +201,64 @@ def main(argv: list[str] | None = None) -> None:
     try:
         service_pids = ",".join(map(str, _service_pids(state_dir)))
         dtypes = args.dtypes.split(",")
-        results = {(name, dtype): {"rate": [], "trainer_cpu": [], "service_cpu": []} for name, *_ in ROWS for dtype in dtypes}
+        results = {
+            (name, dtype): {"rate": [], "trainer_cpu": [], "service_cpu": []} for name, *_ in ROWS for dtype in dtypes
+        }
         for _ in range(args.rounds):
             for dtype in dtypes:
                 for name, service, pinned in ROWS:
-                    command = [sys.executable, __file__, "--measure", "--data_dir", str(data_dir), "--split", split,
-                               "--dtype", dtype, "--repeats", str(args.repeats), "--seconds", str(args.seconds),
-                               "--warmup_s", str(args.warmup_s)]
+                    command = [
+                        sys.executable,
+                        __file__,
+                        "--measure",
+                        "--data_dir",
+                        str(data_dir),
+                        "--split",
+                        split,
+                        "--dtype",
+                        dtype,
+                        "--repeats",
+                        str(args.repeats),
+                        "--seconds",
+                        str(args.seconds),
+                        "--warmup_s",
+                        str(args.warmup_s),
+                    ]
                     if service:
                         command += ["--data_service", address, "--service_pids", service_pids]
                     if pinned:
                         command = ["taskset", "-c", "0", *command]
-                    child = subprocess.run(command, capture_output=True, text=True,
-                                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                    child = subprocess.run(
+                        command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+                    )
                     lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
                     if child.returncode != 0 or not lines:
                         raise RuntimeError(f"measuring {name!r} {dtype} failed:\n{child.stderr[-3000:]}")
-                    for key, values in json.loads(lines[-1][len("RESULT "):]).items():
+                    for key, values in json.loads(lines[-1][len("RESULT ") :]).items():
                         results[name, dtype][key] += values
     finally:
         _stop_service(state_dir)
 
     med = {row: {key: statistics.median(v) for key, v in figures.items()} for row, figures in results.items()}
-    print(f"\n{info['splits'][split]['num_examples']} real-photo JPEGs at {SIZE}x{SIZE}, training pipeline (crop+flip), "
-          f"batches of {BATCH}, {os.cpu_count()} cores; service: 2 workers pinned to core 1; median of "
-          f"{args.rounds} processes x {args.repeats} repeats x {args.seconds:g} s")
-    print(f"{'row':40s} {'dtype':8s} {'img/s':>7s} {'min-max':>11s} {'x pinned plain':>15s} "
-          f"{'trainer CPU s/1k img':>21s} {'x plain 2 cores':>16s} {'service CPU s/1k':>17s}")
+    print(
+        f"\n{info['splits'][split]['num_examples']} real-photo JPEGs at {SIZE}x{SIZE}, training pipeline (crop+flip), "
+        f"batches of {BATCH}, {os.cpu_count()} cores; service: 2 workers pinned to core 1; median of "
+        f"{args.rounds} processes x {args.repeats} repeats x {args.seconds:g} s"
+    )
+    print(
+        f"{'row':40s} {'dtype':8s} {'img/s':>7s} {'min-max':>11s} {'x pinned plain':>15s} "
+        f"{'trainer CPU s/1k img':>21s} {'x plain 2 cores':>16s} {'service CPU s/1k':>17s}"
+    )
     for (name, dtype), m in med.items():
         rates = results[name, dtype]["rate"]
         pinned_plain = med["plain reader, trainer on core 0", dtype]["rate"]
         plain_cpu = med["plain reader, 2 cores", dtype]["trainer_cpu"]
         service_cpu = f"{m['service_cpu']:17.2f}" if "service" in name else f"{'-':>17s}"
-        print(f"{name:40s} {dtype:8s} {m['rate']:7.0f} {min(rates):5.0f}-{max(rates):<5.0f} "
-              f"{m['rate'] / pinned_plain:14.2f}x {m['trainer_cpu']:21.2f} {m['trainer_cpu'] / plain_cpu:15.2f}x "
-              f"{service_cpu}")
+        print(
+            f"{name:40s} {dtype:8s} {m['rate']:7.0f} {min(rates):5.0f}-{max(rates):<5.0f} "
+            f"{m['rate'] / pinned_plain:14.2f}x {m['trainer_cpu']:21.2f} {m['trainer_cpu'] / plain_cpu:15.2f}x "
+            f"{service_cpu}"
+        )
     if args.json:
         args.json.write_text(json.dumps({f"{n} | {d}": v for (n, d), v in results.items()}, indent=2))
 

@@ -52,9 +52,23 @@ def _source_photos(src: pathlib.Path, num_images: int) -> list[pathlib.Path]:
 
 def _convert_with_beam(src: pathlib.Path, out: pathlib.Path, encoding: str, num_shards: int) -> None:
     subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
-         "--image_size", str(SIZE), "--encoding", encoding, "--num_shards", str(num_shards)],
-        check=True, cwd=pathlib.Path(__file__).resolve().parents[1],
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(src),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            str(SIZE),
+            "--encoding",
+            encoding,
+            "--num_shards",
+            str(num_shards),
+        ],
+        check=True,
+        cwd=pathlib.Path(__file__).resolve().parents[1],
     )
 
 
@@ -67,26 +81,32 @@ def _jpeg_bytes(jpeg_dir: pathlib.Path) -> tf.Tensor:
     """The JPEG bytes of every image in the shards, as one in-memory [N] string tensor."""
     split = tfdata_readers.load_manifest(jpeg_dir).split(_largest_split(jpeg_dir))
     spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
-    return tf.constant([
-        tf.io.parse_single_example(r, spec)["image/encoded"].numpy()
-        for s in split.shards for r in tf.data.TFRecordDataset(s.path)
-    ])
+    return tf.constant(
+        [
+            tf.io.parse_single_example(r, spec)["image/encoded"].numpy()
+            for s in split.shards
+            for r in tf.data.TFRecordDataset(s.path)
+        ]
+    )
 
 
 def _decode_only(encoded: tf.Tensor) -> tf.data.Dataset:
     """The machine's JPEG decode limit: the shards' JPEG bytes, already in memory, decoded in a
     parallel map and batched as uint8. No reading, parsing, casting or scaling."""
     return (
-        tf.data.Dataset.from_tensor_slices(encoded).repeat()
+        tf.data.Dataset.from_tensor_slices(encoded)
+        .repeat()
         .map(lambda e: (tf.io.decode_jpeg(e, channels=3),), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        .batch(BATCH).prefetch(tf.data.AUTOTUNE)
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
     )
 
 
 def _decode_to_float(encoded: tf.Tensor) -> tf.data.Dataset:
     """The decode-only limit plus the float32 [0, 1] conversion every other row pays for."""
-    return _decode_only(encoded).map(lambda x: (to_float(x, 1.0 / 255.0),), num_parallel_calls=tf.data.AUTOTUNE,
-                                     deterministic=False)
+    return _decode_only(encoded).map(
+        lambda x: (to_float(x, 1.0 / 255.0),), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False
+    )
 
 
 def _measure(iterator: Iterator, seconds: float) -> float:
@@ -107,7 +127,9 @@ def _methods(ctx: dict) -> dict[str, Callable[[], tf.data.Dataset]]:
 
     return {
         "article: problem (from_generator + Pillow)": lambda: article.problem_from_generator(paths, labels).repeat(),
-        "article: Method 1 (interleaved generators)*": lambda: article.method1_interleave_generators(paths, labels).repeat(),
+        "article: Method 1 (interleaved generators)*": lambda: article.method1_interleave_generators(
+            paths, labels
+        ).repeat(),
         "article: Method 2 (path generator + map)": lambda: article.method2_paths_then_map(paths, labels).repeat(),
         "article: Method 4 (float-list TFRecords)": lambda: article.method4_float_tfrecords(method4_dir).repeat(),
         "decode-only limit (in-memory JPEG bytes)": lambda: _decode_only(_jpeg_bytes(jpeg)),
@@ -149,16 +171,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work_dir", type=pathlib.Path, default=pathlib.Path("/tmp/tfdata_readers_bench"))
     parser.add_argument("--num_images", type=int, default=2000)
     parser.add_argument("--num_shards", type=int, default=16)
-    parser.add_argument("--method4_images", type=int, default=500,
-                        help="images written for Method 4 (its float lists take 600 KB an image, written at ~30/s)")
+    parser.add_argument(
+        "--method4_images",
+        type=int,
+        default=500,
+        help="images written for Method 4 (its float lists take 600 KB an image, written at ~30/s)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="processes per pipeline, run round-robin")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats in each process")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one timed repeat")
     parser.add_argument("--warmup_s", type=float, default=5.0, help="seconds each pipeline runs before timing")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures here")
     parser.add_argument("--chart", type=pathlib.Path, help="bar chart PNG of the medians [WORK_DIR/reader.png]")
-    parser.add_argument("--only", help="comma-separated substrings: measure only the matching pipelines "
-                        "(the problem pipeline and decode-only limit are always kept for the ratios)")
+    parser.add_argument(
+        "--only",
+        help="comma-separated substrings: measure only the matching pipelines "
+        "(the problem pipeline and decode-only limit are always kept for the ratios)",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one pipeline, in a child process
     args = parser.parse_args(argv)
 
@@ -185,7 +214,9 @@ def main(argv: list[str] | None = None) -> None:
         shard_dirs[encoding] = str(out)
     method4_dir = work / f"method4_{args.method4_images}"
     if not (method4_dir / "data_shard_3.tfrecord").exists():
-        rate = article.write_method4_float_tfrecords(paths[: args.method4_images], labels[: args.method4_images], method4_dir)
+        rate = article.write_method4_float_tfrecords(
+            paths[: args.method4_images], labels[: args.method4_images], method4_dir
+        )
         print(f"Method 4 wrote {args.method4_images} float-list records at {rate:.0f} img/s")
     ctx = {"paths": paths, "labels": labels, "method4": str(method4_dir), **shard_dirs}
     context_file.write_text(json.dumps(ctx))
@@ -201,34 +232,58 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.rounds):
         for name in names:
             child = subprocess.run(
-                [sys.executable, __file__, "--measure", name, "--work_dir", str(work),
-                 "--num_images", str(args.num_images), "--repeats", str(args.repeats),
-                 "--seconds", str(args.seconds), "--warmup_s", str(args.warmup_s)],
-                capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                [
+                    sys.executable,
+                    __file__,
+                    "--measure",
+                    name,
+                    "--work_dir",
+                    str(work),
+                    "--num_images",
+                    str(args.num_images),
+                    "--repeats",
+                    str(args.repeats),
+                    "--seconds",
+                    str(args.seconds),
+                    "--warmup_s",
+                    str(args.warmup_s),
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
             )
             lines = [line for line in child.stdout.splitlines() if line.startswith("RATES ")]
             if child.returncode != 0 or not lines:
                 raise RuntimeError(f"measuring {name!r} failed:\n{child.stderr[-3000:]}")
-            rates[name] += json.loads(lines[-1][len("RATES "):])
+            rates[name] += json.loads(lines[-1][len("RATES ") :])
     medians = {name: statistics.median(r) for name, r in rates.items()}
 
     problem = medians["article: problem (from_generator + Pillow)"]
     limit = medians["decode-only limit (in-memory JPEG bytes)"]
-    print(f"\n{len(photos)} source photos (500x375 JPEG), batches of {BATCH} x {SIZE}x{SIZE}x3 float32, "
-          f"{os.cpu_count()} cores; shards by {converter}; median of {args.rounds} processes x "
-          f"{args.repeats} repeats x {args.seconds:g} s")
+    print(
+        f"\n{len(photos)} source photos (500x375 JPEG), batches of {BATCH} x {SIZE}x{SIZE}x3 float32, "
+        f"{os.cpu_count()} cores; shards by {converter}; median of {args.rounds} processes x "
+        f"{args.repeats} repeats x {args.seconds:g} s"
+    )
     print(f"{'pipeline':50s} {'img/s':>8s} {'min-max':>13s} {'x problem':>10s} {'/ decode limit':>15s}")
     for name, median in medians.items():
         spread = f"{min(rates[name]):.0f}-{max(rates[name]):.0f}"
         print(f"{name:50s} {median:8.0f} {spread:>13s} {median / problem:9.1f}x {median / limit:14.0%}")
-    print("* Method 1 as printed calls shard_id.numpy() inside interleave, which fails; the shard id is "
-          "passed with from_generator(args=...) instead, as the article intends.")
-    print("  The decode-only limit and the dtype=uint8 row yield uint8 batches; all other rows yield float32 in [0, 1].")
+    print(
+        "* Method 1 as printed calls shard_id.numpy() inside interleave, which fails; the shard id is "
+        "passed with from_generator(args=...) instead, as the article intends."
+    )
+    print(
+        "  The decode-only limit and the dtype=uint8 row yield uint8 batches; all other rows yield float32 in [0, 1]."
+    )
     chart = rate_chart(
-        medians, args.chart or work / "reader.png", baseline="article: problem (from_generator + Pillow)",
+        medians,
+        args.chart or work / "reader.png",
+        baseline="article: problem (from_generator + Pillow)",
         limit="decode-only limit (in-memory JPEG bytes)",
         title=f"reading {len(photos)} photos as batches of {BATCH} x {SIZE}x{SIZE}x3, {os.cpu_count()} cores, "
-              f"median of {args.rounds} processes x {args.repeats} repeats")
+        f"median of {args.rounds} processes x {args.repeats} repeats",
+    )
     print(f"chart: {chart}")
     if args.json:
         args.json.write_text(json.dumps({"medians": medians, "rates": rates, "converter": converter}, indent=2))
@@ -238,16 +293,27 @@ def main(argv: list[str] | None = None) -> None:
         return
     jpeg_rate, raw_rate = medians[jpeg_name], medians[raw_name]
     print("\ntargets:")
-    print(f"  reader JPEG >= 12x problem:        {jpeg_rate / problem:5.1f}x  {'OK' if jpeg_rate >= 12 * problem else 'MISSED'}")
-    print(f"  reader JPEG >= 90% decode limit:   {jpeg_rate / limit:5.0%}   {'OK' if jpeg_rate >= 0.9 * limit else 'MISSED'}")
+    print(
+        f"  reader JPEG >= 12x problem:        {jpeg_rate / problem:5.1f}x  "
+        f"{'OK' if jpeg_rate >= 12 * problem else 'MISSED'}"
+    )
+    print(
+        f"  reader JPEG >= 90% decode limit:   {jpeg_rate / limit:5.0%}   "
+        f"{'OK' if jpeg_rate >= 0.9 * limit else 'MISSED'}"
+    )
     with_float = medians.get("decode-only + float32 conversion (in-memory)")
     if with_float:
         print(f"  (reader JPEG / decode + float32 limit: {jpeg_rate / with_float:5.0%})")
     uint8_rate = medians.get("reader JPEG eval, dtype=uint8 (scale on device)")
     if uint8_rate:
-        print(f"  (reader JPEG dtype=uint8 / decode limit: {uint8_rate / limit:5.0%}  "
-              f"{'OK' if uint8_rate >= 0.9 * limit else 'MISSED'})")
-    print(f"  reader RAW  >= 25x problem:        {raw_rate / problem:5.1f}x  {'OK' if raw_rate >= 25 * problem else 'MISSED'}")
+        print(
+            f"  (reader JPEG dtype=uint8 / decode limit: {uint8_rate / limit:5.0%}  "
+            f"{'OK' if uint8_rate >= 0.9 * limit else 'MISSED'})"
+        )
+    print(
+        f"  reader RAW  >= 25x problem:        {raw_rate / problem:5.1f}x  "
+        f"{'OK' if raw_rate >= 25 * problem else 'MISSED'}"
+    )
 
 
 def _print_determinism_cost(medians: dict[str, float], rates: dict[str, list[float]]) -> None:
@@ -256,8 +322,10 @@ def _print_determinism_cost(medians: dict[str, float], rates: dict[str, list[flo
         seeded = f"reader {fmt} training (crop+flip), seed: deterministic"
         free = f"reader {fmt} training (crop+flip), seed, deterministic=False"
         if seeded in medians and free in medians:
-            print(f"  {fmt} training, deterministic / deterministic=False: {medians[seeded] / medians[free]:.2f} "
-                  f"(medians {medians[seeded]:.0f} / {medians[free]:.0f} img/s)")
+            print(
+                f"  {fmt} training, deterministic / deterministic=False: {medians[seeded] / medians[free]:.2f} "
+                f"(medians {medians[seeded]:.0f} / {medians[free]:.0f} img/s)"
+            )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,9 @@ def _free_port() -> int:
 def timed_job(args: list[str], out: pathlib.Path) -> dict[str, float]:
     """Runs one job; returns its start-up and conversion seconds, split at the first shard write."""
     start = time.perf_counter()
-    proc = subprocess.Popen(args, env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        args, env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     first_shard = None
     while proc.poll() is None:
         # Shards are written in the run's own folder, out/shards/<run>/.
@@ -72,10 +73,12 @@ def timed_job(args: list[str], out: pathlib.Path) -> dict[str, float]:
 def same_output(a: pathlib.Path, b: pathlib.Path) -> bool:
     """The same shards, byte for byte, and the same dead letters (in any order). Each run writes
     into its own folder, shards/<run>/, whose name differs, as do the manifests' run ids."""
+
     def contents(out: pathlib.Path) -> dict[str, object]:
         files = {p.name: p.read_bytes() for p in out.glob("shards/*/*.tfrecord")}
-        files["dead letters"] = sorted(line for p in out.glob("shards/*/dead_letters*.jsonl")
-                                       for line in p.read_bytes().splitlines())
+        files["dead letters"] = sorted(
+            line for p in out.glob("shards/*/dead_letters*.jsonl") for line in p.read_bytes().splitlines()
+        )
         return files
 
     return contents(a) == contents(b)
@@ -83,16 +86,30 @@ def same_output(a: pathlib.Path, b: pathlib.Path) -> bool:
 
 class Cluster:
     def __init__(self, state_dir: pathlib.Path, taskmanagers: int) -> None:
-        self.args = ["--state_dir", str(state_dir), "--rest_port", str(_free_port()), "--rpc_port",
-                     str(_free_port()), "--worker_pool_port", str(_free_port()), "--taskmanagers",
-                     str(taskmanagers), "--slots", "2", "--taskmanager_memory", "1536m"]
+        self.args = [
+            "--state_dir",
+            str(state_dir),
+            "--rest_port",
+            str(_free_port()),
+            "--rpc_port",
+            str(_free_port()),
+            "--worker_pool_port",
+            str(_free_port()),
+            "--taskmanagers",
+            str(taskmanagers),
+            "--slots",
+            "2",
+            "--taskmanager_memory",
+            "1536m",
+        ]
         self.flink_master = f"127.0.0.1:{self.args[3]}"
         self.worker_pool = f"127.0.0.1:{self.args[7]}"
 
     def start(self) -> float:
         start = time.perf_counter()
-        subprocess.run([str(LAUNCH / "flink_cluster.sh"), "start", *self.args], env=_env(), check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(LAUNCH / "flink_cluster.sh"), "start", *self.args], env=_env(), check=True, capture_output=True
+        )
         return time.perf_counter() - start
 
     def stop(self) -> None:
@@ -112,8 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     if not images.exists():
         make_photo_tree(images, num_images=args.num_images, size=(500, 375), seed=11)
 
-    jar = subprocess.run([str(LAUNCH / "flink_cluster.sh"), "fetch"], env=_env(), check=True, capture_output=True,
-                         text=True).stderr.split("job server jar: ")[1].strip()
+    jar = (
+        subprocess.run(
+            [str(LAUNCH / "flink_cluster.sh"), "fetch"], env=_env(), check=True, capture_output=True, text=True
+        )
+        .stderr.split("job server jar: ")[1]
+        .strip()
+    )
     rows = []
 
     def job_args(out: pathlib.Path) -> list[str]:
@@ -121,12 +143,22 @@ def main(argv: list[str] | None = None) -> None:
 
     local = work / "out-local"
     shutil.rmtree(local, ignore_errors=True)
-    rows.append({"runner": "local runner (FnApiRunner, all cores)", "cluster_s": 0.0,
-                 **timed_job([sys.executable, "-m", "beam_jobs", *job_args(local)], local)})
+    rows.append(
+        {
+            "runner": "local runner (FnApiRunner, all cores)",
+            "cluster_s": 0.0,
+            **timed_job([sys.executable, "-m", "beam_jobs", *job_args(local)], local),
+        }
+    )
     portable = work / "out-portable"
     shutil.rmtree(portable, ignore_errors=True)
-    rows.append({"runner": "portable job service + worker pool (run_portable.sh)", "cluster_s": 0.0,
-                 **timed_job([str(LAUNCH / "run_portable.sh"), *job_args(portable)], portable)})
+    rows.append(
+        {
+            "runner": "portable job service + worker pool (run_portable.sh)",
+            "cluster_s": 0.0,
+            **timed_job([str(LAUNCH / "run_portable.sh"), *job_args(portable)], portable),
+        }
+    )
     rows[-1]["same_bytes"] = same_output(portable, local)
     for taskmanagers, parallelism in ((1, 2), (2, 4)):
         cluster = Cluster(work / f"flink-{taskmanagers}tm", taskmanagers)
@@ -134,23 +166,45 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(out, ignore_errors=True)
         try:
             cluster_s = cluster.start()
-            timing = timed_job([str(LAUNCH / "submit_flink.sh"), "--flink_master", cluster.flink_master,
-                                "--environment_config", cluster.worker_pool, "--parallelism", str(parallelism),
-                                "--flink_job_server_jar", jar, *job_args(out)], out)
+            timing = timed_job(
+                [
+                    str(LAUNCH / "submit_flink.sh"),
+                    "--flink_master",
+                    cluster.flink_master,
+                    "--environment_config",
+                    cluster.worker_pool,
+                    "--parallelism",
+                    str(parallelism),
+                    "--flink_job_server_jar",
+                    jar,
+                    *job_args(out),
+                ],
+                out,
+            )
         finally:
             cluster.stop()
-        rows.append({"runner": f"FlinkRunner, {taskmanagers} TaskManager(s) x 2 slots, parallelism {parallelism}",
-                     "cluster_s": cluster_s, **timing, "same_bytes": same_output(out, local)})
+        rows.append(
+            {
+                "runner": f"FlinkRunner, {taskmanagers} TaskManager(s) x 2 slots, parallelism {parallelism}",
+                "cluster_s": cluster_s,
+                **timing,
+                "same_bytes": same_output(out, local),
+            }
+        )
 
     n = args.num_images
     print(f"{n} real photos 500x375 -> 224 px JPEG, 8 shards, {' '.join(flags)}; {os.cpu_count()} cores")
-    print("| runner | cluster start s | job start-up s | conversion s | job total s | img/s conversion | img/s job |"
-          " same bytes as local |")
+    print(
+        "| runner | cluster start s | job start-up s | conversion s | job total s | img/s conversion | img/s job |"
+        " same bytes as local |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print(f"| {r['runner']} | {r['cluster_s']:.1f} | {r['startup_s']:.1f} | {r['conversion_s']:.1f} | "
-              f"{r['job_s']:.1f} | {n / r['conversion_s']:.0f} | {n / r['job_s']:.0f} | "
-              f"{'yes' if r.get('same_bytes', True) else 'NO'} |")
+        print(
+            f"| {r['runner']} | {r['cluster_s']:.1f} | {r['startup_s']:.1f} | {r['conversion_s']:.1f} | "
+            f"{r['job_s']:.1f} | {n / r['conversion_s']:.0f} | {n / r['job_s']:.0f} | "
+            f"{'yes' if r.get('same_bytes', True) else 'NO'} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

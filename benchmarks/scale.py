@@ -82,9 +82,16 @@ def measure(command: list[str], *, cwd: pathlib.Path, env: dict) -> dict:
     sampler.start()
     stdout, stderr = proc.communicate()
     sampler.join()
-    return {"wall_s": time.monotonic() - started, "rc": proc.returncode, "largest_mb": peaks["largest"] / 2**20,
-            "tree_mb": peaks["tree"] / 2**20, "runner_mb": peaks["runner"] / 2**20, "worker_mb": peaks["worker"] / 2**20,
-            "stdout": stdout, "stderr": stderr}
+    return {
+        "wall_s": time.monotonic() - started,
+        "rc": proc.returncode,
+        "largest_mb": peaks["largest"] / 2**20,
+        "tree_mb": peaks["tree"] / 2**20,
+        "runner_mb": peaks["runner"] / 2**20,
+        "worker_mb": peaks["worker"] / 2**20,
+        "stdout": stdout,
+        "stderr": stderr,
+    }
 
 
 def _env(code_dir: pathlib.Path) -> dict:
@@ -114,8 +121,11 @@ def plan_rows(rows: int, work: pathlib.Path, *, code_dir: pathlib.Path, old: boo
         args = ["--max_bad_fraction", "1", "--num_shards", "16"]
     else:
         args = ["--plan_only"]
-    result = measure([sys.executable, "-m", "beam_jobs", "--manifest", str(listing), "--output_dir", str(out), *args],
-                     cwd=code_dir, env=_env(code_dir))
+    result = measure(
+        [sys.executable, "-m", "beam_jobs", "--manifest", str(listing), "--output_dir", str(out), *args],
+        cwd=code_dir,
+        env=_env(code_dir),
+    )
     if result["rc"] != 0:
         print(result["stderr"][-3000:], file=sys.stderr)
     elif not old:
@@ -167,8 +177,17 @@ def plan_rows_on_flink(sizes: list[int], work: pathlib.Path, *, tm_memory: str =
     sys.path.insert(0, str(REPO / "benchmarks"))
     from runners import Cluster  # noqa: E402  (a sibling script)
 
-    jar = subprocess.run([str(REPO / "launch" / "flink_cluster.sh"), "fetch"], env=_env(REPO), check=True,
-                         capture_output=True, text=True).stderr.split("job server jar: ")[1].strip()
+    jar = (
+        subprocess.run(
+            [str(REPO / "launch" / "flink_cluster.sh"), "fetch"],
+            env=_env(REPO),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stderr.split("job server jar: ")[1]
+        .strip()
+    )
     cluster = Cluster(work / "flink-scale", 2)
     cluster.args[cluster.args.index("--taskmanager_memory") + 1] = tm_memory
     results = []
@@ -182,18 +201,37 @@ def plan_rows_on_flink(sizes: list[int], work: pathlib.Path, *, tm_memory: str =
             stop = threading.Event()
             sampler = threading.Thread(target=_machine_peaks, args=(stop, peaks), daemon=True)
             sampler.start()
-            result = measure([str(REPO / "launch" / "submit_flink.sh"), "--flink_master", cluster.flink_master,
-                              "--environment_config", cluster.worker_pool, "--parallelism", "4",
-                              "--flink_job_server_jar", jar, "--manifest", str(listing), "--output_dir", str(out),
-                              "--plan_only"], cwd=REPO, env=_env(REPO))
+            result = measure(
+                [
+                    str(REPO / "launch" / "submit_flink.sh"),
+                    "--flink_master",
+                    cluster.flink_master,
+                    "--environment_config",
+                    cluster.worker_pool,
+                    "--parallelism",
+                    "4",
+                    "--flink_job_server_jar",
+                    jar,
+                    "--manifest",
+                    str(listing),
+                    "--output_dir",
+                    str(out),
+                    "--plan_only",
+                ],
+                cwd=REPO,
+                env=_env(REPO),
+            )
             stop.set()
             sampler.join()
             result["worker_mb"] = peaks["worker"] / 2**20
             result["taskmanager_mb"] = peaks["taskmanager"] / 2**20
             if result["rc"] != 0:
                 print(result["stderr"][-3000:], file=sys.stderr)
-            print(f"flink {rows}: {result['wall_s']:.1f} s, largest SDK worker {result['worker_mb']:.0f} MB, "
-                  f"TaskManager {result['taskmanager_mb']:.0f} MB, rc {result['rc']}", flush=True)
+            print(
+                f"flink {rows}: {result['wall_s']:.1f} s, largest SDK worker {result['worker_mb']:.0f} MB, "
+                f"TaskManager {result['taskmanager_mb']:.0f} MB, rc {result['rc']}",
+                flush=True,
+            )
             results.append((rows, result))
     finally:
         cluster.stop()
@@ -209,8 +247,11 @@ def convert_photos(count: int, work: pathlib.Path) -> dict:
         (photos / ".complete").write_text("")
     out = work / f"converted-{count}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    result = measure([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-                      "--image_size", "224"], cwd=REPO, env=_env(REPO))
+    result = measure(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "224"],
+        cwd=REPO,
+        env=_env(REPO),
+    )
     result["images_per_s"] = count / result["wall_s"]
     return result
 
@@ -233,44 +274,66 @@ def main(argv: list[str] | None = None) -> None:
     for rows in [int(s) for s in args.sizes.split(",") if s]:
         r = plan_rows(rows, work, code_dir=REPO, old=False)
         rows_out.append(("this job, --plan_only", rows, r))
-        print(f"new {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker {r['worker_mb']:.0f} MB, "
-              f"tree {r['tree_mb']:.0f} MB, rc {r['rc']}", flush=True)
+        print(
+            f"new {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker {r['worker_mb']:.0f} MB, "
+            f"tree {r['tree_mb']:.0f} MB, rc {r['rc']}",
+            flush=True,
+        )
     if args.old_ref:
         old_dir = checkout(args.old_ref, work / f"code-{args.old_ref}")
         for rows in [int(s) for s in args.old_sizes.split(",") if s]:
             r = plan_rows(rows, work, code_dir=old_dir, old=True)
             rows_out.append((f"previous job ({args.old_ref}), full run of unreadable rows", rows, r))
-            print(f"old {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker "
-                  f"{r['worker_mb']:.0f} MB, tree {r['tree_mb']:.0f} MB, rc {r['rc']}", flush=True)
+            print(
+                f"old {rows}: {r['wall_s']:.1f} s, runner {r['runner_mb']:.0f} MB, largest worker "
+                f"{r['worker_mb']:.0f} MB, tree {r['tree_mb']:.0f} MB, rc {r['rc']}",
+                flush=True,
+            )
     for rows in [int(x) for x in args.gbk_probe.split(",") if x]:
         for workers in [int(x) for x in args.gbk_probe_workers.split(",") if x]:
             r = gbk_probe(rows, work, workers)
-            print(f"bare GroupByKey of {rows:,} elements, {workers or 'one per core'} workers: {r['wall_s']:.1f} s, "
-                  f"largest SDK worker {r['worker_mb']:.0f} MB, runner {r['runner_mb']:.0f} MB, rc {r['rc']}", flush=True)
-    flink = (plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work, tm_memory=args.flink_tm_memory)
-             if args.flink_sizes else [])
+            print(
+                f"bare GroupByKey of {rows:,} elements, {workers or 'one per core'} workers: {r['wall_s']:.1f} s, "
+                f"largest SDK worker {r['worker_mb']:.0f} MB, runner {r['runner_mb']:.0f} MB, rc {r['rc']}",
+                flush=True,
+            )
+    flink = (
+        plan_rows_on_flink([int(x) for x in args.flink_sizes.split(",") if x], work, tm_memory=args.flink_tm_memory)
+        if args.flink_sizes
+        else []
+    )
     print()
     if flink:
-        print(f"| FlinkRunner, 2 TaskManagers of {args.flink_tm_memory}, parallelism 4, --plan_only | rows | wall s | rows/s | "
-              "largest SDK worker MB | largest TaskManager MB |")
+        print(
+            f"| FlinkRunner, 2 TaskManagers of {args.flink_tm_memory}, parallelism 4, --plan_only | rows | wall "
+            "s | rows/s | "
+            "largest SDK worker MB | largest TaskManager MB |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         for rows, r in flink:
-            print(f"| {'ok' if r['rc'] == 0 else 'failed'} | {rows:,} | {r['wall_s']:.1f} | {rows / r['wall_s']:,.0f} | "
-                  f"{r['worker_mb']:,.0f} | {r['taskmanager_mb']:,.0f} |")
+            print(
+                f"| {'ok' if r['rc'] == 0 else 'failed'} | {rows:,} | {r['wall_s']:.1f} | {rows / r['wall_s']:,.0f} | "
+                f"{r['worker_mb']:,.0f} | {r['taskmanager_mb']:,.0f} |"
+            )
         print()
     print("| job | rows | wall s | rows/s | largest SDK worker MB | runner process MB | process tree MB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, rows, r in rows_out:
         state = "" if r["rc"] == 0 else f" (exit {r['rc']})"
-        print(f"| {name}{state} | {rows:,} | {r['wall_s']:.1f} | {rows / r['wall_s']:,.0f} | {r['worker_mb']:,.0f} | "
-              f"{r['runner_mb']:,.0f} | {r['tree_mb']:,.0f} |")
+        print(
+            f"| {name}{state} | {rows:,} | {r['wall_s']:.1f} | {rows / r['wall_s']:,.0f} | {r['worker_mb']:,.0f} | "
+            f"{r['runner_mb']:,.0f} | {r['tree_mb']:,.0f} |"
+        )
     new = {rows: r for name, rows, r in rows_out if name.startswith("this job") and r["rc"] == 0}
     if len(new) >= 2:
         sizes = sorted(new)
         small, large = sizes[0], sizes[-1]
-        print(f"\ntime {large:,} / {small:,} rows: {new[large]['wall_s'] / new[small]['wall_s']:.2f}x for "
-              f"{large / small:.0f}x the rows; largest SDK worker {new[large]['worker_mb'] / new[small]['worker_mb']:.2f}x; "
-              f"runner process {new[large]['runner_mb'] / new[small]['runner_mb']:.2f}x")
+        print(
+            f"\ntime {large:,} / {small:,} rows: {new[large]['wall_s'] / new[small]['wall_s']:.2f}x for "
+            f"{large / small:.0f}x the rows; largest SDK worker "
+            f"{new[large]['worker_mb'] / new[small]['worker_mb']:.2f}x; "
+            f"runner process {new[large]['runner_mb'] / new[small]['runner_mb']:.2f}x"
+        )
     if args.photos:
         print("\n| conversion | photos | wall s | images/s | process tree MB |")
         print("|---|---:|---:|---:|---:|")
@@ -278,12 +341,18 @@ def main(argv: list[str] | None = None) -> None:
         for count in [int(s) for s in args.photos.split(",") if s]:
             r = convert_photos(count, work)
             results[count] = r
-            print(f"| this job, local runner{'' if r['rc'] == 0 else ' (failed)'} | {count:,} | "
-                  f"{r['wall_s']:.1f} | {r['images_per_s']:.0f} | {r['tree_mb']:,.0f} |", flush=True)
+            print(
+                f"| this job, local runner{'' if r['rc'] == 0 else ' (failed)'} | {count:,} | "
+                f"{r['wall_s']:.1f} | {r['images_per_s']:.0f} | {r['tree_mb']:,.0f} |",
+                flush=True,
+            )
         if len(results) >= 2:
             small, large = min(results), max(results)
-            print(f"\nimages/s {large:,} / {small:,}: {results[large]['images_per_s'] / results[small]['images_per_s']:.2f}x; "
-                  f"peak tree RSS {results[large]['tree_mb'] / results[small]['tree_mb']:.2f}x")
+            print(
+                f"\nimages/s {large:,} / {small:,}: "
+                f"{results[large]['images_per_s'] / results[small]['images_per_s']:.2f}x; "
+                f"peak tree RSS {results[large]['tree_mb'] / results[small]['tree_mb']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,14 @@ def _profiled_run(photos: pathlib.Path, out: pathlib.Path) -> tuple[float, dict[
     stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
     phases = {}
     for phase, file_name, function in PHASES:
-        phases[phase] = max((ct for (path, _, name), (_, _, _, ct, _) in stats.items()
-                             if name == function and path.endswith(file_name)), default=0.0)
+        phases[phase] = max(
+            (
+                ct
+                for (path, _, name), (_, _, _, ct, _) in stats.items()
+                if name == function and path.endswith(file_name)
+            ),
+            default=0.0,
+        )
     return total, phases
 
 
@@ -64,8 +70,17 @@ def main() -> None:
     photos = work / "photos"
     make_photo_tree(photos, num_images=6, size=(500, 375), seed=0)
     imports = [_seconds([sys.executable, "-c", "import beam_jobs.pipeline"]) for _ in range(args.repeats)]
-    workers = [_seconds([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.convert_shards, "
-                         "beam_jobs.planning, beam_jobs.discover"]) for _ in range(args.repeats)]
+    workers = [
+        _seconds(
+            [
+                sys.executable,
+                "-c",
+                "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.convert_shards, "
+                "beam_jobs.planning, beam_jobs.discover",
+            ]
+        )
+        for _ in range(args.repeats)
+    ]
     wholes = []
     for repeat in range(args.repeats):
         out = work / f"whole-{repeat}"
@@ -77,13 +92,17 @@ def main() -> None:
     print(f"| 6 photos, median of {args.repeats} | seconds |")
     print("|---|---:|")
     print(f"| the whole run, as a process (`python -m beam_jobs`) | {statistics.median(wholes):.2f} |")
-    print(f"| of which: a fresh interpreter importing the job (beam_jobs.pipeline, Beam) | "
-          f"{statistics.median(imports):.2f} |")
+    print(
+        f"| of which: a fresh interpreter importing the job (beam_jobs.pipeline, Beam) | "
+        f"{statistics.median(imports):.2f} |"
+    )
     for phase, _, _ in PHASES:
         print(f"| of which: {phase} (profiled) | {statistics.median(r[1][phase] for r in runs):.2f} |")
     print(f"| the profiled run in all (its overhead included) | {statistics.median(r[0] for r in runs):.2f} |")
-    print(f"| one SDK worker's own start: Python, Beam's worker and the job's modules | "
-          f"{statistics.median(workers):.2f} |")
+    print(
+        f"| one SDK worker's own start: Python, Beam's worker and the job's modules | "
+        f"{statistics.median(workers):.2f} |"
+    )
 
 
 if __name__ == "__main__":

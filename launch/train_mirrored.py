@@ -67,15 +67,17 @@ def build_model(input_shape: tuple[int, int, int], num_classes: int, *, input_dt
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     scaling = [tf.keras.layers.Rescaling(1.0 / 255.0)] if input_dtype == "uint8" else []
-    return tf.keras.Sequential([
-        tf.keras.Input(input_shape, dtype=input_dtype),
-        *scaling,
-        tf.keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
-        tf.keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
-        tf.keras.layers.Conv2D(64, 3, strides=2, activation="relu"),
-        tf.keras.layers.GlobalAveragePooling2D(),
-        tf.keras.layers.Dense(num_classes),
-    ])
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(input_shape, dtype=input_dtype),
+            *scaling,
+            tf.keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            tf.keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+            tf.keras.layers.Conv2D(64, 3, strides=2, activation="relu"),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(num_classes),
+        ]
+    )
 
 
 def _validation_split(args: argparse.Namespace, info: tfdata_readers.DatasetInfo) -> str | None:
@@ -90,7 +92,8 @@ def _validation_split(args: argparse.Namespace, info: tfdata_readers.DatasetInfo
 
 def validation_batch_size(num_examples: int, global_batch_size: int, num_replicas: int) -> int | None:
     """The batch size closest to the training one (a multiple of the replicas, as it is) at which
-    every validation batch, the last included, holds at least one example per replica; None when the split is smaller than that.
+    every validation batch, the last included, holds at least one example per replica; None when the
+    split is smaller than that.
 
     Keras splits each global batch across the replicas, and a replica handed an empty part fails
     (AddN of [1, ...] and [0, ...]); every example is still evaluated once, none is dropped.
@@ -98,23 +101,25 @@ def validation_batch_size(num_examples: int, global_batch_size: int, num_replica
     if num_examples < num_replicas:
         return None
     # Multiples of the replicas only: a full batch they do not divide fails the same way ([4] != [3]).
-    candidates = [*range(global_batch_size, 0, -num_replicas),
-                  *range(global_batch_size + num_replicas, num_examples + 2 * num_replicas, num_replicas)]
+    candidates = [
+        *range(global_batch_size, 0, -num_replicas),
+        *range(global_batch_size + num_replicas, num_examples + 2 * num_replicas, num_replicas),
+    ]
     return next(b for b in candidates if num_examples % b == 0 or num_examples % b >= num_replicas)
 
 
 def _start(
     args: argparse.Namespace, strategy: tf.distribute.Strategy
-) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset,
-           tf.data.Dataset | None]:
+) -> tuple[tfdata_readers.DatasetInfo, int, tuple[int, int], tf.distribute.DistributedDataset, tf.data.Dataset | None]:
     """(manifest, steps per epoch, image size, dataset, validation dataset or None); raises OSError
     or ValueError naming what is wrong."""
     # One version for everything below (steps, training, validation), resolved once: a commit
     # while this trainer starts must not give it the step count of one version and the data of another.
     info = tfdata_readers.load_manifest(args.data_dir, version=args.version)
     version = info.version
-    full_batches = tfdata_readers.steps_per_epoch(args.data_dir, args.split, args.global_batch_size,
-                                                  drop_remainder=True, version=version)
+    full_batches = tfdata_readers.steps_per_epoch(
+        args.data_dir, args.split, args.global_batch_size, drop_remainder=True, version=version
+    )
     # Checked whether or not --steps_per_epoch is given: training drops the last partial batch, so
     # a split smaller than one global batch yields no batch at all, however many steps are asked for.
     if full_batches < 1:
@@ -126,10 +131,19 @@ def _start(
     size = (args.image_size, args.image_size) if args.image_size else (info.image.height, info.image.width)
     # num_epochs=None: Keras keeps one iterator across epochs when steps_per_epoch is given.
     dataset = tfdata_readers.distribute(
-        strategy, args.data_dir, args.split, args.global_batch_size,
-        training=True, seed=args.seed, num_epochs=None, image_size=size, dtype=args.input_dtype,
-        data_service=args.data_service, data_service_timeout_s=args.data_service_timeout_s,
-        initial_epoch=args.initial_epoch, version=version,
+        strategy,
+        args.data_dir,
+        args.split,
+        args.global_batch_size,
+        training=True,
+        seed=args.seed,
+        num_epochs=None,
+        image_size=size,
+        dtype=args.input_dtype,
+        data_service=args.data_service,
+        data_service_timeout_s=args.data_service_timeout_s,
+        initial_epoch=args.initial_epoch,
+        version=version,
     )
     validation = None
     split = _validation_split(args, info)
@@ -141,8 +155,11 @@ def _start(
             # An empty split (the job writes one when all its rows became dead letters, and warns)
             # ends Keras's fit with a bare StopIteration; one smaller than the replicas leaves one
             # an empty batch. Training on is what the user wants.
-            why = "has no examples" if count == 0 else (
-                f"has {count} example(s), fewer than the {strategy.num_replicas_in_sync} replicas")
+            why = (
+                "has no examples"
+                if count == 0
+                else (f"has {count} example(s), fewer than the {strategy.num_replicas_in_sync} replicas")
+            )
             print(f"{split} split {why}: not validating", file=sys.stderr)
     if batch is not None:
         # One ordered pass per evaluation, every example once; its cardinality gives Keras the steps.
@@ -150,7 +167,12 @@ def _start(
         # one deals whole per-replica batches, so the last step can leave a replica an empty batch,
         # and TensorFlow's CPU convolution fails on one ("input depth must be evenly divisible").
         validation = tfdata_readers.make_dataset(
-            args.data_dir, split, batch, image_size=size, dtype=args.input_dtype, version=version,
+            args.data_dir,
+            split,
+            batch,
+            image_size=size,
+            dtype=args.input_dtype,
+            version=version,
         )
     return info, steps, size, dataset, validation
 
@@ -159,30 +181,70 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(prog="train_mirrored.py", description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", required=True, help="directory (or gs://) with dataset_info.json")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--version", type=_positive_int, default=None,
-                        help="train on this version of the dataset (default: the current one, resolved once at start)")
-    parser.add_argument("--num_replicas", type=_positive_int, default=None,
-                        help="without GPUs: split the CPU into this many logical devices")
+    parser.add_argument(
+        "--version",
+        type=_positive_int,
+        default=None,
+        help="train on this version of the dataset (default: the current one, resolved once at start)",
+    )
+    parser.add_argument(
+        "--num_replicas",
+        type=_positive_int,
+        default=None,
+        help="without GPUs: split the CPU into this many logical devices",
+    )
     parser.add_argument("--global_batch_size", type=_positive_int, default=32)
     parser.add_argument("--epochs", type=_positive_int, default=1)
-    parser.add_argument("--steps_per_epoch", type=_positive_int, default=None,
-                        help="default: from the manifest (more than one epoch's batches repeats the data)")
-    parser.add_argument("--image_size", type=_positive_int, default=None, help="train at this square size (default: stored)")
+    parser.add_argument(
+        "--steps_per_epoch",
+        type=_positive_int,
+        default=None,
+        help="default: from the manifest (more than one epoch's batches repeats the data)",
+    )
+    parser.add_argument(
+        "--image_size", type=_positive_int, default=None, help="train at this square size (default: stored)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--input_dtype", choices=("float32", "uint8"), default="float32",
-                        help="uint8: the reader hands on 0-255 pixels and the model scales them on the device")
-    parser.add_argument("--data_service", default=None, metavar="ADDRESS",
-                        help="grpc://HOST:PORT of a tf.data service dispatcher: decode on its workers")
-    parser.add_argument("--data_service_timeout_s", type=float, default=60.0, metavar="S",
-                        help="with --data_service: how long the dispatcher may not answer (at start-up, or while "
-                             "training) before this process stops with an error [60]")
-    parser.add_argument("--validation_split", default=None, metavar="SPLIT",
-                        help="evaluate on this split after every epoch (default: 'validation' if the manifest has "
-                             "it; '' for none)")
-    parser.add_argument("--save_path", type=pathlib.Path, default=None, metavar="PATH.keras",
-                        help="save the trained model here, in Keras's .keras format")
-    parser.add_argument("--initial_epoch", type=int, default=0, metavar="K",
-                        help="resume at epoch K: Keras counts from K, and the reader replays epoch K's order and crops")
+    parser.add_argument(
+        "--input_dtype",
+        choices=("float32", "uint8"),
+        default="float32",
+        help="uint8: the reader hands on 0-255 pixels and the model scales them on the device",
+    )
+    parser.add_argument(
+        "--data_service",
+        default=None,
+        metavar="ADDRESS",
+        help="grpc://HOST:PORT of a tf.data service dispatcher: decode on its workers",
+    )
+    parser.add_argument(
+        "--data_service_timeout_s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --data_service: how long the dispatcher may not answer (at start-up, or while "
+        "training) before this process stops with an error [60]",
+    )
+    parser.add_argument(
+        "--validation_split",
+        default=None,
+        metavar="SPLIT",
+        help="evaluate on this split after every epoch (default: 'validation' if the manifest has it; '' for none)",
+    )
+    parser.add_argument(
+        "--save_path",
+        type=pathlib.Path,
+        default=None,
+        metavar="PATH.keras",
+        help="save the trained model here, in Keras's .keras format",
+    )
+    parser.add_argument(
+        "--initial_epoch",
+        type=int,
+        default=0,
+        metavar="K",
+        help="resume at epoch K: Keras counts from K, and the reader replays epoch K's order and crops",
+    )
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -210,21 +272,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    print(f"training on {strategy.num_replicas_in_sync} replica(s), {steps} steps/epoch, "
-          f"global batch {args.global_batch_size}, images {size} {args.input_dtype}"
-          + (f", input from the tf.data service at {args.data_service}" if args.data_service else "")
-          + (f", validating on {int(validation.cardinality())} steps" if validation is not None else ""))
+    print(
+        f"training on {strategy.num_replicas_in_sync} replica(s), {steps} steps/epoch, "
+        f"global batch {args.global_batch_size}, images {size} {args.input_dtype}"
+        + (f", input from the tf.data service at {args.data_service}" if args.data_service else "")
+        + (f", validating on {int(validation.cardinality())} steps" if validation is not None else "")
+    )
     with contextlib.ExitStack() as stack:
         if args.data_service:
             # TensorFlow waits forever, silently, for a stopped service; this ends the process with
             # one line instead (the main thread is blocked inside TensorFlow, out of reach of an exception).
-            stack.enter_context(dispatcher_client.DispatcherWatchdog(
-                args.data_service, args.data_service_timeout_s, prefix=f"{parser.prog}: error: "))
+            stack.enter_context(
+                dispatcher_client.DispatcherWatchdog(
+                    args.data_service, args.data_service_timeout_s, prefix=f"{parser.prog}: error: "
+                )
+            )
         history = model.fit(
-            dataset, epochs=args.epochs, steps_per_epoch=steps, initial_epoch=args.initial_epoch,
+            dataset,
+            epochs=args.epochs,
+            steps_per_epoch=steps,
+            initial_epoch=args.initial_epoch,
             validation_data=validation,
             validation_steps=None if validation is None else int(validation.cardinality()),
-            shuffle=False, verbose=2,
+            shuffle=False,
+            verbose=2,
         )
     losses = [float(v) for v in history.history["loss"]]
     if not all(math.isfinite(v) for v in losses):

@@ -29,7 +29,9 @@ def find_browser() -> str | None:
     if os.environ.get("CHROME_BIN"):
         return os.environ["CHROME_BIN"]
     for name in BROWSER_NAMES:
-        found = shutil.which(name) or (f"/usr/lib/chromium/{name}" if os.path.exists(f"/usr/lib/chromium/{name}") else None)
+        found = shutil.which(name) or (
+            f"/usr/lib/chromium/{name}" if os.path.exists(f"/usr/lib/chromium/{name}") else None
+        )
         if found:
             return found
     return None
@@ -42,15 +44,30 @@ class Chromium:
         self._timeout_s = timeout_s
         self._profile = tempfile.mkdtemp(prefix="chromium-profile-")
         self._process = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-             "--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={self._profile}",
-             "--window-size=1280,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--hide-scrollbars",
+                "--remote-debugging-port=0",
+                "--remote-allow-origins=*",
+                f"--user-data-dir={self._profile}",
+                "--window-size=1280,900",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         port_file = pathlib.Path(self._profile) / "DevToolsActivePort"
         deadline = time.monotonic() + timeout_s
         while not (port_file.exists() and port_file.read_text().strip()):
             if self._process.poll() is not None:
-                raise RuntimeError(f"{binary} exited {self._process.returncode}: {self._process.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"{binary} exited {self._process.returncode}: {self._process.stderr.read().decode()[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"{binary} did not open its DevTools port within {timeout_s} s")
@@ -58,8 +75,9 @@ class Chromium:
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout_s) as response:
             pages = [t for t in json.load(response) if t["type"] == "page"]
-        self._socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=timeout_s,
-                                                   suppress_origin=True)
+        self._socket = websocket.create_connection(
+            pages[0]["webSocketDebuggerUrl"], timeout=timeout_s, suppress_origin=True
+        )
         self._next_id = 0
         self.events: list[dict] = []
         for domain in ("Page", "Runtime", "Log"):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import LAUNCH, FlinkCluster, FLINK_VERSION, run_script
+from tests.cluster.conftest import FLINK_VERSION, LAUNCH, FlinkCluster, run_script
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -45,13 +45,17 @@ def flink_job_server_jar() -> str:
     if not shutil.which("java"):
         pytest.fail("Java is missing: the Flink tests need a JDK 11 or 17 on PATH")
     if not os.environ.get("FLINK_JOB_SERVER_JAR") and not shutil.which("mvn"):
-        pytest.fail("Maven (mvn) is missing: the Flink tests build Beam's Flink job server with it "
-                    "(or set FLINK_JOB_SERVER_JAR to a jar built elsewhere)")
-    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "fetch", "--flink_version", FLINK_VERSION],
-                      timeout=900, check=False)
+        pytest.fail(
+            "Maven (mvn) is missing: the Flink tests build Beam's Flink job server with it "
+            "(or set FLINK_JOB_SERVER_JAR to a jar built elsewhere)"
+        )
+    proc = run_script(
+        [str(LAUNCH / "flink_cluster.sh"), "fetch", "--flink_version", FLINK_VERSION], timeout=900, check=False
+    )
     if proc.returncode != 0:
-        pytest.fail("Beam's Flink job server could not be built, so FlinkRunner cannot run here: "
-                    + proc.stderr.strip()[-1500:])
+        pytest.fail(
+            "Beam's Flink job server could not be built, so FlinkRunner cannot run here: " + proc.stderr.strip()[-1500:]
+        )
     for line in proc.stderr.splitlines():
         if "job server jar: " in line:
             return line.split("job server jar: ", 1)[1].strip()
@@ -62,7 +66,10 @@ def run_cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.
     """Runs ``python -m beam_jobs`` as a user would, in a fresh process."""
     result = subprocess.run(
         [sys.executable, "-m", "beam_jobs", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"job failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-5000:]}")
@@ -71,8 +78,12 @@ def run_cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.
 
 # Test modules that share a Flink cluster (the session's flink_cluster fixture) run in one
 # worker process, so that the cluster starts once.
-_FLINK_GROUP = ("tests/cluster/test_flink.py", "tests/cluster/test_runners.py", "tests/cluster/test_launch_scripts.py",
-                "tests/objectstores/test_flink_s3.py")
+_FLINK_GROUP = (
+    "tests/cluster/test_flink.py",
+    "tests/cluster/test_runners.py",
+    "tests/cluster/test_launch_scripts.py",
+    "tests/objectstores/test_flink_s3.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

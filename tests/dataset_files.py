@@ -14,8 +14,18 @@ import pathlib
 import re
 import shutil
 
-__all__ = ["RUN_KEYS", "as_older_release", "tree_files", "current_files", "dead_letters", "dead_letters_path", "flat_manifest", "flat_names", "shard_paths",
-           "without_run_names"]
+__all__ = [
+    "RUN_KEYS",
+    "as_older_release",
+    "tree_files",
+    "current_files",
+    "dead_letters",
+    "dead_letters_path",
+    "flat_manifest",
+    "flat_names",
+    "shard_paths",
+    "without_run_names",
+]
 
 # What differs between two runs that wrote the same dataset: who committed it, and when.
 RUN_KEYS = ("version", "parent_version", "committed_at", "change")
@@ -48,8 +58,12 @@ def dead_letters(out: pathlib.Path) -> list[dict]:
 def shard_paths(out: pathlib.Path, split: str | None = None) -> list[pathlib.Path]:
     """The shard files of the current version (of one split), in manifest order."""
     info = _manifest(out)
-    return [pathlib.Path(out) / shard["file"] for name, facts in info["splits"].items()
-            if split in (None, name) for shard in facts["shards"]]
+    return [
+        pathlib.Path(out) / shard["file"]
+        for name, facts in info["splits"].items()
+        if split in (None, name)
+        for shard in facts["shards"]
+    ]
 
 
 def flat_manifest(info: dict) -> dict:
@@ -62,8 +76,10 @@ def current_files(out: pathlib.Path) -> dict[str, bytes]:
     dead letters as "dead_letters.jsonl" and its shards by their names in the run folder."""
     out = pathlib.Path(out)
     info = _manifest(out)
-    files = {"dataset_info.json": (json.dumps(flat_manifest(info), indent=2, sort_keys=True) + "\n").encode(),
-             "dead_letters.jsonl": (out / info["dead_letters_file"]).read_bytes()}
+    files = {
+        "dataset_info.json": (json.dumps(flat_manifest(info), indent=2, sort_keys=True) + "\n").encode(),
+        "dead_letters.jsonl": (out / info["dead_letters_file"]).read_bytes(),
+    }
     for path in shard_paths(out):
         files[path.name] = path.read_bytes()
     return files
@@ -91,8 +107,11 @@ def flat_names(out: pathlib.Path) -> list[str]:
         if run.name not in current:
             names.append(f"shards/{run.name}")
             continue
-        names += [p.name for p in run.iterdir()
-                  if not (p.name.startswith(".") and p.name.endswith(".json") and p.name[1:-5] in shards)]
+        names += [
+            p.name
+            for p in run.iterdir()
+            if not (p.name.startswith(".") and p.name.endswith(".json") and p.name[1:-5] in shards)
+        ]
     return sorted(names)
 
 
@@ -111,8 +130,9 @@ def as_older_release(out: pathlib.Path) -> pathlib.Path:
     (out / info["dead_letters_file"]).rename(out / "dead_letters.jsonl")
     info["dead_letters_file"] = "dead_letters.jsonl"
     flat = {k: v for k, v in info.items() if k not in RUN_KEYS}
-    (out / "dataset_info.json").write_text(json.dumps(flat, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-                                           encoding="utf-8")
+    (out / "dataset_info.json").write_text(
+        json.dumps(flat, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     for folder in ("shards", "versions"):
         shutil.rmtree(out / folder, ignore_errors=True)
     (out / ".commit.lock").unlink(missing_ok=True)

@@ -59,8 +59,10 @@ def _png_header_bomb() -> bytes:
 BROKEN_FILES = {
     "empty.jpg": (lambda: b"", "empty_file"),
     "error_page.jpg": (lambda: b"<!DOCTYPE html><html><body>403 Forbidden</body></html>", "not_an_image"),
-    "random_bytes.png": (lambda: np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes(),
-                         "not_an_image"),
+    "random_bytes.png": (
+        lambda: np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes(),
+        "not_an_image",
+    ),
     "truncated.jpg": (_truncated_jpeg, "truncated"),
     "truncated.png": (_truncated_png, "truncated"),
     "bomb.png": (_png_header_bomb, "too_many_pixels"),
@@ -79,7 +81,9 @@ def write_broken_files(folder: pathlib.Path) -> dict[str, str]:
     return expected
 
 
-def make_test_tree(root: pathlib.Path, *, num_images: int = 36, broken: bool = True) -> tuple[list[pathlib.Path], dict[str, str]]:
+def make_test_tree(
+    root: pathlib.Path, *, num_images: int = 36, broken: bool = True
+) -> tuple[list[pathlib.Path], dict[str, str]]:
     """A class-per-folder tree of real photos (500x375 JPEGs), plus broken files in one class folder,
     plus files that must be ignored. Returns (good paths, {broken path: expected reason})."""
     good = make_photo_tree(root, num_images=num_images, size=(500, 375), seed=1)
@@ -91,13 +95,20 @@ def make_test_tree(root: pathlib.Path, *, num_images: int = 36, broken: bool = T
 
 # --- Hostile inputs for the reliability suite -------------------------------------------------
 
+
 def _eps() -> bytes:
     return b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\nnewpath 0 0 moveto showpage\n%%EOF\n"
 
 
 def _fits() -> bytes:
-    cards = ["SIMPLE  =                    T", "BITPIX  =                    8", "NAXIS   =                    2",
-             "NAXIS1  =                   10", "NAXIS2  =                   10", "END"]
+    cards = [
+        "SIMPLE  =                    T",
+        "BITPIX  =                    8",
+        "NAXIS   =                    2",
+        "NAXIS1  =                   10",
+        "NAXIS2  =                   10",
+        "END",
+    ]
     header = b"".join(card.ljust(80).encode("ascii") for card in cards).ljust(2880, b" ")
     return header + bytes(100).ljust(2880, b"\x00")
 
@@ -132,15 +143,18 @@ def _multipage_tiff() -> bytes:
 def _truncations(fmt: str, name: str) -> dict:
     data = encode(real_photo(name), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
     cuts = {"head": 40, "quarter": len(data) // 4, "half": len(data) // 2, "tail": len(data) - 200}
-    return {f"truncated_{cut}.{fmt.lower()}": (lambda n=n: data[:n], "truncated_or_undecodable")
-            for cut, n in cuts.items()}
+    return {
+        f"truncated_{cut}.{fmt.lower()}": (lambda n=n: data[:n], "truncated_or_undecodable") for cut, n in cuts.items()
+    }
 
 
 HOSTILE_FILES = {
     "empty.jpg": (lambda: b"", "empty_file"),
     "random.jpg": (lambda: np.random.default_rng(7).integers(0, 256, 10000, dtype=np.uint8).tobytes(), "not_an_image"),
-    "html_error.jpg": (lambda: b"<html><head><title>404 Not Found</title></head><body>nope</body></html>",
-                       "not_an_image"),
+    "html_error.jpg": (
+        lambda: b"<html><head><title>404 Not Found</title></head><body>nope</body></html>",
+        "not_an_image",
+    ),
     "json_error.png": (lambda: b'{"error": {"code": 403, "message": "Access denied."}}', "not_an_image"),
     "bomb.png": (_png_header_bomb, "too_many_pixels"),
     "postscript.jpg": (_eps, "format_not_allowed"),

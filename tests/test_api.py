@@ -44,14 +44,40 @@ def test_convert_takes_exactly_the_command_lines_flags_with_their_defaults():
 
 
 def test_the_call_parses_as_the_same_command_line_would():
-    argv = convert_argv({"input": "/data/photos", "output_dir": "/data/out", "splits": {"train": 0.8, "test": 0.2},
-                         "image_size": (64, 48), "overwrite": True, "resume": False, "max_pixels": None},
-                        {"direct_num_workers": 2})
-    assert argv == ["--input=/data/photos", "--output_dir=/data/out", "--splits=train=0.8,test=0.2",
-                    "--image_size=64x48", "--overwrite", "--direct_num_workers=2"]
+    argv = convert_argv(
+        {
+            "input": "/data/photos",
+            "output_dir": "/data/out",
+            "splits": {"train": 0.8, "test": 0.2},
+            "image_size": (64, 48),
+            "overwrite": True,
+            "resume": False,
+            "max_pixels": None,
+        },
+        {"direct_num_workers": 2},
+    )
+    assert argv == [
+        "--input=/data/photos",
+        "--output_dir=/data/out",
+        "--splits=train=0.8,test=0.2",
+        "--image_size=64x48",
+        "--overwrite",
+        "--direct_num_workers=2",
+    ]
     from_call, options = parse_job_arguments(argv)
-    from_line, _ = parse_job_arguments(["--input", "/data/photos", "--output_dir", "/data/out", "--splits",
-                                        "train=0.8,test=0.2", "--image_size", "64x48", "--overwrite"])
+    from_line, _ = parse_job_arguments(
+        [
+            "--input",
+            "/data/photos",
+            "--output_dir",
+            "/data/out",
+            "--splits",
+            "train=0.8,test=0.2",
+            "--image_size",
+            "64x48",
+            "--overwrite",
+        ]
+    )
     assert from_call == from_line
     assert options.get_all_options()["direct_num_workers"] == 2
     with pytest.raises(TypeError, match="mapping or a list"):
@@ -59,8 +85,10 @@ def test_the_call_parses_as_the_same_command_line_would():
 
 
 def test_importing_the_packages_imports_neither_beam_nor_tensorflow():
-    code = ("import sys, beam_jobs, tfdata_readers\nbeam_jobs.convert; beam_jobs.UsageError\n"
-            "print([m for m in ('apache_beam', 'tensorflow') if m in sys.modules])")
+    code = (
+        "import sys, beam_jobs, tfdata_readers\nbeam_jobs.convert; beam_jobs.UsageError\n"
+        "print([m for m in ('apache_beam', 'tensorflow') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -79,14 +107,31 @@ def _shard_bytes(out: pathlib.Path) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_convert_returns_the_manifest_and_writes_what_the_command_line_writes(tmp_path, photo_tree):
     root, good, broken = photo_tree
-    info = beam_jobs.convert(str(root), output_dir=str(tmp_path / "api"), image_size=(40, 32),
-                             splits={"train": 0.75, "validation": 0.25}, max_bad_fraction=0.5,
-                             beam_options={"direct_num_workers": 2})
+    info = beam_jobs.convert(
+        str(root),
+        output_dir=str(tmp_path / "api"),
+        image_size=(40, 32),
+        splits={"train": 0.75, "validation": 0.25},
+        max_bad_fraction=0.5,
+        beam_options={"direct_num_workers": 2},
+    )
     assert info == json.loads((tmp_path / "api" / "dataset_info.json").read_text())
     assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
     assert info["num_dead_letters"] == len(broken)
-    run_cli("--input", root, "--output_dir", tmp_path / "cli", "--image_size", "40x32",
-            "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5", "--direct_num_workers", "2")
+    run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        tmp_path / "cli",
+        "--image_size",
+        "40x32",
+        "--splits",
+        "train=0.75,validation=0.25",
+        "--max_bad_fraction",
+        "0.5",
+        "--direct_num_workers",
+        "2",
+    )
     api, cli = _shard_bytes(tmp_path / "api"), _shard_bytes(tmp_path / "cli")
     assert api and api == cli
 
@@ -99,11 +144,17 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
     rows = [{"uri": str(pathlib.Path(p).relative_to(root)), "label": pathlib.Path(p).parent.name} for p in good]
     rows.append({"uri": "nowhere/missing.jpg", "label": ""})  # a blank label: refused by the naming policy
     with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
-        info = (pipeline
-                | "Rows" >> beam.Create(rows)
-                | beam_jobs.ConvertImages(rows_root=str(root), output_dir=str(tmp_path / "out"),
-                                          image_config=ImageConfig(width=32, height=32),
-                                          split_fractions={"train": 0.5, "validation": 0.5}, max_bad_fraction=0.1))
+        info = (
+            pipeline
+            | "Rows" >> beam.Create(rows)
+            | beam_jobs.ConvertImages(
+                rows_root=str(root),
+                output_dir=str(tmp_path / "out"),
+                image_config=ImageConfig(width=32, height=32),
+                split_fractions={"train": 0.5, "validation": 0.5},
+                max_bad_fraction=0.1,
+            )
+        )
         _ = info | beam.Map(lambda i: None)
     written = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
     assert sum(s["num_examples"] for s in written["splits"].values()) == len(good)
@@ -112,11 +163,23 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
     # The same rows written as an input list make the same shards: one set of rules for both.
     listing = tmp_path / "list.csv"
     listing.write_text("uri,label\n" + "".join(f"{root / r['uri']},{r['label']}\n" for r in rows[:-1]))
-    run_cli("--manifest", listing, "--output_dir", tmp_path / "cli", "--image_size", "32",
-            "--splits", "train=0.5,validation=0.5", "--allow_outside_root", "--direct_num_workers", "2")
+    run_cli(
+        "--manifest",
+        listing,
+        "--output_dir",
+        tmp_path / "cli",
+        "--image_size",
+        "32",
+        "--splits",
+        "train=0.5,validation=0.5",
+        "--allow_outside_root",
+        "--direct_num_workers",
+        "2",
+    )
     cli_info = json.loads((tmp_path / "cli" / "dataset_info.json").read_text())
     assert {s: v["num_examples"] for s, v in cli_info["splits"].items()} == {
-        s: v["num_examples"] for s, v in written["splits"].items()}
+        s: v["num_examples"] for s, v in written["splits"].items()
+    }
 
 
 def test_convert_images_takes_one_source():

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.reading import read_source
 from beam_jobs.errors import BadInputError
+from beam_jobs.reading import read_source
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO
@@ -39,9 +39,25 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
     make_photo_tree(src, num_images=400, seed=5)
     out = tmp_path / "out"
     process = subprocess.Popen(
-        [sys.executable, "-m", "beam_jobs", "--input", str(src), "--output_dir", str(out),
-         "--image_size", "96", "--num_shards", "8", "--direct_num_workers", "2"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(src),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            "96",
+            "--num_shards",
+            "8",
+            "--direct_num_workers",
+            "2",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 240
     runs = out / "shards"
@@ -49,8 +65,9 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
         # Kill once some shards are complete and others are still being written.
         while time.monotonic() < deadline:
             names = [p.name for p in runs.glob("*/*")] if runs.exists() else []
-            if any(n.endswith(".tfrecord") and not n.startswith(".") for n in names) and \
-                    any(n.startswith(".tmp-") for n in names):
+            if any(n.endswith(".tfrecord") and not n.startswith(".") for n in names) and any(
+                n.startswith(".tmp-") for n in names
+            ):
                 break
             time.sleep(0.05)
         else:

@@ -15,8 +15,10 @@ _HEAVY = ("apache_beam", "tensorflow")
 
 
 def _run_cli_in_fresh_python(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
-    code = ("import sys\nfrom beam_jobs import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n")
+    code = (
+        "import sys\nfrom beam_jobs import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n"
+    )
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     imported_line = [line for line in result.stderr.splitlines() if line.startswith("IMPORTED")]
     assert imported_line, result.stderr
@@ -28,8 +30,17 @@ def test_help_groups_the_jobs_flags_with_examples_and_imports_neither_beam_nor_t
     assert result.returncode == 0 and not imported
     text = result.stdout
     groups = [line for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert groups == ["options:", "inputs:", "output:", "image:", "splits:", "robustness:", "runs:", "runner:",
-                      "examples:"]
+    assert groups == [
+        "options:",
+        "inputs:",
+        "output:",
+        "image:",
+        "splits:",
+        "robustness:",
+        "runs:",
+        "runner:",
+        "examples:",
+    ]
     assert "--streaming" not in text and "--auto_unique_labels" not in text  # Beam's generic flags
     assert text.index("--input") < text.index("--runner") < text.index("examples:")
 
@@ -53,8 +64,17 @@ def test_the_fast_check_says_what_the_full_parse_says(tmp_path, typo):
 
 
 def test_beams_own_flags_pass_the_fast_check(tmp_path):
-    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path), "--direct_num_workers=1",
-            "--runner", "DirectRunner", "--no_pipeline_type_check", "-v"]
+    argv = [
+        "--input",
+        str(tmp_path),
+        "--output_dir",
+        str(tmp_path),
+        "--direct_num_workers=1",
+        "--runner",
+        "DirectRunner",
+        "--no_pipeline_type_check",
+        "-v",
+    ]
     assert cli.misspelt_flag(argv) is None
     parse_job_arguments(argv)
 
@@ -73,4 +93,5 @@ def test_the_listed_beam_flags_are_the_installed_beams():
         return
     assert BEAM_OPTION_STRINGS == live, (
         f"beam_flags.py is out of date: missing {sorted(live - BEAM_OPTION_STRINGS)}, "
-        f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.beam_flags prints the new set")
+        f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.beam_flags prints the new set"
+    )

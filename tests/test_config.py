@@ -37,24 +37,30 @@ def test_image_config_validates_itself(field, value):
         ImageConfig(**{field: value})
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("train=0.8,hold-out=0.2", {"train": 0.8, "hold-out": 0.2}),
-    ("Train=0.9,Validation=0.1", {"train": 0.9, "validation": 0.1}),
-    (" train = 0.5 , dev_1 = 0.5 ", {"train": 0.5, "dev_1": 0.5}),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("train=0.8,hold-out=0.2", {"train": 0.8, "hold-out": 0.2}),
+        ("Train=0.9,Validation=0.1", {"train": 0.9, "validation": 0.1}),
+        (" train = 0.5 , dev_1 = 0.5 ", {"train": 0.5, "dev_1": 0.5}),
+    ],
+)
 def test_split_names_follow_the_split_name_policy(text, expected):
     # The names tree folders and input-list columns may use, in lower case, as they are there.
     assert parse_splits(text) == expected
 
 
-@pytest.mark.parametrize("text, message", [
-    ("train=1,test=0", "the fraction of 'test' must be > 0 and <= 1 (got '0'"),
-    ("train=1.5", "the fraction of 'train' must be > 0 and <= 1 (got '1.5'"),
-    ("train=nan", "the fraction of 'train' must be > 0 and <= 1 (got 'nan'"),
-    ("train=x", "the fraction of 'train' must be a number such as 0.9 (got 'x'"),
-    ("train=0.5,Train=0.5", "names 'train' twice"),
-    ("a.b=1", "the split 'a.b' cannot name shard files"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train=1,test=0", "the fraction of 'test' must be > 0 and <= 1 (got '0'"),
+        ("train=1.5", "the fraction of 'train' must be > 0 and <= 1 (got '1.5'"),
+        ("train=nan", "the fraction of 'train' must be > 0 and <= 1 (got 'nan'"),
+        ("train=x", "the fraction of 'train' must be a number such as 0.9 (got 'x'"),
+        ("train=0.5,Train=0.5", "names 'train' twice"),
+        ("a.b=1", "the split 'a.b' cannot name shard files"),
+    ],
+)
 def test_a_bad_split_item_gets_a_message_naming_what_is_wrong(text, message):
     with pytest.raises(ValueError, match="--splits") as error:
         parse_splits(text)

@@ -24,8 +24,10 @@ from beam_jobs.run_summary import format_mib, split_table
 from beam_jobs.runner_ui import watch_hint
 from tests.conftest import REPO, run_cli
 
-PLAN = {"line": "Found 30 images belonging to 2 classes", "splits": {
-    "train": {"num_examples": 20, "num_shards": 2}, "validation": {"num_examples": 10, "num_shards": 1}}}
+PLAN = {
+    "line": "Found 30 images belonging to 2 classes",
+    "splits": {"train": {"num_examples": 20, "num_shards": 2}, "validation": {"num_examples": 10, "num_shards": 1}},
+}
 
 # What Beam's SDK workers and runner print at start-up and shutdown, and the apitools notice: none of
 # it may reach the default console. Written out here rather than imported from console.py, so that a
@@ -33,14 +35,18 @@ PLAN = {"line": "Found 30 images belonging to 2 classes", "splits": {
 CHATTER = re.compile(
     r"semi_persistent|Pipeline_options|sdk harness|SDKHarness|insecure|control channel|control plane"
     r"|state cache|data channel|Closing all cached|Done consuming|unparseable args|apitools|Logging handler"
-    r"|worker_handlers|starting control server|local_job_service|typehints|^INFO:|^WARNING:root", re.IGNORECASE)
+    r"|worker_handlers|starting control server|local_job_service|typehints|^INFO:|^WARNING:root",
+    re.IGNORECASE,
+)
 
 
 def test_tally_counts_only_the_sidecars_of_this_plan():
-    staged = {".train-00000-of-00002.tfrecord.json": 11,
-              ".validation-00000-of-00001.tfrecord.json": 10,
-              ".train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
-              ".test-00000-of-00001.tfrecord.json": 5}  # a split this plan lacks
+    staged = {
+        ".train-00000-of-00002.tfrecord.json": 11,
+        ".validation-00000-of-00001.tfrecord.json": 10,
+        ".train-00000-of-00003.tfrecord.json": 7,  # an earlier run's shard count
+        ".test-00000-of-00001.tfrecord.json": 5,
+    }  # a split this plan lacks
     assert tally(PLAN, staged) == Progress(shards_done=2, shards_total=3, images_done=21, images_total=30)
 
 
@@ -84,18 +90,21 @@ def test_progress_line_gives_rate_and_eta():
 
 def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     seen: list = []
-    watcher = StagingWatcher(str(tmp_path), "run1", on_plan=lambda line, p: seen.append((line, p)),
-                             on_progress=seen.append)
+    watcher = StagingWatcher(
+        str(tmp_path), "run1", on_plan=lambda line, p: seen.append((line, p)), on_progress=seen.append
+    )
     watcher.poll()
     assert seen == []  # No plan yet: nothing to say.
     (tmp_path / ".train-00000-of-00002.tfrecord.json").write_text(
-        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]], "run_id": "run1"}))
+        json.dumps({"num_examples": 9, "dead_letters": [["u", "s", "truncated", "d"]], "run_id": "run1"})
+    )
     summary = {"splits": {name: dict(s) for name, s in PLAN["splits"].items()}}
     write_progress_plan(str(tmp_path), "run1", line="Found it", summary=summary)
     watcher.poll()
     assert seen == [("Found it", Progress(1, 3, 10, 30))]
     (tmp_path / ".validation-00000-of-00001.tfrecord.json").write_text(
-        json.dumps({"num_examples": 10, "run_id": "run1"}))
+        json.dumps({"num_examples": 10, "run_id": "run1"})
+    )
     watcher.poll()
     watcher.poll()  # Unchanged: no second report.
     assert seen[1:] == [Progress(2, 3, 20, 30)]
@@ -141,8 +150,10 @@ def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path)
     out.mkdir()
 
     def convert(run_id: str) -> dict:
-        inputs = [InputFile(f"cat/{p.name}", str(p), label="cat", size=p.stat().st_size, mtime=p.stat().st_mtime)
-                  for p in sorted((photos / "cat").iterdir())]
+        inputs = [
+            InputFile(f"cat/{p.name}", str(p), label="cat", size=p.stat().st_size, mtime=p.stat().st_mtime)
+            for p in sorted((photos / "cat").iterdir())
+        ]
         [shard] = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
         fn = ConvertShardFn(ImageConfig(width=16, height=16), str(out), resume=True, run_id=run_id)
         fn.setup()
@@ -180,12 +191,20 @@ def test_console_lines_say_1_shard_1_input_1_class():
 
     plan = {"label_names": ["china"], "splits": {"train": {"num_examples": 1, "num_shards": 1}}}
     assert plan_line(plan, {"empty_file": 1}) == (
-        "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)")
-    info = {"splits": {"train": {"num_examples": 1, "num_shards": 1}}, "num_dead_letters": 1,
-            "dead_letters_by_reason": {"empty_file": 1}, "dead_letters_file": "shards/r/dead_letters.jsonl",
-            "version": 1, "change": {"kind": "create"}}
-    assert _summary(info, "/d") == ("committed version 1 (create): wrote train: 1 example in 1 shard to /d; 1 input "
-                                    "could not be used (see /d/shards/r/dead_letters.jsonl)")
+        "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)"
+    )
+    info = {
+        "splits": {"train": {"num_examples": 1, "num_shards": 1}},
+        "num_dead_letters": 1,
+        "dead_letters_by_reason": {"empty_file": 1},
+        "dead_letters_file": "shards/r/dead_letters.jsonl",
+        "version": 1,
+        "change": {"kind": "create"},
+    }
+    assert _summary(info, "/d") == (
+        "committed version 1 (create): wrote train: 1 example in 1 shard to /d; 1 input "
+        "could not be used (see /d/shards/r/dead_letters.jsonl)"
+    )
 
 
 @pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (15 * 2**20, "15.0")])
@@ -193,8 +212,16 @@ def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
     assert format_mib(size) == shown
 
 
-@pytest.mark.parametrize("flags, level", [(["-v"], "INFO"), (["-vv"], "DEBUG"), (["-v", "-v"], "DEBUG"),
-                                          ([], "WARNING"), (["--log_level", "error"], "ERROR")])
+@pytest.mark.parametrize(
+    "flags, level",
+    [
+        (["-v"], "INFO"),
+        (["-vv"], "DEBUG"),
+        (["-v", "-v"], "DEBUG"),
+        ([], "WARNING"),
+        (["--log_level", "error"], "ERROR"),
+    ],
+)
 def test_v_is_short_for_log_level(flags, level, tmp_path):
     from beam_jobs.arguments import parse_job_arguments
     from beam_jobs.pipeline import _peek_log_level
@@ -213,26 +240,46 @@ def test_v_and_log_level_together_are_refused_and_v_is_in_the_help(tmp_path, cap
 
 
 def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
-    info = {"num_dead_letters": 4, "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
-            "splits": {"train": {"num_examples": 9, "num_shards": 2, "dead_letters_by_reason": {"truncated": 2},
-                                 "shards": [{"bytes": 2**20}, {"bytes": 2**20}]},
-                       "validation": {"num_examples": 3, "num_shards": 1, "dead_letters_by_reason": {},
-                                      "shards": [{"bytes": 2**19}]}}}
+    info = {
+        "num_dead_letters": 4,
+        "dead_letters_by_reason": {"truncated": 2, "bad_manifest_row": 2},
+        "splits": {
+            "train": {
+                "num_examples": 9,
+                "num_shards": 2,
+                "dead_letters_by_reason": {"truncated": 2},
+                "shards": [{"bytes": 2**20}, {"bytes": 2**20}],
+            },
+            "validation": {
+                "num_examples": 3,
+                "num_shards": 1,
+                "dead_letters_by_reason": {},
+                "shards": [{"bytes": 2**19}],
+            },
+        },
+    }
     rows = [line.split(None, 4) for line in split_table(info).splitlines()]
-    assert rows == [["split", "examples", "shards", "MiB", "dead letters"],
-                    ["train", "9", "2", "2.00", "2 (truncated: 2)"],
-                    ["validation", "3", "1", "0.50", "0"],
-                    ["(listing)", "2", "(bad_manifest_row:", "2)"],
-                    ["total", "12", "3", "2.50", "4"]]
+    assert rows == [
+        ["split", "examples", "shards", "MiB", "dead letters"],
+        ["train", "9", "2", "2.00", "2 (truncated: 2)"],
+        ["validation", "3", "1", "0.50", "0"],
+        ["(listing)", "2", "(bad_manifest_row:", "2)"],
+        ["total", "12", "3", "2.50", "4"],
+    ]
 
 
-@pytest.mark.parametrize("argv, expected", [
-    ([], None),
-    (["--runner=FlinkRunner", "--flink_master=10.0.0.5:8081"], "http://10.0.0.5:8081/#/job/running"),
-    (["--runner=FlinkRunner"], "embedded Flink"),
-    (["--runner=DataflowRunner", "--project=p1", "--region=europe-west4"],
-     "https://console.cloud.google.com/dataflow/jobs/europe-west4/JOB?project=p1"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], None),
+        (["--runner=FlinkRunner", "--flink_master=10.0.0.5:8081"], "http://10.0.0.5:8081/#/job/running"),
+        (["--runner=FlinkRunner"], "embedded Flink"),
+        (
+            ["--runner=DataflowRunner", "--project=p1", "--region=europe-west4"],
+            "https://console.cloud.google.com/dataflow/jobs/europe-west4/JOB?project=p1",
+        ),
+    ],
+)
 def test_cluster_runners_say_where_to_watch(argv, expected):
     hint = watch_hint(PipelineOptions(argv), "JOB")
     assert hint == expected if expected is None else expected in hint
@@ -246,8 +293,20 @@ def _console_lines(stderr: str) -> list[str]:
 def default_run(photo_tree, tmp_path_factory):
     root, good, broken = photo_tree
     out = tmp_path_factory.mktemp("console")
-    result = run_cli("--input", root, "--output_dir", out, "--image_size", "48", "--num_shards", "4",
-                     "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5")
+    result = run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        out,
+        "--image_size",
+        "48",
+        "--num_shards",
+        "4",
+        "--splits",
+        "train=0.75,validation=0.25",
+        "--max_bad_fraction",
+        "0.5",
+    )
     return result, json.loads((out / "dataset_info.json").read_text()), out, good, broken
 
 
@@ -256,13 +315,16 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
     result, info, out, good, broken = default_run
     lines = _console_lines(result.stderr)
     # stderr holds the plan, then progress lines, and nothing else: no chatter, no INFO lines.
-    assert re.fullmatch(rf"Found {len(good) + len(broken)} images belonging to 9 classes: train \d+ \(4 shards\), "
-                        r"validation \d+ \(4 shards\); 0 listed files not used; ignored: 1 hidden, 1 non-image",
-                        lines[0]), result.stderr
+    assert re.fullmatch(
+        rf"Found {len(good) + len(broken)} images belonging to 9 classes: train \d+ \(4 shards\), "
+        r"validation \d+ \(4 shards\); 0 listed files not used; ignored: 1 hidden, 1 non-image",
+        lines[0],
+    ), result.stderr
     progress = lines[1:]
     assert progress and all(line.startswith("progress: ") for line in progress), result.stderr
-    assert progress[-1].startswith(f"progress: 8/8 shards, {len(good) + len(broken)}/{len(good) + len(broken)} "
-                                   "images (100%)"), progress
+    assert progress[-1].startswith(
+        f"progress: 8/8 shards, {len(good) + len(broken)}/{len(good) + len(broken)} images (100%)"
+    ), progress
     assert not [line for line in result.stderr.splitlines() if CHATTER.search(line)]
     table = result.stdout.splitlines()
     assert table[0].split() == ["split", "examples", "shards", "MiB", "dead", "letters"]
@@ -270,11 +332,18 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
     for name, split in info["splits"].items():
         reasons = split["dead_letters_by_reason"]
         assert rows[name][1:3] == [str(split["num_examples"]), "4"]
-        assert rows[name][4] == (f"{sum(reasons.values())} (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items()))
-                                 + ")" if reasons else "0")
+        assert rows[name][4] == (
+            f"{sum(reasons.values())} (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) + ")"
+            if reasons
+            else "0"
+        )
     assert rows["total"][1:3] == [str(len(good)), "8"] and rows["total"][4] == str(len(broken))
     run = out / "shards" / info["change"]["run"]
-    for line in (f"{out / 'dataset_info.json'} (version 1)", run / "dead_letters.jsonl", run / "train-*-of-00004.tfrecord"):
+    for line in (
+        f"{out / 'dataset_info.json'} (version 1)",
+        run / "dead_letters.jsonl",
+        run / "train-*-of-00004.tfrecord",
+    ):
         assert f"  {line}" in table
     assert not list(out.glob("**/.progress-*"))  # The watcher's file goes with the run.
 
@@ -282,8 +351,20 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
 @pytest.mark.slow
 def test_log_level_info_brings_the_details_back(photo_tree, tmp_path):
     root = photo_tree[0]
-    result = run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "32", "--num_shards", "2",
-                     "--max_bad_fraction", "0.5", "--log_level", "INFO")
+    result = run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        tmp_path,
+        "--image_size",
+        "32",
+        "--num_shards",
+        "2",
+        "--max_bad_fraction",
+        "0.5",
+        "--log_level",
+        "INFO",
+    )
     assert "wrote train-00000-of-00002.tfrecord:" in result.stderr
     assert "counters: " in result.stderr
     assert "starting control server" in result.stderr  # Beam's own INFO lines
@@ -294,10 +375,25 @@ def test_on_a_terminal_progress_is_a_bar(photo_tree, tmp_path):
     root = photo_tree[0]
     main_fd, worker_fd = pty.openpty()
     fcntl.ioctl(worker_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-    args = ["--input", str(root), "--output_dir", str(tmp_path), "--image_size", "32", "--num_shards", "3",
-            "--max_bad_fraction", "0.5"]
-    proc = subprocess.Popen([sys.executable, "-m", "beam_jobs", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=worker_fd)
+    args = [
+        "--input",
+        str(root),
+        "--output_dir",
+        str(tmp_path),
+        "--image_size",
+        "32",
+        "--num_shards",
+        "3",
+        "--max_bad_fraction",
+        "0.5",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", *args],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=worker_fd,
+    )
     os.close(worker_fd)
     screen = b""
     while True:
@@ -337,13 +433,26 @@ def test_a_resumed_run_keeps_its_console_quiet_and_ends_at_every_shard(photo_tre
 @pytest.mark.slow
 def test_v_shows_one_plain_line_per_shard_the_plan_once_and_the_size_as_given(photo_tree, tmp_path):
     root = photo_tree[0]
-    result = run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "64x32", "--num_shards", "2",
-                     "--max_bad_fraction", "0.5", "-v")
+    result = run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        tmp_path,
+        "--image_size",
+        "64x32",
+        "--num_shards",
+        "2",
+        "--max_bad_fraction",
+        "0.5",
+        "-v",
+    )
     lines = result.stderr.splitlines()
     assert "severity:" not in result.stderr and "timestamp {" not in result.stderr, result.stderr[-3000:]
     assert len([line for line in lines if line.startswith("Found ")]) == 1, result.stderr[-3000:]
     wrote = sorted(line.split(":")[0] for line in lines if line.startswith("wrote train-"))
-    assert wrote == ["wrote train-00000-of-00002.tfrecord", "wrote train-00001-of-00002.tfrecord"], result.stderr[-3000:]
+    assert wrote == ["wrote train-00000-of-00002.tfrecord", "wrote train-00001-of-00002.tfrecord"], result.stderr[
+        -3000:
+    ]
     info = json.loads((tmp_path / "dataset_info.json").read_text())
     assert info["preprocessing"]["image_size"] == "64x32"
     assert (info["image"]["width"], info["image"]["height"]) == (64, 32)
@@ -358,11 +467,19 @@ def test_a_relayed_worker_record_becomes_its_own_message():
     from beam_jobs.console import RelayedWorkerRecords
 
     def relayed(message: str, location: str, step: str, level=logging.INFO) -> logging.LogRecord:
-        entry = beam_fn_api_pb2.LogEntry(severity=beam_fn_api_pb2.LogEntry.Severity.INFO, message=message,
-                                         log_location=location, transform_id=step)
+        entry = beam_fn_api_pb2.LogEntry(
+            severity=beam_fn_api_pb2.LogEntry.Severity.INFO, message=message, log_location=location, transform_id=step
+        )
         # As Beam's local job service relays a worker's record.
-        return logging.LogRecord("apache_beam.runners.portability.local_job_service", level, __file__, 1,
-                                 "Worker: %s", (str(entry).replace("\n", " "),), None)
+        return logging.LogRecord(
+            "apache_beam.runners.portability.local_job_service",
+            level,
+            __file__,
+            1,
+            "Worker: %s",
+            (str(entry).replace("\n", " "),),
+            None,
+        )
 
     relay = RelayedWorkerRecords(drop_steps=("LogPlan",))
     record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/convert_shards.py:315", "ConvertImages/ConvertShards")

@@ -33,7 +33,8 @@ def _verdict(decode, data: bytes, max_pixels: int):
 _DECODERS = {
     "pillow": lambda data, max_pixels: decode_image(data, max_pixels=max_pixels),
     "pixels": lambda data, max_pixels: decode_rgb_pixels(
-        data, max_pixels=max_pixels, normalize=lambda image: normalize_mode(image, channels=3)),
+        data, max_pixels=max_pixels, normalize=lambda image: normalize_mode(image, channels=3)
+    ),
 }
 
 
@@ -41,8 +42,11 @@ _DECODERS = {
 def test_concurrent_decodes_each_see_their_own_pixel_limit_and_exif_warnings(tmp_path, decoder):
     decode = _DECODERS[decoder]
     broken = write_broken_files(tmp_path)
-    cases = [(encode(real_photo("chelsea", (64, 48)), fmt), limit) for fmt in ("JPEG", "PNG", "GIF")
-             for limit in (64 * 48, 1000, 400)]  # accepted, then refused by one check or the other
+    cases = [
+        (encode(real_photo("chelsea", (64, 48)), fmt), limit)
+        for fmt in ("JPEG", "PNG", "GIF")
+        for limit in (64 * 48, 1000, 400)
+    ]  # accepted, then refused by one check or the other
     cases += [(pathlib.Path(path).read_bytes(), limit) for path in sorted(broken) for limit in (1000, 10**8)]
     cases += [(make(), limit) for _, make in sorted(ODD_VALID_FILES.items()) for limit in (1000, 10**8)]
     cases *= 12
@@ -99,12 +103,17 @@ def test_counters_counted_for_conversions_on_threads_reach_beams_metrics(tmp_pat
         inputs.append(InputFile(f"cat/{path.name}", str(path), label="cat"))
     shards = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
     pipeline = beam.Pipeline(runner=FnApiRunner())
-    _ = (pipeline | beam.Create(shards)
-         | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(tmp_path / "out"), convert_threads=3)))
+    _ = (
+        pipeline
+        | beam.Create(shards)
+        | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(tmp_path / "out"), convert_threads=3))
+    )
     result = pipeline.run()
     result.wait_until_finish()
-    counters = {c.key.metric.name: c.committed
-                for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]}
+    counters = {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    }
     assert counters["isolated_decodes"] == 3
     assert counters["images_written"] == 5
 
@@ -120,7 +129,7 @@ def test_a_neighbours_warning_during_a_decode_is_neither_this_images_event_nor_l
 
     def neighbour():
         while not stop.is_set():
-            warnings.warn("Corrupt EXIF data in a neighbour", UserWarning)
+            warnings.warn("Corrupt EXIF data in a neighbour", UserWarning, stacklevel=1)
 
     thread = threading.Thread(target=neighbour, daemon=True)
     thread.start()

@@ -72,8 +72,7 @@ def test_rotation_by_180_really_turns_the_pixels():
 def test_unknown_orientation_is_ignored_and_counted():
     exif = Image.Exif()
     exif[0x0112] = 42
-    decoded = decode_image(encode(real_photo("rocket", (64, 48)), "JPEG", exif=exif.tobytes()),
-                           max_pixels=MAX_PIXELS)
+    decoded = decode_image(encode(real_photo("rocket", (64, 48)), "JPEG", exif=exif.tobytes()), max_pixels=MAX_PIXELS)
     assert decoded.image.size == (64, 48)
     assert decoded.events == ["exif_orientation_unknown"]
 

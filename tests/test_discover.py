@@ -10,8 +10,18 @@ from beam_jobs.records import DeadLetter, InputFile
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("a/b.jpg", True), ("a/B.JPEG", True), ("x.Png", True), ("y.webp", True), ("z.TIFF", True),
-     ("notes.txt", False), ("a/.DS_Store", False), ("a/._b.jpg", False), ("noext", False), ("été/ñ.jpg", True)],
+    [
+        ("a/b.jpg", True),
+        ("a/B.JPEG", True),
+        ("x.Png", True),
+        ("y.webp", True),
+        ("z.TIFF", True),
+        ("notes.txt", False),
+        ("a/.DS_Store", False),
+        ("a/._b.jpg", False),
+        ("noext", False),
+        ("été/ñ.jpg", True),
+    ],
 )
 def test_image_extensions_are_matched_case_insensitively(name, expected):
     assert is_image_filename(name) is expected
@@ -21,15 +31,17 @@ def test_csv_manifest_with_relative_and_absolute_uris():
     text = "uri,label,split\ncats/1.jpg,cat,train\n/data/dogs/2.png,dog,\n"
     rows = list(parse_input_list(text, list_uri="/data/manifest.csv"))
     assert rows == [
-        InputFile(filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train",
-                  origin="/data/manifest.csv:2"),
-        InputFile(filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None,
-                  origin="/data/manifest.csv:3"),
+        InputFile(
+            filename="cats/1.jpg", uri="/data/cats/1.jpg", label="cat", split="train", origin="/data/manifest.csv:2"
+        ),
+        InputFile(
+            filename="dogs/2.png", uri="/data/dogs/2.png", label="dog", split=None, origin="/data/manifest.csv:3"
+        ),
     ]
 
 
 def test_csv_bad_rows_are_dead_letters_with_line_numbers():
-    text = "\ufeffuri,label\r\na.jpg,cat\r\nb.jpg\r\nc.jpg,dog,extra\r\n\"d,1.jpg\",\"dog\"\r\ne.jpg,\r\n"
+    text = '\ufeffuri,label\r\na.jpg,cat\r\nb.jpg\r\nc.jpg,dog,extra\r\n"d,1.jpg","dog"\r\ne.jpg,\r\n'
     rows = list(parse_input_list(text, list_uri="/m/list.csv"))
     good = [r for r in rows if isinstance(r, InputFile)]
     dead = [r for r in rows if isinstance(r, DeadLetter)]
@@ -40,7 +52,9 @@ def test_csv_bad_rows_are_dead_letters_with_line_numbers():
 def test_jsonl_manifest():
     text = '{"uri": "x/1.jpg", "label": "x"}\nnot json\n{"uri": "y/2.jpg"}\n'
     rows = list(parse_input_list(text, list_uri="gs://bucket/m.jsonl"))
-    assert rows[0] == InputFile(filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x", origin="gs://bucket/m.jsonl:1")
+    assert rows[0] == InputFile(
+        filename="x/1.jpg", uri="gs://bucket/x/1.jpg", label="x", origin="gs://bucket/m.jsonl:1"
+    )
     assert [r.reason for r in rows[1:]] == ["bad_manifest_row", "bad_manifest_row"]
 
 
@@ -58,8 +72,10 @@ def test_an_unreadable_csv_row_is_a_dead_letter_and_an_empty_part_lists_nothing(
 
 
 def test_json_values_that_are_not_text_are_refused_not_printed_into_a_label():
-    text = ('{"uri": "1.jpg", "label": ["cat"]}\n{"uri": "2.jpg", "label": {"name": "cat"}}\n'
-            '{"uri": "3.jpg", "label": true}\n{"uri": "4.jpg", "label": "7"}\n')
+    text = (
+        '{"uri": "1.jpg", "label": ["cat"]}\n{"uri": "2.jpg", "label": {"name": "cat"}}\n'
+        '{"uri": "3.jpg", "label": true}\n{"uri": "4.jpg", "label": "7"}\n'
+    )
     rows = list(parse_input_list(text, list_uri="/m/list.jsonl"))
     assert [(r.uri, r.reason) for r in rows[:3]] == [(f"/m/list.jsonl:{n}", "bad_manifest_row") for n in (1, 2, 3)]
     assert rows[3] == InputFile(filename="4.jpg", uri="/m/4.jpg", label="7", origin="/m/list.jsonl:4")
@@ -68,14 +84,18 @@ def test_json_values_that_are_not_text_are_refused_not_printed_into_a_label():
 def test_json_numbers_as_label_uri_or_split_are_bad_rows_that_say_to_write_text():
     """A number would be read as its digits and get the id of its place in text order ('10'
     before '2'), not its value: refused, with the way to write it."""
-    text = ('{"uri": "photos/coffee/x.jpg", "label": 3}\n{"uri": "1.jpg", "label": 1.5}\n'
-            '{"uri": "2.jpg", "label": "cat", "split": 7}\n{"uri": 5, "label": "cat"}\n'
-            '{"uri": "3.jpg", "label": "3", "split": "train"}\n')
+    text = (
+        '{"uri": "photos/coffee/x.jpg", "label": 3}\n{"uri": "1.jpg", "label": 1.5}\n'
+        '{"uri": "2.jpg", "label": "cat", "split": 7}\n{"uri": 5, "label": "cat"}\n'
+        '{"uri": "3.jpg", "label": "3", "split": "train"}\n'
+    )
     rows = list(parse_input_list(text, list_uri="/m/list.jsonl"))
     dead = [r for r in rows if isinstance(r, DeadLetter)]
     assert [(r.uri, r.reason) for r in dead] == [(f"/m/list.jsonl:{n}", "bad_manifest_row") for n in (1, 2, 3, 4)]
-    assert dead[0].detail.startswith('label 3 is a JSON number; write it as text ("3"): class ids are the '
-                                     'positions of the sorted label names, so numbers would not keep their values')
+    assert dead[0].detail.startswith(
+        'label 3 is a JSON number; write it as text ("3"): class ids are the '
+        "positions of the sorted label names, so numbers would not keep their values"
+    )
     assert dead[1].detail.startswith('label 1.5 is a JSON number; write it as text ("1.5")')
     assert dead[2].detail.startswith('split 7 is a JSON number; write it as text ("7")')
     assert dead[3].detail.startswith('uri 5 is a JSON number; write it as text ("5")')

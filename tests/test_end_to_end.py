@@ -41,8 +41,11 @@ def _read_all(output_dir: pathlib.Path, info: dict) -> dict:
 
 def _planned_shards_of(root: pathlib.Path, broken: dict) -> Counter:
     """Which (split, shard) the planner gave each broken file, from the pure planning function."""
-    all_inputs = [InputFile(str(p.relative_to(root)), str(p), label=p.parent.name)
-                  for p in root.rglob("*") if p.is_file() and is_image_filename(p.name)]
+    all_inputs = [
+        InputFile(str(p.relative_to(root)), str(p), label=p.parent.name)
+        for p in root.rglob("*")
+        if p.is_file() and is_image_filename(p.name)
+    ]
     full = plan_dataset(all_inputs, split_fractions={"train": 0.75, "validation": 0.25}, num_shards=3, example_bytes=1)
     return Counter((s.split, s.index) for s in full.shards for f in s.inputs if f.uri in broken)
 
@@ -51,8 +54,20 @@ def _planned_shards_of(root: pathlib.Path, broken: dict) -> Counter:
 def converted(photo_tree, tmp_path_factory):
     root, good, broken = photo_tree
     out = tmp_path_factory.mktemp("out")
-    result = run_cli("--input", root, "--output_dir", out, "--image_size", "64x48", "--num_shards", "3",
-                     "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5")
+    result = run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        out,
+        "--image_size",
+        "64x48",
+        "--num_shards",
+        "3",
+        "--splits",
+        "train=0.75,validation=0.25",
+        "--max_bad_fraction",
+        "0.5",
+    )
     return root, good, broken, out, result
 
 
@@ -86,7 +101,7 @@ def test_manifest_describes_the_shards(converted):
             assert shard["num_examples"] == sum(1 for _ in tf.data.TFRecordDataset(str(out / shard["file"])))
     # Shards are balanced by planned inputs; the broken ones are missing from whichever shard they fell in.
     planned = Counter()
-    for name, record in _read_all(out, info).items():
+    for record in _read_all(out, info).values():
         planned[(record["split"], record["shard"])] += 1
     shard_of_broken = _planned_shards_of(root, broken)
     for key, count in shard_of_broken.items():
@@ -117,15 +132,29 @@ def test_no_temporary_or_extra_files_are_left(converted):
     assert folder.name == info["change"]["run"]
     shards = [f"{s}-{i:05d}-of-00003.tfrecord" for s in ("train", "validation") for i in range(3)]
     # Each shard's sidecar stays: it records which inputs the shard holds (--append, --resume).
-    assert sorted(p.name for p in folder.iterdir()) == sorted(["dead_letters.jsonl", *shards,
-                                                               *(f".{name}.json" for name in shards)])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["dead_letters.jsonl", *shards, *(f".{name}.json" for name in shards)]
+    )
 
 
 def test_a_second_run_is_byte_identical(converted, tmp_path):
     root, _, _, out, _ = converted
-    run_cli("--input", root, "--output_dir", tmp_path, "--image_size", "64x48", "--num_shards", "3",
-            "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5",
-            "--direct_num_workers", "1")  # A different parallelism, too.
+    run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        tmp_path,
+        "--image_size",
+        "64x48",
+        "--num_shards",
+        "3",
+        "--splits",
+        "train=0.75,validation=0.25",
+        "--max_bad_fraction",
+        "0.5",
+        "--direct_num_workers",
+        "1",
+    )  # A different parallelism, too.
     again = current_files(tmp_path)
     for name, data in current_files(out).items():
         assert again[name] == data, name
@@ -149,14 +178,30 @@ def test_manifest_input_with_splits_non_ascii_names_and_png_output(tmp_path):
         target = path.with_name(f"фото ün {i}.JPG")
         path.rename(target)
         renamed.append(target)
-    lines = ["uri,label,split"] + [f"src/{p.parent.name}/{p.name},{p.parent.name},{'test' if i % 4 == 0 else 'train'}"
-                                   for i, p in enumerate(renamed)]
+    lines = ["uri,label,split"] + [
+        f"src/{p.parent.name}/{p.name},{p.parent.name},{'test' if i % 4 == 0 else 'train'}"
+        for i, p in enumerate(renamed)
+    ]
     lines.append("src/missing.jpg,ghost,train")
     manifest = tmp_path / "manifest.csv"
     manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    run_cli("--manifest", manifest, "--output_dir", out, "--image_size", "40", "--encoding", "png",
-            "--channels", "1", "--resize_mode", "pad", "--max_bad_fraction", "0.2")
+    run_cli(
+        "--manifest",
+        manifest,
+        "--output_dir",
+        out,
+        "--image_size",
+        "40",
+        "--encoding",
+        "png",
+        "--channels",
+        "1",
+        "--resize_mode",
+        "pad",
+        "--max_bad_fraction",
+        "0.2",
+    )
     info = json.loads((out / "dataset_info.json").read_text())
     assert {name: s["num_examples"] for name, s in info["splits"].items()} == {"test": 3, "train": 9}
     records = _read_all(out, info)
@@ -174,6 +219,16 @@ def test_existing_dataset_is_not_mixed_with_a_new_one(converted):
 
 def test_help_lists_the_flags():
     result = run_cli("--help")
-    for flag in ("--input", "--manifest", "--output_dir", "--image_size", "--resize_mode", "--encoding",
-                 "--num_shards", "--target_shard_mb", "--max_bad_fraction", "--runner"):
+    for flag in (
+        "--input",
+        "--manifest",
+        "--output_dir",
+        "--image_size",
+        "--resize_mode",
+        "--encoding",
+        "--num_shards",
+        "--target_shard_mb",
+        "--max_bad_fraction",
+        "--runner",
+    ):
         assert flag in result.stdout

@@ -10,8 +10,16 @@ from beam_jobs.example import FEATURE_DTYPES, ExampleFields, encode_pixels, seri
 from tests.photos import real_photo
 
 FIELDS = ExampleFields(
-    encoded=b"\xff\xd8 pixels", format="JPEG", height=224, width=192, channels=3, label=7,
-    label_text="café", filename="café/ünïcode 1.jpg", sha256="ab" * 32, source_id=source_id_for("café/ünïcode 1.jpg"),
+    encoded=b"\xff\xd8 pixels",
+    format="JPEG",
+    height=224,
+    width=192,
+    channels=3,
+    label=7,
+    label_text="café",
+    filename="café/ünïcode 1.jpg",
+    sha256="ab" * 32,
+    source_id=source_id_for("café/ünïcode 1.jpg"),
 )
 
 
@@ -22,13 +30,22 @@ def _tf_example(fields: ExampleFields) -> tf.train.Example:
     def i(value: int):
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": b(fields.encoded), "image/format": b(fields.format.encode()),
-        "image/height": i(fields.height), "image/width": i(fields.width), "image/channels": i(fields.channels),
-        "image/class/label": i(fields.label), "image/class/text": b(fields.label_text.encode()),
-        "image/filename": b(fields.filename.encode()), "image/key/sha256": b(fields.sha256.encode()),
-        "image/source_id": b(fields.source_id.encode()),
-    }))
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": b(fields.encoded),
+                "image/format": b(fields.format.encode()),
+                "image/height": i(fields.height),
+                "image/width": i(fields.width),
+                "image/channels": i(fields.channels),
+                "image/class/label": i(fields.label),
+                "image/class/text": b(fields.label_text.encode()),
+                "image/filename": b(fields.filename.encode()),
+                "image/key/sha256": b(fields.sha256.encode()),
+                "image/source_id": b(fields.source_id.encode()),
+            }
+        )
+    )
 
 
 def test_bytes_are_identical_to_tensorflows_deterministic_serialisation():
@@ -63,5 +80,7 @@ def test_encoded_pixels_decode_back_with_tensorflow(encoding, channels):
 
 def test_encoding_is_deterministic():
     image = real_photo("coffee", (64, 48))
-    assert encode_pixels(image, encoding="jpeg", jpeg_quality=90) == encode_pixels(image, encoding="jpeg", jpeg_quality=90)
+    assert encode_pixels(image, encoding="jpeg", jpeg_quality=90) == encode_pixels(
+        image, encoding="jpeg", jpeg_quality=90
+    )
     assert serialize_example(FIELDS) == serialize_example(FIELDS)

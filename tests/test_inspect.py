@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import pathlib
 import shutil
@@ -17,10 +18,10 @@ from PIL import Image, ImageDraw, ImageFont
 import tfdata_readers as tfr
 from tests.browser import BROWSER_NAMES, Chromium, find_browser
 from tests.conftest import REPO, run_cli
-from tfdata_readers.inspection.class_chart import balance, chart_size
-from tfdata_readers.inspection.gather import gather
 from tfdata_readers.inspect import PROG
 from tfdata_readers.inspect import main as inspect_main
+from tfdata_readers.inspection.class_chart import balance, chart_size
+from tfdata_readers.inspection.gather import gather
 from tfdata_readers.inspection.sheet import TILES_CHUNK, _fit, draw_contact_sheet, sheet_layout
 from tfdata_readers.inspection.units import format_mib, plural
 from tfdata_readers.records import tensorflow_reason
@@ -31,16 +32,33 @@ N = 12
 
 
 def _inspect(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tfdata_readers.inspect", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.inspect", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
 def dataset(photo_tree, tmp_path_factory) -> pathlib.Path:
     """The job's output for 36 real photos in 9 classes plus 7 broken files (dead letters)."""
     out = tmp_path_factory.mktemp("inspected") / "data"
-    run_cli("--input", photo_tree[0], "--output_dir", out, "--image_size", "64x48", "--num_shards", "2",
-            "--splits", "train=0.75,validation=0.25", "--max_bad_fraction", "0.5")
+    run_cli(
+        "--input",
+        photo_tree[0],
+        "--output_dir",
+        out,
+        "--image_size",
+        "64x48",
+        "--num_shards",
+        "2",
+        "--splits",
+        "train=0.75,validation=0.25",
+        "--max_bad_fraction",
+        "0.5",
+    )
     return out
 
 
@@ -55,9 +73,11 @@ def inspected(dataset, tmp_path_factory):
 def browser():
     binary = find_browser()
     if binary is None:
-        pytest.fail(f"no headless Chromium found (looked for $CHROME_BIN and {', '.join(BROWSER_NAMES)} on PATH): "
-                    "install Debian's chromium-headless-shell (apt-get install chromium-headless-shell), which "
-                    ".ci/run does when it is missing, or set CHROME_BIN")
+        pytest.fail(
+            f"no headless Chromium found (looked for $CHROME_BIN and {', '.join(BROWSER_NAMES)} on PATH): "
+            "install Debian's chromium-headless-shell (apt-get install chromium-headless-shell), which "
+            ".ci/run does when it is missing, or set CHROME_BIN"
+        )
     with Chromium(binary) as chromium:
         yield chromium
 
@@ -91,8 +111,9 @@ def test_the_job_records_dead_letters_per_split(dataset, photo_tree):
     assert dict(per_split) == info["dead_letters_by_reason"] == dict(collections.Counter(photo_tree[2].values()))
 
 
-@pytest.mark.parametrize("count, augmented, columns, rows", [(64, False, 8, 8), (12, True, 4, 3), (5, False, 5, 1),
-                                                             (0, False, 1, 1)])
+@pytest.mark.parametrize(
+    "count, augmented, columns, rows", [(64, False, 8, 8), (12, True, 4, 3), (5, False, 5, 1), (0, False, 1, 1)]
+)
 def test_sheet_layout(count, augmented, columns, rows):
     layout = sheet_layout(count, image_size=(48, 64), tile=160, augmented=augmented)
     assert (layout.columns, layout.rows, len(layout.tiles)) == (columns, rows, count)
@@ -101,7 +122,7 @@ def test_sheet_layout(count, augmented, columns, rows):
         assert 0 <= left < right <= layout.width and 0 <= top < bottom <= layout.height
         assert right - left == (2 * 160 + 5 if augmented else 160)
     boxes = sorted(layout.tiles)
-    assert all(a[2] <= b[0] or a[3] <= b[1] or b[3] <= a[1] for a, b in zip(boxes, boxes[1:]))  # no overlap
+    assert all(a[2] <= b[0] or a[3] <= b[1] or b[3] <= a[1] for a, b in itertools.pairwise(boxes))  # no overlap
 
 
 def test_balance_flags_empty_classes():
@@ -126,14 +147,15 @@ def test_contact_sheets_show_the_seeded_sample_with_its_labels(dataset, inspecte
         assert [(t["label"], t["filename"]) for t in tiles] == [(e.label, e.filename) for e in examples]
         assert all(t["filename"].split("/")[0] == t["label"] for t in tiles)  # the tree's folder is the class
         pixels = np.asarray(sheet.convert("RGB"), np.float32)
-        for tile, example in zip(tiles, examples):
+        for tile, example in zip(tiles, examples, strict=True):
             left, top, _, bottom = tile["box"]
-            stored = np.asarray(Image.fromarray(example.image).resize(layout.picture, Image.Resampling.LANCZOS),
-                                np.float32)
-            shown = pixels[top:bottom, left:left + layout.picture[0]]
+            stored = np.asarray(
+                Image.fromarray(example.image).resize(layout.picture, Image.Resampling.LANCZOS), np.float32
+            )
+            shown = pixels[top:bottom, left : left + layout.picture[0]]
             assert np.abs(shown - stored).mean() < 2.0, tile  # this tile shows this example
             assert example.augmented is not None and example.augmented.shape == example.image.shape
-            caption = pixels[bottom + 2:bottom + 34, left:left + layout.picture[0]]
+            caption = pixels[bottom + 2 : bottom + 34, left : left + layout.picture[0]]
             assert (caption < 128).any(), tile  # text was drawn under it
     # The same seed draws the same sample; another seed another one.
     again = gather(dataset, num_examples=N, seed=SEED)
@@ -161,18 +183,28 @@ def test_report_opens_in_a_real_browser_with_the_manifests_numbers(dataset, insp
     info = json.loads((dataset / "dataset_info.json").read_text())
     browser.open(out / "report.html")
     assert browser.console_errors() == []
-    images = browser.evaluate("Array.from(document.images).map(i => ({id: i.id, w: i.naturalWidth, "
-                              "h: i.naturalHeight, src: i.src.slice(0, 15)}))")
+    images = browser.evaluate(
+        "Array.from(document.images).map(i => ({id: i.id, w: i.naturalWidth, "
+        "h: i.naturalHeight, src: i.src.slice(0, 15)}))"
+    )
     assert sorted(i["id"] for i in images) == ["class-counts", "contact-sheet-train", "contact-sheet-validation"]
     assert all(i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/") for i in images), images
-    table = "id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(r => Array.from(r.cells).map(c => c.textContent))"
+    table = (
+        "id => Array.from(document.querySelectorAll(`#${id} tbody tr`))"
+        ".map(r => Array.from(r.cells).map(c => c.textContent))"
+    )
     shards = browser.evaluate(f"({table})('shards')")
-    expected = [[split, s["file"], str(s["num_examples"]), format_mib(s["bytes"]), "verified"]
-                for split, meta in sorted(info["splits"].items()) for s in meta["shards"]]
+    expected = [
+        [split, s["file"], str(s["num_examples"]), format_mib(s["bytes"]), "verified"]
+        for split, meta in sorted(info["splits"].items())
+        for s in meta["shards"]
+    ]
     assert shards == expected
     classes = browser.evaluate(f"({table})('classes')")
-    assert classes == [[str(i), name] + [str(info["splits"][s]["class_counts"][name]) for s in sorted(info["splits"])]
-                       for i, name in enumerate(info["label_names"])]
+    assert classes == [
+        [str(i), name] + [str(info["splits"][s]["class_counts"][name]) for s in sorted(info["splits"])]
+        for i, name in enumerate(info["label_names"])
+    ]
     dead = browser.evaluate(f"({table})('dead-letters')")
     assert {row[0]: int(row[1]) for row in dead} == info["dead_letters_by_reason"]
     card = dict(browser.evaluate(f"({table})('card')"))
@@ -203,8 +235,13 @@ def test_a_damaged_dataset_gets_a_report_that_says_so(dataset, browser, tmp_path
     assert browser.console_errors() == []
     status = browser.evaluate("document.getElementById('status').textContent")
     assert "problem(s) found" in status and missing in status and truncated in status
-    rows = {r[1]: r[4] for r in browser.evaluate(
-        "Array.from(document.querySelectorAll('#shards tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))")}
+    rows = {
+        r[1]: r[4]
+        for r in browser.evaluate(
+            "Array.from(document.querySelectorAll('#shards tbody tr')).map(r => Array.from(r.cells).map(c => "
+            "c.textContent))"
+        )
+    }
     assert rows[missing] == "missing" and rows[truncated] != "verified"
     assert sum(r == "verified" for r in rows.values()) == len(rows) - 2
     assert all(w > 0 for w in browser.evaluate("Array.from(document.images).map(i => i.naturalWidth)"))
@@ -219,20 +256,28 @@ def _run_main(capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("out, expected", [("afile", "--out {tmp}/afile is a file, not a folder"),
-                                           ("afile/sub", "--out {tmp}/afile/sub lies under {tmp}/afile, which is a file")])
+@pytest.mark.parametrize(
+    "out, expected",
+    [
+        ("afile", "--out {tmp}/afile is a file, not a folder"),
+        ("afile/sub", "--out {tmp}/afile/sub lies under {tmp}/afile, which is a file"),
+    ],
+)
 def test_an_out_that_is_a_file_is_refused_in_one_line_before_reading(tmp_path, capsys, out, expected):
     (tmp_path / "afile").write_text("")
     code, _, err = _run_main(capsys, tmp_path / "no-dataset-here", "--out", tmp_path / out)
     assert (code, err) == (2, f"{PROG}: error: {expected.format(tmp=tmp_path)}\n")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--num-examples", "4"], "unrecognized argument --num-examples; did you mean --num_examples?"),
-    (["--num", "4"], "unrecognized argument --num; did you mean --num_examples?"),  # no abbreviations
-    (["--augment"], "unrecognized argument --augment; did you mean --augmented?"),
-    (["--num_examples", "9", "--scan", "5"], "--num_examples 9 is more than --scan 5"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num-examples", "4"], "unrecognized argument --num-examples; did you mean --num_examples?"),
+        (["--num", "4"], "unrecognized argument --num; did you mean --num_examples?"),  # no abbreviations
+        (["--augment"], "unrecognized argument --augment; did you mean --augmented?"),
+        (["--num_examples", "9", "--scan", "5"], "--num_examples 9 is more than --scan 5"),
+    ],
+)
 def test_flag_errors_are_one_line_and_name_what_was_given(tmp_path, capsys, args, message):
     code, _, err = _run_main(capsys, tmp_path, "--out", tmp_path / "o", *args)
     assert (code, err) == (2, f"{PROG}: error: {message}\n")
@@ -242,14 +287,17 @@ def test_flag_errors_are_one_line_and_name_what_was_given(tmp_path, capsys, args
 def test_an_unknown_split_is_refused_before_anything_is_read_or_created(dataset, tmp_path, capsys):
     code, out, err = _run_main(capsys, dataset, "--out", tmp_path / "o", "--split", "nosuch", "--split", "train")
     assert code == 2 and out == "" and not (tmp_path / "o").exists()
-    assert err == (f"{PROG}: error: split 'nosuch' is not in {dataset}/dataset_info.json; "
-                   "expected one of ['train', 'validation']\n")
+    assert err == (
+        f"{PROG}: error: split 'nosuch' is not in {dataset}/dataset_info.json; "
+        "expected one of ['train', 'validation']\n"
+    )
 
 
 @pytest.mark.slow
 def test_more_examples_than_a_split_holds_is_capped_with_a_note(dataset, tmp_path, capsys):
-    code, out, _ = _run_main(capsys, dataset, "--out", tmp_path / "o", "--num_examples", 100000, "--split",
-                             "validation")
+    code, out, _ = _run_main(
+        capsys, dataset, "--out", tmp_path / "o", "--num_examples", 100000, "--split", "validation"
+    )
     size = tfr.num_examples(dataset, "validation")
     assert code == 0 and f"note: --num_examples 100000 is more than validation holds: its sheet shows all {size}" in out
     assert len(json.loads(Image.open(tmp_path / "o" / "contact_sheet-validation.png").text[TILES_CHUNK])) == size
@@ -258,8 +306,10 @@ def test_more_examples_than_a_split_holds_is_capped_with_a_note(dataset, tmp_pat
 
 
 def test_tensorflow_errors_lose_their_internals():
-    raw = ("{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:localhost/replica:0/task:0/device:"
-           "CPU:0}} truncated record at 28594' failed with Read less bytes than requested [Op:IteratorGetNext] name: ")
+    raw = (
+        "{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:localhost/replica:0/task:0/device:"
+        "CPU:0}} truncated record at 28594' failed with Read less bytes than requested [Op:IteratorGetNext] name: "
+    )
     assert tensorflow_reason(raw) == "truncated record at 28594"
     assert tensorflow_reason("corrupted record at 12") == "corrupted record at 12"
 
@@ -296,12 +346,16 @@ def test_an_empty_split_sheet_keeps_its_title(tmp_path):
     assert (top < 128).any()  # The title's first letters are drawn at the left edge.
 
 
-@pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (3 * 2**20, "3.00"),
-                                         (15 * 2**20, "15.0")])
+@pytest.mark.parametrize(
+    "size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (3 * 2**20, "3.00"), (15 * 2**20, "15.0")]
+)
 def test_sizes_are_mib_with_two_significant_digits(size, shown):
     assert format_mib(size) == shown
 
 
 def test_counts_read_in_the_singular_for_one():
     assert [plural(1, "class", "classes"), plural(2, "class", "classes"), plural(1, "split")] == [
-        "1 class", "2 classes", "1 split"]
+        "1 class",
+        "2 classes",
+        "1 split",
+    ]

@@ -72,13 +72,15 @@ def test_an_empty_split_sheet_shows_its_whole_title():
     wide = Image.new("RGB", (sheet.width + 400, 40), "white")
     ImageDraw.Draw(wide).text((10, 8), title, fill=(20, 20, 20), font=font)
     band = np.asarray(sheet.convert("L"))[:30]
-    assert np.array_equal(band, np.asarray(wide.convert("L"))[:30, :sheet.width])
+    assert np.array_equal(band, np.asarray(wide.convert("L"))[:30, : sheet.width])
 
 
 @pytest.mark.parametrize("num_classes", [1, 9, 150])
 def test_the_charts_title_stays_above_every_panel(num_classes):
-    counts = {"train": {f"class_{i:03d}": (i * 7) % 50 + 1 for i in range(num_classes)},
-              "validation": {f"class_{i:03d}": i % 3 for i in range(num_classes)}}
+    counts = {
+        "train": {f"class_{i:03d}": (i * 7) % 50 + 1 for i in range(num_classes)},
+        "validation": {f"class_{i:03d}": i % 3 for i in range(num_classes)},
+    }
     png = draw_class_counts(counts, title="examples per class (data)")
     chart = Image.open(io.BytesIO(png)).convert("RGB")
     layout = chart_layout(2, num_classes)

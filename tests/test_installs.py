@@ -32,18 +32,23 @@ def test_tensorflow_is_the_read_extra_not_a_core_requirement():
     assert any(r.startswith("apache-beam") for r in core) and any(r.startswith("pillow") for r in core)
 
 
-@pytest.mark.parametrize("command", [["-m", "tfdata_readers.verify"], ["-m", "tfdata_readers.inspect"],
-                                     [str(REPO / "launch" / "train_mirrored.py")]],
-                         ids=["verify", "inspect", "train_mirrored"])
+@pytest.mark.parametrize(
+    "command",
+    [["-m", "tfdata_readers.verify"], ["-m", "tfdata_readers.inspect"], [str(REPO / "launch" / "train_mirrored.py")]],
+    ids=["verify", "inspect", "train_mirrored"],
+)
 @pytest.mark.parametrize("args", [["--help"], ["--no_such_flag", "x"]], ids=["help", "bad-flag"])
 def test_the_reader_commands_answer_before_importing_tensorflow(command, args):
-    code = ("import runpy, sys\nsys.argv = [sys.argv[1], *sys.argv[2:]]\ntry:\n"
-            "    runpy.run_module(sys.argv[0], run_name='__main__') if not sys.argv[0].endswith('.py') else "
-            "runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
-            f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n")
+    code = (
+        "import runpy, sys\nsys.argv = [sys.argv[1], *sys.argv[2:]]\ntry:\n"
+        "    runpy.run_module(sys.argv[0], run_name='__main__') if not sys.argv[0].endswith('.py') else "
+        "runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
+        f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n"
+    )
     target = command[-1]
-    done = subprocess.run([sys.executable, "-c", code, target, *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", code, target, *args], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert done.returncode == (0 if args == ["--help"] else 2), done.stderr[-2000:]
     assert "IMPORTED []" in done.stderr, done.stderr[-2000:]
     if args == ["--help"]:
@@ -56,7 +61,8 @@ def without_tensorflow(tmp_path) -> dict[str, str]:
     site = tmp_path / "no-tensorflow"
     (site / "tensorflow").mkdir(parents=True)
     (site / "tensorflow" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n")
+        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n"
+    )
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
 
 
@@ -64,20 +70,52 @@ def without_tensorflow(tmp_path) -> dict[str, str]:
 def test_converting_needs_no_tensorflow_and_the_reader_says_how_to_get_it(photo_tree, tmp_path, without_tensorflow):
     root, good, _ = photo_tree
     out = tmp_path / "out"
-    job = subprocess.run([sys.executable, "-m", "beam_jobs", "--input", str(root), "--output_dir", str(out),
-                          "--image_size", "32", "--max_bad_fraction", "0.5", "--direct_num_workers", "2"],
-                         capture_output=True, text=True, timeout=600, env=without_tensorflow, cwd=tmp_path)
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(root),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            "32",
+            "--max_bad_fraction",
+            "0.5",
+            "--direct_num_workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=without_tensorflow,
+        cwd=tmp_path,
+    )
     assert job.returncode == 0, job.stderr[-3000:]
     info = json.loads((out / "dataset_info.json").read_text())
     assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
-    verify = subprocess.run([sys.executable, "-m", "tfdata_readers.verify", str(out)], capture_output=True, text=True,
-                            timeout=120, env=without_tensorflow, cwd=tmp_path)
+    verify = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=without_tensorflow,
+        cwd=tmp_path,
+    )
     assert verify.returncode == 2
     assert verify.stderr.strip().splitlines() == [
         "python -m tfdata_readers.verify: error: this command needs TensorFlow, which the reader's extra installs: "
-        "pip install 'images-to-tfrecords[read]' (or install your own TensorFlow build, 2.21 or later)"]
-    library = subprocess.run([sys.executable, "-c", "import tfdata_readers as tr\ntr.make_dataset"],
-                             capture_output=True, text=True, timeout=120, env=without_tensorflow, cwd=tmp_path)
+        "pip install 'images-to-tfrecords[read]' (or install your own TensorFlow build, 2.21 or later)"
+    ]
+    library = subprocess.run(
+        [sys.executable, "-c", "import tfdata_readers as tr\ntr.make_dataset"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=without_tensorflow,
+        cwd=tmp_path,
+    )
     assert library.returncode == 1
     assert "ModuleNotFoundError: tfdata_readers.make_dataset needs TensorFlow" in library.stderr
     assert "images-to-tfrecords[read]" in library.stderr
@@ -87,8 +125,18 @@ def test_the_packages_functions_are_not_shadowed_by_modules_of_the_same_name():
     """Importing a submodule sets the package's attribute of its name: no module may share a name
     with a function the package exports (beam_jobs.convert, tfdata_readers.verify) and be imported by
     the library. (`python -m tfdata_readers.verify` runs a module of that name, in its own process.)"""
-    code = ("import inspect, beam_jobs.pipeline, tfdata_readers.verification, tfdata_readers.inspect\n"
-            "import beam_jobs, tfdata_readers\n"
-            "print(inspect.isfunction(beam_jobs.convert), inspect.isfunction(tfdata_readers.verify))")
+    code = (
+        "import inspect, beam_jobs.pipeline, tfdata_readers.verification, tfdata_readers.inspect\n"
+        "import beam_jobs, tfdata_readers\n"
+        "print(inspect.isfunction(beam_jobs.convert), inspect.isfunction(tfdata_readers.verify))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+
+
+def test_the_readers_public_names_are_each_found_in_their_module():
+    import tfdata_readers
+
+    assert sorted(tfdata_readers.__all__) == sorted(tfdata_readers._HOMES)  # pylint: disable=protected-access
+    for name in tfdata_readers.__all__:
+        assert getattr(tfdata_readers, name).__name__ == name

@@ -47,8 +47,9 @@ def _pillow_pixels(data: bytes, target: tuple[int, int]) -> np.ndarray:
 
 def _fast_pixels(data: bytes, target: tuple[int, int]) -> np.ndarray:
     need = partial(required_source_size, target=target, resize_mode="crop")
-    return decode_rgb_pixels(data, max_pixels=MAX_PIXELS, draft_size_for=need,
-                             normalize=partial(normalize_mode, channels=3)).pixels
+    return decode_rgb_pixels(
+        data, max_pixels=MAX_PIXELS, draft_size_for=need, normalize=partial(normalize_mode, channels=3)
+    ).pixels
 
 
 _KINDS = {
@@ -66,8 +67,11 @@ def test_the_fast_decode_gives_pillows_pixels_at_every_draft_scale(kind, orienta
     # A photo not square, so that every transposition is told apart; targets that make Pillow's
     # draft pick 1/1, 1/2, 1/4 and 1/8.
     photo = real_photo("astronaut", (960, 640))
-    data = _KINDS[kind](photo) if orientation == 1 else _jpeg(
-        photo.convert("L") if kind == "grayscale" else photo, orientation)
+    data = (
+        _KINDS[kind](photo)
+        if orientation == 1
+        else _jpeg(photo.convert("L") if kind == "grayscale" else photo, orientation)
+    )
     for target in ((100, 80), (224, 224), (400, 300), (900, 900)):
         fast, pillow = _fast_pixels(data, target), _pillow_pixels(data, target)
         assert fast.shape == pillow.shape and fast.dtype == np.uint8, (target, fast.shape, pillow.shape)
@@ -160,7 +164,9 @@ def test_bicubic_is_the_pipeline_of_every_release_before_resample_byte_for_byte(
     old = image.resize((224, 224), Image.Resampling.BICUBIC, box=(left, top, left + box_w, top + box_h))
     buffer = io.BytesIO()
     old.save(buffer, "JPEG", quality=95)
-    record = convert_image(data, InputFile("p.jpg", "/p.jpg", label="a", label_id=0), ImageConfig(resample="bicubic"))[0]
+    record = convert_image(data, InputFile("p.jpg", "/p.jpg", label="a", label_id=0), ImageConfig(resample="bicubic"))[
+        0
+    ]
     assert Example.FromString(record).features.feature["image/encoded"].bytes_list.value[0] == buffer.getvalue()
 
 
@@ -199,17 +205,20 @@ def test_the_bytes_do_not_depend_on_the_cpus_simd_instructions():
     """OpenCV's and libjpeg-turbo's SIMD code paths turned off (their own switches) give the
     same records: a Dataflow worker with another CPU writes the same shards. (libjpeg-turbo's
     JSIMD_FORCENONE was seen to work: its decode took 1.8x as long under it.)"""
+
     def run(extra_env: dict[str, str]) -> tuple[str, str]:
         env = {**os.environ, "PYTHONPATH": REPO, **extra_env}
-        proc = subprocess.run([sys.executable, "-c", _CONVERT_SOME], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CONVERT_SOME], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         digest, features = proc.stdout.strip().split(" ", 1)
         return digest, features
 
     plain, features = run({})
-    without_simd, disabled = run({"OPENCV_CPU_DISABLE": "SSE4.1,SSE4.2,AVX,FP16,AVX2,AVX512-SKX",
-                                  "JSIMD_FORCENONE": "1"})
+    without_simd, disabled = run(
+        {"OPENCV_CPU_DISABLE": "SSE4.1,SSE4.2,AVX,FP16,AVX2,AVX512-SKX", "JSIMD_FORCENONE": "1"}
+    )
     # OpenCV marks each dispatched feature it was told not to use with "?".
     assert "*AVX2" not in features or "*AVX2?" in disabled, (features, disabled)
     assert len(plain) == 64 and plain == without_simd

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from beam_jobs.tfrecord_framing import RECORD_OVERHEAD, frame_record, masked_crc32c
 
-RECORDS = [b"", b"x", b"\x00" * 1000, bytes(range(256)) * 300, "фото".encode("utf-8")]
+RECORDS = [b"", b"x", b"\x00" * 1000, bytes(range(256)) * 300, "фото".encode()]
 
 
 def test_frames_equal_tensorflows_writer(tmp_path):

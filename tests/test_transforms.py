@@ -36,13 +36,23 @@ def test_convert_shard_writes_one_complete_file_and_dead_letters(photo_tree, tmp
     inputs += [InputFile(str(type(root)(p).relative_to(root)), p, label="chelsea") for p in broken]
     plan = plan_dataset(inputs, num_shards=1, example_bytes=1)
     with _pipeline() as p:
-        outputs = (p | beam.Create(plan.shards)
-                   | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(tmp_path)))
-                   .with_outputs(DEAD_LETTERS, main="shards"))
-        assert_that(outputs.shards | beam.Map(lambda r: (r.file, r.num_examples)),
-                    equal_to([("train-00000-of-00001.tfrecord", 6)]), label="CheckShards")
-        assert_that(outputs[DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason)),
-                    equal_to(sorted(broken.items())), label="CheckDeadLetters")
+        outputs = (
+            p
+            | beam.Create(plan.shards)
+            | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(tmp_path))).with_outputs(
+                DEAD_LETTERS, main="shards"
+            )
+        )
+        assert_that(
+            outputs.shards | beam.Map(lambda r: (r.file, r.num_examples)),
+            equal_to([("train-00000-of-00001.tfrecord", 6)]),
+            label="CheckShards",
+        )
+        assert_that(
+            outputs[DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason)),
+            equal_to(sorted(broken.items())),
+            label="CheckDeadLetters",
+        )
     # No temp file left behind: one complete shard under its final name in the (run) folder it was
     # given, and its sidecar, which lets --resume trust it and --append know its inputs.
     assert sorted(os.listdir(tmp_path)) == [".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
@@ -52,13 +62,19 @@ def test_convert_images_writes_the_manifest(photo_tree, tmp_path):
     root, good, broken = photo_tree
     with _pipeline() as p:
         info = p | ConvertImages(
-            input_root=str(root), input_list=None, output_dir=str(tmp_path),
+            input_root=str(root),
+            input_list=None,
+            output_dir=str(tmp_path),
             image_config=ImageConfig(width=32, height=24, encoding="png"),
-            split_fractions={"train": 0.75, "validation": 0.25}, num_shards=2,
-            target_shard_bytes=2**20, max_bad_fraction=0.5, settings={},
+            split_fractions={"train": 0.75, "validation": 0.25},
+            num_shards=2,
+            target_shard_bytes=2**20,
+            max_bad_fraction=0.5,
+            settings={},
         )
-        assert_that(info | beam.Map(lambda i: sum(s["num_examples"] for s in i["splits"].values())),
-                    equal_to([len(good)]))
+        assert_that(
+            info | beam.Map(lambda i: sum(s["num_examples"] for s in i["splits"].values())), equal_to([len(good)])
+        )
     written = json.loads((tmp_path / "dataset_info.json").read_text())
     assert set(written["splits"]) == {"train", "validation"}
     assert written["image"] == {"height": 24, "width": 32, "channels": 3, "format": "PNG"}

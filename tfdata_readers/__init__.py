@@ -51,7 +51,23 @@ _HOMES = {
     "verify": "verification",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "DatasetInfo",
+    "ReadConfig",
+    "ShardError",
+    "ShardProblem",
+    "VersionNotFoundError",
+    "class_counts",
+    "current_version",
+    "distribute",
+    "load_manifest",
+    "make_dataset",
+    "num_examples",
+    "reset_skipped_records",
+    "skipped_records",
+    "steps_per_epoch",
+    "verify",
+]
 
 
 def __getattr__(name: str):

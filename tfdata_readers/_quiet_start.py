@@ -10,15 +10,23 @@ their console scripts. A failing import replays what it wrote, so nothing is hid
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import tempfile
 
-__all__ = ["COMMAND_MODULES", "MISSING_TENSORFLOW", "import_tensorflow_for_command", "import_tensorflow_quietly",
-           "invoked_as_command"]
+__all__ = [
+    "COMMAND_MODULES",
+    "MISSING_TENSORFLOW",
+    "import_tensorflow_for_command",
+    "import_tensorflow_quietly",
+    "invoked_as_command",
+]
 
-MISSING_TENSORFLOW = ("needs TensorFlow, which the reader's extra installs: pip install 'images-to-tfrecords[read]' "
-                      "(or install your own TensorFlow build, 2.21 or later)")
+MISSING_TENSORFLOW = (
+    "needs TensorFlow, which the reader's extra installs: pip install 'images-to-tfrecords[read]' "
+    "(or install your own TensorFlow build, 2.21 or later)"
+)
 
 COMMAND_MODULES = ("tfdata_readers.verify", "tfdata_readers.inspect")
 COMMAND_SCRIPTS = ("verify-tfrecords", "inspect-tfrecords")
@@ -26,7 +34,7 @@ COMMAND_SCRIPTS = ("verify-tfrecords", "inspect-tfrecords")
 
 def invoked_as_command(orig_argv: list[str], argv0: str) -> bool:
     """Pure: whether the interpreter was started as one of this package's command lines."""
-    for flag, value in zip(orig_argv, orig_argv[1:]):
+    for flag, value in itertools.pairwise(orig_argv):
         if flag == "-m" and value in COMMAND_MODULES:
             return True
     return os.path.basename(argv0) in COMMAND_SCRIPTS

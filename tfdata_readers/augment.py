@@ -83,7 +83,8 @@ def train_batch(
         # Pixels are already a dense batch: crop+resize every image in one crop_and_resize op.
         pixels = decode_batch(encoded, image)
         split = tf.map_fn(
-            lambda s: tf.random.experimental.stateless_split(s, 2), seeds,
+            lambda s: tf.random.experimental.stateless_split(s, 2),
+            seeds,
             fn_output_signature=tf.TensorSpec([2, 2], tf.int64),
         )
         windows = tf.map_fn(
@@ -97,11 +98,10 @@ def train_batch(
             [w[:, 0] / h_max, w[:, 1] / w_max, (w[:, 0] + w[:, 2] - 1) / h_max, (w[:, 1] + w[:, 3] - 1) / w_max],
             axis=1,
         )
-        crops = tf.image.crop_and_resize(
-            pixels, boxes, tf.range(tf.shape(pixels)[0]), out_size, method="bilinear"
-        )
+        crops = tf.image.crop_and_resize(pixels, boxes, tf.range(tf.shape(pixels)[0]), out_size, method="bilinear")
         flip = tf.map_fn(
-            lambda s: tf.random.stateless_uniform([], seed=s) < 0.5, split[:, 1],
+            lambda s: tf.random.stateless_uniform([], seed=s) < 0.5,
+            split[:, 1],
             fn_output_signature=tf.TensorSpec([], tf.bool),
         )
         return tf.where(flip[:, None, None, None], tf.reverse(crops, axis=[2]), crops)

@@ -34,8 +34,10 @@ def class_counts(data_dir: str | os.PathLike[str], split: str, *, version: int |
             f"images-to-tfrecords that did not record them; rerun the conversion (--resume keeps the "
             f"shards it can) to add them"
         )
-    if not isinstance(raw, dict) or set(raw) != set(info.label_names) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in raw.values()
+    if (
+        not isinstance(raw, dict)
+        or set(raw) != set(info.label_names)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in raw.values())
     ):
         raise ValueError(
             f"{path}: split {split!r} class_counts must give a count >= 0 for each of label_names "

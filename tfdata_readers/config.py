@@ -257,12 +257,19 @@ class ReadConfig:
                 f"ReadConfig.dtype='uint8' hands on unscaled pixel values 0-255, so it cannot apply "
                 f"scale={self.scale!r}; scale the pixels on the device instead"
             )
-        if not _is_pair_of_reals(self.crop_area_range) or not 0 < self.crop_area_range[0] <= self.crop_area_range[1] <= 1:
-            raise ValueError(f"ReadConfig.crop_area_range must be finite numbers with 0 < low <= high <= 1 (got {self.crop_area_range!r})")
+        if (
+            not _is_pair_of_reals(self.crop_area_range)
+            or not 0 < self.crop_area_range[0] <= self.crop_area_range[1] <= 1
+        ):
+            raise ValueError(
+                "ReadConfig.crop_area_range must be finite numbers with 0 < low <= high <= 1 (got "
+                f"{self.crop_area_range!r})"
+            )
         ratio = self.crop_aspect_ratio_range
         if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(
-                f"ReadConfig.crop_aspect_ratio_range must be finite numbers with 0 < low <= high (got {self.crop_aspect_ratio_range!r})"
+                "ReadConfig.crop_aspect_ratio_range must be finite numbers with 0 < low <= high (got "
+                f"{self.crop_aspect_ratio_range!r})"
             )
         if self.data_service is not None:
             from tfdata_readers.data_service import normalize_address
@@ -275,7 +282,8 @@ class ReadConfig:
                 )
         if self.data_service_sharding not in ("auto", "static", "dynamic"):
             raise ValueError(
-                f"ReadConfig.data_service_sharding is {self.data_service_sharding!r}; expected 'auto', 'static' or 'dynamic'"
+                f"ReadConfig.data_service_sharding is {self.data_service_sharding!r}; expected 'auto', 'static' "
+                "or 'dynamic'"
             )
         if not _is_real(self.data_service_timeout_s) or not self.data_service_timeout_s > 0:
             raise ValueError(

@@ -32,8 +32,8 @@ dispatcher must answer as one, and every worker must see every shard path: Tenso
 retries all of these silently and without end. The path check is the service's first job: its
 start (TensorFlow registering it, the workers taking it on a heartbeat) may take up to
 `START_UP_S` apart from that deadline, for as long as the dispatcher keeps answering. A service
-lost later, mid-read, is beyond the reader's reach (its thread is blocked inside TensorFlow): `dispatcher_client.DispatcherWatchdog`
-ends the process with one line instead, as `launch/train_mirrored.py` does.
+lost later, mid-read, is beyond the reader's reach (its thread is blocked inside TensorFlow):
+`dispatcher_client.DispatcherWatchdog` ends the process with one line instead, as `launch/train_mirrored.py` does.
 
 A lost worker: TensorFlow's client waits for a failed worker to come back at the same address
 (`launch/data_service.sh` restarts it, as a cluster's scheduler would). Static sharding then reads
@@ -55,8 +55,17 @@ import tensorflow as tf
 
 from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
-__all__ = ["START_UP_S", "check_dispatcher", "check_workers_see", "expect_examples", "group_steps", "normalize_address",
-           "replicas_per_step", "through_service", "ungroup_steps"]
+__all__ = [
+    "START_UP_S",
+    "check_dispatcher",
+    "check_workers_see",
+    "expect_examples",
+    "group_steps",
+    "normalize_address",
+    "replicas_per_step",
+    "through_service",
+    "ungroup_steps",
+]
 
 SHARDING_MODES = ("auto", "static", "dynamic")
 
@@ -68,7 +77,7 @@ logger = logging.getLogger(__name__)
 
 
 def normalize_address(address: str) -> str:
-    """"grpc://host:port" from "grpc://host:port" or "host:port"; a ValueError naming the value otherwise."""
+    """ "grpc://host:port" from "grpc://host:port" or "host:port"; a ValueError naming the value otherwise."""
     if not isinstance(address, str):
         raise ValueError(f"data_service must be None or {ACCEPTED_FORMS} (got {address!r})")
     host, port = parse_host_port(address, flag="ReadConfig.data_service")
@@ -104,7 +113,9 @@ def check_workers_see(address: str, paths: Sequence[str], timeout_s: float, *, s
     """
     marked = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).concatenate(
         tf.data.Dataset.from_tensor_slices(tf.constant(sorted(set(paths)), tf.string)).filter(
-            lambda path: tf.equal(tf.size(tf.io.matching_files(path)), 0)))
+            lambda path: tf.equal(tf.size(tf.io.matching_files(path)), 0)
+        )
+    )
     probe = marked.apply(tf.data.experimental.service.distribute(processing_mode="parallel_epochs", service=address))
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
 
@@ -156,7 +167,10 @@ def _await_start(events: queue.Queue, address: str, timeout_s: float, start_up_s
             logger.warning(
                 "the tf.data service at %s has not started the check of the shard paths after %g s "
                 "(data_service_timeout_s); its dispatcher answers, so waiting up to %g s in all for its workers",
-                address, timeout_s, allowed)
+                address,
+                timeout_s,
+                allowed,
+            )
         try:
             # Every few seconds (not more often than twice a second, whatever timeout_s).
             return events.get(timeout=min(max(0.5, min(5.0, timeout_s)), allowed - waited))
@@ -183,14 +197,16 @@ def through_service(dataset: tf.data.Dataset, address: str, *, dynamic: bool) ->
     Each iteration is a new anonymous job with this iterator as its only reader.
     """
     policy = tf.data.experimental.service.ShardingPolicy
-    return dataset.apply(tf.data.experimental.service.distribute(
-        processing_mode=policy.DYNAMIC if dynamic else policy.FILE,
-        service=address,
-        # TensorFlow's default ("AUTO") compresses every batch with snappy. Decoded pixels barely
-        # compress, and benchmarks/data_service.py measured the trainer at 0.47-0.69 CPU s per
-        # 1,000 float32 images with it, 0.32-0.45 without (the plain reader, decoding: 0.65-0.72).
-        compression=None,
-    ))
+    return dataset.apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=policy.DYNAMIC if dynamic else policy.FILE,
+            service=address,
+            # TensorFlow's default ("AUTO") compresses every batch with snappy. Decoded pixels barely
+            # compress, and benchmarks/data_service.py measured the trainer at 0.47-0.69 CPU s per
+            # 1,000 float32 images with it, 0.32-0.45 without (the plain reader, decoding: 0.65-0.72).
+            compression=None,
+        )
+    )
 
 
 def replicas_per_step(input_context: tf.distribute.InputContext | None) -> int:
@@ -225,9 +241,7 @@ def expect_examples(dataset: tf.data.Dataset, expected: int, message: str) -> tf
     lost worker's undelivered examples and a restarted worker's repeated ones (both at once, in
     equal numbers, would cancel out; the exactly-once tests check keys).
     """
-    end = tf.data.Dataset.from_tensors(
-        (tf.nest.map_structure(_empty_like, dataset.element_spec), tf.constant(True))
-    )
+    end = tf.data.Dataset.from_tensors((tf.nest.map_structure(_empty_like, dataset.element_spec), tf.constant(True)))
     marked = dataset.map(lambda *element: (element, tf.constant(False))).concatenate(end)
 
     def count(seen: tf.Tensor, item: tuple[Any, tf.Tensor]) -> tuple[tf.Tensor, Any]:

@@ -46,22 +46,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--role", required=True, choices=("dispatcher", "worker"))
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
-    parser.add_argument("--worker_addresses", default="",
-                        help="dispatcher: comma-separated HOST:PORT of every worker (needed for static sharding)")
-    parser.add_argument("--work_dir", default=None,
-                        help="dispatcher: directory for its journal, so a restarted dispatcher recovers its jobs; "
-                             "empty it when the workers change (a journal's old workers break static sharding)")
-    parser.add_argument("--worker_timeout_ms", type=int, default=DEFAULT_WORKER_TIMEOUT_MS,
-                        help="dispatcher: a worker silent this long is considered lost")
+    parser.add_argument(
+        "--worker_addresses",
+        default="",
+        help="dispatcher: comma-separated HOST:PORT of every worker (needed for static sharding)",
+    )
+    parser.add_argument(
+        "--work_dir",
+        default=None,
+        help="dispatcher: directory for its journal, so a restarted dispatcher recovers its jobs; "
+        "empty it when the workers change (a journal's old workers break static sharding)",
+    )
+    parser.add_argument(
+        "--worker_timeout_ms",
+        type=int,
+        default=DEFAULT_WORKER_TIMEOUT_MS,
+        help="dispatcher: a worker silent this long is considered lost",
+    )
     parser.add_argument("--dispatcher_address", default=None, help="worker: HOST:PORT of the dispatcher")
-    parser.add_argument("--dispatcher_timeout_s", type=float, default=60.0,
-                        help="worker: how long to wait for the dispatcher to answer before exiting with status 1 [60]")
-    parser.add_argument("--worker_address", default=None,
-                        help="worker: HOST:PORT under which clients reach it [localhost:--port]; must match "
-                             "its entry in the dispatcher's --worker_addresses")
-    parser.add_argument("--parent_pid", type=int, default=None,
-                        help="stop when this process (a supervisor that restarts this one) is gone, so that no "
-                             "server outlives it unsupervised")
+    parser.add_argument(
+        "--dispatcher_timeout_s",
+        type=float,
+        default=60.0,
+        help="worker: how long to wait for the dispatcher to answer before exiting with status 1 [60]",
+    )
+    parser.add_argument(
+        "--worker_address",
+        default=None,
+        help="worker: HOST:PORT under which clients reach it [localhost:--port]; must match "
+        "its entry in the dispatcher's --worker_addresses",
+    )
+    parser.add_argument(
+        "--parent_pid",
+        type=int,
+        default=None,
+        help="stop when this process (a supervisor that restarts this one) is gone, so that no "
+        "server outlives it unsupervised",
+    )
     return parser
 
 
@@ -97,8 +118,11 @@ def _wait_for_dispatcher(address: str, timeout_s: float, prog: str) -> None:
             return
         except ConnectionError as e:
             if time.monotonic() >= deadline:
-                print(f"{prog}: error: gave up after {timeout_s:g} s (--dispatcher_timeout_s): {e}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{prog}: error: gave up after {timeout_s:g} s (--dispatcher_timeout_s): {e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 raise SystemExit(1) from None
             if not said:
                 print(f"waiting for the tf.data service dispatcher at {address} ({e})", file=sys.stderr, flush=True)

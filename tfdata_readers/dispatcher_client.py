@@ -26,7 +26,8 @@ ACCEPTED_FORMS = "grpc://HOST:PORT or HOST:PORT"
 
 
 def parse_host_port(text: str, *, flag: str) -> tuple[str, int]:
-    """(host, port) from "host:port" or "grpc://host:port"; a ValueError naming `flag` and the accepted forms otherwise."""
+    """(host, port) from "host:port" or "grpc://host:port"; a ValueError naming `flag` and the
+    accepted forms otherwise."""
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
     if scheme and scheme.group(1) != "grpc":
         # "http://h:1" would otherwise become host "http://h": an address nobody could resolve.
@@ -51,12 +52,17 @@ def _worker_addresses(response: bytes) -> list[str]:
             if key & 7 != 2:
                 raise ValueError(f"unexpected wire type {key & 7}")
             size, i = _varint(data, i)
-            out.append((key >> 3, data[i:i + size]))
+            out.append((key >> 3, data[i : i + size]))
             i += size
         return out
 
-    return [value.decode() for number, info in fields(response) if number == 1
-            for field, value in fields(info) if field == 1]
+    return [
+        value.decode()
+        for number, info in fields(response)
+        if number == 1
+        for field, value in fields(info)
+        if field == 1
+    ]
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
@@ -123,7 +129,11 @@ class DispatcherWatchdog:
     """
 
     def __init__(
-        self, address: str, timeout_s: float, *, on_lost: Callable[[str], None] | None = None,
+        self,
+        address: str,
+        timeout_s: float,
+        *,
+        on_lost: Callable[[str], None] | None = None,
         prefix: str = "error: ",
     ) -> None:
         if not timeout_s > 0:

@@ -188,6 +188,9 @@ def share_for_pipeline(split: SplitInfo, input_context: tf.distribute.InputConte
     if num_pipelines > 1 and share.num_examples == 0:
         logger.warning(
             "split %r has %d examples for %d input pipelines: pipeline %d has no data",
-            split.name, split.num_examples, num_pipelines, pipeline_id,
+            split.name,
+            split.num_examples,
+            num_pipelines,
+            pipeline_id,
         )
     return share

@@ -13,7 +13,6 @@ import difflib
 import os
 import sys
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 from tfdata_readers._quiet_start import import_tensorflow_for_command
@@ -39,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
         """One line, as every other error of this command (and of the job): no usage block."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            name = message[len(prefix):].split()[0].split("=", 1)[0]
+            name = message[len(prefix) :].split()[0].split("=", 1)[0]
             known = [option for action in self._actions for option in action.option_strings]
             guess = [option for option in known if name.startswith("--") and option.startswith(name)]
             if len(guess) != 1:  # Compared without the dashes, which every flag shares.
@@ -84,10 +83,12 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
     info = report.info
     producer = info.raw.get("producer", {})
     total = sum(s.num_examples for s in info.splits.values())
-    lines = [f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
-             f"{plural(info.num_classes, 'class', 'classes')}, "
-             f"{info.image.width}x{info.image.height} {info.image.format} "
-             f"({producer.get('name', '?')} {producer.get('version', '?')}), dataset version {info.version}"]
+    lines = [
+        f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
+        f"{plural(info.num_classes, 'class', 'classes')}, "
+        f"{info.image.width}x{info.image.height} {info.image.format} "
+        f"({producer.get('name', '?')} {producer.get('version', '?')}), dataset version {info.version}"
+    ]
     width = max((len(s) for s in report.splits), default=5)
     for split in report.splits:
         rows = [r for r in report.shards if r.split == split]
@@ -95,10 +96,12 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
         ratio = balance_text(summary)
         empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
         examples, shards = info.splits[split].num_examples, len(rows)
-        lines.append(f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "
-                     f"shard{'s' if shards != 1 else ' '}  {format_mib(sum(r.bytes for r in rows)):>8} MiB  "
-                     f"{sum(r.verified for r in rows)}/{len(rows)} "
-                     f"verified  {ratio}{empty}")
+        lines.append(
+            f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "
+            f"shard{'s' if shards != 1 else ' '}  {format_mib(sum(r.bytes for r in rows)):>8} MiB  "
+            f"{sum(r.verified for r in rows)}/{len(rows)} "
+            f"verified  {ratio}{empty}"
+        )
     if report.class_counts_source != "dataset_info.json":
         lines.append(f"  class counts {report.class_counts_source}")
     dead = sum(g.count for g in report.dead_letters)
@@ -127,18 +130,23 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
         if not sample.examples:
             title = f"{split}: {info.splits[split].num_examples} examples"  # Nothing to explain the layout of.
         else:
-            title = (f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed "
-                     f"{report.seed}, {info.image.width}x{info.image.height} {info.image.format}"
-                     + (" (left: stored, right: training view)" if augmented else ""))
-        sheet, tiles = draw_contact_sheet(sample.examples, title=title, image_size=image_size, tile=tile,
-                                          augmented=augmented, note=sample.error)
+            title = (
+                f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed "
+                f"{report.seed}, {info.image.width}x{info.image.height} {info.image.format}"
+                + (" (left: stored, right: training view)" if augmented else "")
+            )
+        sheet, tiles = draw_contact_sheet(
+            sample.examples, title=title, image_size=image_size, tile=tile, augmented=augmented, note=sample.error
+        )
         sheets[split] = sheet_jpeg(sheet)
         path = os.path.join(out_dir, f"contact_sheet-{split}.png")
         with open(path, "wb") as handle:
             handle.write(sheet_png(sheet, tiles))
         written.append(path)
-    chart = draw_class_counts({s: report.class_counts[s] for s in report.splits},
-                              title=f"examples per class ({os.path.basename(report.data_dir.rstrip('/'))})")
+    chart = draw_class_counts(
+        {s: report.class_counts[s] for s in report.splits},
+        title=f"examples per class ({os.path.basename(report.data_dir.rstrip('/'))})",
+    )
     path = os.path.join(out_dir, "class_counts.png")
     with open(path, "wb") as handle:
         handle.write(chart)
@@ -152,21 +160,40 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(
-        prog=PROG, description="Draw contact sheets and a class histogram of a converted dataset, read through "
-        "tfdata_readers (what training sees), and write them with a self-contained report.html.")
+        prog=PROG,
+        description="Draw contact sheets and a class histogram of a converted dataset, read through "
+        "tfdata_readers (what training sees), and write them with a self-contained report.html.",
+    )
     parser.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
-    parser.add_argument("--out", required=True, help="folder for contact_sheet-<split>.png, class_counts.png, report.html")
-    parser.add_argument("--num_examples", type=_positive, default=None,
-                        help="examples per contact sheet, at most the split's size [64]")
-    parser.add_argument("--seed", type=_seed, default=0, help="which examples are drawn, and the training view's crops [0]")
-    parser.add_argument("--augmented", action="store_true", help="show each example's training view (crop, flip) beside it")
+    parser.add_argument(
+        "--out", required=True, help="folder for contact_sheet-<split>.png, class_counts.png, report.html"
+    )
+    parser.add_argument(
+        "--num_examples", type=_positive, default=None, help="examples per contact sheet, at most the split's size [64]"
+    )
+    parser.add_argument(
+        "--seed", type=_seed, default=0, help="which examples are drawn, and the training view's crops [0]"
+    )
+    parser.add_argument(
+        "--augmented", action="store_true", help="show each example's training view (crop, flip) beside it"
+    )
     parser.add_argument("--split", action="append", help="split to sample (repeatable); default: all")
-    parser.add_argument("--scan", type=_positive, default=None,
-                        help="records read per split to draw the sample from; shards are hash-mixed, so the first are "
-                        "as good as any [4096, or --num_examples if larger]")
-    parser.add_argument("--tile", type=int, default=160, help="largest side of one picture on the sheet, in pixels [160]")
-    parser.add_argument("--version", type=_positive, default=None,
-                        help="dataset version to inspect; default: the current one (the root dataset_info.json)")
+    parser.add_argument(
+        "--scan",
+        type=_positive,
+        default=None,
+        help="records read per split to draw the sample from; shards are hash-mixed, so the first are "
+        "as good as any [4096, or --num_examples if larger]",
+    )
+    parser.add_argument(
+        "--tile", type=int, default=160, help="largest side of one picture on the sheet, in pixels [160]"
+    )
+    parser.add_argument(
+        "--version",
+        type=_positive,
+        default=None,
+        help="dataset version to inspect; default: the current one (the root dataset_info.json)",
+    )
     args = parser.parse_args(argv)
     # Each default gives way to the other flag when only that one is given: the message below
     # then only ever names flags the user wrote.
@@ -183,18 +210,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tfdata_readers.inspection.gather import gather  # pylint: disable=import-outside-toplevel
 
     try:
-        report = gather(args.data_dir, num_examples=num_examples, seed=args.seed, augmented=args.augmented,
-                        scan=scan, splits=args.split, version=args.version)
+        report = gather(
+            args.data_dir,
+            num_examples=num_examples,
+            seed=args.seed,
+            augmented=args.augmented,
+            scan=scan,
+            splits=args.split,
+            version=args.version,
+        )
     except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    notes = [f"--num_examples {num_examples} is more than {split} holds: its sheet shows all "
-             f"{report.info.splits[split].num_examples}" for split in report.samples
-             if args.num_examples is not None and 0 < report.info.splits[split].num_examples < num_examples]
+    notes = [
+        f"--num_examples {num_examples} is more than {split} holds: its sheet shows all "
+        f"{report.info.splits[split].num_examples}"
+        for split in report.samples
+        if args.num_examples is not None and 0 < report.info.splits[split].num_examples < num_examples
+    ]
     written = write_inspection(report, args.out, augmented=args.augmented, tile=args.tile)
     print(text_summary(report, written, notes))
-    problems = any(not r.verified for r in report.shards) or report.other_problems or any(
-        s.error for s in report.samples.values()) or report.dead_letters_note
+    problems = (
+        any(not r.verified for r in report.shards)
+        or report.other_problems
+        or any(s.error for s in report.samples.values())
+        or report.dead_letters_note
+    )
     return 1 if problems else 0
 
 

@@ -108,9 +108,7 @@ class DatasetInfo:
 
     def split(self, name: str) -> SplitInfo:
         if name not in self.splits:
-            raise ValueError(
-                f"split {name!r} is not in {self.manifest_path}; expected one of {sorted(self.splits)}"
-            )
+            raise ValueError(f"split {name!r} is not in {self.manifest_path}; expected one of {sorted(self.splits)}")
         return self.splits[name]
 
 
@@ -244,15 +242,15 @@ def history_files(data_dir: str) -> set[str]:
     for version in manifest_versions(data_dir):
         try:
             raw = _load_json(version_manifest_path(data_dir, version))
-            files.update(str(s.get("file")) for split in raw.get("splits", {}).values() for s in split.get("shards", []))
+            files.update(
+                str(s.get("file")) for split in raw.get("splits", {}).values() for s in split.get("shards", [])
+            )
         except (ValueError, AttributeError, TypeError, tf.errors.OpError):
             continue  # a damaged history file lists nothing; verify reports the version it reads
     return files
 
 
-def read_manifest(
-    data_dir: str | os.PathLike[str], version: int | None = None
-) -> tuple[DatasetInfo, list[str]]:
+def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) -> tuple[DatasetInfo, list[str]]:
     """(the parsed manifest, its structural problems): what `load_manifest` refuses, listed instead.
 
     `version`: None reads the current version (the root dataset_info.json); N reads the root if it
@@ -276,9 +274,7 @@ def read_manifest(
     path, raw = _locate(data_dir, version)
     schema = _require(raw, "schema_version", path)
     if not isinstance(schema, int) or schema > SCHEMA_VERSION:
-        raise ValueError(
-            f"{path} has schema_version {schema!r}; this reader knows versions up to {SCHEMA_VERSION}"
-        )
+        raise ValueError(f"{path} has schema_version {schema!r}; this reader knows versions up to {SCHEMA_VERSION}")
     dataset_version, parent_version = _versions_of(raw, path)
     image = _require(raw, "image", path)
     image_info = ImageInfo(
@@ -304,18 +300,22 @@ def read_manifest(
                 problems.append(f"split {name!r}: {problem}")
             elif file in listed:
                 problems.append(
-                    f"shard file {file!r} is listed twice in split {name!r}" if listed[file] == name else
-                    f"shard file {file!r} is listed in splits {listed[file]!r} and {name!r}: their examples would overlap"
+                    f"shard file {file!r} is listed twice in split {name!r}"
+                    if listed[file] == name
+                    else f"shard file {file!r} is listed in splits {listed[file]!r} and {name!r}: "
+                    "their examples would overlap"
                 )
             else:
                 listed[file] = name
-            shards.append(ShardInfo(
-                path=os.path.join(data_dir, str(file)),
-                num_examples=int(_require(s, "num_examples", where)),
-                bytes=int(_require(s, "bytes", where)),
-                sha256=str(_require(s, "sha256", where)),
-                file=str(file),
-            ))
+            shards.append(
+                ShardInfo(
+                    path=os.path.join(data_dir, str(file)),
+                    num_examples=int(_require(s, "num_examples", where)),
+                    bytes=int(_require(s, "bytes", where)),
+                    sha256=str(_require(s, "sha256", where)),
+                    file=str(file),
+                )
+            )
         total = int(_require(split, "num_examples", where))
         if total != sum(s.num_examples for s in shards):
             raise ValueError(
@@ -370,7 +370,11 @@ def num_examples(data_dir: str | os.PathLike[str], split: str, *, version: int |
 
 
 def steps_per_epoch(
-    data_dir: str | os.PathLike[str], split: str, global_batch_size: int, *, drop_remainder: bool = True,
+    data_dir: str | os.PathLike[str],
+    split: str,
+    global_batch_size: int,
+    *,
+    drop_remainder: bool = True,
     version: int | None = None,
 ) -> int:
     """Batches per epoch of `split` of `version` (None: the current one) at `global_batch_size`:

@@ -28,8 +28,12 @@ __all__ = ["make_dataset"]
 # a whole batch in one vectorised op (4269 vs 3961 img/s). Training crops have per-image sizes, and
 # per-element crop+resize beat a batched crop_and_resize (830 vs 250 img/s on RAW).
 _AUTO_PLACEMENT = {
-    ("JPEG", False): "batch", ("PNG", False): "batch", ("RAW", False): "batch",
-    ("JPEG", True): "element", ("PNG", True): "element", ("RAW", True): "element",
+    ("JPEG", False): "batch",
+    ("PNG", False): "batch",
+    ("RAW", False): "batch",
+    ("JPEG", True): "element",
+    ("PNG", True): "element",
+    ("RAW", True): "element",
 }
 _MAX_AUTO_CYCLE_LENGTH = 16
 # The feature that seeds each training example's augmentation.
@@ -95,7 +99,7 @@ def _placement(config: ReadConfig, image: ImageInfo, training: bool) -> str:
 
 
 def _service_sharding(config: ReadConfig, training: bool) -> str:
-    """"static" or "dynamic": how the service's workers split the pieces; refuses what cannot hold."""
+    """ "static" or "dynamic": how the service's workers split the pieces; refuses what cannot hold."""
     sharding = config.data_service_sharding
     if sharding == "auto":
         sharding = "dynamic" if training else "static"
@@ -130,7 +134,10 @@ def _static_or_fallback(
         logging.getLogger(__name__).info(
             "split %r of %s: %d shard piece(s) for %d tf.data service workers, too few for static "
             "sharding; reading with dynamic sharding (also exactly once, and counted)",
-            split, data_dir, num_pieces, num_workers,
+            split,
+            data_dir,
+            num_pieces,
+            num_workers,
         )
         return "dynamic"
     raise ValueError(
@@ -306,19 +313,26 @@ def make_dataset(
     # this pipeline reads.
     pieces = share.pieces
     shard_bytes = {s.path: s.bytes for s in split_info.shards}
-    piece_ds = tf.data.Dataset.from_tensor_slices((
-        tf.constant([p.path for p in pieces], tf.string),
-        tf.constant([p.shard_examples for p in pieces], tf.int64),
-        tf.constant([p.skip for p in pieces], tf.int64),
-        tf.constant([p.take for p in pieces], tf.int64),
-        tf.constant([shard_bytes[p.path] for p in pieces], tf.int64),
-    ))
+    piece_ds = tf.data.Dataset.from_tensor_slices(
+        (
+            tf.constant([p.path for p in pieces], tf.string),
+            tf.constant([p.shard_examples for p in pieces], tf.int64),
+            tf.constant([p.skip for p in pieces], tf.int64),
+            tf.constant([p.take for p in pieces], tf.int64),
+            tf.constant([shard_bytes[p.path] for p in pieces], tf.int64),
+        )
+    )
     shuffle_pieces = training and config.shuffle_files and len(pieces) > 1
 
     def read_pieces(pieces_ds: tf.data.Dataset) -> tf.data.Dataset:
         records = pieces_ds.interleave(
             lambda path, count, skip, take, size: read_shard(
-                path, count, skip, take, expected_bytes=size, buffer_size=config.read_buffer_size,
+                path,
+                count,
+                skip,
+                take,
+                expected_bytes=size,
+                buffer_size=config.read_buffer_size,
                 skip_corrupt=config.skip_corrupt,
                 # A service worker cannot call back into this process's Python to re-read the shard for
                 # TensorFlow's reason; the error still names the shard and the byte offset.
@@ -331,7 +345,8 @@ def make_dataset(
         )  # (serialized, name)
         if config.skip_corrupt and batches_per_epoch is not None:
             records = _require_records(
-                records, batches_per_epoch * batch_size,
+                records,
+                batches_per_epoch * batch_size,
                 f"tfdata_readers: input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
                 f"{data_dir}) read fewer than the {batches_per_epoch * batch_size} records it needs for the "
                 f"{batches_per_epoch} batches of {batch_size} that every pipeline must yield per epoch under "
@@ -403,7 +418,9 @@ def make_dataset(
             # epoch 0's, whatever `initial_epoch`, as an uninterrupted run's cache holds it.
             first = piece_ds
             if shuffle_pieces:
-                first = piece_ds.shuffle(len(pieces), seed=_pass_seed(local_seed, 0, _PIECES), reshuffle_each_iteration=False)
+                first = piece_ds.shuffle(
+                    len(pieces), seed=_pass_seed(local_seed, 0, _PIECES), reshuffle_each_iteration=False
+                )
             cached = read_pieces(first).cache()
 
         def one_pass(epoch: tf.Tensor) -> tf.data.Dataset:
@@ -458,7 +475,8 @@ def make_dataset(
     if not drop_remainder and config.num_epochs is not None:
         expected = share.num_examples * config.num_epochs
         dataset = data_service.expect_examples(
-            dataset, expected,
+            dataset,
+            expected,
             f"tfdata_readers: the tf.data service at {service} ({sharding} sharding) did not deliver exactly the "
             f"{expected} examples of input pipeline {pipeline_id} of {share.num_pipelines} (split {split!r} of "
             f"{data_dir}, {config.num_epochs} epoch(s)): a service worker was lost during the epoch. Dynamic "

@@ -1,4 +1,5 @@
-"""Reads a shard's serialized records, named for parse errors; a bad record fails naming the shard and its byte offset."""
+"""Reads a shard's serialized records, named for parse errors; a bad record fails naming the shard
+and its byte offset."""
 
 from __future__ import annotations
 
@@ -144,12 +145,11 @@ def read_shard(
     # next one is not covered; a shard deleted while open stays readable (POSIX) and is read to
     # its end.
     opened = (
-        tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1)
+        tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1)
+        .take(1)
         .filter(lambda _: False)  # the byte itself is not a record
     )
-    records = opened.concatenate(
-        tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()
-    ).take(end)
+    records = opened.concatenate(tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()).take(end)
     chunks = records.batch(_CHECK_CHUNK).concatenate(
         tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # end marker: the only empty chunk
     )
@@ -162,9 +162,14 @@ def read_shard(
         size = tf.shape(chunk, out_type=tf.int64)[0]
         record_bytes = tf.cast(tf.strings.length(chunk), tf.int64) + RECORD_OVERHEAD
         starts = offset + tf.math.cumsum(record_bytes, exclusive=True)
-        names = tf.strings.join([
-            name_prefix, tf.strings.as_string(count + tf.range(size)), " at byte offset ", tf.strings.as_string(starts),
-        ])
+        names = tf.strings.join(
+            [
+                name_prefix,
+                tf.strings.as_string(count + tf.range(size)),
+                " at byte offset ",
+                tf.strings.as_string(starts),
+            ]
+        )
         short = tf.logical_and(tf.equal(size, 0), count < end)
 
         def on_short() -> tf.Tensor:
@@ -175,18 +180,40 @@ def read_shard(
                 reason = tf.constant("python -m tfdata_readers.verify names the fault")
             if skip_corrupt:
                 tf.print(
-                    "tfdata_readers: WARNING: skipped", lost, "corrupt or unreadable record(s) of shard", path,
-                    "(its records", tf.maximum(count, skip), "to", end - 1, "of", expected,
-                    "read by this pipeline; unreadable from byte offset", offset, ":", reason, ")",
+                    "tfdata_readers: WARNING: skipped",
+                    lost,
+                    "corrupt or unreadable record(s) of shard",
+                    path,
+                    "(its records",
+                    tf.maximum(count, skip),
+                    "to",
+                    end - 1,
+                    "of",
+                    expected,
+                    "read by this pipeline; unreadable from byte offset",
+                    offset,
+                    ":",
+                    reason,
+                    ")",
                     output_stream=sys.stderr,
                 )
                 return tf.numpy_function(_count_skipped, [path, tf.maximum(count, skip), end], tf.int64)
-            message = tf.strings.join([
-                "corrupt or truncated shard ", path, ": first unreadable record at byte offset ",
-                tf.strings.as_string(offset), " (record ", tf.strings.as_string(count), ") - read ",
-                tf.strings.as_string(count), " of ", tf.strings.as_string(expected),
-                " records the manifest lists; ", reason,
-            ])
+            message = tf.strings.join(
+                [
+                    "corrupt or truncated shard ",
+                    path,
+                    ": first unreadable record at byte offset ",
+                    tf.strings.as_string(offset),
+                    " (record ",
+                    tf.strings.as_string(count),
+                    ") - read ",
+                    tf.strings.as_string(count),
+                    " of ",
+                    tf.strings.as_string(expected),
+                    " records the manifest lists; ",
+                    reason,
+                ]
+            )
             failed = tf.debugging.Assert(False, [message], summarize=1)
             with tf.control_dependencies([failed]):
                 return tf.identity(lost)
@@ -198,12 +225,20 @@ def read_shard(
                 tf.logical_and(tf.equal(size, 0), tf.equal(count, expected)),
                 tf.logical_and(tf.equal(end, expected), tf.not_equal(offset, size_bytes)),
             )
-            message = tf.strings.join([
-                "shard ", path, " changed after start-up: its ", tf.strings.as_string(expected),
-                " records end at byte offset ", tf.strings.as_string(offset), ", but the manifest lists ",
-                tf.strings.as_string(size_bytes), " bytes; it was replaced or rewritten, so its records "
-                "are not those the manifest lists (python -m tfdata_readers.verify checks it)",
-            ])
+            message = tf.strings.join(
+                [
+                    "shard ",
+                    path,
+                    " changed after start-up: its ",
+                    tf.strings.as_string(expected),
+                    " records end at byte offset ",
+                    tf.strings.as_string(offset),
+                    ", but the manifest lists ",
+                    tf.strings.as_string(size_bytes),
+                    " bytes; it was replaced or rewritten, so its records "
+                    "are not those the manifest lists (python -m tfdata_readers.verify checks it)",
+                ]
+            )
             with tf.control_dependencies([checked]):
                 checked = tf.identity(checked)
             checked = tf.group(checked, tf.debugging.Assert(tf.logical_not(resized), [message], summarize=1))

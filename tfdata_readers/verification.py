@@ -1,4 +1,5 @@
-"""Checks a dataset against its manifest: declared features, dead letters, unlisted shards, and each shard's bytes, sha256 and records."""
+"""Checks a dataset against its manifest: declared features, dead letters, unlisted shards, and each
+shard's bytes, sha256 and records."""
 
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def content_problem(record: bytes, info: DatasetInfo) -> str:
 
     def value(key: str) -> Any:
         feature = features[key]
-        return feature.int64_list.value[0] if feature.WhichOneof("kind") == "int64_list" else feature.bytes_list.value[0]
+        return (
+            feature.int64_list.value[0] if feature.WhichOneof("kind") == "int64_list" else feature.bytes_list.value[0]
+        )
 
     image = info.image
     found = []
@@ -71,7 +74,9 @@ def content_problem(record: bytes, info: DatasetInfo) -> str:
     if not 0 <= label < min(info.num_classes, len(info.label_names)):
         found.append(f"label {label}, not in [0, num_classes={info.num_classes})")
     elif info.label_names[label] != text:
-        found.append(f"label {label} is {info.label_names[label]!r} in label_names but the record's class text is {text!r}")
+        found.append(
+            f"label {label} is {info.label_names[label]!r} in label_names but the record's class text is {text!r}"
+        )
     return "; ".join(found)
 
 
@@ -90,8 +95,11 @@ def _read_records(
             if not parse_failed and (problem := record_problem(record, spec)):
                 problems.append(f"record {count} at byte offset {offset} {problem}")
                 parse_failed = True
-            elif info is not None and not parse_failed and not content_failed and (
-                problem := content_problem(record, info)
+            elif (
+                info is not None
+                and not parse_failed
+                and not content_failed
+                and (problem := content_problem(record, info))
             ):
                 problems.append(f"record {count} at byte offset {offset} disagrees with {MANIFEST_NAME}: {problem}")
                 content_failed = True
@@ -176,9 +184,9 @@ def verify(
     features the manifest declares differently from the format, a missing or malformed dead-letter
     file (a line that is not a JSON object of string `uri`, `stage`, `reason`, `detail`, or a line
     count that differs from `num_dead_letters`), and files beside the manifest named like a shard of
-    these splits (of any split, by default) that neither this manifest nor any in versions/ lists. A shard whose path leaves the data dir
-    is not opened; one listed twice is checked once. A manifest it cannot parse, or one of a newer
-    schema_version, raises.
+    these splits (of any split, by default) that neither this manifest nor any in versions/ lists. A
+    shard whose path leaves the data dir is not opened; one listed twice is checked once. A manifest
+    it cannot parse, or one of a newer schema_version, raises.
     """
     info, manifest_problems = read_manifest(data_dir, version)
     return _verify_info(info, manifest_problems, splits)
@@ -197,7 +205,9 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
         problems.append(ShardProblem(path, f"named like a shard but not listed in {MANIFEST_NAME}"))
     outside = {
         os.path.join(info.data_dir, str(s.get("file")))
-        for split in info.raw["splits"].values() for s in split["shards"] if shard_file_problem(s.get("file"))
+        for split in info.raw["splits"].values()
+        for s in split["shards"]
+        if shard_file_problem(s.get("file"))
     }
     checked: set[str] = set()
     for name in names:
@@ -229,14 +239,18 @@ def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int 
         print(f"MISMATCH {problem}", file=sys.stderr)
     names = splits or sorted(info.splits)
     total = sum(len(info.split(n).shards) for n in names)
-    print(f"{_version_line(info.version, current)}: checked {total} shard(s) of split(s) {', '.join(names)}: "
-          f"{len(problems)} problem(s)")
+    print(
+        f"{_version_line(info.version, current)}: checked {total} shard(s) of split(s) {', '.join(names)}: "
+        f"{len(problems)} problem(s)"
+    )
     return 1 if problems else 0
 
 
 def _version_line(version: int, current: int | None) -> str:
-    """"version 3 of 3" (the current one), "version 2 of 3", or without a current root manifest "version 2"."""
-    return f"version {version} of {current}" if current is not None else f"version {version} (no current {MANIFEST_NAME})"
+    """ "version 3 of 3" (the current one), "version 2 of 3", or without a current root manifest "version 2"."""
+    return (
+        f"version {version} of {current}" if current is not None else f"version {version} (no current {MANIFEST_NAME})"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,12 @@ def parser() -> argparse.ArgumentParser:
     )
     built.add_argument("data_dir", help="directory (or gs:// URI) holding dataset_info.json")
     built.add_argument("--split", action="append", help="split to check (repeatable); default: all")
-    built.add_argument("--version", type=_version, default=None,
-                       help="dataset version to check (an int >= 1); default: the current one")
+    built.add_argument(
+        "--version",
+        type=_version,
+        default=None,
+        help="dataset version to check (an int >= 1); default: the current one",
+    )
     return built
 
 

@@ -39,9 +39,7 @@ def job_env() -> dict[str, str]:
 
 def run_script(args: list[str], *, timeout: float, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     """Runs a launch/ script or a job with a hard timeout, capturing its output for the report."""
-    proc = subprocess.run(
-        args, env=job_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **kwargs
-    )
+    proc = subprocess.run(args, env=job_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{args[0]} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
@@ -104,16 +102,19 @@ def photo_tree(tmp_path_factory) -> pathlib.Path:
 def local_output(photo_tree, tmp_path_factory) -> pathlib.Path:
     """The reference: the same conversion on the default local runner (no --runner)."""
     out = tmp_path_factory.mktemp("local") / "out"
-    run_script([sys.executable, "-m", "beam_jobs", "--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
-               timeout=300)
+    run_script(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
+        timeout=300,
+    )
     return out
 
 
 class FlinkCluster:
     """A loopback cluster started with launch/flink_cluster.sh in its own state dir."""
 
-    def __init__(self, state_dir: pathlib.Path, *, taskmanagers: int = 1, slots: int = 2,
-                 restart_attempts: int = 3) -> None:
+    def __init__(
+        self, state_dir: pathlib.Path, *, taskmanagers: int = 1, slots: int = 2, restart_attempts: int = 3
+    ) -> None:
         self.state_dir = state_dir
         self.rest_port = free_port()
         self.rpc_port = free_port()
@@ -131,12 +132,32 @@ class FlinkCluster:
         return f"127.0.0.1:{self.worker_pool_port}"
 
     def _args(self, command: str) -> list[str]:
-        return [str(LAUNCH / "flink_cluster.sh"), command, "--state_dir", str(self.state_dir),
-                "--rest_port", str(self.rest_port), "--rpc_port", str(self.rpc_port),
-                "--worker_pool_port", str(self.worker_pool_port), "--flink_version", FLINK_VERSION,
-                "--taskmanagers", str(self.taskmanagers), "--slots", str(self.slots),
-                "--taskmanager_memory", "1536m", "--timeout", "120",
-                "--restart_attempts", str(self.restart_attempts), "--restart_delay", "1 s"]
+        return [
+            str(LAUNCH / "flink_cluster.sh"),
+            command,
+            "--state_dir",
+            str(self.state_dir),
+            "--rest_port",
+            str(self.rest_port),
+            "--rpc_port",
+            str(self.rpc_port),
+            "--worker_pool_port",
+            str(self.worker_pool_port),
+            "--flink_version",
+            FLINK_VERSION,
+            "--taskmanagers",
+            str(self.taskmanagers),
+            "--slots",
+            str(self.slots),
+            "--taskmanager_memory",
+            "1536m",
+            "--timeout",
+            "120",
+            "--restart_attempts",
+            str(self.restart_attempts),
+            "--restart_delay",
+            "1 s",
+        ]
 
     def start(self) -> None:
         run_script(self._args("start"), timeout=600)  # the first run installs Flink from PyPI

@@ -35,14 +35,31 @@ def clean_venv(sdist, tmp_path_factory) -> pathlib.Path:
     venv = tmp_path_factory.mktemp("venv") / "clean"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = pathlib.Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip())
+    site = pathlib.Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "_deps_from_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", str(sdist)],
-        check=True, timeout=300, cwd=venv)
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            str(sdist),
+        ],
+        check=True,
+        timeout=300,
+        cwd=venv,
+    )
     return venv
 
 
@@ -83,8 +100,18 @@ def test_clean_venv_imports_the_dofns_from_the_sdist(clean_venv):
 def test_clean_venv_converts_like_the_repo(clean_venv, photo_tree, local_output, tmp_path):
     # What a Dataflow worker does: install the package, run its DoFns; same bytes as the repo's run.
     out = tmp_path / "out"
-    proc = _venv_run(clean_venv, [str(clean_venv / "bin" / "images-to-tfrecords"), "--input", str(photo_tree),
-                                  "--output_dir", str(out), *JOB_FLAGS], timeout=300)
+    proc = _venv_run(
+        clean_venv,
+        [
+            str(clean_venv / "bin" / "images-to-tfrecords"),
+            "--input",
+            str(photo_tree),
+            "--output_dir",
+            str(out),
+            *JOB_FLAGS,
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_same_output(out, local_output)
 
@@ -124,25 +151,44 @@ def test_pipeline_pickles_with_the_default_pickler(photo_tree, tmp_path):
                 names.append(type(getattr(fn, "fn", fn)).__name__)
         print(len(names), sorted(set(names)))
     """)
-    proc = subprocess.run([sys.executable, "-c", load], env=job_env(), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", load], env=job_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     count = int(proc.stdout.split()[0])
     assert count > 0 and "ConvertShardFn" in proc.stdout, proc.stdout
 
 
 def _dataflow_args(**overrides) -> list[str]:
-    args = {"--project": "my-project", "--region": "europe-west1", "--temp_location": "gs://my-bucket/tmp",
-            "--machine_type": "n2-standard-4", "--num_workers": "4",
-            "--sdk_container_image": "europe-docker.pkg.dev/my-project/beam/images-to-tfrecords:0.1.0"}
+    args = {
+        "--project": "my-project",
+        "--region": "europe-west1",
+        "--temp_location": "gs://my-bucket/tmp",
+        "--machine_type": "n2-standard-4",
+        "--num_workers": "4",
+        "--sdk_container_image": "europe-docker.pkg.dev/my-project/beam/images-to-tfrecords:0.1.0",
+    }
     args.update(overrides)
     return [x for kv in args.items() for x in kv if kv[1] is not None]
 
 
 def test_submit_dataflow_dry_run_prints_a_command_beam_accepts():
-    proc = run_script([str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *_dataflow_args(),
-                       "--input", "gs://my-bucket/images", "--output_dir", "gs://my-bucket/tfrecords",
-                       "--image_size", "224", "--num_shards", "64"], timeout=120)
+    proc = run_script(
+        [
+            str(LAUNCH / "submit_dataflow.sh"),
+            "--dry-run",
+            *_dataflow_args(),
+            "--input",
+            "gs://my-bucket/images",
+            "--output_dir",
+            "gs://my-bucket/tfrecords",
+            "--image_size",
+            "224",
+            "--num_shards",
+            "64",
+        ],
+        timeout=120,
+    )
     command = shlex.split(proc.stdout.strip().splitlines()[-1])
     assert command[1:3] == ["-m", "beam_jobs"]
     assert f"--setup_file={REPO_ROOT / 'setup.py'}" in command
@@ -167,28 +213,56 @@ def test_submit_dataflow_dry_run_prints_a_command_beam_accepts():
     assert "parsed" in parsed.stdout
 
 
-@pytest.mark.parametrize("bad", [
-    {"--temp_location": "/local/tmp"},
-    {"--project": None},
-    {"--project": "My Project"},
-    {"--num_workers": "zero"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"--temp_location": "/local/tmp"},
+        {"--project": None},
+        {"--project": "My Project"},
+        {"--num_workers": "zero"},
+    ],
+)
 def test_submit_dataflow_dry_run_rejects_bad_arguments(bad):
-    proc = run_script([str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *_dataflow_args(**bad),
-                       "--input", "gs://b/i", "--output_dir", "gs://b/o"], timeout=120, check=False)
+    proc = run_script(
+        [
+            str(LAUNCH / "submit_dataflow.sh"),
+            "--dry-run",
+            *_dataflow_args(**bad),
+            "--input",
+            "gs://b/i",
+            "--output_dir",
+            "gs://b/o",
+        ],
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode != 0
 
 
 def test_submit_dataflow_dry_run_rejects_unknown_job_flags():
-    proc = run_script([str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *_dataflow_args(),
-                       "--input", "gs://b/i", "--output_dir", "gs://b/o", "--num_shardz", "3"],
-                      timeout=120, check=False)
+    proc = run_script(
+        [
+            str(LAUNCH / "submit_dataflow.sh"),
+            "--dry-run",
+            *_dataflow_args(),
+            "--input",
+            "gs://b/i",
+            "--output_dir",
+            "gs://b/o",
+            "--num_shardz",
+            "3",
+        ],
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode != 0 and "num_shardz" in proc.stderr
 
 
 def test_submit_flink_dry_run_defaults_match_flink_cluster_sh():
-    proc = run_script([str(LAUNCH / "submit_flink.sh"), "--dry-run", "--input", "/data/images",
-                       "--output_dir", "/data/out"], timeout=60)
+    proc = run_script(
+        [str(LAUNCH / "submit_flink.sh"), "--dry-run", "--input", "/data/images", "--output_dir", "/data/out"],
+        timeout=60,
+    )
     command = shlex.split(proc.stdout.strip().splitlines()[-1])
     check = textwrap.dedent("""
         import sys
@@ -206,20 +280,40 @@ def test_submit_flink_dry_run_defaults_match_flink_cluster_sh():
 
 
 def test_submit_flink_docker_environment_names_the_sdk_image():
-    proc = run_script([str(LAUNCH / "submit_flink.sh"), "--dry-run", "--environment_type", "DOCKER",
-                       "--flink_master", "flink.example:8081", "--parallelism", "8", "--", "--input", "x",
-                       "--output_dir", "y"],
-                      timeout=60)
+    proc = run_script(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--dry-run",
+            "--environment_type",
+            "DOCKER",
+            "--flink_master",
+            "flink.example:8081",
+            "--parallelism",
+            "8",
+            "--",
+            "--input",
+            "x",
+            "--output_dir",
+            "y",
+        ],
+        timeout=60,
+    )
     line = proc.stdout.strip().splitlines()[-1]
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert f"--environment_config=apache/beam_python{py}_sdk:2.77.0" in line
     assert "--parallelism=8" in line and "--flink_master=flink.example:8081" in line
 
 
-@pytest.mark.parametrize("args", [
-    ["--environment_type", "LOOPBACK"], ["--parallelism", "0"], ["--flink_version", "1.17"],
-    ["--flink_master", "http//bad"], ["--environment_type", "PROCESS"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--environment_type", "LOOPBACK"],
+        ["--parallelism", "0"],
+        ["--flink_version", "1.17"],
+        ["--flink_master", "http//bad"],
+        ["--environment_type", "PROCESS"],
+    ],
+)
 def test_submit_flink_rejects_bad_arguments(args):
     proc = run_script([str(LAUNCH / "submit_flink.sh"), "--dry-run", *args], timeout=60, check=False)
     assert proc.returncode != 0 and "error:" in proc.stderr
@@ -252,8 +346,14 @@ def _offline_dry_run(tmp_path, args: list[str]) -> tuple[subprocess.CompletedPro
     env = job_env()
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     env["NETWORK_LOG"] = str(log)
-    proc = subprocess.run([str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *args], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(LAUNCH / "submit_dataflow.sh"), "--dry-run", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc, log.read_text()
 
 
@@ -261,8 +361,16 @@ def _offline_dry_run(tmp_path, args: list[str]) -> tuple[subprocess.CompletedPro
 def test_submit_dataflow_dry_run_makes_no_network_call(temp_location, tmp_path):
     # Beam's validator asked GCS about the buckets (minutes of timeouts), and for gs://b/tmp (an
     # invalid bucket name) tried to create a default bucket and crashed with a long traceback.
-    proc, network = _offline_dry_run(tmp_path, [*_dataflow_args(**{"--temp_location": temp_location}),
-                                                "--input", "gs://my-bucket/i", "--output_dir", "gs://my-bucket/o"])
+    proc, network = _offline_dry_run(
+        tmp_path,
+        [
+            *_dataflow_args(**{"--temp_location": temp_location}),
+            "--input",
+            "gs://my-bucket/i",
+            "--output_dir",
+            "gs://my-bucket/o",
+        ],
+    )
     assert network == "", f"the dry run reached for the network:\n{network}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     if temp_location == "gs://b/tmp":
@@ -273,11 +381,14 @@ def test_submit_dataflow_dry_run_makes_no_network_call(temp_location, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("job_args, message", [
-    (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--image_size", "abc"], "--image_size"),
-    (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--num_shards=-3"], "--num_shards"),
-    (["--output_dir", "gs://b/o"], "--input"),
-])
+@pytest.mark.parametrize(
+    "job_args, message",
+    [
+        (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--image_size", "abc"], "--image_size"),
+        (["--input", "gs://b/i", "--output_dir", "gs://b/o", "--num_shards=-3"], "--num_shards"),
+        (["--output_dir", "gs://b/o"], "--input"),
+    ],
+)
 def test_submit_dataflow_dry_run_runs_the_jobs_own_argument_checks(job_args, message, tmp_path):
     proc, network = _offline_dry_run(tmp_path, [*_dataflow_args(), *job_args])
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -35,16 +35,28 @@ BIG_TREE_FLAGS = ["--image_size", "224", "--num_shards", "8"]
 
 
 def _submit_args(cluster: FlinkCluster, jar: str, *, parallelism: int, job_args: list[str]) -> list[str]:
-    return [str(LAUNCH / "submit_flink.sh"), "--flink_master", cluster.flink_master,
-            "--environment_config", cluster.worker_pool, "--parallelism", str(parallelism),
-            "--flink_job_server_jar", jar, *job_args]
+    return [
+        str(LAUNCH / "submit_flink.sh"),
+        "--flink_master",
+        cluster.flink_master,
+        "--environment_config",
+        cluster.worker_pool,
+        "--parallelism",
+        str(parallelism),
+        "--flink_job_server_jar",
+        jar,
+        *job_args,
+    ]
 
 
 def _final_names(folder: pathlib.Path) -> list[str]:
     """What a reader could take for a dataset: the visible top-level files (run folders under
     shards/ hold nothing a reader uses until a committed manifest lists them)."""
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name != "shards") \
-        if folder.exists() else []
+    return (
+        sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name != "shards")
+        if folder.exists()
+        else []
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +66,27 @@ def big_tree(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
 
     root = tmp_path_factory.mktemp("big")
     make_photo_tree(root / "images", num_images=800, size=(500, 375), seed=3)
-    run_script([sys.executable, "-m", "beam_jobs", "--input", str(root / "images"), "--output_dir",
-                str(root / "local"), *BIG_TREE_FLAGS], timeout=400)
+    run_script(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(root / "images"),
+            "--output_dir",
+            str(root / "local"),
+            *BIG_TREE_FLAGS,
+        ],
+        timeout=400,
+    )
     return root / "images", root / "local"
 
 
 def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> str:
     """SIGKILLs the TaskManager that is converting a shard right now; returns its id (tm-N)."""
-    job = wait_for(lambda: next((j for j in cluster.jobs() if j["state"] == "RUNNING"), None),
-                   timeout=240, what="a RUNNING job")
+    job = wait_for(
+        lambda: next((j for j in cluster.jobs() if j["state"] == "RUNNING"), None), timeout=240, what="a RUNNING job"
+    )
 
     def converting_taskmanager() -> str | None:
         if not any(out.glob("shards/*/.tmp-*")):
@@ -81,9 +105,15 @@ def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> 
 
 def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pathlib.Path):
     job = subprocess.Popen(
-        _submit_args(cluster, jar, parallelism=2,
-                     job_args=["--input", str(images), "--output_dir", str(out), *BIG_TREE_FLAGS]),
-        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        _submit_args(
+            cluster, jar, parallelism=2, job_args=["--input", str(images), "--output_dir", str(out), *BIG_TREE_FLAGS]
+        ),
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         victim = _kill_a_converting_taskmanager(cluster, out)
         log, _ = job.communicate(timeout=480)
@@ -99,13 +129,20 @@ def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pa
 # their own, and on a cold machine they alone outran a timeout that counted them too. Each is the
 # sum of its body's own subprocess timeouts, with room.
 @pytest.mark.timeout(900, func_only=True)  # the submit: 540 s
-def test_two_taskmanagers_with_parallelism_4_match_local(flink_job_server_jar, flink_cluster, local_output,
-                                                         photo_tree, tmp_path):
+def test_two_taskmanagers_with_parallelism_4_match_local(
+    flink_job_server_jar, flink_cluster, local_output, photo_tree, tmp_path
+):
     out = tmp_path / "out"
     before = flink_cluster.job_ids()
-    proc = run_script(_submit_args(flink_cluster, flink_job_server_jar, parallelism=4,
-                                   job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS]),
-                      timeout=540)
+    proc = run_script(
+        _submit_args(
+            flink_cluster,
+            flink_job_server_jar,
+            parallelism=4,
+            job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
+        ),
+        timeout=540,
+    )
     assert "--runner=FlinkRunner" in proc.stderr
     assert_same_output(out, local_output)
     job = flink_cluster.new_job(before)
@@ -147,8 +184,9 @@ def _listening_ports(pids: list[int]) -> set[int]:
 
 
 @pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
-def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothing(flink_job_server_jar, big_tree,
-                                                                                   tmp_path):
+def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothing(
+    flink_job_server_jar, big_tree, tmp_path
+):
     images, _ = big_tree
     out = tmp_path / "out"
     cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2, restart_attempts=0)
@@ -172,8 +210,18 @@ def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothi
     assert still_running == [], still_running
     assert [port for port in ports if port_open(port)] == []
     assert not list((cluster.state_dir / "pid").glob("*.pid"))
-    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(cluster.state_dir),
-                       "--rest_port", str(cluster.rest_port)], timeout=60, check=False)
+    proc = run_script(
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "status",
+            "--state_dir",
+            str(cluster.state_dir),
+            "--rest_port",
+            str(cluster.rest_port),
+        ],
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
 
 
@@ -182,8 +230,17 @@ def test_flink_cluster_is_up_on_loopback(flink_cluster):
     assert overview["flink-version"] == FLINK_VERSION
     assert overview["taskmanagers"] == 2 and overview["slots-total"] == 4
     assert port_open(flink_cluster.worker_pool_port)
-    status = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir),
-                         "--rest_port", str(flink_cluster.rest_port)], timeout=60)
+    status = run_script(
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "status",
+            "--state_dir",
+            str(flink_cluster.state_dir),
+            "--rest_port",
+            str(flink_cluster.rest_port),
+        ],
+        timeout=60,
+    )
     assert "worker pool: running" in status.stdout
     config = (flink_cluster.state_dir / "conf" / "config.yaml").read_text()
     assert "rest.bind-address: 127.0.0.1" in config and "restart-strategy.type: fixed-delay" in config
@@ -194,11 +251,22 @@ def test_another_clusters_rest_api_is_not_taken_for_this_state_dirs(flink_cluste
     # report it as its own (start checks the same thing: who listens, not only that someone does).
     other = tmp_path / "other"
     (other / "pid").mkdir(parents=True)
-    proc = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(other),
-                       "--rest_port", str(flink_cluster.rest_port)], timeout=60, check=False)
+    proc = run_script(
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "status",
+            "--state_dir",
+            str(other),
+            "--rest_port",
+            str(flink_cluster.rest_port),
+        ],
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stdout
     assert "not this state dir's JobManager" in proc.stdout, proc.stdout
     # The cluster that does hold the port is still its own state dir's, and left alone.
-    mine = run_script([str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir)],
-                      timeout=60)
+    mine = run_script(
+        [str(LAUNCH / "flink_cluster.sh"), "status", "--state_dir", str(flink_cluster.state_dir)], timeout=60
+    )
     assert mine.returncode == 0 and "Flink at http://127.0.0.1:" in mine.stdout

@@ -22,18 +22,53 @@ pytestmark = [pytest.mark.cluster]
 # Every option that takes a value, per script (and the command word flink_cluster.sh needs).
 VALUE_OPTIONS = {
     ("flink_cluster.sh", "status"): [
-        "--flink_version", "--beam_runner_version", "--state_dir", "--rest_port", "--rpc_port",
-        "--worker_pool_port", "--taskmanagers", "--slots", "--taskmanager_memory", "--restart_attempts",
-        "--restart_delay", "--heartbeat_timeout_ms", "--timeout"],
+        "--flink_version",
+        "--beam_runner_version",
+        "--state_dir",
+        "--rest_port",
+        "--rpc_port",
+        "--worker_pool_port",
+        "--taskmanagers",
+        "--slots",
+        "--taskmanager_memory",
+        "--restart_attempts",
+        "--restart_delay",
+        "--heartbeat_timeout_ms",
+        "--timeout",
+    ],
     ("submit_flink.sh", None): [
-        "--flink_master", "--parallelism", "--environment_type", "--environment_config", "--sdk_image",
-        "--flink_version", "--beam_runner_version", "--flink_job_server_jar", "--job_module"],
+        "--flink_master",
+        "--parallelism",
+        "--environment_type",
+        "--environment_config",
+        "--sdk_image",
+        "--flink_version",
+        "--beam_runner_version",
+        "--flink_job_server_jar",
+        "--job_module",
+    ],
     ("run_portable.sh", None): [
-        "--job_endpoint", "--worker_pool", "--job_port", "--worker_pool_port", "--log_dir", "--job_module"],
+        "--job_endpoint",
+        "--worker_pool",
+        "--job_port",
+        "--worker_pool_port",
+        "--log_dir",
+        "--job_module",
+    ],
     ("submit_dataflow.sh", None): [
-        "--project", "--region", "--temp_location", "--staging_location", "--setup_file",
-        "--sdk_container_image", "--machine_type", "--num_workers", "--max_num_workers", "--job_name",
-        "--service_account", "--job_module"],
+        "--project",
+        "--region",
+        "--temp_location",
+        "--staging_location",
+        "--setup_file",
+        "--sdk_container_image",
+        "--machine_type",
+        "--num_workers",
+        "--max_num_workers",
+        "--job_name",
+        "--service_account",
+        "--job_module",
+    ],
 }
 
 
@@ -49,8 +84,10 @@ def _one_error_line(proc: subprocess.CompletedProcess, script: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("script, command, option", [
-    (script, command, option) for (script, command), options in VALUE_OPTIONS.items() for option in options])
+@pytest.mark.parametrize(
+    "script, command, option",
+    [(script, command, option) for (script, command), options in VALUE_OPTIONS.items() for option in options],
+)
 @pytest.mark.parametrize("then", [[], ["--dry-run"]], ids=["last", "before-another-option"])
 def test_an_option_without_its_value_is_one_line_naming_it(script, command, option, then):
     # It was "$2: unbound variable" (or the next option taken as the value).
@@ -62,6 +99,7 @@ def test_an_option_without_its_value_is_one_line_naming_it(script, command, opti
 @pytest.fixture
 def path_without(tmp_path):
     """A PATH that holds every program of this one except the named ones, and no JAVA_HOME."""
+
     def make(*missing: str) -> dict[str, str]:
         env = job_env()
         env.pop("JAVA_HOME", None)
@@ -78,12 +116,22 @@ def path_without(tmp_path):
         env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "empty-cache")  # nothing built or installed yet
         env.pop("FLINK_JOB_SERVER_JAR", None)
         return env
+
     return make
 
 
 def test_flink_cluster_start_without_java_is_one_line(path_without, tmp_path):
-    proc = _run([str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"),
-                 "--rest_port", str(free_port())], env=path_without("java"))
+    proc = _run(
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "start",
+            "--state_dir",
+            str(tmp_path / "state"),
+            "--rest_port",
+            str(free_port()),
+        ],
+        env=path_without("java"),
+    )
     line = _one_error_line(proc, "flink_cluster.sh")
     assert "Java is missing" in line and "JAVA_HOME" in line
     assert not (tmp_path / "empty-cache").exists()  # it stopped before downloading anything
@@ -103,8 +151,15 @@ def test_flink_cluster_start_on_a_port_in_use_is_one_line(option, tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         ports = {"--rest_port": free_port(), "--rpc_port": free_port(), "--worker_pool_port": free_port(), option: port}
-        proc = _run([str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"),
-                     *[x for kv in ports.items() for x in map(str, kv)]])
+        proc = _run(
+            [
+                str(LAUNCH / "flink_cluster.sh"),
+                "start",
+                "--state_dir",
+                str(tmp_path / "state"),
+                *[x for kv in ports.items() for x in map(str, kv)],
+            ]
+        )
     line = _one_error_line(proc, "flink_cluster.sh")
     assert f"port {port} " in line and option in line
     assert not (tmp_path / "state" / "pid").exists()  # nothing was started
@@ -115,8 +170,20 @@ def test_submit_flink_refuses_a_cluster_of_another_minor_version(flink_cluster, 
     # asks the REST API first, before building or starting anything.
     env = job_env()
     env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "empty-cache")
-    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", flink_cluster.flink_master,
-                 "--flink_version", "1.20", "--input", "x", "--output_dir", str(tmp_path / "out")], env=env)
+    proc = _run(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            flink_cluster.flink_master,
+            "--flink_version",
+            "1.20",
+            "--input",
+            "x",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+    )
     line = _one_error_line(proc, "submit_flink.sh")
     assert f"runs Flink {FLINK_VERSION}" in line and "--flink_version 1.19" in line
     assert not (tmp_path / "empty-cache").exists() and not (tmp_path / "out").exists()
@@ -124,16 +191,36 @@ def test_submit_flink_refuses_a_cluster_of_another_minor_version(flink_cluster, 
 
 def test_submit_flink_refuses_a_job_server_built_for_another_minor_version(tmp_path):
     jar = _jar(tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar")
-    proc = _run([str(LAUNCH / "submit_flink.sh"), "--dry-run", "--flink_version", "1.20",
-                 "--flink_job_server_jar", jar,
-                 "--input", "x", "--output_dir", "y"])
+    proc = _run(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--dry-run",
+            "--flink_version",
+            "1.20",
+            "--flink_job_server_jar",
+            jar,
+            "--input",
+            "x",
+            "--output_dir",
+            "y",
+        ]
+    )
     line = _one_error_line(proc, "submit_flink.sh")
     assert "built for Flink 1.19" in line
 
 
 def test_submit_flink_without_a_cluster_is_one_line(tmp_path):
-    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", f"127.0.0.1:{free_port()}",
-                 "--input", "x", "--output_dir", str(tmp_path / "out")])
+    proc = _run(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            f"127.0.0.1:{free_port()}",
+            "--input",
+            "x",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     line = _one_error_line(proc, "submit_flink.sh")
     assert "no Flink REST API answers" in line and "flink_cluster.sh start" in line
 
@@ -162,7 +249,8 @@ _FAKE_DAEMON_SH = """#!/usr/bin/env bash
 kind=$1 class=$2 action=$3
 [[ "$action" == start ]] || exit 0
 mkdir -p "$FLINK_PID_DIR" "$FLINK_LOG_DIR"
-"$PYTHON" "$(dirname "$0")/fake_daemon.py" "$class" "$kind" >>"$FLINK_LOG_DIR/flink-test-$kind-0-host.log" 2>&1 </dev/null &
+"$PYTHON" "$(dirname "$0")/fake_daemon.py" "$class" "$kind" \
+  >>"$FLINK_LOG_DIR/flink-test-$kind-0-host.log" 2>&1 </dev/null &
 echo $! >>"$FLINK_PID_DIR/flink-test-$kind.pid"
 """
 
@@ -188,7 +276,8 @@ if mode == "jm-waits":  # binds only once the test says so (after it let another
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        tms = [] if mode == "tm-never" else [p for f in pid_dir.glob("*taskexecutor.pid") for p in f.read_text().split()]
+        pids = [p for f in pid_dir.glob("*taskexecutor.pid") for p in f.read_text().split()]
+        tms = [] if mode == "tm-never" else pids
         slots = int(value("taskmanager.numberOfTaskSlots"))
         body = json.dumps({"taskmanagers": len(tms), "slots-total": len(tms) * slots, "flink-version": "1.19.3"})
         self.send_response(200)
@@ -243,18 +332,26 @@ def fake_flink(tmp_path):
     (home / "bin" / "fake-daemon.sh").write_text(_FAKE_DAEMON_SH)
     (home / "bin" / "jobmanager.sh").write_text(
         '#!/usr/bin/env bash\nexec "$(dirname "$0")/fake-daemon.sh" standalonesession '
-        'org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint "$@"\n')
+        'org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint "$@"\n'
+    )
     (home / "bin" / "taskmanager.sh").write_text(
         '#!/usr/bin/env bash\nexec "$(dirname "$0")/fake-daemon.sh" taskexecutor '
-        'org.apache.flink.runtime.taskexecutor.TaskManagerRunner "$@"\n')
+        'org.apache.flink.runtime.taskexecutor.TaskManagerRunner "$@"\n'
+    )
     for script in (home / "bin").glob("*.sh"):
         script.chmod(0o755)
     env = job_env()
     env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "cache")
 
     def run(command: str, *args: str, cwd=None, extra_env=None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAUNCH / "flink_cluster.sh"), command, *args], env={**env, **(extra_env or {})},
-                              cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(LAUNCH / "flink_cluster.sh"), command, *args],
+            env={**env, **(extra_env or {})},
+            cwd=cwd or REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     try:
         yield env, run
@@ -305,8 +402,9 @@ def test_flink_cluster_stop_kills_only_its_own_processes(fake_flink, tmp_path):
 def test_flink_cluster_relative_state_dir_is_made_absolute(fake_flink, tmp_path):
     _, run = fake_flink
     (tmp_path / "elsewhere").mkdir()
-    proc = run("start", "--state_dir", "state", *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0",
-               cwd=tmp_path)
+    proc = run(
+        "start", "--state_dir", "state", *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     config = (tmp_path / "state" / "conf" / "config.yaml").read_text()
     assert f"io.tmp.dirs: {tmp_path}/state/tmp" in config
@@ -325,16 +423,28 @@ def test_flink_cluster_remembers_its_ports_and_prints_the_submit_flags(fake_flin
     _, run = fake_flink
     state = str(tmp_path / "state")
     rest, rpc, pool = free_port(), free_port(), free_port()
-    proc = run("start", "--state_dir", state, "--rest_port", str(rest), "--rpc_port", str(rpc),
-               "--worker_pool_port", str(pool), "--slots", "3")
+    proc = run(
+        "start",
+        "--state_dir",
+        state,
+        "--rest_port",
+        str(rest),
+        "--rpc_port",
+        str(rpc),
+        "--worker_pool_port",
+        str(pool),
+        "--slots",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3 slots, worker pool" in proc.stderr  # not "3 slots , worker pool"
-    assert f"launch/submit_flink.sh --flink_master 127.0.0.1:{rest} --environment_config 127.0.0.1:{pool}" \
-        in proc.stderr, proc.stderr
+    assert (
+        f"launch/submit_flink.sh --flink_master 127.0.0.1:{rest} --environment_config 127.0.0.1:{pool}" in proc.stderr
+    ), proc.stderr
     status = run("status", "--state_dir", state)
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"Flink at http://127.0.0.1:{rest}" in status.stdout
-    assert f"worker pool: running" in status.stdout and f"port {pool})" in status.stdout
+    assert "worker pool: running" in status.stdout and f"port {pool})" in status.stdout
     pids = _pids_under(tmp_path / "state")
     assert len(pids) == 3
     assert run("stop", "--state_dir", state).returncode == 0
@@ -356,12 +466,27 @@ def test_interrupting_flink_cluster_start_stops_what_it_started(fake_flink, tmp_
     env, _ = fake_flink
     rest = free_port()
     start = subprocess.Popen(
-        [str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(tmp_path / "state"), "--rest_port", str(rest),
-         *_ports("--rpc_port"), "--worker_pool_port", "0", "--timeout", "600"],
-        env={**env, "FAKE_FLINK": "tm-never"}, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "start",
+            "--state_dir",
+            str(tmp_path / "state"),
+            "--rest_port",
+            str(rest),
+            *_ports("--rpc_port"),
+            "--worker_pool_port",
+            "0",
+            "--timeout",
+            "600",
+        ],
+        env={**env, "FAKE_FLINK": "tm-never"},
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
         # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and bash
         # cannot trap a signal ignored at its start: give the script the default a terminal gives.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         # Generous, and well inside the script's own --timeout: a start that gave up waiting for the
         # TaskManager (tm-never) before the signal would not test the interruption.
@@ -383,8 +508,17 @@ def test_interrupting_flink_cluster_start_stops_what_it_started(fake_flink, tmp_
 def test_a_jobmanager_that_dies_ends_the_wait_with_its_error(fake_flink, tmp_path):
     _, run = fake_flink
     began = time.monotonic()
-    proc = run("start", "--state_dir", str(tmp_path / "state"), *_ports("--rest_port", "--rpc_port"),
-               "--worker_pool_port", "0", "--timeout", "600", extra_env={"FAKE_FLINK": "jm-dies"})
+    proc = run(
+        "start",
+        "--state_dir",
+        str(tmp_path / "state"),
+        *_ports("--rest_port", "--rpc_port"),
+        "--worker_pool_port",
+        "0",
+        "--timeout",
+        "600",
+        extra_env={"FAKE_FLINK": "jm-dies"},
+    )
     # The evidence is the script's own line: it saw the JobManager exit, rather than running out of
     # its --timeout (which would take 600 s, and say "timed out after").
     assert "exited before 127.0.0.1:" in proc.stderr and "timed out after" not in proc.stderr, proc.stderr
@@ -395,19 +529,22 @@ def test_a_jobmanager_that_dies_ends_the_wait_with_its_error(fake_flink, tmp_pat
     assert "Caused by: java.net.BindException" in last
 
 
-@pytest.mark.parametrize("option, value, says", [
-    ("--rest_port", "0", "port number from 1 to 65535"),
-    ("--rpc_port", "70000", "port number from 1 to 65535"),
-    ("--worker_pool_port", "65536", "port number from 0 to 65535"),
-    ("--slots", "0", "at least 1"),
-    ("--taskmanagers", "0", "at least 1"),
-    ("--slots", "abc", "expected a number (got 'abc')"),
-    ("--flink_version", "1.19", "X.Y.Z"),
-])
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("--rest_port", "0", "port number from 1 to 65535"),
+        ("--rpc_port", "70000", "port number from 1 to 65535"),
+        ("--worker_pool_port", "65536", "port number from 0 to 65535"),
+        ("--slots", "0", "at least 1"),
+        ("--taskmanagers", "0", "at least 1"),
+        ("--slots", "abc", "expected a number (got 'abc')"),
+        ("--flink_version", "1.19", "X.Y.Z"),
+    ],
+)
 def test_flink_cluster_checks_ranges_naming_the_option(option, value, says, fake_flink, tmp_path):
     # Free ports and the stand-in Flink: a script that did not check would start nothing real.
     _, run = fake_flink
-    ports = dict(zip(*[iter(_ports("--rest_port", "--rpc_port", "--worker_pool_port"))] * 2))
+    ports = dict(zip(*[iter(_ports("--rest_port", "--rpc_port", "--worker_pool_port"))] * 2, strict=True))
     ports[option] = value
     proc = run("start", "--state_dir", str(tmp_path / "state"), *[x for kv in ports.items() for x in kv])
     line = _one_error_line(proc, "flink_cluster.sh")
@@ -442,8 +579,18 @@ def test_a_bad_job_server_jar_is_one_line_before_anything_else(kind, via, tmp_pa
 
 
 def test_submit_flink_checks_the_job_arguments_before_the_cluster():
-    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", f"127.0.0.1:{free_port()}",
-                 "--input", "x", "--output_dir", "y", "--num_shards=-3"])
+    proc = _run(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            f"127.0.0.1:{free_port()}",
+            "--input",
+            "x",
+            "--output_dir",
+            "y",
+            "--num_shards=-3",
+        ]
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("images-to-tfrecords: error: --num_shards"), proc.stderr
 
@@ -503,8 +650,20 @@ def test_submit_flink_refuses_more_parallelism_than_the_clusters_slots(fake_rest
     rest = fake_rest(2)
     env = job_env()
     env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "empty-cache")
-    proc = _run([str(LAUNCH / "submit_flink.sh"), "--flink_master", rest.master, "--parallelism", "3",
-                 "--input", "x", "--output_dir", "y"], env=env)
+    proc = _run(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            rest.master,
+            "--parallelism",
+            "3",
+            "--input",
+            "x",
+            "--output_dir",
+            "y",
+        ],
+        env=env,
+    )
     line = _one_error_line(proc, "submit_flink.sh")
     assert "--parallelism 3" in line and "2 task slots" in line
     assert not (tmp_path / "empty-cache").exists()
@@ -514,15 +673,30 @@ def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
     rest = fake_rest(2)
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "sleepy_job.py").write_text(
-        "import os, pathlib, time\npathlib.Path(os.environ['SLEEPY_MARK']).touch()\ntime.sleep(600)\n")
+        "import os, pathlib, time\npathlib.Path(os.environ['SLEEPY_MARK']).touch()\ntime.sleep(600)\n"
+    )
     env = job_env()
     env["PYTHONPATH"] = f"{tmp_path / 'mods'}{os.pathsep}{env['PYTHONPATH']}"
     env["SLEEPY_MARK"] = str(tmp_path / "started")
     jar = _jar(tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar")
     submit = subprocess.Popen(
-        [str(LAUNCH / "submit_flink.sh"), "--flink_master", rest.master, "--flink_job_server_jar", jar,
-         "--job_module", "sleepy_job", "--input", "x"],
-        env=env, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            rest.master,
+            "--flink_job_server_jar",
+            jar,
+            "--job_module",
+            "sleepy_job",
+            "--input",
+            "x",
+        ],
+        env=env,
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (tmp_path / "started").exists():
@@ -550,8 +724,19 @@ def test_run_portable_checks_its_ports(option, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _run([str(LAUNCH / "run_portable.sh"), option, str(port), "--log_dir", str(tmp_path / "logs"),
-                     "--input", "x", "--output_dir", str(tmp_path / "out")])
+        proc = _run(
+            [
+                str(LAUNCH / "run_portable.sh"),
+                option,
+                str(port),
+                "--log_dir",
+                str(tmp_path / "logs"),
+                "--input",
+                "x",
+                "--output_dir",
+                str(tmp_path / "out"),
+            ]
+        )
     line = _one_error_line(proc, "run_portable.sh")
     assert f"port {port} " in line and option in line and "in use" in line
     assert not (tmp_path / "out").exists()
@@ -587,10 +772,25 @@ def test_a_rest_port_answered_by_another_cluster_is_not_taken_for_ours(fake_flin
     rest = free_port()
     state = tmp_path / "state"
     start = subprocess.Popen(
-        [str(LAUNCH / "flink_cluster.sh"), "start", "--state_dir", str(state), "--rest_port", str(rest),
-         *_ports("--rpc_port"), "--worker_pool_port", "0", "--timeout", "600"],
-        env={**env, "FAKE_FLINK": "jm-waits"}, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            str(LAUNCH / "flink_cluster.sh"),
+            "start",
+            "--state_dir",
+            str(state),
+            "--rest_port",
+            str(rest),
+            *_ports("--rpc_port"),
+            "--worker_pool_port",
+            "0",
+            "--timeout",
+            "600",
+        ],
+        env={**env, "FAKE_FLINK": "jm-waits"},
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stranger = None
     try:
         deadline = time.monotonic() + 300

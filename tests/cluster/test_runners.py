@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_local_output_is_complete(local_output, photo_tree):
     files = output_files(local_output)
     assert sorted(files) == ["dataset_info.json", "dead_letters.jsonl"] + [
-        f"train-0000{i}-of-00004.tfrecord" for i in range(4)]
+        f"train-0000{i}-of-00004.tfrecord" for i in range(4)
+    ]
     assert len(files["dead_letters.jsonl"].splitlines()) == 7
 
 
@@ -22,8 +23,19 @@ def test_local_output_is_complete(local_output, photo_tree):
 def test_portable_job_service_matches_local(local_output, photo_tree, tmp_path):
     out = tmp_path / "out"
     logs = tmp_path / "logs"
-    proc = run_script([str(LAUNCH / "run_portable.sh"), "--log_dir", str(logs),
-                       "--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS], timeout=600)
+    proc = run_script(
+        [
+            str(LAUNCH / "run_portable.sh"),
+            "--log_dir",
+            str(logs),
+            "--input",
+            str(photo_tree),
+            "--output_dir",
+            str(out),
+            *JOB_FLAGS,
+        ],
+        timeout=600,
+    )
     assert "--runner=PortableRunner" in proc.stderr
     assert_same_output(out, local_output)
     # run_portable.sh stops the job service and worker pool it started.
@@ -34,6 +46,17 @@ def test_portable_job_service_matches_local(local_output, photo_tree, tmp_path):
 def test_portable_job_service_with_the_clusters_worker_pool(flink_cluster, local_output, photo_tree, tmp_path):
     # The worker pool that flink_cluster.sh starts serves any portable runner.
     out = tmp_path / "out"
-    run_script([str(LAUNCH / "run_portable.sh"), "--worker_pool", flink_cluster.worker_pool,
-                "--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS], timeout=600)
+    run_script(
+        [
+            str(LAUNCH / "run_portable.sh"),
+            "--worker_pool",
+            flink_cluster.worker_pool,
+            "--input",
+            str(photo_tree),
+            "--output_dir",
+            str(out),
+            *JOB_FLAGS,
+        ],
+        timeout=600,
+    )
     assert_same_output(out, local_output)

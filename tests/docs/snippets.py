@@ -51,11 +51,18 @@ def snippets(text: str, *, page: str) -> list[Snippet]:
             continue
         info = opening["info"].strip().split()[0].strip("{}.").lower()
         end = _closing(lines, number, opening["fence"])
-        body = textwrap.dedent("\n".join(lines[number + 1:end]))
-        before = "\n".join(lines[max(0, number - 2):number])
+        body = textwrap.dedent("\n".join(lines[number + 1 : end]))
+        before = "\n".join(lines[max(0, number - 2) : number])
         marked = _NOT_RUN.search(before)
-        found.append(Snippet(page=page, line=number + 1, language=RUN_LANGUAGES.get(info, info), code=body + "\n",
-                             not_run=marked["why"] if marked else None))
+        found.append(
+            Snippet(
+                page=page,
+                line=number + 1,
+                language=RUN_LANGUAGES.get(info, info),
+                code=body + "\n",
+                not_run=marked["why"] if marked else None,
+            )
+        )
         number = end + 1
     return found
 

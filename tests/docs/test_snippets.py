@@ -48,11 +48,22 @@ def test_every_code_block_of_the_page_runs(page, tmp_path):
         return  # A page of prose and formats only: nothing to run (the next tests still read it).
     work = clone_view(tmp_path / "clone")
     bin_dir = os.path.dirname(sys.executable)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "VENV": sys.prefix,
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "VENV": sys.prefix,
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("PYTHONPATH", None)  # The clone's own folder is the only source, as for a reader.
-    done = subprocess.run([sys.executable, "-m", "tests.docs.run_page", str(page)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=840, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.docs.run_page", str(page)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
     assert done.returncode == 0, f"{_page_id(page)}:\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
 
 
@@ -81,27 +92,54 @@ def test_readme_is_short():
     assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
 
 
-@pytest.mark.parametrize("phrase", ["the article", "the issue", "these machines", "this machine", "this session",
-                                    "trial", "as before", "earlier release", "no longer"])
+@pytest.mark.parametrize(
+    "phrase",
+    [
+        "the article",
+        "the issue",
+        "these machines",
+        "this machine",
+        "this session",
+        "trial",
+        "as before",
+        "earlier release",
+        "no longer",
+    ],
+)
 def test_docs_assume_no_history(phrase):
     """A reader has not followed the project's making: no sentence may lean on it."""
-    hits = [f"{_page_id(page)}:{number}" for page in PAGES
-            for number, line in enumerate(page.read_text(encoding="utf-8").lower().splitlines(), start=1)
-            if phrase in line]
+    hits = [
+        f"{_page_id(page)}:{number}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text(encoding="utf-8").lower().splitlines(), start=1)
+        if phrase in line
+    ]
     assert not hits, hits
 
 
 def test_snippet_reader_finds_blocks_and_marks():
-    text = "a\n<!-- not run: needs a cloud account -->\n```bash\ngcloud x\n```\n\n```python\nprint(1)\n```\n" \
-           "```text\nout\n```\n  ```bash\n  echo indented\n  ```\n"
+    text = (
+        "a\n<!-- not run: needs a cloud account -->\n```bash\ngcloud x\n```\n\n```python\nprint(1)\n```\n"
+        "```text\nout\n```\n  ```bash\n  echo indented\n  ```\n"
+    )
     found = snippets(text, page="p.md")
-    assert [(s.language, s.runs, s.line) for s in found] == [("bash", False, 3), ("python", True, 7),
-                                                              ("text", False, 10), ("bash", True, 13)]
+    assert [(s.language, s.runs, s.line) for s in found] == [
+        ("bash", False, 3),
+        ("python", True, 7),
+        ("text", False, 10),
+        ("bash", True, 13),
+    ]
     assert found[0].not_run == "needs a cloud account" and found[3].code == "echo indented\n"
 
 
 def test_docs_site_builds_strictly(tmp_path):
     """MkDocs with --strict: a broken link or a page missing from the navigation fails."""
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -23,8 +23,10 @@ def examples_of_manifest(out: pathlib.Path | str, info: dict) -> collections.Cou
     record from the files it lists (not through the reader under test)."""
     names = info["label_names"]
     found: collections.Counter = collections.Counter()
-    spec = {"image/filename": tf.io.FixedLenFeature([], tf.string),
-            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "image/filename": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
     for split, facts in info["splits"].items():
         for shard in facts["shards"]:
             for record in tf.data.TFRecordDataset(str(pathlib.Path(out) / shard["file"])):
@@ -39,8 +41,12 @@ def open_examples(out: pathlib.Path | str, **kwargs) -> dict:
     """Reader datasets built now, one per split (iterated later by read_through): a trainer that
     opened the dataset at this moment."""
     info = tfr.load_manifest(str(out), **kwargs)
-    return {"info": info, "datasets": {split: tfr.make_dataset(str(out), split, 8, with_metadata=True, **kwargs)
-                                       for split in info.splits}}
+    return {
+        "info": info,
+        "datasets": {
+            split: tfr.make_dataset(str(out), split, 8, with_metadata=True, **kwargs) for split in info.splits
+        },
+    }
 
 
 def read_through(opened: dict) -> collections.Counter:
@@ -49,7 +55,7 @@ def read_through(opened: dict) -> collections.Counter:
     found: collections.Counter = collections.Counter()
     for split, dataset in opened["datasets"].items():
         for _, labels, metadata in dataset:
-            for label, filename in zip(labels.numpy(), metadata["filename"].numpy()):
+            for label, filename in zip(labels.numpy(), metadata["filename"].numpy(), strict=True):
                 assert 0 <= label < len(names), f"label {label} outside the {len(names)} classes"
                 found[(split, filename.decode(), names[label])] += 1
     return found

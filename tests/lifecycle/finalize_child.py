@@ -25,14 +25,27 @@ def main(path: str) -> None:
     with open(path, encoding="utf-8") as handle:
         args = json.load(handle)
     FileSystems.set_options(PipelineOptions(args.get("beam_flags", [])))
-    results = [ShardResult(**{**r, "class_counts": tuple(map(tuple, r["class_counts"])),
-                              "dead_letters_by_reason": ()}) for r in args["results"]]
+    results = [
+        ShardResult(**{**r, "class_counts": tuple(map(tuple, r["class_counts"])), "dead_letters_by_reason": ()})
+        for r in args["results"]
+    ]
     expected = read_current(args["output_dir"])  # as run() reads it, before the pipeline starts
     print("ready", flush=True)
     sys.stdin.readline()
-    finalize_outputs(results, args["summary"], [], [], output_dir=args["output_dir"], run=args["run"],
-                     expected=expected, change_kind="overwrite", config=ImageConfig(**args["image"]),
-                     settings=args["settings"], max_bad_fraction=0.01, keep_versions=2)
+    finalize_outputs(
+        results,
+        args["summary"],
+        [],
+        [],
+        output_dir=args["output_dir"],
+        run=args["run"],
+        expected=expected,
+        change_kind="overwrite",
+        config=ImageConfig(**args["image"]),
+        settings=args["settings"],
+        max_bad_fraction=0.01,
+        keep_versions=2,
+    )
     print("done", flush=True)
 
 

@@ -34,16 +34,39 @@ def uncommitted_copy(out: pathlib.Path, info: dict) -> dict:
             counts = {}
             for _, _, label in labels:
                 counts[label] = counts.get(label, 0) + 1
-            results.append({"split": split, "index": index, "num_shards": len(facts["shards"]), "file": name,
-                            "num_examples": shard["num_examples"], "bytes": shard["bytes"],
-                            "sha256": shard["sha256"], "class_counts": sorted(counts.items())})
-    summary = {"label_names": info["label_names"], "num_inputs": info["num_inputs"], "warnings": [],
-               "splits": {split: {"num_examples": f["num_examples"], "num_shards": f["num_shards"],
-                                  "class_counts": f["class_counts"]} for split, f in info["splits"].items()}}
+            results.append(
+                {
+                    "split": split,
+                    "index": index,
+                    "num_shards": len(facts["shards"]),
+                    "file": name,
+                    "num_examples": shard["num_examples"],
+                    "bytes": shard["bytes"],
+                    "sha256": shard["sha256"],
+                    "class_counts": sorted(counts.items()),
+                }
+            )
+    summary = {
+        "label_names": info["label_names"],
+        "num_inputs": info["num_inputs"],
+        "warnings": [],
+        "splits": {
+            split: {"num_examples": f["num_examples"], "num_shards": f["num_shards"], "class_counts": f["class_counts"]}
+            for split, f in info["splits"].items()
+        },
+    }
     preprocessing = info["preprocessing"]
-    settings = {key: preprocessing.get(key) for key in ("splits", "split_rule", "num_shards", "target_shard_mb", "dedup")}
-    return {"output_dir": str(out), "run": run, "results": results, "summary": summary, "settings": settings,
-            "image": {"width": info["image"]["width"], "height": info["image"]["height"]}}
+    settings = {
+        key: preprocessing.get(key) for key in ("splits", "split_rule", "num_shards", "target_shard_mb", "dedup")
+    }
+    return {
+        "output_dir": str(out),
+        "run": run,
+        "results": results,
+        "summary": summary,
+        "settings": settings,
+        "image": {"width": info["image"]["width"], "height": info["image"]["height"]},
+    }
 
 
 def build_three_states(base: pathlib.Path):
@@ -56,8 +79,18 @@ def build_three_states(base: pathlib.Path):
     src = base / "src"
     make_photo_tree(src, num_images=40, seed=11)
     out = base / "template"
-    flags = ["--input", str(src), "--output_dir", str(out), "--image_size", "32x32",
-             "--splits", "train=0.8,validation=0.2", "--direct_num_workers", "1"]
+    flags = [
+        "--input",
+        str(src),
+        "--output_dir",
+        str(out),
+        "--image_size",
+        "32x32",
+        "--splits",
+        "train=0.8,validation=0.2",
+        "--direct_num_workers",
+        "1",
+    ]
     run_cli(*flags, "--num_shards", "2")
     version_1 = manifest(out)
     run_cli(*flags, "--num_shards", "3", "--overwrite")
@@ -67,12 +100,18 @@ def build_three_states(base: pathlib.Path):
     return out, args, examples_of_manifest(out, version_2), examples_of_manifest(out, version_1)
 
 
-def start_finalize_child(args: dict, output_dir: str, tmp: pathlib.Path,
-                         beam_flags: list[str] | None = None) -> subprocess.Popen:
+def start_finalize_child(
+    args: dict, output_dir: str, tmp: pathlib.Path, beam_flags: list[str] | None = None
+) -> subprocess.Popen:
     """The run's last step in a process of its own (finalize_child), ready: it starts on "go"."""
     path = tmp / "args.json"
     path.write_text(json.dumps({**args, "output_dir": output_dir, "beam_flags": beam_flags or []}))
-    child = subprocess.Popen([sys.executable, "-m", "tests.lifecycle.finalize_child", str(path)], cwd=REPO,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.lifecycle.finalize_child", str(path)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "ready"
     return child

@@ -27,13 +27,17 @@ def _compare(listed, held):
     return [o.value[0] if getattr(o, "tag", None) == PLAN_CHANGES else "new" for o in outputs]
 
 
-@pytest.mark.parametrize("listed, says", [
-    (InputFile("a.jpg", "u", label="cat", split="train", size=1, mtime=2.0), ["held"]),
-    (InputFile("a.jpg", "u", label="cat", size=1, mtime=2.0), ["held"]),  # the split is the plan's to give
-    (InputFile("a.jpg", "u", label="dog", split="train", size=1, mtime=2.0), ["changed"]),  # relabelled
-    (InputFile("a.jpg", "u", label="cat", split="validation", size=1, mtime=2.0), ["changed"]),  # moved
-    (InputFile("a.jpg", "u", label="cat", split="train", size=9, mtime=2.0), ["changed"]),  # rewritten
-], ids=["same", "no split listed", "label", "split", "content"])
+@pytest.mark.parametrize(
+    "listed, says",
+    [
+        (InputFile("a.jpg", "u", label="cat", split="train", size=1, mtime=2.0), ["held"]),
+        (InputFile("a.jpg", "u", label="cat", size=1, mtime=2.0), ["held"]),  # the split is the plan's to give
+        (InputFile("a.jpg", "u", label="dog", split="train", size=1, mtime=2.0), ["changed"]),  # relabelled
+        (InputFile("a.jpg", "u", label="cat", split="validation", size=1, mtime=2.0), ["changed"]),  # moved
+        (InputFile("a.jpg", "u", label="cat", split="train", size=9, mtime=2.0), ["changed"]),  # rewritten
+    ],
+    ids=["same", "no split listed", "label", "split", "content"],
+)
 def test_an_input_relabelled_or_moved_is_changed_not_held(listed, says):
     held = {"state": [1, 2.0], "label": "cat", "split": "train"}
     assert _compare([listed], [held]) == says
@@ -45,25 +49,45 @@ def test_an_input_no_longer_listed_is_removed_and_a_new_one_is_new():
 
 
 def _version(version: int, files: list[str], dead: str) -> dict:
-    return {"version": version, "dead_letters_file": dead,
-            "splits": {"train": {"shards": [{"file": f, "bytes": 5} for f in files]}}}
+    return {
+        "version": version,
+        "dead_letters_file": dead,
+        "splits": {"train": {"shards": [{"file": f, "bytes": 5} for f in files]}},
+    }
 
 
 def test_gc_never_collects_a_users_folder_or_file_under_shards():
     old, new = f"shards/{RUN}", "shards/20261201T110000Z-89abcdef"
-    chain = [_version(3, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
-             _version(2, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
-             _version(1, [f"{old}/train-00000-of-00001.tfrecord"], f"{old}/dead_letters.jsonl")]
-    existing = {name: 5 for name in [
-        f"{old}/train-00000-of-00001.tfrecord", f"{old}/.train-00000-of-00001.tfrecord.json",
-        f"{old}/dead_letters.jsonl", f"{new}/train-00000-of-00001.tfrecord", f"{new}/dead_letters.jsonl",
-        "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord",  # a killed run's
-        "shards/mine/notes.txt", "shards/backup-of-v1/train-00000-of-00001.tfrecord",  # the user's
-        "shards/20200101T000000Z-deadbeef/notes.txt", f"{old}/my-notes.txt", "shards/loose.txt"]}
+    chain = [
+        _version(3, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
+        _version(2, [f"{new}/train-00000-of-00001.tfrecord"], f"{new}/dead_letters.jsonl"),
+        _version(1, [f"{old}/train-00000-of-00001.tfrecord"], f"{old}/dead_letters.jsonl"),
+    ]
+    existing = {
+        name: 5
+        for name in [
+            f"{old}/train-00000-of-00001.tfrecord",
+            f"{old}/.train-00000-of-00001.tfrecord.json",
+            f"{old}/dead_letters.jsonl",
+            f"{new}/train-00000-of-00001.tfrecord",
+            f"{new}/dead_letters.jsonl",
+            "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord",  # a killed run's
+            "shards/mine/notes.txt",
+            "shards/backup-of-v1/train-00000-of-00001.tfrecord",  # the user's
+            "shards/20200101T000000Z-deadbeef/notes.txt",
+            f"{old}/my-notes.txt",
+            "shards/loose.txt",
+        ]
+    }
     doomed = garbage(chain, [], existing, keep=2)
-    assert doomed == sorted([f"{old}/train-00000-of-00001.tfrecord", f"{old}/.train-00000-of-00001.tfrecord.json",
-                             f"{old}/dead_letters.jsonl",
-                             "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord"])
+    assert doomed == sorted(
+        [
+            f"{old}/train-00000-of-00001.tfrecord",
+            f"{old}/.train-00000-of-00001.tfrecord.json",
+            f"{old}/dead_letters.jsonl",
+            "shards/20200101T000000Z-deadbeef/train-00000-of-00002.tfrecord",
+        ]
+    )
 
 
 def test_a_version_whose_dead_letters_are_gone_is_partly_collected_and_not_rolled_back_to():
@@ -87,15 +111,26 @@ def test_a_commit_never_reuses_a_version_number_the_history_holds(tmp_path):
 
 
 def test_an_appended_version_states_missing_classes_from_its_merged_counts():
-    base = {"label_names": ["cat", "dog"], "num_inputs": 3, "warnings": ["split 'validation' has no example of "
-                                                                        "1 class: 'dog'"],
-            "splits": {"train": {"num_examples": 2, "class_counts": {"cat": 1, "dog": 1}, "shards": [{"file": "a"}]},
-                       "validation": {"num_examples": 1, "class_counts": {"cat": 1, "dog": 0}, "shards": [{"file": "b"}]}}}
-    added = {"label_names": ["cat", "dog", "eel"], "num_inputs": 1,
-             "warnings": ["split 'train' has no example of 2 classes: 'cat', 'dog'",
-                          "--splits train,validation was ignored: every input already has a split"],
-             "splits": {"train": {"num_examples": 1, "class_counts": {"cat": 0, "dog": 0, "eel": 1},
-                                  "shards": [{"file": "c"}]}}}
+    base = {
+        "label_names": ["cat", "dog"],
+        "num_inputs": 3,
+        "warnings": ["split 'validation' has no example of 1 class: 'dog'"],
+        "splits": {
+            "train": {"num_examples": 2, "class_counts": {"cat": 1, "dog": 1}, "shards": [{"file": "a"}]},
+            "validation": {"num_examples": 1, "class_counts": {"cat": 1, "dog": 0}, "shards": [{"file": "b"}]},
+        },
+    }
+    added = {
+        "label_names": ["cat", "dog", "eel"],
+        "num_inputs": 1,
+        "warnings": [
+            "split 'train' has no example of 2 classes: 'cat', 'dog'",
+            "--splits train,validation was ignored: every input already has a split",
+        ],
+        "splits": {
+            "train": {"num_examples": 1, "class_counts": {"cat": 0, "dog": 0, "eel": 1}, "shards": [{"file": "c"}]}
+        },
+    }
     merged = merge_appended(base, added)
     assert merged["warnings"] == ["split 'validation' has no example of 2 classes: 'dog', 'eel'"]
     assert merged["splits"]["train"]["class_counts"] == {"cat": 1, "dog": 1, "eel": 1}
@@ -112,8 +147,9 @@ def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_pat
     first = sorted(photos)[0]
     relabelled = [row.replace(f"{first},{first.parent.name},", f"{first},relabelled,") for row in rows]
     (tmp_path / "two.csv").write_text("uri,label,split\n" + "\n".join(relabelled) + "\n")
-    result = subprocess.run([*job, "--manifest", str(tmp_path / "two.csv"), "--append"], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [*job, "--manifest", str(tmp_path / "two.csv"), "--append"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     [error] = [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
     assert "1 input of version 1 changed (content, label or split)" in error and str(first) in error, error
@@ -123,9 +159,14 @@ def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_pat
 def test_an_appends_plan_says_nothing_of_the_whole_dataset_from_its_new_inputs_alone():
     from beam_jobs.pipeline import _append_summary
 
-    summary = {"num_inputs": 10, "warnings": ["--splits train,validation was ignored: every input already has a split",
-                                              "split 'train' has no example of 1 class: 'cat'",
-                                              "the classes 'Cat', 'cat' differ only by case; they are separate classes"]}
+    summary = {
+        "num_inputs": 10,
+        "warnings": [
+            "--splits train,validation was ignored: every input already has a split",
+            "split 'train' has no example of 1 class: 'cat'",
+            "the classes 'Cat', 'cat' differ only by case; they are separate classes",
+        ],
+    }
     planned = _append_summary(summary, {"held": 8, "changed": 1, "removed": 0})
     assert planned["num_inputs"] == 1
     assert planned["warnings"] == ["the classes 'Cat', 'cat' differ only by case; they are separate classes"]

@@ -19,8 +19,12 @@ from tests.lifecycle.checks import examples_of_manifest, examples_read, manifest
 
 
 def _train_examples(out: pathlib.Path, info: dict) -> list[list[str]]:
-    return sorted([name, label] for (split, name, label), count in examples_of_manifest(out, info).items()
-                  for _ in range(count) if split == "train")
+    return sorted(
+        [name, label]
+        for (split, name, label), count in examples_of_manifest(out, info).items()
+        for _ in range(count)
+        if split == "train"
+    )
 
 
 @pytest.mark.slow
@@ -28,15 +32,32 @@ def test_overwrite_append_and_rollback_under_a_running_trainer(tmp_path):
     src = tmp_path / "src"
     make_photo_tree(src, num_images=24, seed=3)
     out = tmp_path / "out"
-    flags = ["--input", str(src), "--output_dir", str(out), "--image_size", "24x24", "--num_shards", "2",
-             "--direct_num_workers", "1", "--keep_versions", "4"]
+    flags = [
+        "--input",
+        str(src),
+        "--output_dir",
+        str(out),
+        "--image_size",
+        "24x24",
+        "--num_shards",
+        "2",
+        "--direct_num_workers",
+        "1",
+        "--keep_versions",
+        "4",
+    ]
     run_cli(*flags)
     version_1 = manifest(out)
     opened = _train_examples(out, version_1)
     trainer = subprocess.Popen(
         [sys.executable, "-m", "tests.lifecycle.trainer_child", str(tmp_path / "seen.json"), str(out), "4"],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def next_epoch(change) -> None:
             line = trainer.stdout.readline().strip()
             assert line.startswith("epoch"), line
@@ -80,14 +101,19 @@ def test_overwrite_append_and_rollback_under_a_running_trainer(tmp_path):
     version_3 = json.loads((out / "versions" / "00000003.json").read_text())
     version_2 = json.loads((out / "versions" / "00000002.json").read_text())
     assert files(version_2) == [f for f in files(version_3) if f in files(version_2)]
-    assert version_3["label_names"][:len(version_2["label_names"])] == version_2["label_names"]
+    assert version_3["label_names"][: len(version_2["label_names"])] == version_2["label_names"]
     assert version_3["label_names"][-1] == "zebra"
     counts = collections.Counter(label for _, _, label in examples_of_manifest(out, version_3))
     assert counts["zebra"] == 6
 
 
 def run_cli_versions(out: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "beam_jobs.versions", str(out), *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.versions", str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return result

@@ -34,8 +34,10 @@ def _restore(template, out) -> None:
 
 def _listing(info: dict) -> dict:
     """What a reader built from a manifest reads: its splits' shard files and counts."""
-    return {split: [(s["file"], s["num_examples"], s["sha256"]) for s in facts["shards"]]
-            for split, facts in info["splits"].items()}
+    return {
+        split: [(s["file"], s["num_examples"], s["sha256"]) for s in facts["shards"]]
+        for split, facts in info["splits"].items()
+    }
 
 
 @pytest.mark.slow

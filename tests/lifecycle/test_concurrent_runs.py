@@ -21,12 +21,20 @@ def test_two_runs_at_once_one_wins_one_fails_in_one_line(tmp_path, first_commit)
     out = tmp_path / "out"
     flags = ["--input", str(src), "--output_dir", str(out), "--image_size", "24x24", "--direct_num_workers", "1"]
     if first_commit:
-        subprocess.run([sys.executable, "-m", "beam_jobs", *flags], cwd=REPO, check=True, capture_output=True,
-                       timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "beam_jobs", *flags], cwd=REPO, check=True, capture_output=True, timeout=600
+        )
     extra = ["--overwrite"] if first_commit else []
-    runs = [subprocess.Popen([sys.executable, "-m", "beam_jobs", *flags, *extra, "--num_shards", str(n)],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for n in (2, 3)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "beam_jobs", *flags, *extra, "--num_shards", str(n)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (2, 3)
+    ]
     outcomes = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
     codes = sorted(code for code, _ in outcomes)
     assert codes[0] == 0 and codes[1] != 0, outcomes

@@ -70,13 +70,20 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def run_job(*args: str, env: dict[str, str] | None = None, check: bool = True,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+def run_job(
+    *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``python -m beam_jobs ARGS`` in a fresh process, this venv first on PATH (for the workers)."""
     full_env = {**os.environ, **(env or {})}
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
-    proc = subprocess.run([sys.executable, "-m", "beam_jobs", *map(str, args)], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_jobs", *map(str, args)],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}")
     return proc
@@ -95,22 +102,30 @@ class Minio:
     def client(self, **credentials):
         import boto3  # pylint: disable=import-outside-toplevel
 
-        credentials = credentials or {"aws_access_key_id": self.access_key,
-                                      "aws_secret_access_key": self.secret_key}
+        credentials = credentials or {"aws_access_key_id": self.access_key, "aws_secret_access_key": self.secret_key}
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **credentials)
 
-    def job_flags(self, *, access_key: str | None = None, secret_key: str | None = None,
-                  session_token: str | None = None) -> list[str]:
+    def job_flags(
+        self, *, access_key: str | None = None, secret_key: str | None = None, session_token: str | None = None
+    ) -> list[str]:
         """Beam's S3 options: the endpoint and keys the job and its workers use."""
-        flags = ["--s3_endpoint_url", self.endpoint, "--s3_region_name", "us-east-1",
-                 "--s3_access_key_id", access_key or self.access_key,
-                 "--s3_secret_access_key", secret_key or self.secret_key]
+        flags = [
+            "--s3_endpoint_url",
+            self.endpoint,
+            "--s3_region_name",
+            "us-east-1",
+            "--s3_access_key_id",
+            access_key or self.access_key,
+            "--s3_secret_access_key",
+            secret_key or self.secret_key,
+        ]
         return flags + (["--s3_session_token", session_token] if session_token else [])
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         paginator = self.client().get_paginator("list_objects_v2")
-        return sorted(o["Key"] for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
-                      for o in page.get("Contents", []))
+        return sorted(
+            o["Key"] for page in paginator.paginate(Bucket=bucket, Prefix=prefix) for o in page.get("Contents", [])
+        )
 
     def unfinished_uploads(self, bucket: str) -> list[str]:
         """Multipart uploads begun and never completed nor aborted: invisible litter that costs storage."""
@@ -128,15 +143,28 @@ class Minio:
         """Temporary credentials (STS AssumeRole, with a session token) allowed ``actions`` only."""
         import boto3  # pylint: disable=import-outside-toplevel
 
-        sts = boto3.client("sts", endpoint_url=self.endpoint, region_name="us-east-1",
-                           aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
-        policy = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Action": actions,
-            "Resource": ["arn:aws:s3:::*"]}]}
-        credentials = sts.assume_role(RoleArn="arn:minio:iam:::role/read-only", RoleSessionName="session",
-                                      Policy=json.dumps(policy), DurationSeconds=3600)["Credentials"]
-        return {"access_key": credentials["AccessKeyId"], "secret_key": credentials["SecretAccessKey"],
-                "session_token": credentials["SessionToken"]}
+        sts = boto3.client(
+            "sts",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": actions, "Resource": ["arn:aws:s3:::*"]}],
+        }
+        credentials = sts.assume_role(
+            RoleArn="arn:minio:iam:::role/read-only",
+            RoleSessionName="session",
+            Policy=json.dumps(policy),
+            DurationSeconds=3600,
+        )["Credentials"]
+        return {
+            "access_key": credentials["AccessKeyId"],
+            "secret_key": credentials["SecretAccessKey"],
+            "session_token": credentials["SessionToken"],
+        }
 
 
 @pytest.fixture(scope="session")
@@ -144,14 +172,36 @@ def minio(tmp_path_factory):
     binary = server_binary("minio")
     root = tmp_path_factory.mktemp("minio")
     port, console = free_port(), free_port()
-    server = Minio(endpoint=f"http://127.0.0.1:{port}", access_key="itt" + secrets.token_hex(8),
-                   secret_key=secrets.token_urlsafe(24), data_dir=root / "data", log=root / "minio.log")
-    env = {**os.environ, "MINIO_ROOT_USER": server.access_key, "MINIO_ROOT_PASSWORD": server.secret_key,
-           "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"}
+    server = Minio(
+        endpoint=f"http://127.0.0.1:{port}",
+        access_key="itt" + secrets.token_hex(8),
+        secret_key=secrets.token_urlsafe(24),
+        data_dir=root / "data",
+        log=root / "minio.log",
+    )
+    env = {
+        **os.environ,
+        "MINIO_ROOT_USER": server.access_key,
+        "MINIO_ROOT_PASSWORD": server.secret_key,
+        "MINIO_BROWSER": "off",
+        "MINIO_UPDATE": "off",
+    }
     with server.log.open("wb") as log:
-        process = subprocess.Popen([binary, "server", "--quiet", "--address", f"127.0.0.1:{port}",
-                                    "--console-address", f"127.0.0.1:{console}", str(server.data_dir)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [
+                binary,
+                "server",
+                "--quiet",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--console-address",
+                f"127.0.0.1:{console}",
+                str(server.data_dir),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_http(f"{server.endpoint}/minio/health/ready", process, server.log)
         yield server
@@ -175,8 +225,9 @@ class FakeGcs:
         from google.auth.credentials import AnonymousCredentials  # pylint: disable=import-outside-toplevel
         from google.cloud import storage  # pylint: disable=import-outside-toplevel
 
-        return storage.Client(project="test", credentials=AnonymousCredentials(),
-                              client_options={"api_endpoint": self.endpoint})
+        return storage.Client(
+            project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": self.endpoint}
+        )
 
     def names(self, bucket: str, prefix: str = "") -> list[str]:
         return sorted(blob.name for blob in self.client().list_blobs(bucket, prefix=prefix))
@@ -189,9 +240,23 @@ def fake_gcs(tmp_path_factory):
     port = free_port()
     server = FakeGcs(endpoint=f"http://127.0.0.1:{port}", log=root / "fake-gcs.log")
     with server.log.open("wb") as log:
-        process = subprocess.Popen([binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                                    "-port", str(port), "-log-level", "warn"],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [
+                binary,
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-log-level",
+                "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_http(f"{server.endpoint}/storage/v1/b", process, server.log)
         yield server

@@ -25,25 +25,29 @@ def normalise_names(name: str) -> str:
 def normalise(data: bytes, *, input_root: str, output_root: str) -> bytes:
     """The bytes with the run's input and output roots replaced by placeholders: the only thing that
     may differ between a store run and a local-disk run (dead letters name their input's uri)."""
-    return (data.replace(input_root.rstrip("/").encode(), b"<input>")
-            .replace(output_root.rstrip("/").encode(), b"<output>"))
+    return data.replace(input_root.rstrip("/").encode(), b"<input>").replace(
+        output_root.rstrip("/").encode(), b"<output>"
+    )
 
 
 def dataset_names(reference: pathlib.Path) -> list[str]:
     """What a finished dataset folder holds (relative names, run folders as "shards/<run>/"): the
     manifest, its history copy, the run's shards, sidecars and dead letters. Not the local commit
     lock file, which object stores do without."""
-    return sorted(normalise_names(p.relative_to(reference).as_posix()) for p in reference.rglob("*")
-                  if p.is_file() and p.name != ".commit.lock")
+    return sorted(
+        normalise_names(p.relative_to(reference).as_posix())
+        for p in reference.rglob("*")
+        if p.is_file() and p.name != ".commit.lock"
+    )
 
 
 def _comparable_manifest(data: bytes) -> bytes:
     return json.dumps(flat_manifest(json.loads(data)), indent=2, sort_keys=True).encode()
 
 
-
-def assert_matches_local(got: dict[str, bytes], reference: pathlib.Path, *, input_root: str,
-                         output_root: str, reference_input: str) -> None:
+def assert_matches_local(
+    got: dict[str, bytes], reference: pathlib.Path, *, input_root: str, output_root: str, reference_input: str
+) -> None:
     """``got`` ({name: bytes} of everything the store run left in its output) equals the local run:
 
     - the same names, and nothing else (no temp, probe or lock objects), run folders compared as
@@ -55,8 +59,11 @@ def assert_matches_local(got: dict[str, bytes], reference: pathlib.Path, *, inpu
       writes dead letters in parts chosen by a hash of each input's full uri, so a different root
       orders them differently (a rerun on the same root is byte-identical).
     """
-    want = {normalise_names(p.relative_to(reference).as_posix()): p.read_bytes() for p in reference.rglob("*")
-            if p.is_file() and p.name != ".commit.lock"}
+    want = {
+        normalise_names(p.relative_to(reference).as_posix()): p.read_bytes()
+        for p in reference.rglob("*")
+        if p.is_file() and p.name != ".commit.lock"
+    }
     got = {normalise_names(name): data for name, data in got.items()}
     assert sorted(got) == sorted(want), f"objects differ from the local run's files: {sorted(got)} vs {sorted(want)}"
     for name, data in want.items():

@@ -54,9 +54,13 @@ def s3_out(minio) -> StoreOut:
         except client.exceptions.NoSuchKey:
             return None
 
-    return StoreOut(uri=f"s3://{bucket}/out", flags=minio.job_flags(),
-                    put=lambda relative, data: client.put_object(Bucket=bucket, Key=f"out/{relative}", Body=data),
-                    get=get, names=lambda: [k[len("out/"):] for k in minio.keys(bucket, "out/")])
+    return StoreOut(
+        uri=f"s3://{bucket}/out",
+        flags=minio.job_flags(),
+        put=lambda relative, data: client.put_object(Bucket=bucket, Key=f"out/{relative}", Body=data),
+        get=get,
+        names=lambda: [k[len("out/") :] for k in minio.keys(bucket, "out/")],
+    )
 
 
 @pytest.fixture
@@ -76,9 +80,13 @@ def gs_out(fake_gcs, monkeypatch) -> StoreOut:
         except exceptions.NotFound:
             return None
 
-    return StoreOut(uri=f"gs://{bucket.name}/out", flags=["--project", "test"],
-                    put=lambda relative, data: bucket.blob(f"out/{relative}").upload_from_string(data),
-                    get=get, names=lambda: [n[len("out/"):] for n in fake_gcs.names(bucket.name, "out/")])
+    return StoreOut(
+        uri=f"gs://{bucket.name}/out",
+        flags=["--project", "test"],
+        put=lambda relative, data: bucket.blob(f"out/{relative}").upload_from_string(data),
+        get=get,
+        names=lambda: [n[len("out/") :] for n in fake_gcs.names(bucket.name, "out/")],
+    )
 
 
 @pytest.fixture(params=["s3", "gs"])
@@ -123,8 +131,11 @@ def test_racing_committer_processes_exactly_one_wins_each_round(store_out):
     for round_number, outcomes in rounds.items():
         won = [name for name, outcome, _ in outcomes if outcome == "won"]
         assert len(won) == 1, outcomes
-        assert all(outcome == "conflict" and "\n" not in message and f"version {round_number} is current now" in message
-                   for name, outcome, message in outcomes if name not in won), outcomes
+        assert all(
+            outcome == "conflict" and "\n" not in message and f"version {round_number} is current now" in message
+            for name, outcome, message in outcomes
+            if name not in won
+        ), outcomes
         manifest = json.loads(store_out.get(version_file(round_number)))
         assert manifest["author"] == manifest["change"]["run"] == won[0]
     assert [m["version"] for m in history(store_out.uri)] == [3, 2, 1]
@@ -146,8 +157,12 @@ def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(store
     # The next commit writes the history copy a kill may have left missing.
     from tests.versions.committers import content  # pylint: disable=import-outside-toplevel
 
-    commit_version(store_out.uri, content(version + 1, padding=padding), expected=read_current(store_out.uri),
-                   change={"kind": "overwrite", "run": None})
+    commit_version(
+        store_out.uri,
+        content(version + 1, padding=padding),
+        expected=read_current(store_out.uri),
+        change={"kind": "overwrite", "run": None},
+    )
     assert assert_consistent(store_out.uri, padding=padding) == version + 1
     assert store_out.get(version_file(version)) is not None
 
@@ -162,8 +177,12 @@ def test_commit_rollback_and_gc_on_the_store(store_out, job_output):
     store_out.put(f"shards/{RUN_KILLED}/train-00000-of-00002.tfrecord", b"a killed run's partial shard")
     legacy = json.loads((job_output / "dataset_info.json").read_bytes())
     assert read_current(store_out.uri).version == 1
-    committed = commit_version(store_out.uri, run_content(job_output, RUN_A, store_out.put),
-                               expected=read_current(store_out.uri), change={"kind": "overwrite", "run": RUN_A})
+    committed = commit_version(
+        store_out.uri,
+        run_content(job_output, RUN_A, store_out.put),
+        expected=read_current(store_out.uri),
+        change={"kind": "overwrite", "run": RUN_A},
+    )
     assert (committed["version"], committed["parent_version"]) == (2, 1)
     assert store_out.get(version_file(1)) == (job_output / "dataset_info.json").read_bytes()
     back = rollback(store_out.uri, 1)

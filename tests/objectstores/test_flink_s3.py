@@ -26,21 +26,44 @@ def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_referenc
         client.upload_file(str(path), bucket, f"tree/{path.relative_to(messy_tree).as_posix()}")
     tree = minio.keys(bucket, "tree/")
     before = flink_cluster.job_ids()
-    proc = run_script([str(LAUNCH / "submit_flink.sh"), "--flink_master", flink_cluster.flink_master,
-                       "--environment_config", flink_cluster.worker_pool, "--parallelism", "4",
-                       "--flink_job_server_jar", flink_job_server_jar,
-                       "--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/out", *JOB_FLAGS,
-                       *minio.job_flags()], timeout=600)
+    proc = run_script(
+        [
+            str(LAUNCH / "submit_flink.sh"),
+            "--flink_master",
+            flink_cluster.flink_master,
+            "--environment_config",
+            flink_cluster.worker_pool,
+            "--parallelism",
+            "4",
+            "--flink_job_server_jar",
+            flink_job_server_jar,
+            "--input",
+            f"s3://{bucket}/tree",
+            "--output_dir",
+            f"s3://{bucket}/out",
+            *JOB_FLAGS,
+            *minio.job_flags(),
+        ],
+        timeout=600,
+    )
     job = flink_cluster.new_job(before)
     assert job["state"] == "FINISHED", job
     assert flink_cluster.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
 
-    got = {key[len("out/"):]: client.get_object(Bucket=bucket, Key=key)["Body"].read()
-           for key in minio.keys(bucket, "out/")}
-    assert_matches_local(got, local_reference, input_root=f"s3://{bucket}/tree", output_root=f"s3://{bucket}/out",
-                         reference_input=str(messy_tree))
+    got = {
+        key[len("out/") :]: client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        for key in minio.keys(bucket, "out/")
+    }
+    assert_matches_local(
+        got,
+        local_reference,
+        input_root=f"s3://{bucket}/tree",
+        output_root=f"s3://{bucket}/out",
+        reference_input=str(messy_tree),
+    )
     assert sorted(map(normalise_names, minio.keys(bucket))) == sorted(
-        tree + [f"out/{name}" for name in dataset_names(local_reference)])
+        tree + [f"out/{name}" for name in dataset_names(local_reference)]
+    )
     assert minio.unfinished_uploads(bucket) == []
     # Every log of the cluster: JobManager, TaskManagers (where the SDK workers log), worker pool.
     # Not Flink's own job state (its archived execution graph under tmp/): the options travel to
@@ -48,8 +71,13 @@ def test_flink_two_taskmanagers_store_to_store(minio, messy_tree, local_referenc
     logs = {str(p): p.read_bytes() for p in local_files(flink_cluster.state_dir / "log")}
     assert any("taskexecutor-1" in name for name in logs), sorted(logs)
     assert "--s3_secret_access_key \\<redacted\\>" in proc.stderr  # its command line, logged without the keys
-    assert_no_secret([minio.secret_key, minio.access_key], stdout=proc.stdout, stderr=proc.stderr, **logs,
-                     **{f"s3://{bucket}/out/{name}": data for name, data in got.items()})
+    assert_no_secret(
+        [minio.secret_key, minio.access_key],
+        stdout=proc.stdout,
+        stderr=proc.stderr,
+        **logs,
+        **{f"s3://{bucket}/out/{name}": data for name, data in got.items()},
+    )
     # Not a log, but worth knowing: FlinkRunner stores the pipeline options in the job's
     # configuration, which Flink's web UI and REST API show, so keys passed as options are visible
     # there (measured here). On a shared cluster give the workers their keys through the AWS default

@@ -26,17 +26,29 @@ def gcs_bucket(fake_gcs, messy_tree) -> str:
     return bucket.name
 
 
-def test_store_to_store_matches_local_disk_and_leaves_nothing_else(fake_gcs, gcs_bucket, messy_tree,
-                                                                   local_reference):
+def test_store_to_store_matches_local_disk_and_leaves_nothing_else(fake_gcs, gcs_bucket, messy_tree, local_reference):
     tree = fake_gcs.names(gcs_bucket, "tree/")
-    result = run_job("--input", f"gs://{gcs_bucket}/tree", "--output_dir", f"gs://{gcs_bucket}/out", *JOB_FLAGS,
-                     "--project", "test", env=fake_gcs.env)
+    result = run_job(
+        "--input",
+        f"gs://{gcs_bucket}/tree",
+        "--output_dir",
+        f"gs://{gcs_bucket}/out",
+        *JOB_FLAGS,
+        "--project",
+        "test",
+        env=fake_gcs.env,
+    )
     assert "wrote train: 36 examples in 3 shards" in result.stdout
     bucket = fake_gcs.client().bucket(gcs_bucket)
-    got = {name[len("out/"):]: bucket.blob(name).download_as_bytes() for name in fake_gcs.names(gcs_bucket, "out/")}
-    assert_matches_local(got, local_reference, input_root=f"gs://{gcs_bucket}/tree",
-                         output_root=f"gs://{gcs_bucket}/out", reference_input=str(messy_tree))
+    got = {name[len("out/") :]: bucket.blob(name).download_as_bytes() for name in fake_gcs.names(gcs_bucket, "out/")}
+    assert_matches_local(
+        got,
+        local_reference,
+        input_root=f"gs://{gcs_bucket}/tree",
+        output_root=f"gs://{gcs_bucket}/out",
+        reference_input=str(messy_tree),
+    )
     # No temp, staged, probe or lock object anywhere, and the input untouched.
     assert sorted(map(normalise_names, fake_gcs.names(gcs_bucket))) == sorted(
-        tree + [f"out/{name}" for name in dataset_names(local_reference)])
-
+        tree + [f"out/{name}" for name in dataset_names(local_reference)]
+    )

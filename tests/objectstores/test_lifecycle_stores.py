@@ -32,13 +32,13 @@ def _upload(minio, folder: pathlib.Path, prefix: str) -> None:
 def _copy(minio, source: str, target: str) -> None:
     client = minio.client()
     for key in minio.keys(BUCKET, source + "/"):
-        client.copy_object(Bucket=BUCKET, Key=target + key[len(source):], CopySource={"Bucket": BUCKET, "Key": key})
+        client.copy_object(Bucket=BUCKET, Key=target + key[len(source) :], CopySource={"Bucket": BUCKET, "Key": key})
 
 
 def _download(minio, prefix: str, folder: pathlib.Path) -> pathlib.Path:
     client = minio.client()
     for key in minio.keys(BUCKET, prefix + "/"):
-        path = folder / key[len(prefix) + 1:]
+        path = folder / key[len(prefix) + 1 :]
         path.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(BUCKET, key, str(path))
     return folder
@@ -124,8 +124,12 @@ def test_append_and_rollback_on_s3_keep_old_shards_untouched(minio, store_states
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
 
-    rolled = subprocess.run([sys.executable, "-m", "beam_jobs.versions", out, "rollback", "1", *minio.job_flags()],
-                            capture_output=True, text=True, timeout=300)
+    rolled = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.versions", out, "rollback", "1", *minio.job_flags()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rolled.returncode == 0, rolled.stderr
     third = _download(minio, "append", tmp_path / "third")
     assert manifest(third)["version"] == 3 and examples_read(third) == examples_read(first)
@@ -149,7 +153,7 @@ def test_overwrite_append_rollback_and_gc_on_gcs(fake_gcs, tmp_path):
     def download(name: str) -> pathlib.Path:
         folder = tmp_path / name
         for blob_name in fake_gcs.names(bucket.name, "data/"):
-            path = folder / blob_name[len("data/"):]
+            path = folder / blob_name[len("data/") :]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(bucket.blob(blob_name).download_as_bytes())
         return folder
@@ -170,9 +174,13 @@ def test_overwrite_append_rollback_and_gc_on_gcs(fake_gcs, tmp_path):
     names = set(fake_gcs.names(bucket.name, "data/"))
     assert not {f"data/{s['file']}" for split in v1["splits"].values() for s in split["shards"]} & names
     assert "data/versions/00000001.json" in names
-    rolled = subprocess.run([sys.executable, "-m", "beam_jobs.versions", out, "rollback", "2"],
-                            env={**__import__("os").environ, **fake_gcs.env}, capture_output=True, text=True,
-                            timeout=300)
+    rolled = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.versions", out, "rollback", "2"],
+        env={**__import__("os").environ, **fake_gcs.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rolled.returncode == 0, rolled.stderr
     fourth = download("v4")
     assert manifest(fourth)["version"] == 4 and sum(examples_read(fourth).values()) == 10

@@ -34,8 +34,10 @@ def _upload(minio, bucket: str, prefix: str, root: pathlib.Path) -> None:
 
 def _download(minio, bucket: str, prefix: str) -> dict[str, bytes]:
     client = minio.client()
-    return {key[len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=key)["Body"].read()
-            for key in minio.keys(bucket, prefix + "/")}
+    return {
+        key[len(prefix) + 1 :]: client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        for key in minio.keys(bucket, prefix + "/")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -49,25 +51,52 @@ def bucket(minio, messy_tree) -> str:
 
 def test_store_to_store_matches_local_disk_and_leaves_nothing_else(minio, bucket, messy_tree, local_reference):
     tree_keys = minio.keys(bucket, "tree/")
-    result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/out", *JOB_FLAGS,
-                     *minio.job_flags(), "--log_level", "INFO")
+    result = run_job(
+        "--input",
+        f"s3://{bucket}/tree",
+        "--output_dir",
+        f"s3://{bucket}/out",
+        *JOB_FLAGS,
+        *minio.job_flags(),
+        "--log_level",
+        "INFO",
+    )
     got = _download(minio, bucket, "out")
-    assert_matches_local(got, local_reference, input_root=f"s3://{bucket}/tree", output_root=f"s3://{bucket}/out",
-                         reference_input=str(messy_tree))
+    assert_matches_local(
+        got,
+        local_reference,
+        input_root=f"s3://{bucket}/tree",
+        output_root=f"s3://{bucket}/out",
+        reference_input=str(messy_tree),
+    )
     # Nothing beyond the dataset: the input is untouched, and no temp, staged, probe or lock object
     # (nor an unfinished multipart upload) is left anywhere in the bucket.
     assert sorted(map(normalise_names, minio.keys(bucket))) == sorted(
-        tree_keys + [f"out/{name}" for name in dataset_names(local_reference)])
+        tree_keys + [f"out/{name}" for name in dataset_names(local_reference)]
+    )
     assert minio.unfinished_uploads(bucket) == []
     assert "wrote train: 36 examples in 3 shards" in result.stdout
-    assert_no_secret([minio.secret_key, minio.access_key], stdout=result.stdout, stderr=result.stderr,
-                     **{f"s3://{bucket}/out/{name}": data for name, data in got.items()})
+    assert_no_secret(
+        [minio.secret_key, minio.access_key],
+        stdout=result.stdout,
+        stderr=result.stderr,
+        **{f"s3://{bucket}/out/{name}": data for name, data in got.items()},
+    )
 
 
 def test_credentials_are_not_in_any_error(minio, bucket):
     """A failing run prints its error (with the store's own message); it never echoes the keys."""
-    result = run_job("--input", f"s3://{bucket}/no-such-tree", "--output_dir", f"s3://{bucket}/never",
-                     *JOB_FLAGS, *minio.job_flags(), "--log_level", "DEBUG", check=False)
+    result = run_job(
+        "--input",
+        f"s3://{bucket}/no-such-tree",
+        "--output_dir",
+        f"s3://{bucket}/never",
+        *JOB_FLAGS,
+        *minio.job_flags(),
+        "--log_level",
+        "DEBUG",
+        check=False,
+    )
     assert result.returncode == 2
     assert f"--input s3://{bucket}/no-such-tree: no files found under it" in result.stderr
     assert_no_secret([minio.secret_key], stdout=result.stdout, stderr=result.stderr)
@@ -75,17 +104,32 @@ def test_credentials_are_not_in_any_error(minio, bucket):
 
 
 def test_a_missing_bucket_is_named_as_such(minio, bucket):
-    result = run_job("--input", "s3://no-such-bucket-here/tree", "--output_dir", f"s3://{bucket}/never2",
-                     *JOB_FLAGS, *minio.job_flags(), check=False)
+    result = run_job(
+        "--input",
+        "s3://no-such-bucket-here/tree",
+        "--output_dir",
+        f"s3://{bucket}/never2",
+        *JOB_FLAGS,
+        *minio.job_flags(),
+        check=False,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
-        "images-to-tfrecords: error: --input s3://no-such-bucket-here/tree: bucket no-such-bucket-here does not exist"]
+        "images-to-tfrecords: error: --input s3://no-such-bucket-here/tree: bucket no-such-bucket-here does not exist"
+    ]
 
 
 def test_read_only_identity_fails_before_any_work(minio, bucket):
     read_only = minio.read_only_credentials()
-    result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/read-only-out", *JOB_FLAGS,
-                     *minio.job_flags(**read_only), check=False)
+    result = run_job(
+        "--input",
+        f"s3://{bucket}/tree",
+        "--output_dir",
+        f"s3://{bucket}/read-only-out",
+        *JOB_FLAGS,
+        *minio.job_flags(**read_only),
+        check=False,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if "error:" in line]
     assert line.startswith(f"images-to-tfrecords: error: cannot write to --output_dir s3://{bucket}/read-only-out: ")
@@ -111,8 +155,14 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
     _upload(minio, name, "tree", root)
     args = ["--input", f"s3://{name}/tree", "--output_dir", f"s3://{name}/out", *KILL_FLAGS, *minio.job_flags()]
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    process = subprocess.Popen([sys.executable, "-m", "beam_jobs", *args], cwd=REPO, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", *args],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 400  # Only reached when something is wrong: a cold machine is slow.
         staged: list[str] = []
@@ -129,35 +179,54 @@ def test_kill_then_resume_on_the_store_gives_byte_identical_output(minio, tmp_pa
 
     run_job(*args, "--resume")
     got = _download(minio, name, "out")
-    assert_matches_local(got, reference, input_root=f"s3://{name}/tree", output_root=f"s3://{name}/out",
-                         reference_input=str(root))
+    assert_matches_local(
+        got, reference, input_root=f"s3://{name}/tree", output_root=f"s3://{name}/out", reference_input=str(root)
+    )
     # Not checked here: a shard whose upload the kill cut short stays an unfinished multipart
     # upload (Beam's S3 writer cannot abort it once killed); a bucket lifecycle rule removes those.
 
 
 def test_keys_with_question_marks_and_hashes_are_images_and_debug_logs_hide_credentials(minio, tmp_path_factory):
-    """"?" and "#" are ordinary characters of an S3 key (no query, no fragment): every image under
+    """ "?" and "#" are ordinary characters of an S3 key (no query, no fragment): every image under
     such a name becomes an example. Run at --log_level DEBUG with temporary credentials: neither
     the secret key nor the session token appears in the output (the workers' option line and
     botocore's signed headers used to print them)."""
     photos = tmp_path_factory.mktemp("odd-keys") / "tree"
     make_photo_tree(photos, num_images=6, seed=5)
     images = [path for path in local_files(photos) if path.suffix == ".jpg"][:6]
-    keys = ["odd/cats/a?b.jpg", "odd/cats/c#d.jpg", "odd/dogs?/x[1].jpg", "odd/dogs?/y.jpg",
-            "odd/dogs#/1.jpg", "odd/dogs#/2.jpg"]
+    keys = [
+        "odd/cats/a?b.jpg",
+        "odd/cats/c#d.jpg",
+        "odd/dogs?/x[1].jpg",
+        "odd/dogs?/y.jpg",
+        "odd/dogs#/1.jpg",
+        "odd/dogs#/2.jpg",
+    ]
     name = f"odd-{uuid.uuid4().hex[:8]}"
     client = minio.client()
     client.create_bucket(Bucket=name)
-    for key, path in zip(keys, images):
+    for key, path in zip(keys, images, strict=True):
         client.upload_file(str(path), name, key)
     session = minio.session_credentials(["s3:*"])
-    result = run_job("--input", f"s3://{name}/odd", "--output_dir", f"s3://{name}/out", "--image_size", "16",
-                     "--num_shards", "1", *minio.job_flags(**session), "--log_level", "DEBUG")
+    result = run_job(
+        "--input",
+        f"s3://{name}/odd",
+        "--output_dir",
+        f"s3://{name}/out",
+        "--image_size",
+        "16",
+        "--num_shards",
+        "1",
+        *minio.job_flags(**session),
+        "--log_level",
+        "DEBUG",
+    )
     info = json.loads(client.get_object(Bucket=name, Key="out/dataset_info.json")["Body"].read())
     assert info["label_names"] == ["cats", "dogs#", "dogs?"]
     assert info["splits"]["train"]["num_examples"] == 6, info["splits"]
-    assert_no_secret([session["secret_key"], session["session_token"], minio.secret_key],
-                     stdout=result.stdout, stderr=result.stderr)
+    assert_no_secret(
+        [session["secret_key"], session["session_token"], minio.secret_key], stdout=result.stdout, stderr=result.stderr
+    )
 
 
 def test_an_endpoint_that_refuses_connections_fails_in_seconds(minio, bucket):
@@ -167,10 +236,12 @@ def test_an_endpoint_that_refuses_connections_fails_in_seconds(minio, bucket):
         port = closed.getsockname()[1]
         flags = minio.job_flags()
         flags[flags.index("--s3_endpoint_url") + 1] = f"http://127.0.0.1:{port}"
-        result = run_job("--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/refused", *JOB_FLAGS,
-                         *flags, check=False)
+        result = run_job(
+            "--input", f"s3://{bucket}/tree", "--output_dir", f"s3://{bucket}/refused", *JOB_FLAGS, *flags, check=False
+        )
     # The one line below comes only from the up-front reachability check, which runs before Beam's
     # retrying S3 client is used at all; that, not a clock, shows no minutes of retries were spent.
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
-        f"images-to-tfrecords: error: cannot reach --s3_endpoint_url http://127.0.0.1:{port}: connection refused"]
+        f"images-to-tfrecords: error: cannot reach --s3_endpoint_url http://127.0.0.1:{port}: connection refused"
+    ]

@@ -14,31 +14,41 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.discover import _first_level, _list_unit
 from beam_jobs.listing_policy import Ignored, IgnoredEntry
-from beam_jobs.store_folders import list_one_level
 from beam_jobs.storage import connect_anonymously_to_a_gcs_emulator
+from beam_jobs.store_folders import list_one_level
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 # Folder names with glob characters and spaces, a nested folder, files at the top, a folder marker.
-NAMES = ["tree/cat [1]/a.jpg", "tree/cat [1]/deep/b.jpg", "tree/dog*/c.jpg", "tree/top.jpg",
-         "tree/notes.txt", "tree/empty/", "tree2/x.jpg", "tree-sibling/y.jpg"]
+NAMES = [
+    "tree/cat [1]/a.jpg",
+    "tree/cat [1]/deep/b.jpg",
+    "tree/dog*/c.jpg",
+    "tree/top.jpg",
+    "tree/notes.txt",
+    "tree/empty/",
+    "tree2/x.jpg",
+    "tree-sibling/y.jpg",
+]
 BODY = b"\xff\xd8 not really a jpeg"
 
 
 def _check(root: str) -> None:
     folders, files = list_one_level(root)
     assert folders == [f"{root}/cat [1]/", f"{root}/dog*/", f"{root}/empty/"]
-    assert [(f.path, f.size_in_bytes) for f in files] == [(f"{root}/notes.txt", len(BODY)),
-                                                         (f"{root}/top.jpg", len(BODY))]
+    assert [(f.path, f.size_in_bytes) for f in files] == [
+        (f"{root}/notes.txt", len(BODY)),
+        (f"{root}/top.jpg", len(BODY)),
+    ]
     assert all(f.last_updated_in_seconds > 0 for f in files)
     # Each unit lists its own subtree, literally (no "[1]" or "*" read as a pattern).
     entries = [entry for unit in _first_level(root) for entry in _list_unit(unit)]
     listed = sorted(entry.path for entry in entries if isinstance(entry, FileMetadata))
-    assert listed == sorted(f"{root}/{name[len('tree/'):]}" for name in NAMES
-                            if name.startswith("tree/") and not name.endswith("/"))
+    assert listed == sorted(
+        f"{root}/{name[len('tree/') :]}" for name in NAMES if name.startswith("tree/") and not name.endswith("/")
+    )
     # The "empty/" marker with nothing under it is no file: an empty folder, counted as on disk.
-    assert [entry for entry in entries if not isinstance(entry, FileMetadata)] == [
-        IgnoredEntry(Ignored.EMPTY_FOLDER)]
+    assert [entry for entry in entries if not isinstance(entry, FileMetadata)] == [IgnoredEntry(Ignored.EMPTY_FOLDER)]
 
 
 def test_s3_root_is_listed_one_folder_per_unit(minio):

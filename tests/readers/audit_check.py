@@ -26,6 +26,7 @@ def main(out: str, data_dir: str) -> None:
     here = pathlib.Path(__file__).resolve()
     sys.path[:0] = [str(here.parents[2]), str(here.parent)]
     import reader_fixtures
+
     import tfdata_readers
     from tfdata_readers.audit import audit_epochs, epoch_keys
 
@@ -35,8 +36,10 @@ def main(out: str, data_dir: str) -> None:
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
         global_batch = PER_REPLICA_BATCH * replicas
 
-        def run(**options) -> list[list[str]]:
-            dataset = tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True, **options)
+        def run(strategy=strategy, global_batch=global_batch, **options) -> list[list[str]]:
+            dataset = tfdata_readers.distribute(
+                strategy, data_dir, "train", global_batch, with_metadata=True, **options
+            )
             return [epoch_keys(dataset, strategy=strategy) for _ in range(EPOCHS)]
 
         results[f"replicas={replicas} eval"] = audit_epochs(

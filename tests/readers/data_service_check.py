@@ -32,6 +32,7 @@ def main(out: str, data_dir: str, address: str) -> None:
     here = pathlib.Path(__file__).resolve()
     sys.path[:0] = [str(here.parents[2]), str(here.parent)]
     import reader_fixtures
+
     import tfdata_readers
     from tfdata_readers.audit import audit_epochs, epoch_keys
 
@@ -41,8 +42,13 @@ def main(out: str, data_dir: str, address: str) -> None:
     results: dict[str, list[str]] = {}
     for sharding in ("static", "dynamic"):
         dataset = tfdata_readers.distribute(
-            strategy, data_dir, "train", global_batch, with_metadata=True,
-            data_service=address, data_service_sharding=sharding,
+            strategy,
+            data_dir,
+            "train",
+            global_batch,
+            with_metadata=True,
+            data_service=address,
+            data_service_sharding=sharding,
         )
         epochs = [epoch_keys(dataset, strategy=strategy) for _ in range(EPOCHS)]
         results[f"eval {sharding}"] = audit_epochs(epochs, expected, training=False, global_batch_size=global_batch)
@@ -50,10 +56,19 @@ def main(out: str, data_dir: str, address: str) -> None:
     # Training streams without end; each global step must be whole (a full batch on every replica)
     # and hold known keys, and over several passes' worth of steps every example must come round.
     steps = TRAIN_PASSES * tfdata_readers.steps_per_epoch(data_dir, "train", global_batch)
-    stream = iter(tfdata_readers.distribute(
-        strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=3,
-        num_epochs=None, data_service=address,
-    ))
+    stream = iter(
+        tfdata_readers.distribute(
+            strategy,
+            data_dir,
+            "train",
+            global_batch,
+            with_metadata=True,
+            training=True,
+            seed=3,
+            num_epochs=None,
+            data_service=address,
+        )
+    )
     problems, seen = [], collections.Counter()
     for step in range(steps):
         _, _, meta = next(stream)

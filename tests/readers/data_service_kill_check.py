@@ -71,8 +71,15 @@ def run_mode(mode: str, data_dir: str, address: str, loop_pid: int, expected: in
 
     training = mode.startswith("train")
     dataset = tfdata_readers.make_dataset(
-        data_dir, "train", BATCH, with_metadata=True, training=training, seed=1 if training else None,
-        num_epochs=None if training else 1, data_service=address, data_service_sharding=mode.split()[1],
+        data_dir,
+        "train",
+        BATCH,
+        with_metadata=True,
+        training=training,
+        seed=1 if training else None,
+        num_epochs=None if training else 1,
+        data_service=address,
+        data_service_sharding=mode.split()[1],
     )
     keys, sizes, killed_at, result = [], [], None, {}
     try:
@@ -90,9 +97,12 @@ def run_mode(mode: str, data_dir: str, address: str, loop_pid: int, expected: in
     except tf.errors.OpError as e:
         result["outcome"], result["error"] = "error", e.message.strip().splitlines()[0][:600]
     result.update(
-        delivered=len(keys), distinct=len(set(keys)), expected=expected,
+        delivered=len(keys),
+        distinct=len(set(keys)),
+        expected=expected,
         seconds_after_kill=None if killed_at is None else round(time.monotonic() - killed_at, 1),
-        full_batches=all(n == BATCH for n in sizes), killed=killed_at is not None,
+        full_batches=all(n == BATCH for n in sizes),
+        killed=killed_at is not None,
     )
     return result
 
@@ -102,8 +112,14 @@ def main(out: str, data_dir: str, address: str, pidfile: str, *modes: str) -> No
     import tfdata_readers
 
     loop_pid = int(pathlib.Path(pidfile).read_text().split()[0])
-    port = int(pathlib.Path(pidfile).parent.parent.joinpath("ports").read_text().split("worker_ports=")[1]
-               .split()[0].split(",")[int(pathlib.Path(pidfile).stem.split("-")[1])])
+    port = int(
+        pathlib.Path(pidfile)
+        .parent.parent.joinpath("ports")
+        .read_text()
+        .split("worker_ports=")[1]
+        .split()[0]
+        .split(",")[int(pathlib.Path(pidfile).stem.split("-")[1])]
+    )
     expected = tfdata_readers.num_examples(data_dir, "train")
     results = {}
     log = pathlib.Path(pidfile).parent.parent / "log" / f"{pathlib.Path(pidfile).stem}.log"

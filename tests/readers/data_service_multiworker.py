@@ -24,11 +24,23 @@ def main(out: str, data_dir: str, address: str) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     global_batch = 4 * strategy.num_replicas_in_sync
-    evaluation = tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True,
-                                           data_service=address)
+    evaluation = tfdata_readers.distribute(
+        strategy, data_dir, "train", global_batch, with_metadata=True, data_service=address
+    )
     seen = {"eval1": epoch_keys(evaluation, strategy=strategy), "eval2": epoch_keys(evaluation, strategy=strategy)}
-    stream = iter(tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True,
-                                            training=True, seed=2, num_epochs=None, data_service=address))
+    stream = iter(
+        tfdata_readers.distribute(
+            strategy,
+            data_dir,
+            "train",
+            global_batch,
+            with_metadata=True,
+            training=True,
+            seed=2,
+            num_epochs=None,
+            data_service=address,
+        )
+    )
     seen["train"] = []
     for _ in range(TRAIN_STEPS):
         _, _, meta = next(stream)

@@ -24,10 +24,19 @@ def main(out: str, data_dir: str, address: str, steps: str, per_replica_batch: s
     import tfdata_readers
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
-    stream = iter(tfdata_readers.distribute(
-        strategy, data_dir, "train", int(per_replica_batch) * REPLICAS, with_metadata=True, training=True, seed=3,
-        num_epochs=None, data_service=address,
-    ))
+    stream = iter(
+        tfdata_readers.distribute(
+            strategy,
+            data_dir,
+            "train",
+            int(per_replica_batch) * REPLICAS,
+            with_metadata=True,
+            training=True,
+            seed=3,
+            num_epochs=None,
+            data_service=address,
+        )
+    )
     found = []
     for _ in range(int(steps)):
         _, _, meta = next(stream)

@@ -23,6 +23,7 @@ def main(out: str, data_dirs: list[str]) -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * max(REPLICA_COUNTS))
     sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2]), str(pathlib.Path(__file__).resolve().parent)]
     import reader_fixtures
+
     import tfdata_readers
 
     results: dict[str, str] = {}
@@ -33,18 +34,23 @@ def main(out: str, data_dirs: list[str]) -> None:
             expected = sorted(reader_fixtures.expected_keys(data_dir, "train"))
             shards = len(tfdata_readers.load_manifest(data_dir).split("train").shards)
 
-            def epoch(dataset) -> tuple[list[str], str]:
+            def epoch(dataset, strategy=strategy) -> tuple[list[str], str]:
                 keys, problem = [], ""
                 for image, _, meta in dataset:
-                    for local_image, local_keys in zip(strategy.experimental_local_results(image),
-                                                       strategy.experimental_local_results(meta["key"])):
+                    for local_image, local_keys in zip(
+                        strategy.experimental_local_results(image),
+                        strategy.experimental_local_results(meta["key"]),
+                        strict=True,
+                    ):
                         if local_image.shape[0] > PER_REPLICA_BATCH:
                             problem = f"per-replica batch of {local_image.shape[0]} > {PER_REPLICA_BATCH}"
                         keys += [k.decode() for k in local_keys.numpy()]
                 return keys, problem
 
             name = f"replicas={replicas} shards={shards} examples={len(expected)}"
-            keys, problem = epoch(tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True))
+            keys, problem = epoch(
+                tfdata_readers.distribute(strategy, data_dir, "train", global_batch, with_metadata=True)
+            )
             if not problem and sorted(keys) != expected:
                 problem = f"eval saw {len(keys)} keys ({len(set(keys))} distinct) of {len(expected)}"
             results[f"{name} eval"] = problem
@@ -70,9 +76,18 @@ def main(out: str, data_dirs: list[str]) -> None:
             # must be made of one pass (no key twice in it), every epoch of steps must hold each
             # key at most once, and every per-replica batch must be full.
             steps = tfdata_readers.steps_per_epoch(data_dir, "train", global_batch)
-            repeated = iter(tfdata_readers.distribute(
-                strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=4, num_epochs=None,
-            ))
+            repeated = iter(
+                tfdata_readers.distribute(
+                    strategy,
+                    data_dir,
+                    "train",
+                    global_batch,
+                    with_metadata=True,
+                    training=True,
+                    seed=4,
+                    num_epochs=None,
+                )
+            )
             problem = ""
             for number in range(1, REPEAT_EPOCHS + 1):
                 epoch_keys: list[str] = []

@@ -50,8 +50,18 @@ def main(out: str, data_dir: str) -> None:
 
     # Resuming at epoch 2: the same steps, by key and by pixels, as epochs 2 and 3 of a run from 0.
     def run_keys(initial_epoch: int, steps: int) -> list[tuple[list[str], float]]:
-        dataset = tfr.distribute(strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=3, image_size=16,
-                                 num_epochs=None, with_metadata=True, initial_epoch=initial_epoch)
+        dataset = tfr.distribute(
+            strategy,
+            data_dir,
+            "train",
+            GLOBAL_BATCH,
+            training=True,
+            seed=3,
+            image_size=16,
+            num_epochs=None,
+            with_metadata=True,
+            initial_epoch=initial_epoch,
+        )
         out = []
         for step, (image, _, meta) in enumerate(dataset):
             if step == steps:
@@ -63,27 +73,40 @@ def main(out: str, data_dir: str) -> None:
 
     per_epoch = 50 // GLOBAL_BATCH
     results["resumed"] = run_keys(2, 2 * per_epoch)
-    results["uninterrupted"] = run_keys(0, 4 * per_epoch)[2 * per_epoch:]
+    results["uninterrupted"] = run_keys(0, 4 * per_epoch)[2 * per_epoch :]
 
     # Per-example weights, looked up from each example's label.
-    weighted = tfr.distribute(strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=0, image_size=16,
-                              class_weights=CLASS_WEIGHTS, with_metadata=True)
+    weighted = tfr.distribute(
+        strategy,
+        data_dir,
+        "train",
+        GLOBAL_BATCH,
+        training=True,
+        seed=0,
+        image_size=16,
+        class_weights=CLASS_WEIGHTS,
+        with_metadata=True,
+    )
     pairs = []
     for _, label, weight, _ in weighted:
-        for local_label, local_weight in zip(strategy.experimental_local_results(label),
-                                             strategy.experimental_local_results(weight)):
-            pairs += list(zip(local_label.numpy().tolist(), local_weight.numpy().tolist()))
+        for local_label, local_weight in zip(
+            strategy.experimental_local_results(label), strategy.experimental_local_results(weight), strict=True
+        ):
+            pairs += list(zip(local_label.numpy().tolist(), local_weight.numpy().tolist(), strict=True))
     results["weights"] = pairs
 
     with strategy.scope():
-        model = tf.keras.Sequential([
-            tf.keras.Input((16, 16, 3)),
-            tf.keras.layers.GlobalAveragePooling2D(),
-            tf.keras.layers.Dense(info.num_classes),
-        ])
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((16, 16, 3)),
+                tf.keras.layers.GlobalAveragePooling2D(),
+                tf.keras.layers.Dense(info.num_classes),
+            ]
+        )
         model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), weighted_metrics=[])
-    train = tfr.distribute(strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=0, image_size=16,
-                           class_weights=CLASS_WEIGHTS)
+    train = tfr.distribute(
+        strategy, data_dir, "train", GLOBAL_BATCH, training=True, seed=0, image_size=16, class_weights=CLASS_WEIGHTS
+    )
     validation = tfr.distribute(strategy, data_dir, "validation", GLOBAL_BATCH, image_size=16)
     console = io.StringIO()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(console):

@@ -10,11 +10,10 @@ import pathlib
 from collections.abc import Mapping
 
 import numpy as np
-import tensorflow as tf
-from PIL import Image
-
 import skimage
 import sklearn
+import tensorflow as tf
+from PIL import Image
 
 _SKIMAGE_DATA = pathlib.Path(skimage.__file__).parent / "data"
 _SKLEARN_IMAGES = pathlib.Path(sklearn.__file__).parent / "datasets" / "images"
@@ -56,8 +55,16 @@ def _encode(image: Image.Image, encoding: str) -> bytes:
 
 
 def make_example(
-    *, encoded: bytes, fmt: str, height: int, width: int, channels: int, label: int, text: str,
-    filename: str, key: str,
+    *,
+    encoded: bytes,
+    fmt: str,
+    height: int,
+    width: int,
+    channels: int,
+    label: int,
+    text: str,
+    filename: str,
+    key: str,
 ) -> tf.train.Example:
     """A tf.train.Example with exactly the FORMAT.md keys."""
 
@@ -67,18 +74,22 @@ def make_example(
     def i(v: int) -> tf.train.Feature:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
 
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": b(encoded),
-        "image/format": b(fmt.encode()),
-        "image/height": i(height),
-        "image/width": i(width),
-        "image/channels": i(channels),
-        "image/class/label": i(label),
-        "image/class/text": b(text.encode()),
-        "image/filename": b(filename.encode()),
-        "image/key/sha256": b(key.encode()),
-        "image/source_id": b(hashlib.sha256(filename.encode()).digest()[:8].hex().encode()),
-    }))
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": b(encoded),
+                "image/format": b(fmt.encode()),
+                "image/height": i(height),
+                "image/width": i(width),
+                "image/channels": i(channels),
+                "image/class/label": i(label),
+                "image/class/text": b(text.encode()),
+                "image/filename": b(filename.encode()),
+                "image/key/sha256": b(key.encode()),
+                "image/source_id": b(hashlib.sha256(filename.encode()).digest()[:8].hex().encode()),
+            }
+        )
+    )
 
 
 def _file_sha256(path: pathlib.Path) -> str:
@@ -110,8 +121,14 @@ def write_dataset(
             source = _encode(crop, "png")  # stands in for the source file the key hashes
             filename = f"{name}/{split}_{index:05d}.png"
             example = make_example(
-                encoded=_encode(crop, encoding), fmt=fmt, height=height, width=width, channels=3,
-                label=LABEL_NAMES.index(name), text=name, filename=filename,
+                encoded=_encode(crop, encoding),
+                fmt=fmt,
+                height=height,
+                width=width,
+                channels=3,
+                label=LABEL_NAMES.index(name),
+                text=name,
+                filename=filename,
                 key=hashlib.sha256(source + filename.encode()).hexdigest(),
             )
             examples[index % num_shards].append(example.SerializeToString(deterministic=True))
@@ -121,15 +138,26 @@ def write_dataset(
             with tf.io.TFRecordWriter(str(out / file)) as writer:
                 for record in records:
                     writer.write(record)
-            shards.append({
-                "file": file, "num_examples": len(records),
-                "bytes": (out / file).stat().st_size, "sha256": _file_sha256(out / file),
-            })
+            shards.append(
+                {
+                    "file": file,
+                    "num_examples": len(records),
+                    "bytes": (out / file).stat().st_size,
+                    "sha256": _file_sha256(out / file),
+                }
+            )
         split_entries[split] = {"num_examples": num, "num_shards": num_shards, "shards": shards}
-    features = {k: {"dtype": "int64" if k in ("image/height", "image/width", "image/channels", "image/class/label")
-                    else "string", "shape": []}
-                for k in make_example(encoded=b"", fmt="", height=0, width=0, channels=0, label=0, text="",
-                                      filename="", key="").features.feature}
+    features = {
+        k: {
+            "dtype": "int64"
+            if k in ("image/height", "image/width", "image/channels", "image/class/label")
+            else "string",
+            "shape": [],
+        }
+        for k in make_example(
+            encoded=b"", fmt="", height=0, width=0, channels=0, label=0, text="", filename="", key=""
+        ).features.feature
+    }
     manifest = {
         "schema_version": 1,
         "producer": {"name": "reader-test-fixtures", "version": "0"},

@@ -21,7 +21,7 @@ def record_offsets(path: pathlib.Path) -> list[tuple[int, int]]:
     data = path.read_bytes()
     out, pos = [], 0
     while pos < len(data):
-        (length,) = struct.unpack("<Q", data[pos:pos + LENGTH_BYTES])
+        (length,) = struct.unpack("<Q", data[pos : pos + LENGTH_BYTES])
         out.append((pos, length))
         pos += HEADER_BYTES + length + 4
     assert pos == len(data), f"{path} does not end on a record boundary"

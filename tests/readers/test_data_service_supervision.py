@@ -12,7 +12,6 @@ import signal
 import time
 
 import pytest
-
 from test_reader_data_service import _alive, _script, _service
 
 _WORKER = re.compile(r"^worker 0: running \(pid (\d+), 127\.0\.0\.1:(\d+); supervisor pid (\d+)\)$", re.M)

@@ -19,12 +19,22 @@ def test_the_report_is_whole_without_matplotlib(jpeg_dir: pathlib.Path, tmp_path
     (blocked / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{_REPO}"}
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "tfdata_readers.inspect", str(jpeg_dir), "--out", str(out)],
-                            capture_output=True, text=True, env=env, cwd=_REPO, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.inspect", str(jpeg_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr == ""  # nothing missing, and none of TensorFlow's start-up lines either
     assert sorted(p.name for p in out.iterdir()) == [
-        "class_counts.png", "contact_sheet-train.png", "contact_sheet-validation.png", "report.html"]
+        "class_counts.png",
+        "contact_sheet-train.png",
+        "contact_sheet-validation.png",
+        "report.html",
+    ]
     chart = Image.open(out / "class_counts.png")
     assert chart.format == "PNG" and chart.width > 200 and chart.height > 100
     assert "data:image/png;base64," in (out / "report.html").read_text(encoding="utf-8")

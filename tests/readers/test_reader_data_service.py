@@ -18,22 +18,29 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import reader_fixtures
 import tensorflow as tf
 
-import reader_fixtures
 import tfdata_readers
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _HERE = pathlib.Path(__file__).resolve().parent
 _SCRIPT = _REPO / "launch" / "data_service.sh"
-_ENV = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2",
-        "PYTHONPATH": str(_REPO)}
+_ENV = {
+    **os.environ,
+    "PYTHON": sys.executable,
+    "CUDA_VISIBLE_DEVICES": "",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "PYTHONPATH": str(_REPO),
+}
 
 
 def _script(*args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(_SCRIPT), *args], capture_output=True, text=True, env=_ENV, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"data_service.sh {args[0]} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"data_service.sh {args[0]} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -62,8 +69,9 @@ def _alive(pid: int) -> bool:
 def _processes_of(state_dir: pathlib.Path) -> list[int]:
     """Every live process whose command line names this state dir or its ports (workers, loops, dispatcher)."""
     ports = (state_dir / "ports").read_text()
-    marks = [str(state_dir).encode()] + [f"--port {p}".encode().replace(b" ", b"\0")
-                                         for line in ports.split() for p in line.split("=")[1].split(",")]
+    marks = [str(state_dir).encode()] + [
+        f"--port {p}".encode().replace(b" ", b"\0") for line in ports.split() for p in line.split("=")[1].split(",")
+    ]
     found = []
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
@@ -110,9 +118,26 @@ def photo_shards(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("service_photos")
     make_photo_tree(root / "photos", num_images=72, size=(500, 375), seed=3)
     convert = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--input", str(root / "photos"), "--output_dir", str(root / "shards"),
-         "--image_size", "64", "--encoding", "jpeg", "--num_shards", "4"],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(root / "photos"),
+            "--output_dir",
+            str(root / "shards"),
+            "--image_size",
+            "64",
+            "--encoding",
+            "jpeg",
+            "--num_shards",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=600,
     )
     assert convert.returncode == 0, convert.stderr[-4000:]
     return root / "shards"
@@ -159,7 +184,9 @@ def test_an_unreachable_or_malformed_address_fails_at_once_naming_it(jpeg_dir: p
     _warm_reader(jpeg_dir)
     start = time.monotonic()
     # The evidence is the reason: refused, not "no answer within N s" (a deadline that ran out).
-    with pytest.raises(ConnectionError, match=r"dispatcher grpc://127\.0\.0\.1:1 is unreachable \((?!no answer within)"):
+    with pytest.raises(
+        ConnectionError, match=r"dispatcher grpc://127\.0\.0\.1:1 is unreachable \((?!no answer within)"
+    ):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, data_service="grpc://127.0.0.1:1")
     assert time.monotonic() - start < 120  # TensorFlow's own client retried this address for minutes
     with pytest.raises(ValueError, match=r"data_service .*HOST:PORT.*got 'nohost'"):
@@ -170,8 +197,9 @@ def test_a_port_in_use_names_this_scripts_stop_command(tmp_path: pathlib.Path) -
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        proc = _script("start", "--state_dir", str(tmp_path / "s"), "--dispatcher_port",
-                       str(held.getsockname()[1]), check=False)
+        proc = _script(
+            "start", "--state_dir", str(tmp_path / "s"), "--dispatcher_port", str(held.getsockname()[1]), check=False
+        )
     assert proc.returncode == 2 and "is in use" in proc.stderr, proc.stderr
     assert "launch/data_service.sh stop" in proc.stderr and "flink" not in proc.stderr, proc.stderr
 
@@ -206,9 +234,23 @@ def test_a_standalone_worker_without_its_dispatcher_exits_with_one_line() -> Non
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "tfdata_readers.data_service_server", "--role", "worker", "--port", str(port),
-         "--dispatcher_address", "127.0.0.1:1", "--dispatcher_timeout_s", "2"],
-        capture_output=True, text=True, env=_ENV, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "tfdata_readers.data_service_server",
+            "--role",
+            "worker",
+            "--port",
+            str(port),
+            "--dispatcher_address",
+            "127.0.0.1:1",
+            "--dispatcher_timeout_s",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=120,
     )
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr
@@ -224,8 +266,9 @@ def test_refuses_what_the_service_cannot_guarantee(jpeg_dir: pathlib.Path) -> No
     with pytest.raises(ValueError, match="training through the tf.data service needs num_epochs=None"):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, data_service=address)
     with pytest.raises(ValueError, match="data_service_sharding='static' is for evaluation"):
-        tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, num_epochs=None, data_service=address,
-                                    data_service_sharding="static")
+        tfdata_readers.make_dataset(
+            jpeg_dir, "train", 4, training=True, num_epochs=None, data_service=address, data_service_sharding="static"
+        )
     with pytest.raises(ValueError, match="skip_corrupt=True cannot be used with data_service"):
         tfdata_readers.ReadConfig(data_service=address, skip_corrupt=True)
 
@@ -233,14 +276,19 @@ def test_refuses_what_the_service_cannot_guarantee(jpeg_dir: pathlib.Path) -> No
 @pytest.mark.slow
 @pytest.mark.cluster
 @pytest.mark.parametrize("workers", [1, 2])
-def test_exactly_once_through_the_service_under_mirrored_strategy(services, tmp_path: pathlib.Path, workers: int) -> None:
+def test_exactly_once_through_the_service_under_mirrored_strategy(
+    services, tmp_path: pathlib.Path, workers: int
+) -> None:
     # 23 examples in 3 shards: not a multiple of the global batch, and shards the 2 workers split unevenly.
     data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (23, 3)}, image_size=(16, 16))
     address, _ = services[workers]
     out = tmp_path / "results.json"
     proc = subprocess.run(
         [sys.executable, str(_HERE / "data_service_check.py"), str(out), str(data_dir), address],
-        capture_output=True, text=True, env=_ENV, timeout=600,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
@@ -260,8 +308,13 @@ def test_every_global_step_through_the_service_is_whole(services, tmp_path: path
     expected = set(reader_fixtures.expected_keys(data_dir, "train"))
     address, _ = services[workers]
     out = tmp_path / "steps.json"
-    proc = subprocess.run([sys.executable, str(_HERE / "data_service_steps_check.py"), str(out), str(data_dir),
-                           address, "90", "1"], capture_output=True, text=True, env=_ENV, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(_HERE / "data_service_steps_check.py"), str(out), str(data_dir), address, "90", "1"],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     steps = json.loads(out.read_text())["steps"]
     assert len(steps) == 90
@@ -280,10 +333,27 @@ def test_train_mirrored_through_the_service_on_real_photos(services, photo_shard
     address, _ = services[2]
     history_json = tmp_path / "history.json"
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(photo_shards),
-         "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2", "--data_service", address,
-         "--history_json", str(history_json)],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(photo_shards),
+            "--num_replicas",
+            "2",
+            "--global_batch_size",
+            "16",
+            "--epochs",
+            "2",
+            "--data_service",
+            address,
+            "--history_json",
+            str(history_json),
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr[-4000:]
     history = json.loads(history_json.read_text())
@@ -296,9 +366,21 @@ def test_train_mirrored_through_the_service_on_real_photos(services, photo_shard
 @pytest.mark.cluster
 def test_train_mirrored_refuses_an_unreachable_service_with_one_line(photo_shards) -> None:
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(photo_shards),
-         "--num_replicas", "2", "--data_service", "grpc://127.0.0.1:1"],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=300,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(photo_shards),
+            "--num_replicas",
+            "2",
+            "--data_service",
+            "grpc://127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=300,
     )
     errors = [line for line in train.stderr.splitlines() if line.startswith("train_mirrored.py: error: ")]
     assert train.returncode == 2 and len(errors) == 1 and "grpc://127.0.0.1:1 is unreachable" in errors[0], train.stderr
@@ -318,9 +400,19 @@ def kill_results(services, tmp_path_factory) -> dict[str, dict]:
     # The timeout is only the hang check: each mode takes seconds (a restarted worker needs ~10 s),
     # many more on a cold, busy machine.
     proc = subprocess.run(
-        [sys.executable, str(_HERE / "data_service_kill_check.py"), str(out), str(data_dir), address,
-         str(state_dir / "pid" / "worker-1.pid"), *KILL_MODES],
-        capture_output=True, text=True, env=_ENV, timeout=600,
+        [
+            sys.executable,
+            str(_HERE / "data_service_kill_check.py"),
+            str(out),
+            str(data_dir),
+            address,
+            str(state_dir / "pid" / "worker-1.pid"),
+            *KILL_MODES,
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -370,18 +462,28 @@ def test_two_trainer_workers_each_read_their_own_share_through_the_service(servi
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": trainers}, "task": {"type": "worker", "index": index}}
-        procs.append(subprocess.Popen(
-            [sys.executable, str(_HERE / "data_service_multiworker.py"), str(tmp_path / f"t{index}.json"),
-             str(data_dir), address],
-            env={**_ENV, "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_HERE / "data_service_multiworker.py"),
+                    str(tmp_path / f"t{index}.json"),
+                    str(data_dir),
+                    address,
+                ],
+                env={**_ENV, "TF_CONFIG": json.dumps(tf_config)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         outputs = [proc.communicate(timeout=600) for proc in procs]  # a hang guard only
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for proc, (_, err) in zip(procs, outputs):
+    for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-4000:]
     seen = [json.loads((tmp_path / f"t{i}.json").read_text()) for i in range(2)]
     assert seen[0]["num_replicas_in_sync"] == 2
@@ -405,7 +507,8 @@ def test_a_restarted_service_evaluates_relative_paths_and_small_splits_then_a_st
     (static sharding cannot deal it; "auto" falls back to dynamic), and train_mirrored.py, which
     must end with one error line soon after the service is stopped under it (it used to wait forever)."""
     data_dir = reader_fixtures.write_dataset(
-        tmp_path / "data", splits={"train": (24, 4), "validation": (7, 1)}, image_size=(16, 16))
+        tmp_path / "data", splits={"train": (24, 4), "validation": (7, 1)}, image_size=(16, 16)
+    )
     state_dir = tmp_path / "state"
     with _service(state_dir, 2):
         pass
@@ -416,16 +519,35 @@ def test_a_restarted_service_evaluates_relative_paths_and_small_splits_then_a_st
         for split in ("train", "validation"):
             dataset = tfdata_readers.make_dataset("data", split, 4, with_metadata=True, data_service=address)
             assert sorted(epoch_keys(dataset)) == sorted(reader_fixtures.expected_keys(data_dir, split)), split
-        with pytest.raises(ValueError, match="data_service_sharding='static' needs at least one shard piece per "
-                                             "tf.data service worker: .* gives this input pipeline 1, .* has 2 workers"):
+        with pytest.raises(
+            ValueError,
+            match="data_service_sharding='static' needs at least one shard piece per "
+            "tf.data service worker: .* gives this input pipeline 1, .* has 2 workers",
+        ):
             tfdata_readers.make_dataset("data", "validation", 4, data_service=address, data_service_sharding="static")
 
         train = subprocess.Popen(
-            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", "data", "--num_replicas", "2",
-             "--global_batch_size", "4", "--epochs", "10000", "--data_service", address,
-             # 30 s: a live dispatcher on a busy machine may be slow to answer; a stopped one never does.
-             "--data_service_timeout_s", "30"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_ENV, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                str(_REPO / "launch" / "train_mirrored.py"),
+                "--data_dir",
+                "data",
+                "--num_replicas",
+                "2",
+                "--global_batch_size",
+                "4",
+                "--epochs",
+                "10000",
+                "--data_service",
+                address,
+                # 30 s: a live dispatcher on a busy machine may be slow to answer; a stopped one never does.
+                "--data_service_timeout_s",
+                "30",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**_ENV, "PYTHONUNBUFFERED": "1"},
         )
         try:
             # Stopped only once a whole epoch went through the service (Keras's epoch line), not
@@ -466,8 +588,11 @@ def test_shards_the_workers_cannot_see_fail_at_start_up_naming_one(
     start = time.monotonic()
     # The error is the evidence: a reader that hung on the hidden shard would end, if at all, with
     # the check's ConnectionError, never this FileNotFoundError naming the shard.
-    with pytest.raises(FileNotFoundError, match=r"workers at grpc://.* cannot see 1 of the 2 shard file\(s\), e\.g\. "
-                                                r".*train-00001-of-00002.*readable on every worker at the same path"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"workers at grpc://.* cannot see 1 of the 2 shard file\(s\), e\.g\. "
+        r".*train-00001-of-00002.*readable on every worker at the same path",
+    ):
         tfdata_readers.make_dataset(data_dir, "train", 4, data_service=services[2][0])
     assert time.monotonic() - start < 120
 
@@ -505,8 +630,9 @@ def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind
 
         def read() -> None:
             try:
-                dataset = tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, data_service=address,
-                                                      data_service_timeout_s=1)
+                dataset = tfdata_readers.make_dataset(
+                    data_dir, "train", 4, with_metadata=True, data_service=address, data_service_timeout_s=1
+                )
                 from tfdata_readers.audit import epoch_keys
 
                 outcome["keys"] = sorted(epoch_keys(dataset))
@@ -517,8 +643,11 @@ def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind
         reader = threading.Thread(target=read, daemon=True)
         try:
             # Workers that never take the job (all hung) still fail, after the start-up allowance.
-            with pytest.raises(ConnectionError, match=r"did not run a check of the shard paths within 2 s, though its "
-                                                      r"dispatcher answered .*launch/data_service.sh status"):
+            with pytest.raises(
+                ConnectionError,
+                match=r"did not run a check of the shard paths within 2 s, though its "
+                r"dispatcher answered .*launch/data_service.sh status",
+            ):
                 check_workers_see(address, [str(data_dir)], 1, start_up_s=2)
             waiting.seen.clear()  # that check's record: the reader's own is awaited next
             reader.start()
@@ -553,5 +682,6 @@ def test_the_watchdog_reports_a_dispatcher_that_stopped_answering_once() -> None
         # Once: its thread ends after the report (so no second one can come), however slow the machine.
         watchdog._thread.join(120)
         assert not watchdog._thread.is_alive()
-    assert len(lost) == 1 and lost[0].startswith("x: error: the tf.data service dispatcher grpc://127.0.0.1:1 "
-                                                 "has not answered for"), lost
+    assert len(lost) == 1 and lost[0].startswith(
+        "x: error: the tf.data service dispatcher grpc://127.0.0.1:1 has not answered for"
+    ), lost

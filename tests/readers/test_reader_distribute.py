@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 import reader_fixtures
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -29,7 +28,10 @@ def mirrored_results(tmp_path_factory) -> tuple[dict[str, str], str]:
     out = root / "results.json"
     proc = subprocess.run(
         [sys.executable, str(_HERE / "distribute_check.py"), str(out), *map(str, dirs)],
-        capture_output=True, text=True, env=_ENV, timeout=900,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text()), proc.stderr
@@ -72,10 +74,15 @@ def test_multi_worker_exactly_once(tmp_path: pathlib.Path, shards: int) -> None:
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(subprocess.Popen(
-            [sys.executable, str(_HERE / "multiworker_worker.py"), str(tmp_path / f"w{index}.json"), str(data_dir)],
-            env={**_ENV, "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(_HERE / "multiworker_worker.py"), str(tmp_path / f"w{index}.json"), str(data_dir)],
+                env={**_ENV, "TF_CONFIG": json.dumps(tf_config)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for proc in procs:
@@ -84,7 +91,7 @@ def test_multi_worker_exactly_once(tmp_path: pathlib.Path, shards: int) -> None:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for proc, (_, err) in zip(procs, outputs):
+    for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-4000:]
     seen = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(2)]
     assert seen[0]["num_replicas_in_sync"] == 2
@@ -111,7 +118,10 @@ def keras_results(datasets, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("keras_mirrored") / "results.json"
     proc = subprocess.run(
         [sys.executable, str(_HERE / "keras_mirrored_check.py"), str(out), str(datasets["jpeg"])],
-        capture_output=True, text=True, env=_ENV, timeout=900,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -119,10 +129,16 @@ def keras_results(datasets, tmp_path_factory) -> dict:
 
 # The `datasets` fixture: train 50 examples, validation 13; global batch 8 over 2 replicas.
 @pytest.mark.slow
-@pytest.mark.parametrize("name,steps", [
-    ("train", 50 // 8), ("eval", 7), ("train 3 epochs", 3 * (50 // 8)), ("eval 2 epochs", 13),
-    ("train endless", -1),
-])
+@pytest.mark.parametrize(
+    "name,steps",
+    [
+        ("train", 50 // 8),
+        ("eval", 7),
+        ("train 3 epochs", 3 * (50 // 8)),
+        ("eval 2 epochs", 13),
+        ("train endless", -1),
+    ],
+)
 def test_distributed_cardinality_is_the_global_step_count(keras_results, name: str, steps: int) -> None:
     # eval: 13 per-replica batches of 4 (the last partial) make 7 global steps; two passes, 26 make 13.
     assert keras_results[f"{name} cardinality"] == steps

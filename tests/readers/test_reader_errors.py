@@ -95,13 +95,23 @@ def test_verify_reports_each_mismatch(copy_dir: pathlib.Path) -> None:
 
 def test_verify_cli_exit_codes(jpeg_dir: pathlib.Path, copy_dir: pathlib.Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(_REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    ok = subprocess.run([sys.executable, "-m", "tfdata_readers.verify", str(jpeg_dir)],
-                        capture_output=True, text=True, env=env, cwd=_REPO)
+    ok = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(jpeg_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "checked 5 shard(s)" in ok.stdout and "0 problem(s)" in ok.stdout
     _corrupt_middle(copy_dir / "validation-00000-of-00001.tfrecord")
-    bad = subprocess.run([sys.executable, "-m", "tfdata_readers.verify", str(copy_dir), "--split", "validation"],
-                         capture_output=True, text=True, env=env, cwd=_REPO)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(copy_dir), "--split", "validation"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+    )
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stderr and "validation-00000-of-00001.tfrecord" in bad.stderr
 

@@ -19,16 +19,20 @@ def test_load_manifest_reads_format(jpeg_dir: pathlib.Path) -> None:
     assert (info.image.height, info.image.width, info.image.channels, info.image.format) == (32, 32, 3, "JPEG")
     train = info.split("train")
     assert train.num_examples == 50
-    assert [pathlib.Path(s.path).name for s in train.shards] == [
-        f"train-{i:05d}-of-00004.tfrecord" for i in range(4)
-    ]
+    assert [pathlib.Path(s.path).name for s in train.shards] == [f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
     assert sum(s.num_examples for s in train.shards) == 50
 
 
 @pytest.mark.parametrize(
     "split, batch, drop, expected",
-    [("train", 8, True, 6), ("train", 8, False, 7), ("train", 50, True, 1), ("validation", 5, False, 3),
-     ("validation", 13, True, 1), ("validation", 14, True, 0)],
+    [
+        ("train", 8, True, 6),
+        ("train", 8, False, 7),
+        ("train", 50, True, 1),
+        ("validation", 5, False, 3),
+        ("validation", 13, True, 1),
+        ("validation", 14, True, 0),
+    ],
 )
 def test_steps_per_epoch(jpeg_dir: pathlib.Path, split: str, batch: int, drop: bool, expected: int) -> None:
     assert tfdata_readers.steps_per_epoch(jpeg_dir, split, batch, drop_remainder=drop) == expected
@@ -136,7 +140,9 @@ def test_image_size_takes_an_int_for_a_square(value: object) -> None:
 def test_make_dataset_resizes_to_an_int_image_size(jpeg_dir: pathlib.Path) -> None:
     """As the converter's --image_size 24: one int is a square."""
     for training in (False, True):
-        image, _ = next(iter(tfdata_readers.make_dataset(jpeg_dir, "train", 4, image_size=24, training=training, seed=0)))
+        image, _ = next(
+            iter(tfdata_readers.make_dataset(jpeg_dir, "train", 4, image_size=24, training=training, seed=0))
+        )
         assert image.shape == (4, 24, 24, 3)
 
 
@@ -171,22 +177,37 @@ def test_batch_sizes_must_be_positive_ints(jpeg_dir: pathlib.Path, value: object
     """A bool is not a batch size (True would be a batch of 1); 2.5 gave 20.0 steps, "4" a TypeError."""
     with pytest.raises(ValueError, match=rf"^batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
         tfdata_readers.make_dataset(jpeg_dir, "train", value)
-    with pytest.raises(ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
+    with pytest.raises(
+        ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"
+    ):
         tfdata_readers.steps_per_epoch(jpeg_dir, "train", value)
-    with pytest.raises(ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"):
+    with pytest.raises(
+        ValueError, match=rf"^global_batch_size must be a positive int \(got {re.escape(repr(value))}\)"
+    ):
         tfdata_readers.distribute(tf.distribute.get_strategy(), jpeg_dir, "train", value)
 
 
 @pytest.mark.parametrize("seed", [True, False, -1, 2**63, 1.5, "a", 3.0], ids=repr)
 def test_seed_must_be_an_int_in_range(jpeg_dir: pathlib.Path, seed: object) -> None:
-    with pytest.raises(ValueError, match=rf"^seed must be None or an int with 0 <= seed < 2\*\*63 \(got {re.escape(repr(seed))}\)"):
+    with pytest.raises(
+        ValueError, match=rf"^seed must be None or an int with 0 <= seed < 2\*\*63 \(got {re.escape(repr(seed))}\)"
+    ):
         tfdata_readers.make_dataset(jpeg_dir, "train", 4, training=True, seed=seed)
 
 
 def test_the_largest_seed_is_accepted(jpeg_dir: pathlib.Path) -> None:
     """2**63 - 1 is valid, also for the pipelines whose per-pipeline seed is offset from it."""
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
-    image, _ = next(iter(tfdata_readers.make_dataset(
-        jpeg_dir, "train", 4, training=True, seed=2**63 - 1, input_context=context,
-    )))
+    image, _ = next(
+        iter(
+            tfdata_readers.make_dataset(
+                jpeg_dir,
+                "train",
+                4,
+                training=True,
+                seed=2**63 - 1,
+                input_context=context,
+            )
+        )
+    )
     assert image.shape == (4, 32, 32, 3)

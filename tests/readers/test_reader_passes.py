@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 import pytest
+import reader_fixtures
 import tensorflow as tf
 
-import reader_fixtures
 import tfdata_readers as tfr
 
 TRAIN, VALIDATION = 50, 13  # the `datasets` fixture's split sizes
@@ -27,7 +27,9 @@ def _keys(dataset: tf.data.Dataset) -> list[str]:
 def test_relative_data_dir_is_resolved_at_construction(tmp_path: pathlib.Path, monkeypatch) -> None:
     # Two folders holding shards of the same names with different pixels.
     for name, seed in (("a", 1), ("b", 2)):
-        reader_fixtures.write_dataset(tmp_path / name / "data", splits={"train": (6, 2)}, image_size=(16, 16), seed=seed)
+        reader_fixtures.write_dataset(
+            tmp_path / name / "data", splits={"train": (6, 2)}, image_size=(16, 16), seed=seed
+        )
     monkeypatch.chdir(tmp_path / "a")
     dataset = tfr.make_dataset("data", "train", 6, with_metadata=True)
     before = next(iter(dataset))
@@ -60,7 +62,7 @@ def test_evaluation_order_is_the_same_every_pass(datasets, encoding: str) -> Non
     assert _keys(other) == first
     # Two iterators at once, interleaved.
     a, b = iter(dataset), iter(dataset)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x[2]["key"].numpy().tolist() == y[2]["key"].numpy().tolist()
 
 
@@ -114,11 +116,13 @@ def test_cardinality_of_a_validation_split(jpeg_dir) -> None:
 def test_keras_fit_shows_the_step_total_and_does_not_run_out(jpeg_dir, training: bool, capsys) -> None:
     """Keras warns (warnings.warn) when a dataset of unknown size ends, and shows "Unknown" steps."""
     dataset = tfr.make_dataset(jpeg_dir, "train", 8, training=training, seed=0, image_size=16, num_epochs=1)
-    model = tf.keras.Sequential([
-        tf.keras.Input((16, 16, 3)),
-        tf.keras.layers.GlobalAveragePooling2D(),
-        tf.keras.layers.Dense(len(reader_fixtures.LABEL_NAMES)),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((16, 16, 3)),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(len(reader_fixtures.LABEL_NAMES)),
+        ]
+    )
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     capsys.readouterr()
     with warnings.catch_warnings(record=True) as caught:
@@ -153,7 +157,7 @@ def test_initial_epoch_replays_exactly_the_epochs_of_an_uninterrupted_run(datase
     full = _epochs(tfr.make_dataset(datasets[encoding], "train", 4, **options), 4)
     resumed = _epochs(tfr.make_dataset(datasets[encoding], "train", 4, initial_epoch=2, **options), 2)
     assert full[2][0] != full[3][0] != full[1][0]  # the epochs do differ
-    for (keys, pixels), (full_keys, full_pixels) in zip(resumed, full[2:]):
+    for (keys, pixels), (full_keys, full_pixels) in zip(resumed, full[2:], strict=True):
         assert keys == full_keys
         np.testing.assert_array_equal(pixels, full_pixels)
 
@@ -163,7 +167,7 @@ def test_initial_epoch_with_one_endless_iterator(jpeg_dir) -> None:
     steps = TRAIN // 4
     full = list(tfr.make_dataset(jpeg_dir, "train", 4, **options).take(4 * steps))
     resumed = list(tfr.make_dataset(jpeg_dir, "train", 4, initial_epoch=2, **options).take(2 * steps))
-    for (image, _, meta), (full_image, _, full_meta) in zip(resumed, full[2 * steps:]):
+    for (image, _, meta), (full_image, _, full_meta) in zip(resumed, full[2 * steps :], strict=True):
         assert meta["key"].numpy().tolist() == full_meta["key"].numpy().tolist()
         np.testing.assert_array_equal(image.numpy(), full_image.numpy())
 

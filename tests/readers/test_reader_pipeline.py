@@ -8,10 +8,10 @@ import pathlib
 
 import numpy as np
 import pytest
+import reader_fixtures
 import tensorflow as tf
 from PIL import Image
 
-import reader_fixtures
 import tfdata_readers
 
 
@@ -23,7 +23,7 @@ def _epoch(
     for image, label, meta in dataset:
         sizes.append(int(image.shape[0]))
         assert label.dtype == tf.int64 and image.dtype == dtype
-        for key, pixels in zip(meta["key"].numpy(), image.numpy()):
+        for key, pixels in zip(meta["key"].numpy(), image.numpy(), strict=True):
             keys.append(key.decode())
             images[key.decode()] = pixels
     return keys, images, sizes
@@ -54,7 +54,7 @@ def test_batches_have_the_promised_types(datasets, encoding: str, placement: str
     assert set(meta) >= {"filename", "key"}
     assert all(len(k) == 64 for k in meta["key"].numpy())
     names = reader_fixtures.LABEL_NAMES
-    for lab, text in zip(label.numpy(), meta["label_text"].numpy()):
+    for lab, text in zip(label.numpy(), meta["label_text"].numpy(), strict=True):
         assert names[lab] == text.decode()
 
 
@@ -141,14 +141,21 @@ def test_training_is_reproducible_from_the_seed(jpeg_dir) -> None:
 @pytest.mark.parametrize("encoding, placement", [("jpeg", "auto"), ("raw", "batch")])
 def test_seeded_training_is_reproducible_under_the_default_config(datasets, encoding: str, placement: str) -> None:
     """No `deterministic=True`: a seed alone reproduces order, batches, the dropped remainder and crops."""
+
     def run():
         ds = tfdata_readers.make_dataset(
-            datasets[encoding], "train", 8, training=True, seed=0, with_metadata=True, decode_placement=placement,
+            datasets[encoding],
+            "train",
+            8,
+            training=True,
+            seed=0,
+            with_metadata=True,
+            decode_placement=placement,
         )
         return [_epoch(ds)[:2] for _ in range(2)]
 
     first, second = run(), run()
-    for (keys_a, images_a), (keys_b, images_b) in zip(first, second):
+    for (keys_a, images_a), (keys_b, images_b) in zip(first, second, strict=True):
         assert keys_a == keys_b
         for key in keys_a:
             np.testing.assert_array_equal(images_a[key], images_b[key])
@@ -201,10 +208,20 @@ def test_flip_only_augmentation_is_a_mirror(datasets) -> None:
     data_dir = datasets["raw"]
     _, plain, _ = _epoch(tfdata_readers.make_dataset(data_dir, "train", 10, with_metadata=True))
     for placement in ("element", "batch"):
-        _, aug, _ = _epoch(tfdata_readers.make_dataset(
-            data_dir, "train", 10, training=True, seed=0, with_metadata=True, drop_remainder=False,
-            crop_area_range=(1.0, 1.0), crop_aspect_ratio_range=(1.0, 1.0), decode_placement=placement,
-        ))
+        _, aug, _ = _epoch(
+            tfdata_readers.make_dataset(
+                data_dir,
+                "train",
+                10,
+                training=True,
+                seed=0,
+                with_metadata=True,
+                drop_remainder=False,
+                crop_area_range=(1.0, 1.0),
+                crop_aspect_ratio_range=(1.0, 1.0),
+                decode_placement=placement,
+            )
+        )
         flips = collections.Counter()
         for key, image in aug.items():
             same = np.allclose(image, plain[key], atol=1e-5)
@@ -218,9 +235,9 @@ def test_scale_and_image_size_options(jpeg_dir) -> None:
     image, _ = next(iter(tfdata_readers.make_dataset(jpeg_dir, "train", 4, scale=None)))
     assert 200.0 < float(tf.reduce_max(image)) <= 255.0
     for training in (False, True):
-        image, _ = next(iter(tfdata_readers.make_dataset(
-            jpeg_dir, "train", 4, image_size=(24, 20), training=training, seed=0
-        )))
+        image, _ = next(
+            iter(tfdata_readers.make_dataset(jpeg_dir, "train", 4, image_size=(24, 20), training=training, seed=0))
+        )
         assert image.shape == (4, 24, 20, 3)
 
 
@@ -266,7 +283,9 @@ def shard_count_dirs(tmp_path_factory) -> dict[int, pathlib.Path]:
     [(2, 1), (3, 2), (8, 5), (2, 2), (3, 3), (8, 8), (2, 5), (3, 5), (8, 11)],
 )
 @pytest.mark.parametrize("training", [False, True])
-def test_input_pipelines_split_the_data_exactly_once(shard_count_dirs, pipelines: int, shards: int, training: bool) -> None:
+def test_input_pipelines_split_the_data_exactly_once(
+    shard_count_dirs, pipelines: int, shards: int, training: bool
+) -> None:
     """Fewer, as many or more files than pipelines: the shares partition the split and differ by at
     most one example (whole files dealt out would give 3 files to 2 pipelines as 2:1)."""
     data_dir = shard_count_dirs[shards]
@@ -277,7 +296,13 @@ def test_input_pipelines_split_the_data_exactly_once(shard_count_dirs, pipelines
             num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=pipelines
         )
         ds = tfdata_readers.make_dataset(
-            data_dir, "train", 2, input_context=context, with_metadata=True, training=training, seed=11,
+            data_dir,
+            "train",
+            2,
+            input_context=context,
+            with_metadata=True,
+            training=training,
+            seed=11,
             drop_remainder=False,
         )
         keys = _epoch(ds)[0]

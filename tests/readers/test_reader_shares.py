@@ -7,9 +7,9 @@ import itertools
 import pathlib
 
 import pytest
+import reader_fixtures
 import tensorflow as tf
 
-import reader_fixtures
 import tfdata_readers
 from tfdata_readers.audit import audit_epochs
 from tfdata_readers.manifest import ShardInfo
@@ -24,6 +24,7 @@ EPOCHS = 3
 
 
 # The plan, as a pure function of the manifest's shard counts.
+
 
 def _shards(counts: list[int]) -> tuple[ShardInfo, ...]:
     return tuple(ShardInfo(f"s{i}", n, 0, "") for i, n in enumerate(counts))
@@ -52,6 +53,7 @@ def test_shares_partition_the_records_into_ranges_differing_by_at_most_one(count
 
 
 # The reader, pipeline by pipeline, with InputContexts built as tf.distribute builds them.
+
 
 @pytest.fixture(scope="module")
 def layout_dirs(tmp_path_factory) -> dict[tuple[int, int], pathlib.Path]:
@@ -87,14 +89,20 @@ def test_training_pipelines_see_every_example_at_the_same_rate(layout_dirs, layo
     per_pipeline = []
     for pipeline_id in range(pipelines):
         ds = tfdata_readers.make_dataset(
-            data_dir, "train", PER_PIPELINE_BATCH, input_context=_context(pipelines, pipeline_id),
-            training=True, seed=5, num_epochs=None, with_metadata=True,
+            data_dir,
+            "train",
+            PER_PIPELINE_BATCH,
+            input_context=_context(pipelines, pipeline_id),
+            training=True,
+            seed=5,
+            num_epochs=None,
+            with_metadata=True,
         )
         batches = _batches(ds, EPOCHS * steps)
         assert len(batches) == EPOCHS * steps and all(len(b) == PER_PIPELINE_BATCH for b in batches)
         per_pipeline.append(batches)
     epochs = [
-        [key for batches in per_pipeline for batch in batches[e * steps:(e + 1) * steps] for key in batch]
+        [key for batches in per_pipeline for batch in batches[e * steps : (e + 1) * steps] for key in batch]
         for e in range(EPOCHS)
     ]
     assert audit_epochs(epochs, expected, training=True, global_batch_size=global_batch) == []
@@ -112,12 +120,28 @@ def test_pipelines_agree_on_batches_per_epoch_and_evaluate_exactly_once(layout_d
     for pipeline_id in range(pipelines):
         context = _context(pipelines, pipeline_id)
         train = tfdata_readers.make_dataset(
-            data_dir, "train", PER_PIPELINE_BATCH, input_context=context, training=True, seed=2, with_metadata=True,
+            data_dir,
+            "train",
+            PER_PIPELINE_BATCH,
+            input_context=context,
+            training=True,
+            seed=2,
+            with_metadata=True,
         )
         train_batches.append(len(_batches(train)))  # the default num_epochs=1: one epoch
-        keys = [k for batch in _batches(tfdata_readers.make_dataset(
-            data_dir, "train", PER_PIPELINE_BATCH, input_context=context, with_metadata=True,
-        )) for k in batch]
+        keys = [
+            k
+            for batch in _batches(
+                tfdata_readers.make_dataset(
+                    data_dir,
+                    "train",
+                    PER_PIPELINE_BATCH,
+                    input_context=context,
+                    with_metadata=True,
+                )
+            )
+            for k in batch
+        ]
         eval_counts.append(len(keys))
         eval_keys += keys
     # Under MultiWorkerMirroredStrategy a pipeline that runs out early stalls or fails the step.
@@ -136,17 +160,29 @@ def test_one_pipeline_feeding_several_replicas_yields_whole_global_steps(layout_
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
     steps = tfdata_readers.steps_per_epoch(data_dir, "train", PER_PIPELINE_BATCH * replicas)
     ds = tfdata_readers.make_dataset(
-        data_dir, "train", PER_PIPELINE_BATCH, input_context=context, training=True, seed=3, with_metadata=True,
+        data_dir,
+        "train",
+        PER_PIPELINE_BATCH,
+        input_context=context,
+        training=True,
+        seed=3,
+        with_metadata=True,
     )
     assert len(_batches(ds)) == steps * replicas
     repeated = tfdata_readers.make_dataset(
-        data_dir, "train", PER_PIPELINE_BATCH, input_context=context, training=True, seed=3, with_metadata=True,
+        data_dir,
+        "train",
+        PER_PIPELINE_BATCH,
+        input_context=context,
+        training=True,
+        seed=3,
+        with_metadata=True,
         num_epochs=None,
     )
     batches = _batches(repeated, EPOCHS * steps * replicas)
     for step in range(EPOCHS * steps):  # the strategy deals `replicas` consecutive batches to one global step
-        keys = [k for batch in batches[step * replicas:(step + 1) * replicas] for k in batch]
+        keys = [k for batch in batches[step * replicas : (step + 1) * replicas] for k in batch]
         assert len(keys) == len(set(keys)) == PER_PIPELINE_BATCH * replicas, step
     for epoch in range(EPOCHS):
-        keys = [k for batch in batches[epoch * steps * replicas:(epoch + 1) * steps * replicas] for k in batch]
+        keys = [k for batch in batches[epoch * steps * replicas : (epoch + 1) * steps * replicas] for k in batch]
         assert len(keys) == len(set(keys)), epoch

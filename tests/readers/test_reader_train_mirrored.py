@@ -21,18 +21,52 @@ def test_train_mirrored_two_replicas_on_real_photos(tmp_path: pathlib.Path) -> N
     make_photo_tree(tmp_path / "photos", num_images=72, size=(500, 375), seed=3)
     env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": ""}
     convert = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--input", str(tmp_path / "photos"), "--output_dir",
-         str(tmp_path / "shards"), "--image_size", "64", "--encoding", "jpeg", "--num_shards", "4"],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(tmp_path / "photos"),
+            "--output_dir",
+            str(tmp_path / "shards"),
+            "--image_size",
+            "64",
+            "--encoding",
+            "jpeg",
+            "--num_shards",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
     )
     assert convert.returncode == 0, convert.stderr[-4000:]
     for input_dtype in ("float32", "uint8"):
         history_json = tmp_path / f"history_{input_dtype}.json"
         train = subprocess.run(
-            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
-             "--num_replicas", "2", "--global_batch_size", "16", "--epochs", "2",
-             "--input_dtype", input_dtype, "--history_json", str(history_json)],
-            capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+            [
+                sys.executable,
+                str(_REPO / "launch" / "train_mirrored.py"),
+                "--data_dir",
+                str(tmp_path / "shards"),
+                "--num_replicas",
+                "2",
+                "--global_batch_size",
+                "16",
+                "--epochs",
+                "2",
+                "--input_dtype",
+                input_dtype,
+                "--history_json",
+                str(history_json),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=_REPO,
+            timeout=600,
         )
         assert train.returncode == 0, train.stderr[-4000:]
         history = json.loads(history_json.read_text())
@@ -54,9 +88,22 @@ def test_train_mirrored_refuses_a_split_smaller_than_a_global_batch_even_with_st
     env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
     for extra in (["--steps_per_epoch", "2"], []):
         train = subprocess.run(
-            [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
-             "--num_replicas", "2", "--global_batch_size", "16", *extra],
-            capture_output=True, text=True, env=env, cwd=_REPO, timeout=300,
+            [
+                sys.executable,
+                str(_REPO / "launch" / "train_mirrored.py"),
+                "--data_dir",
+                str(data_dir),
+                "--num_replicas",
+                "2",
+                "--global_batch_size",
+                "16",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=_REPO,
+            timeout=300,
         )
         assert train.returncode == 2, train.stderr[-3000:]
         assert "train_mirrored.py: error: split 'train' has 10 examples: fewer than one global batch of 16" in (
@@ -84,9 +131,22 @@ def test_train_mirrored_start_up_refusals_are_one_error_line_and_exit_2(
     data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (10, 2)}, image_size=(16, 16))
     env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
-         "--num_replicas", "2", "--global_batch_size", "4", *args],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=300,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(data_dir),
+            "--num_replicas",
+            "2",
+            "--global_batch_size",
+            "4",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=300,
     )
     assert train.returncode == 2, train.stderr[-3000:]
     errors = [line for line in train.stderr.splitlines() if line.startswith("train_mirrored.py: error: ")]
@@ -107,10 +167,27 @@ def test_train_mirrored_validates_every_epoch_and_saves_a_loadable_model(tmp_pat
     save_path = tmp_path / "out" / "model.keras"
     history_json = tmp_path / "history.json"
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
-         "--num_replicas", "2", "--global_batch_size", "8", "--epochs", "2",
-         "--save_path", str(save_path), "--history_json", str(history_json)],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(data_dir),
+            "--num_replicas",
+            "2",
+            "--global_batch_size",
+            "8",
+            "--epochs",
+            "2",
+            "--save_path",
+            str(save_path),
+            "--history_json",
+            str(history_json),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr[-4000:]
     history = json.loads(history_json.read_text())
@@ -124,9 +201,18 @@ def test_train_mirrored_validates_every_epoch_and_saves_a_loadable_model(tmp_pat
 
 def test_train_mirrored_refuses_a_save_path_keras_cannot_write(tmp_path: pathlib.Path) -> None:
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path),
-         "--save_path", str(tmp_path / "model.h5")],
-        capture_output=True, text=True, cwd=_REPO, timeout=300,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(tmp_path),
+            "--save_path",
+            str(tmp_path / "model.h5"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=_REPO,
+        timeout=300,
     )
     assert train.returncode == 2
     assert "--save_path must end in .keras" in train.stderr
@@ -149,18 +235,49 @@ def test_train_mirrored_skips_an_empty_validation_split_with_a_notice(tmp_path: 
     (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
     env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
     convert = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--manifest", str(tmp_path / "list.csv"), "--output_dir",
-         str(tmp_path / "shards"), "--image_size", "32", "--num_shards", "2", "--max_bad_fraction", "1"],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--manifest",
+            str(tmp_path / "list.csv"),
+            "--output_dir",
+            str(tmp_path / "shards"),
+            "--image_size",
+            "32",
+            "--num_shards",
+            "2",
+            "--max_bad_fraction",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
     )
     assert convert.returncode == 0, convert.stderr[-4000:]
     info = json.loads((tmp_path / "shards" / "dataset_info.json").read_text())
     assert info["splits"]["validation"]["num_examples"] == 0, info["splits"]
     history_json = tmp_path / "history.json"
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "shards"),
-         "--num_replicas", "2", "--global_batch_size", "8", "--history_json", str(history_json)],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(tmp_path / "shards"),
+            "--num_replicas",
+            "2",
+            "--global_batch_size",
+            "8",
+            "--history_json",
+            str(history_json),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr[-4000:]
     assert "Traceback" not in train.stderr, train.stderr[-4000:]
@@ -172,8 +289,10 @@ def test_train_mirrored_skips_an_empty_validation_split_with_a_notice(tmp_path: 
 
 @pytest.mark.parametrize(
     "num_validation, notice, steps",
-    [(1, "validation split has 1 example(s), fewer than the 2 replicas: not validating", None),
-     (9, None, 2)],  # 9 at a global batch of 8 would leave a last batch of 1: one replica's part empty
+    [
+        (1, "validation split has 1 example(s), fewer than the 2 replicas: not validating", None),
+        (9, None, 2),
+    ],  # 9 at a global batch of 8 would leave a last batch of 1: one replica's part empty
     ids=["fewer-than-replicas", "last-batch-smaller-than-replicas"],
 )
 def test_train_mirrored_leaves_no_replica_an_empty_validation_batch(
@@ -188,9 +307,23 @@ def test_train_mirrored_leaves_no_replica_an_empty_validation_batch(
     env = {**os.environ, "PYTHONPATH": str(_REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
     history_json = tmp_path / "history.json"
     train = subprocess.run(
-        [sys.executable, str(_REPO / "launch" / "train_mirrored.py"), "--data_dir", str(data_dir),
-         "--num_replicas", "2", "--global_batch_size", "8", "--history_json", str(history_json)],
-        capture_output=True, text=True, env=env, cwd=_REPO, timeout=600,
+        [
+            sys.executable,
+            str(_REPO / "launch" / "train_mirrored.py"),
+            "--data_dir",
+            str(data_dir),
+            "--num_replicas",
+            "2",
+            "--global_batch_size",
+            "8",
+            "--history_json",
+            str(history_json),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr[-4000:]
     history = json.loads(history_json.read_text())
@@ -202,8 +335,16 @@ def test_train_mirrored_leaves_no_replica_an_empty_validation_batch(
 
 @pytest.mark.parametrize(
     "num_examples, global_batch, replicas, expected",
-    [(0, 8, 2, None), (1, 8, 2, None), (1, 8, 1, 8), (11, 8, 2, 8), (9, 8, 2, 6), (3, 2, 2, 4), (5, 8, 4, 8),
-     (16, 8, 2, 8)],
+    [
+        (0, 8, 2, None),
+        (1, 8, 2, None),
+        (1, 8, 1, 8),
+        (11, 8, 2, 8),
+        (9, 8, 2, 6),
+        (3, 2, 2, 4),
+        (5, 8, 4, 8),
+        (16, 8, 2, 8),
+    ],
 )
 def test_validation_batch_size_leaves_no_replica_an_empty_batch(
     num_examples: int, global_batch: int, replicas: int, expected: int | None

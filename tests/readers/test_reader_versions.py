@@ -13,11 +13,10 @@ import threading
 
 import pytest
 import tensorflow as tf
+from versioned_fixtures import commit_append, commit_overwrite, examples_of, manifest_of, run_name, to_versioned
 
-import reader_fixtures
 import tfdata_readers as tfr
 from tfdata_readers.manifest import shard_file_problem
-from versioned_fixtures import commit_append, commit_overwrite, examples_of, manifest_of, run_name, to_versioned
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -37,17 +36,23 @@ def _keys(dataset: tf.data.Dataset) -> list[str]:
 
 
 def _pairs(dataset: tf.data.Dataset) -> list[tuple[str, int]]:
-    return [(k.decode(), int(label)) for _, labels, meta in dataset
-            for k, label in zip(meta["key"].numpy(), labels.numpy())]
+    return [
+        (k.decode(), int(label))
+        for _, labels, meta in dataset
+        for k, label in zip(meta["key"].numpy(), labels.numpy(), strict=True)
+    ]
 
 
 # Which manifest a version is read from.
+
 
 def test_a_manifest_written_before_versioning_is_version_1(jpeg_dir: pathlib.Path) -> None:
     info = tfr.load_manifest(jpeg_dir)
     assert (info.version, info.parent_version) == (1, None)
     assert tfr.load_manifest(jpeg_dir, version=1).manifest_path == str(jpeg_dir / "dataset_info.json")
-    with pytest.raises(tfr.VersionNotFoundError, match=r"version 2 of .*versions with a manifest: 1; the current version is 1"):
+    with pytest.raises(
+        tfr.VersionNotFoundError, match=r"version 2 of .*versions with a manifest: 1; the current version is 1"
+    ):
         tfr.load_manifest(jpeg_dir, version=2)
 
 
@@ -109,37 +114,56 @@ def test_a_history_file_holding_another_version_is_refused(appended: pathlib.Pat
 def test_an_older_version_whose_files_were_collected_says_so(appended: pathlib.Path) -> None:
     gone = appended / manifest_of(appended, 1)["splits"]["train"]["shards"][0]["file"]
     gone.unlink()
-    with pytest.raises(tfr.ShardError, match=rf"shard {gone} is listed in the manifest but does not exist: version 1 "
-                       r"\(.*00000001.json\) is not the current version \(2\), and the writer deletes the files"):
+    with pytest.raises(
+        tfr.ShardError,
+        match=rf"shard {gone} is listed in the manifest but does not exist: version 1 "
+        r"\(.*00000001.json\) is not the current version \(2\), and the writer deletes the files",
+    ):
         tfr.make_dataset(appended, "train", 8, version=1)
 
 
 # Shard paths with subfolders.
 
-@pytest.mark.parametrize("name", [
-    "train-00000-of-00004.tfrecord", "shards/20261201T133000Z-3fa2c1d0/train-00000-of-00004.tfrecord",
-])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "train-00000-of-00004.tfrecord",
+        "shards/20261201T133000Z-3fa2c1d0/train-00000-of-00004.tfrecord",
+    ],
+)
 def test_relative_posix_paths_are_accepted(name: str) -> None:
     assert shard_file_problem(name) == ""
 
 
-@pytest.mark.parametrize("name", [
-    "/data/train-00000-of-00004.tfrecord", "../other/train-00000-of-00004.tfrecord",
-    "shards/../../train-00000-of-00004.tfrecord", "shards\\run\\train-00000-of-00004.tfrecord",
-    "shards//train-00000-of-00004.tfrecord", "shards/run/", "./train-00000-of-00004.tfrecord",
-    "gs://bucket/train-00000-of-00004.tfrecord", "",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/data/train-00000-of-00004.tfrecord",
+        "../other/train-00000-of-00004.tfrecord",
+        "shards/../../train-00000-of-00004.tfrecord",
+        "shards\\run\\train-00000-of-00004.tfrecord",
+        "shards//train-00000-of-00004.tfrecord",
+        "shards/run/",
+        "./train-00000-of-00004.tfrecord",
+        "gs://bucket/train-00000-of-00004.tfrecord",
+        "",
+    ],
+)
 def test_paths_that_could_leave_the_data_dir_are_refused_naming_the_entry(appended: pathlib.Path, name: str) -> None:
     assert shard_file_problem(name)
     manifest = json.loads((appended / "dataset_info.json").read_text())
     manifest["splits"]["train"]["shards"][-1]["file"] = name
     (appended / "dataset_info.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=r"split 'train': shard file .* is not (a path inside the data dir|a file name)") as caught:
+    with pytest.raises(
+        ValueError, match=r"split 'train': shard file .* is not (a path inside the data dir|a file name)"
+    ) as caught:
         tfr.load_manifest(appended)
     assert repr(name) in str(caught.value)
 
 
 # Old versions' files beside the current one's.
+
 
 def test_an_overwritten_flat_dataset_reads_and_verifies_although_its_old_shards_remain(job_outputs, tmp_path) -> None:
     """After an overwrite of a dataset written before versioning, its root-level shards stay for the
@@ -152,12 +176,14 @@ def test_an_overwritten_flat_dataset_reads_and_verifies_although_its_old_shards_
     assert sorted(_pairs(tfr.make_dataset(out, "train", 4, with_metadata=True))) == sorted(examples_of(out, "train"))
     assert tfr.verify(out) == []
     assert sorted(_pairs(tfr.make_dataset(out, "train", 4, with_metadata=True, version=1))) == sorted(
-        examples_of(out, "train", 1))
+        examples_of(out, "train", 1)
+    )
     shutil.copy(out / "train-00000-of-00004.tfrecord", out / "train-00009-of-00010.tfrecord")
-    with pytest.raises(tfr.ShardError, match=r"train-00009-of-00010.tfrecord look\(s\) like shard\(s\) of split 'train'"):
+    with pytest.raises(
+        tfr.ShardError, match=r"train-00009-of-00010.tfrecord look\(s\) like shard\(s\) of split 'train'"
+    ):
         tfr.make_dataset(out, "train", 4)
-    assert [p.problem for p in tfr.verify(out)] == [
-        "named like a shard but not listed in dataset_info.json"]
+    assert [p.problem for p in tfr.verify(out)] == ["named like a shard but not listed in dataset_info.json"]
 
 
 def test_an_append_to_a_flat_dataset_reads_its_root_level_and_subfolder_shards(job_outputs, tmp_path) -> None:
@@ -172,6 +198,7 @@ def test_an_append_to_a_flat_dataset_reads_its_root_level_and_subfolder_shards(j
 
 # A reader keeps its version while newer ones are committed.
 
+
 def test_a_dataset_reads_the_version_current_when_it_was_built(appended: pathlib.Path, job_outputs) -> None:
     dataset = tfr.make_dataset(appended, "train", 8, with_metadata=True)
     before = sorted(examples_of(appended, "train", 2))
@@ -180,7 +207,8 @@ def test_a_dataset_reads_the_version_current_when_it_was_built(appended: pathlib
     for _ in range(2):  # two passes, both after the commit
         assert sorted(_pairs(dataset)) == before
     assert sorted(_pairs(tfr.make_dataset(appended, "train", 8, with_metadata=True))) == sorted(
-        examples_of(appended, "train", 3))
+        examples_of(appended, "train", 3)
+    )
 
 
 class _CommitMidEpoch(tf.keras.callbacks.Callback):
@@ -211,7 +239,7 @@ def test_keras_fit_reads_version_n_whole_every_epoch_while_version_n_plus_1_is_c
     seen: list[tuple[str, int]] = []
 
     def record(keys, labels):
-        seen.extend((k.decode(), int(label)) for k, label in zip(keys, labels))
+        seen.extend((k.decode(), int(label)) for k, label in zip(keys, labels, strict=True))
         return keys.shape[0]
 
     def observed(images, labels, meta):
@@ -221,9 +249,13 @@ def test_keras_fit_reads_version_n_whole_every_epoch_while_version_n_plus_1_is_c
 
     dataset = tfr.make_dataset(appended, "train", 4, with_metadata=True, image_size=16).map(observed)
     commit = _CommitMidEpoch(lambda: commit_overwrite(appended, job_outputs["base"], run=run_name(3)), epoch=1, batch=2)
-    model = tf.keras.Sequential([
-        tf.keras.Input((16, 16, 3)), tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(9),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((16, 16, 3)),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(9),
+        ]
+    )
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(dataset, epochs=4, verbose=0, callbacks=[commit], shuffle=False)
     assert commit.committed.is_set() and tfr.current_version(appended) == 3
@@ -231,14 +263,16 @@ def test_keras_fit_reads_version_n_whole_every_epoch_while_version_n_plus_1_is_c
     per_epoch = sum(expected.values())
     assert len(seen) == 4 * per_epoch
     for epoch in range(4):
-        assert collections.Counter(seen[epoch * per_epoch:(epoch + 1) * per_epoch]) == expected, epoch
+        assert collections.Counter(seen[epoch * per_epoch : (epoch + 1) * per_epoch]) == expected, epoch
 
 
 # Equal shares when shards differ in size.
 
+
 def _context(pipelines: int, pipeline_id: int) -> tf.distribute.InputContext:
-    return tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
-                                      num_replicas_in_sync=pipelines)
+    return tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=pipelines
+    )
 
 
 @pytest.mark.parametrize("pipelines", [2, 3])
@@ -261,15 +295,25 @@ def test_input_pipelines_get_equal_shares_of_old_and_new_unequal_shards(appended
 
 
 @pytest.mark.slow
-def test_mirrored_replicas_get_equal_shares_and_keep_their_version(appended: pathlib.Path, job_outputs, tmp_path) -> None:
+def test_mirrored_replicas_get_equal_shares_and_keep_their_version(
+    appended: pathlib.Path, job_outputs, tmp_path
+) -> None:
     """MirroredStrategy over 2 and 3 logical CPUs on the appended version (unequal shards): see
     versioned_mirrored_check.py for what each check asserts."""
     out = tmp_path / "results.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(_REPO)}
     proc = subprocess.run(
-        [sys.executable, str(pathlib.Path(__file__).with_name("versioned_mirrored_check.py")), str(out), str(appended),
-         str(job_outputs["base"])],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            str(pathlib.Path(__file__).with_name("versioned_mirrored_check.py")),
+            str(out),
+            str(appended),
+            str(job_outputs["base"]),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
@@ -281,17 +325,28 @@ def test_mirrored_replicas_get_equal_shares_and_keep_their_version(appended: pat
 
 # verify and inspect.
 
+
 def _verify(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(_REPO)}
-    return subprocess.run([sys.executable, "-m", "tfdata_readers.verify", *args], capture_output=True, text=True,
-                          env=env, cwd=_REPO, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
+    )
 
 
 def test_verify_says_which_version_it_checked_and_checks_that_versions_files(appended: pathlib.Path) -> None:
     current = _verify(str(appended))
     assert current.returncode == 0, current.stderr
-    shards = len(manifest_of(appended)["splits"]["train"]["shards"]) + len(manifest_of(appended)["splits"]["validation"]["shards"])
-    assert current.stdout.splitlines() == [f"version 2 of 2: checked {shards} shard(s) of split(s) train, validation: 0 problem(s)"]
+    shards = len(manifest_of(appended)["splits"]["train"]["shards"]) + len(
+        manifest_of(appended)["splits"]["validation"]["shards"]
+    )
+    assert current.stdout.splitlines() == [
+        f"version 2 of 2: checked {shards} shard(s) of split(s) train, validation: 0 problem(s)"
+    ]
     # A byte of one of version 1's shards changed in place: same size, another sha256.
     old = appended / manifest_of(appended, 1)["splits"]["train"]["shards"][0]["file"]
     data = bytearray(old.read_bytes())
@@ -311,7 +366,9 @@ def test_verify_refuses_a_dead_letters_file_outside_the_data_dir(appended: pathl
     manifest["dead_letters_file"] = "../dead_letters.jsonl"
     (appended / "dataset_info.json").write_text(json.dumps(manifest))
     problems = [p.problem for p in tfr.verify(appended, ["validation"])]
-    assert any(p.startswith("dead_letters_file '../dead_letters.jsonl' is not a path inside the data dir") for p in problems)
+    assert any(
+        p.startswith("dead_letters_file '../dead_letters.jsonl' is not a path inside the data dir") for p in problems
+    )
 
 
 def test_inspect_gathers_one_version(appended: pathlib.Path) -> None:
@@ -320,5 +377,6 @@ def test_inspect_gathers_one_version(appended: pathlib.Path) -> None:
     report = gather(appended, num_examples=4, scan=8, version=1, splits=["validation"])
     assert report.info.version == 1
     assert [row.file for row in report.shards if row.split == "train"] == [
-        s["file"] for s in manifest_of(appended, 1)["splits"]["train"]["shards"]]
+        s["file"] for s in manifest_of(appended, 1)["splits"]["train"]["shards"]
+    ]
     assert all(row.verified for row in report.shards) and not report.other_problems

@@ -15,14 +15,22 @@ def _verify(*args: str) -> subprocess.CompletedProcess:
     # The user's environment, as a terminal gives it: no TF_CPP_MIN_LOG_LEVEL set beforehand.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP_", "ABSL_"))}
     env["PYTHONPATH"] = str(_REPO)
-    return subprocess.run([sys.executable, "-m", "tfdata_readers.verify", *args], capture_output=True, text=True,
-                          env=env, cwd=_REPO, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_REPO,
+        timeout=600,
+    )
 
 
 def test_a_clean_dataset_prints_one_line_and_nothing_else(jpeg_dir: pathlib.Path) -> None:
     result = _verify(str(jpeg_dir))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["version 1 of 1: checked 5 shard(s) of split(s) train, validation: 0 problem(s)"]
+    assert result.stdout.splitlines() == [
+        "version 1 of 1: checked 5 shard(s) of split(s) train, validation: 0 problem(s)"
+    ]
     assert result.stderr == "", result.stderr
 
 

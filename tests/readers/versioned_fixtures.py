@@ -52,7 +52,11 @@ def run_name(number: int) -> str:
 
 
 def run_conversion(
-    photos: pathlib.Path, out: pathlib.Path, *, image_size: str = "32x32", num_shards: int = 4,
+    photos: pathlib.Path,
+    out: pathlib.Path,
+    *,
+    image_size: str = "32x32",
+    num_shards: int = 4,
     splits: str = "train=0.8,validation=0.2",
 ) -> pathlib.Path:
     """Runs the current conversion job (`python -m beam_jobs`) once, in a fresh process; returns `out`.
@@ -65,12 +69,31 @@ def run_conversion(
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(_REPO)
     result = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-         "--image_size", image_size, "--num_shards", str(num_shards), "--splits", splits],
-        cwd=_REPO, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(photos),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            image_size,
+            "--num_shards",
+            str(num_shards),
+            "--splits",
+            splits,
+        ],
+        cwd=_REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"the conversion job failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-4000:]}")
+        raise RuntimeError(
+            f"the conversion job failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-4000:]}"
+        )
     return as_older_release(out)
 
 
@@ -90,8 +113,12 @@ def examples_of(out: str | os.PathLike[str], split: str, version: int | None = N
     for shard in manifest_of(out, version)["splits"][split]["shards"]:
         for record in tf.data.TFRecordDataset(str(pathlib.Path(out) / shard["file"])):
             feature = tf.train.Example.FromString(record.numpy()).features.feature
-            pairs.append((feature["image/key/sha256"].bytes_list.value[0].decode(),
-                          feature["image/class/label"].int64_list.value[0]))
+            pairs.append(
+                (
+                    feature["image/key/sha256"].bytes_list.value[0].decode(),
+                    feature["image/class/label"].int64_list.value[0],
+                )
+            )
     return pairs
 
 
@@ -126,7 +153,9 @@ def _write_atomically(path: pathlib.Path, data: bytes) -> None:
         os.close(folder)
 
 
-def _commit(out: pathlib.Path, manifest: dict[str, Any], change: dict[str, Any], *, history_copy: bool) -> dict[str, Any]:
+def _commit(
+    out: pathlib.Path, manifest: dict[str, Any], change: dict[str, Any], *, history_copy: bool
+) -> dict[str, Any]:
     """Commits `manifest` as the next version of OUT, as beam_jobs/commit.py's format says.
 
     `history_copy=False` leaves out the new version's versions/N.json, as a kill right after the

@@ -31,8 +31,9 @@ def main(out: str, data_dir: str, overwrite_from: str) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * max(REPLICA_COUNTS))
     sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2]), str(pathlib.Path(__file__).resolve().parent)]
-    import tfdata_readers as tfr
     from versioned_fixtures import commit_overwrite, examples_of, run_name
+
+    import tfdata_readers as tfr
 
     expected = collections.Counter(examples_of(data_dir, "train"))
     results: dict[str, str] = {}
@@ -41,20 +42,25 @@ def main(out: str, data_dir: str, overwrite_from: str) -> None:
         global_batch = PER_REPLICA_BATCH * replicas
         name = f"replicas={replicas}"
 
-        def steps_of(dataset, limit: int | None = None) -> list[list[list[tuple[str, int]]]]:
+        def steps_of(dataset, limit: int | None = None, strategy=strategy) -> list[list[list[tuple[str, int]]]]:
             """Each step's per-replica (key, label) lists."""
             steps = []
             for number, (_, labels, meta) in enumerate(dataset):
                 if number == limit:
                     break
-                steps.append([
-                    [(k.decode(), int(label)) for k, label in zip(keys.numpy(), local_labels.numpy())]
-                    for keys, local_labels in zip(strategy.experimental_local_results(meta["key"]),
-                                                  strategy.experimental_local_results(labels))
-                ])
+                steps.append(
+                    [
+                        [(k.decode(), int(label)) for k, label in zip(keys.numpy(), local_labels.numpy(), strict=True)]
+                        for keys, local_labels in zip(
+                            strategy.experimental_local_results(meta["key"]),
+                            strategy.experimental_local_results(labels),
+                            strict=True,
+                        )
+                    ]
+                )
             return steps
 
-        def train_problem(steps: list, epoch: str) -> str:
+        def train_problem(steps: list, epoch: str, global_batch: int = global_batch) -> str:
             if any(len(replica) != PER_REPLICA_BATCH for step in steps for replica in step):
                 return f"{epoch}: per-replica batches {[[len(r) for r in s] for s in steps]}"
             pairs = [p for step in steps for replica in step for p in replica]
@@ -67,7 +73,9 @@ def main(out: str, data_dir: str, overwrite_from: str) -> None:
         evaluation = steps_of(tfr.distribute(strategy, data_dir, "train", global_batch, with_metadata=True))
         pairs = [p for step in evaluation for replica in step for p in replica]
         results[f"{name} eval"] = (
-            "" if collections.Counter(pairs) == expected and all(len(r) <= PER_REPLICA_BATCH for s in evaluation for r in s)
+            ""
+            if collections.Counter(pairs) == expected
+            and all(len(r) <= PER_REPLICA_BATCH for s in evaluation for r in s)
             else f"eval delivered {len(pairs)} ({len(set(pairs))} distinct) of {sum(expected.values())}"
         )
 
@@ -81,11 +89,18 @@ def main(out: str, data_dir: str, overwrite_from: str) -> None:
             problems.append(train_problem(steps, f"epoch {epoch}"))
         results[f"{name} train"] = "; ".join(p for p in problems if p)
 
-        endless = tfr.distribute(strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=3,
-                                 num_epochs=None)
+        endless = tfr.distribute(
+            strategy, data_dir, "train", global_batch, with_metadata=True, training=True, seed=3, num_epochs=None
+        )
         steps = steps_of(endless, 3 * steps_per_epoch)
-        results[f"{name} train repeat"] = "; ".join(p for p in (
-            train_problem(steps[e * steps_per_epoch:(e + 1) * steps_per_epoch], f"epoch {e + 1}") for e in range(3)) if p)
+        results[f"{name} train repeat"] = "; ".join(
+            p
+            for p in (
+                train_problem(steps[e * steps_per_epoch : (e + 1) * steps_per_epoch], f"epoch {e + 1}")
+                for e in range(3)
+            )
+            if p
+        )
 
         # A copy per strategy: each commits its own next version.
         copy = pathlib.Path(tempfile.mkdtemp()) / "data"
@@ -97,10 +112,15 @@ def main(out: str, data_dir: str, overwrite_from: str) -> None:
             for number, (_, labels, meta) in enumerate(dataset):
                 if epoch == 1 and number == 1:
                     commit_overwrite(copy, overwrite_from, run=run_name(50 + replicas))
-                epoch_pairs += [(k.decode(), int(label))
-                                for keys, local in zip(strategy.experimental_local_results(meta["key"]),
-                                                       strategy.experimental_local_results(labels))
-                                for k, label in zip(keys.numpy(), local.numpy())]
+                epoch_pairs += [
+                    (k.decode(), int(label))
+                    for keys, local in zip(
+                        strategy.experimental_local_results(meta["key"]),
+                        strategy.experimental_local_results(labels),
+                        strict=True,
+                    )
+                    for k, label in zip(keys.numpy(), local.numpy(), strict=True)
+                ]
             if collections.Counter(epoch_pairs) != expected:
                 problems.append(f"epoch {epoch + 1}: {len(epoch_pairs)} examples, not the built version's")
         if tfr.current_version(copy) != tfr.load_manifest(data_dir).version + 1:

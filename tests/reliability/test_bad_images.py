@@ -18,8 +18,8 @@ from beam_jobs.decode import decode_image
 from beam_jobs.errors import BadInputError
 from beam_jobs.preprocess import normalize_mode
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import current_files, dead_letters_path
 from tests.conftest import REPO, run_cli
+from tests.dataset_files import current_files, dead_letters_path
 from tests.photos import HOSTILE_FILES, ODD_VALID_FILES, _png_header_bomb
 
 pytestmark = pytest.mark.slow
@@ -39,8 +39,20 @@ def hostile_run(tmp_path_factory):
     outputs = []
     for attempt in range(2):
         out = tmp_path_factory.mktemp(f"hostile-out-{attempt}")
-        result = run_cli("--input", root, "--output_dir", out, "--image_size", "32", "--encoding", "png",
-                         "--num_shards", "2", "--max_bad_fraction", "1.0")
+        result = run_cli(
+            "--input",
+            root,
+            "--output_dir",
+            out,
+            "--image_size",
+            "32",
+            "--encoding",
+            "png",
+            "--num_shards",
+            "2",
+            "--max_bad_fraction",
+            "1.0",
+        )
         outputs.append((out, result))
     return root, good, outputs
 
@@ -50,7 +62,7 @@ def _records(out) -> dict[str, bytes]:
     files = [str(out / s["file"]) for split in info["splits"].values() for s in split["shards"]]
     records = {}
     for batch in tf.data.TFRecordDataset(files).batch(100).map(lambda b: tf.io.parse_example(b, SPEC)):
-        for name, encoded in zip(batch["image/filename"].numpy(), batch["image/encoded"].numpy()):
+        for name, encoded in zip(batch["image/filename"].numpy(), batch["image/encoded"].numpy(), strict=True):
             records[name.decode()] = encoded
     return records
 
@@ -85,8 +97,10 @@ def test_animated_and_multipage_files_give_the_same_first_frame_on_every_run(hos
     for name in ("odd/animated.gif", "odd/multipage.tif"):
         assert first[name] == second[name]
     pixels = tf.io.decode_png(first["odd/animated.gif"]).numpy().astype(int)
-    rocket = np.asarray(Image.open(__import__("io").BytesIO(ODD_VALID_FILES["animated.gif"]())).convert("RGB")
-                        .resize((32, 32)), dtype=int)
+    rocket = np.asarray(
+        Image.open(__import__("io").BytesIO(ODD_VALID_FILES["animated.gif"]())).convert("RGB").resize((32, 32)),
+        dtype=int,
+    )
     assert np.abs(pixels - rocket).mean() < 20  # The first frame (the rocket), not the second.
     assert current_files(out1) == current_files(out2)
 

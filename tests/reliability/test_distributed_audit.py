@@ -1,4 +1,5 @@
-"""Distributed correctness: an exactly-once audit by key over epochs, seeds and replica counts, and proof it can fail."""
+"""Distributed correctness: an exactly-once audit by key over epochs, seeds and replica counts, and
+proof it can fail."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ if str(_READERS) not in sys.path:
     sys.path.insert(0, str(_READERS))
 
 import reader_fixtures  # noqa: E402
+
 import tfdata_readers  # noqa: E402
 from tfdata_readers.audit import audit_epoch, audit_epochs, epoch_keys  # noqa: E402
 
@@ -25,6 +27,7 @@ SEEDS = (4, 1234)
 
 
 # The audit itself, on hand-made key lists: it must be able to fail.
+
 
 def test_audit_epoch_finds_duplicates_missing_and_unknown_keys() -> None:
     split = ["a", "b", "c", "d"]
@@ -56,6 +59,7 @@ def test_audit_epochs_rules_for_eval_and_training() -> None:
 
 # The reader under MirroredStrategy: 1, 2, 3 and 8 replicas x 2 seeds x 2 epochs, in a subprocess.
 
+
 @pytest.fixture(scope="module")
 def mirrored_audit(tmp_path_factory) -> dict[str, list[str]]:
     root = tmp_path_factory.mktemp("audit")
@@ -64,7 +68,10 @@ def mirrored_audit(tmp_path_factory) -> dict[str, list[str]]:
     out = root / "audit.json"
     proc = subprocess.run(
         [sys.executable, str(_READERS / "audit_check.py"), str(out), str(data_dir)],
-        capture_output=True, text=True, env=_ENV, timeout=600,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -80,6 +87,7 @@ def test_mirrored_audit_exactly_once(mirrored_audit: dict[str, list[str]], repli
 
 
 # Two input pipelines in-process: the reader passes the audit, a broken dataset_fn must not.
+
 
 @pytest.fixture(scope="module")
 def sixteen_shards(tmp_path_factory) -> pathlib.Path:
@@ -141,7 +149,13 @@ def test_audit_passes_the_reader_on_two_input_pipelines(sixteen_shards: pathlib.
     expected = reader_fixtures.expected_keys(sixteen_shards, "train")
     datasets = [
         tfdata_readers.make_dataset(
-            sixteen_shards, "train", 4, input_context=c, training=training, seed=3, with_metadata=True,
+            sixteen_shards,
+            "train",
+            4,
+            input_context=c,
+            training=training,
+            seed=3,
+            with_metadata=True,
             drop_remainder=False,
         )
         for c in _contexts(2)

@@ -15,8 +15,8 @@ import subprocess
 import pytest
 
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import tree_files
 from tests.conftest import run_cli
+from tests.dataset_files import tree_files
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +101,19 @@ def test_resume_with_other_settings_says_it_does_not_keep_the_earlier_shards_and
     sidecars = [p for p in folder.iterdir() if p.name.startswith(".train-") and p.name.endswith(".json")]
     assert len(sidecars) == 2, sorted(p.name for p in folder.iterdir())
     assert not (out / "dataset_info.json").exists()
-    result = run_cli("--input", photos, "--output_dir", out, "--resume", "--image_size", "40", "--num_shards", "2",
-                     "--max_bad_fraction", "0.5")
+    result = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        out,
+        "--resume",
+        "--image_size",
+        "40",
+        "--num_shards",
+        "2",
+        "--max_bad_fraction",
+        "0.5",
+    )
     warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING") and "not kept" in line]
     assert len(warnings) == 1, result.stderr[-3000:]
     assert "1 earlier run" in warnings[0] and "image_size" in warnings[0], warnings[0]
@@ -110,7 +121,18 @@ def test_resume_with_other_settings_says_it_does_not_keep_the_earlier_shards_and
 
 def test_a_refusal_with_one_staged_shard_says_it_in_the_singular(photos, tmp_path):
     (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
-    result = run_cli("--input", photos, "--output_dir", tmp_path / "out", "--max_bad_fraction", "0",
-                     "--image_size", "32", "--num_shards", "1", check=False)
+    result = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        tmp_path / "out",
+        "--max_bad_fraction",
+        "0",
+        "--image_size",
+        "32",
+        "--num_shards",
+        "1",
+        check=False,
+    )
     error = _refused(result, 1)
     assert "the 1 shard converted so far stays in " in error and "no version lists it" in error, error

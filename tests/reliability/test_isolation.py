@@ -211,8 +211,16 @@ def test_a_crashing_decoder_is_contained_and_the_next_call_works():
 
 @pytest.mark.parametrize(
     "fmt, policy, expected",
-    [("JPEG", "risky", False), ("PNG", "risky", False), ("TIFF", "risky", True), ("GIF", "risky", True),
-     ("WEBP", "risky", True), ("BMP", "risky", True), ("JPEG", "all", True), ("TIFF", "none", False)],
+    [
+        ("JPEG", "risky", False),
+        ("PNG", "risky", False),
+        ("TIFF", "risky", True),
+        ("GIF", "risky", True),
+        ("WEBP", "risky", True),
+        ("BMP", "risky", True),
+        ("JPEG", "all", True),
+        ("TIFF", "none", False),
+    ],
 )
 def test_only_risky_formats_leave_the_fast_path_by_default(fmt, policy, expected):
     assert needs_isolation(encode(real_photo("chelsea", (16, 16)), fmt), policy) is expected
@@ -269,8 +277,10 @@ def test_a_shard_whose_decoder_cannot_start_fails_whole_and_blames_no_image(tmp_
     assert sorted(os.listdir(out)) == []
 
 
-@pytest.mark.parametrize("field, value", [("timeout_s", 0), ("timeout_s", float("nan")),
-                                          ("startup_timeout_s", -1), ("startup_timeout_s", float("inf"))])
+@pytest.mark.parametrize(
+    "field, value",
+    [("timeout_s", 0), ("timeout_s", float("nan")), ("startup_timeout_s", -1), ("startup_timeout_s", float("inf"))],
+)
 def test_limits_that_are_not_positive_seconds_are_refused_naming_the_value(field, value):
     limits = {"timeout_s": 5, field: value}
     with pytest.raises(ValueError, match=rf"{field} must be a positive number of seconds \(got {value!r}\)"):

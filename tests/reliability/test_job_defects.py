@@ -47,8 +47,9 @@ def _unchanged_beside_a_new_run(before: dict[str, bytes], after: dict[str, bytes
 
 def _records(out: pathlib.Path) -> dict[str, dict]:
     """{image/filename: {sha256, encoded}} over every shard dataset_info.json lists."""
-    spec = {key: tf.io.FixedLenFeature([], tf.string)
-            for key in ("image/filename", "image/key/sha256", "image/encoded")}
+    spec = {
+        key: tf.io.FixedLenFeature([], tf.string) for key in ("image/filename", "image/key/sha256", "image/encoded")
+    }
     found = {}
     for split in _info(out)["splits"].values():
         for shard in split["shards"]:
@@ -56,7 +57,8 @@ def _records(out: pathlib.Path) -> dict[str, dict]:
                 example = tf.io.parse_single_example(record, spec)
                 found[example["image/filename"].numpy().decode()] = {
                     "sha256": example["image/key/sha256"].numpy().decode(),
-                    "encoded": example["image/encoded"].numpy()}
+                    "encoded": example["image/encoded"].numpy(),
+                }
     return found
 
 
@@ -80,6 +82,7 @@ def photos(tmp_path) -> pathlib.Path:
 
 # --- 1. --overwrite replaces a dataset only when the new run succeeds ---------------------------
 
+
 def test_overwrite_with_a_mistyped_input_keeps_the_old_dataset(photos, tmp_path):
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *SMALL)
@@ -95,8 +98,9 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     before = tree_files(out)
     before_run = tree_files(out / "shards" / _info(out)["change"]["run"])
     (photos / "chelsea" / "broken.jpg").write_bytes(b"<html>not found</html>")
-    result = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL,
-                     check=False)
+    result = run_cli(
+        "--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "version 1 of the dataset stays current, unchanged" in _error_lines(result)[0]
     # Its shards stay in its own folder, which no version lists, for --resume, and the message
@@ -107,7 +111,8 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     [refused] = [p for p in (out / "shards").iterdir() if p.name != _info(out)["change"]["run"]]
     assert str(refused) in _error_lines(result)[0]
     assert [d["reason"] for d in map(json.loads, (refused / "dead_letters.jsonl").read_text().splitlines())] == [
-        "not_an_image"]
+        "not_an_image"
+    ]
 
 
 def test_overwrite_replaces_the_dataset_and_spares_the_users_own_files(photos, tmp_path):
@@ -119,14 +124,23 @@ def test_overwrite_replaces_the_dataset_and_spares_the_users_own_files(photos, t
     # The first version's files stay for the retention window (the version before the current one).
     names = flat_names(out)
     first = [n for n in names if n.startswith("shards/")]
-    assert len(first) == 1 and names == sorted(["backup-00000-of-00001.tfrecord", "dataset_info.json",
-                                                "dead_letters.jsonl", "notes.txt", *first,
-                                                "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"])
+    assert len(first) == 1 and names == sorted(
+        [
+            "backup-00000-of-00001.tfrecord",
+            "dataset_info.json",
+            "dead_letters.jsonl",
+            "notes.txt",
+            *first,
+            "train-00000-of-00002.tfrecord",
+            "train-00001-of-00002.tfrecord",
+        ]
+    )
     assert (out / "backup-00000-of-00001.tfrecord").read_bytes() == b"the user's own file"
     assert _info(out)["splits"]["train"]["num_shards"] == 2
 
 
 # --- 2. --resume never keeps a shard whose sources changed --------------------------------------
+
 
 def test_resume_converts_a_repaired_input(photos, tmp_path):
     out = tmp_path / "out"
@@ -157,11 +171,15 @@ def test_resume_rereads_an_image_replaced_under_the_same_name(photos, tmp_path):
 
 # --- 3. a misspelt flag is an error, not a silent default ----------------------------------------
 
-@pytest.mark.parametrize(("flag", "suggestion"), [
-    (["--image-size", "64"], "--image_size"),
-    (["--num_shard", "3"], "--num_shards"),
-    (["--outptu_dir", "x"], "--output_dir"),
-])
+
+@pytest.mark.parametrize(
+    ("flag", "suggestion"),
+    [
+        (["--image-size", "64"], "--image_size"),
+        (["--num_shard", "3"], "--num_shards"),
+        (["--outptu_dir", "x"], "--output_dir"),
+    ],
+)
 def test_a_misspelt_flag_is_a_one_line_error_naming_the_right_one(photos, tmp_path, flag, suggestion):
     out = tmp_path / "out"
     result = run_cli("--input", photos, "--output_dir", out, *flag, check=False)
@@ -171,12 +189,12 @@ def test_a_misspelt_flag_is_a_one_line_error_naming_the_right_one(photos, tmp_pa
 
 def test_beams_own_flags_still_pass(photos, tmp_path):
     out = tmp_path / "out"
-    run_cli("--input", photos, "--output_dir", out, *SMALL, "--direct_num_workers", "1",
-            "--experiments", "beam_fn_api")
+    run_cli("--input", photos, "--output_dir", out, *SMALL, "--direct_num_workers", "1", "--experiments", "beam_fn_api")
     assert _info(out)["splits"]["train"]["num_examples"] == 8
 
 
 # --- 4. a relative --manifest, as most people pass it ---------------------------------------------
+
 
 @pytest.mark.parametrize("spelling", ["list.csv", "./list.csv"])
 def test_a_relative_input_list_resolves_against_the_working_directory(photos, spelling):
@@ -184,7 +202,10 @@ def test_a_relative_input_list_resolves_against_the_working_directory(photos, sp
     (photos / "list.csv").write_text("\n".join(rows) + "\n")
     result = subprocess.run(
         [sys.executable, "-m", "beam_jobs", "--manifest", spelling, "--output_dir", "out", *SMALL],
-        cwd=photos, capture_output=True, text=True, timeout=300,
+        cwd=photos,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -193,6 +214,7 @@ def test_a_relative_input_list_resolves_against_the_working_directory(photos, sp
 
 
 # --- 5. every character a file name may hold ------------------------------------------------------
+
 
 def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
     root = tmp_path / "photos [2024] *?"
@@ -206,8 +228,12 @@ def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
         result = run_cli("--input", root, "--output_dir", out, *SMALL, check=False)
         assert result.returncode == (0 if attempt == 0 else 2), result.stderr[-3000:]
     names = flat_names(out)
-    assert names == ["dataset_info.json", "dead_letters.jsonl",
-                     "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert names == [
+        "dataset_info.json",
+        "dead_letters.jsonl",
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
     assert _info(out)["label_names"] == ["cat [1]", "dog*?#"]
     assert sorted(_records(out)) == sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
     first = _info(out)["change"]["run"]
@@ -216,6 +242,7 @@ def test_glob_characters_in_input_and_output_paths_are_literal(tmp_path):
 
 
 # --- 6. copies dropped on purpose are not unusable inputs ----------------------------------------
+
 
 def test_dedup_content_drops_copies_without_failing_the_job(photos, tmp_path):
     for index, path in enumerate(sorted(photos.rglob("*.jpg"))[:3]):
@@ -229,15 +256,22 @@ def test_dedup_content_drops_copies_without_failing_the_job(photos, tmp_path):
 
 # --- 7. the same path twice, with a blank split ---------------------------------------------------
 
+
 def test_a_path_listed_twice_with_and_without_a_split_keeps_the_row_with_the_split(photos, tmp_path):
     images = sorted(photos.rglob("*.jpg"))
     rows = ["uri,label,split"] + [f"{p.relative_to(photos)},{p.parent.name},train" for p in images]
     rows.append(f"{images[0].relative_to(photos)},{images[0].parent.name},")
     (photos / "list.csv").write_text("\n".join(rows) + "\n")
     jsonl = photos / "list.jsonl"
-    jsonl.write_text("".join(json.dumps({"uri": str(p.relative_to(photos)), "label": p.parent.name,
-                                         "split": None if i == 0 else "train"}) + "\n"
-                             for i, p in enumerate(images + images[:1])))
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {"uri": str(p.relative_to(photos)), "label": p.parent.name, "split": None if i == 0 else "train"}
+            )
+            + "\n"
+            for i, p in enumerate(images + images[:1])
+        )
+    )
     for listing, line in ((photos / "list.csv", 10), (jsonl, 1)):
         out = tmp_path / listing.suffix[1:]
         result = run_cli("--manifest", listing, "--output_dir", out, *SMALL)  # default --max_bad_fraction
@@ -271,8 +305,12 @@ def test_a_split_that_cannot_name_a_file_is_a_bad_row(photos, tmp_path):
     # A split name goes through the one naming policy (folders and lists alike): bad_label.
     assert [(d["reason"], d["uri"].endswith("list.csv:9")) for d in _dead(out)] == [("bad_label", True)]
     assert "cannot name shard files" in _dead(out)[0]["detail"]
-    assert flat_names(out) == ["dataset_info.json", "dead_letters.jsonl",
-                               "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert flat_names(out) == [
+        "dataset_info.json",
+        "dead_letters.jsonl",
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
 
 
 def test_a_three_level_tree_is_split_label_only_when_its_top_folders_are_splits(tmp_path):
@@ -295,20 +333,24 @@ def test_a_three_level_tree_is_split_label_only_when_its_top_folders_are_splits(
 
 # --- 8. clear errors, and no empty folder left behind --------------------------------------------
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--manifest", "{tmp}/missing.csv"], "missing.csv does not exist"),
-    (["--input", "{photos}/astronaut/astronaut_00000.jpg"], "is a file"),
-    (["--input", "{tmp}/nowhere"], "nowhere does not exist"),
-    (["--input", "{photos}", "--target_shard_mb", "0.0000001"], "--target_shard_mb must be"),
-    (["--input", "{photos}", "--target_shard_mb", "inf"], "--target_shard_mb must be"),
-    (["--input", "{photos}", "--max_file_mb", "nan"], "--max_file_mb must be"),
-    (["--input", "{photos}", "--image_size", "abc"], "--image_size"),
-    (["--input", "{photos}", "--num_shards=-3"], "--num_shards must be"),
-    (["--input", "{photos}", "stray"], "unexpected argument 'stray'"),
-    (["--input", "{photos}", "--image_size", "64", "--image_size", "128"], "--image_size is given more than once"),
-    (["--input=", "--manifest", "{tmp}/list.csv"], "--input needs a value"),
-    (["--input", "{photos}", "--runner", "bogus"], "--runner bogus is not a runner"),
-])
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--manifest", "{tmp}/missing.csv"], "missing.csv does not exist"),
+        (["--input", "{photos}/astronaut/astronaut_00000.jpg"], "is a file"),
+        (["--input", "{tmp}/nowhere"], "nowhere does not exist"),
+        (["--input", "{photos}", "--target_shard_mb", "0.0000001"], "--target_shard_mb must be"),
+        (["--input", "{photos}", "--target_shard_mb", "inf"], "--target_shard_mb must be"),
+        (["--input", "{photos}", "--max_file_mb", "nan"], "--max_file_mb must be"),
+        (["--input", "{photos}", "--image_size", "abc"], "--image_size"),
+        (["--input", "{photos}", "--num_shards=-3"], "--num_shards must be"),
+        (["--input", "{photos}", "stray"], "unexpected argument 'stray'"),
+        (["--input", "{photos}", "--image_size", "64", "--image_size", "128"], "--image_size is given more than once"),
+        (["--input=", "--manifest", "{tmp}/list.csv"], "--input needs a value"),
+        (["--input", "{photos}", "--runner", "bogus"], "--runner bogus is not a runner"),
+    ],
+)
 def test_bad_arguments_give_one_line_and_create_nothing(photos, tmp_path, args, says):
     out = tmp_path / "out"
     args = [a.format(tmp=tmp_path, photos=photos) for a in args]
@@ -379,11 +421,27 @@ def test_a_failed_run_removes_every_folder_it_created(tmp_path):
 
 # --- concurrent and interrupted runs ---------------------------------------------------------------
 
+
 def test_a_second_run_into_a_busy_folder_is_refused(photos, tmp_path):
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-                              *SMALL, "--direct_num_workers", "1"],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(photos),
+            "--output_dir",
+            str(out),
+            *SMALL,
+            "--direct_num_workers",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lock = out / ".images-to-tfrecords.lock"
         for _ in range(600):
@@ -423,7 +481,18 @@ def test_an_interrupted_overwrite_run_can_be_resumed(photos, tmp_path):
     # Refused: its shards stay in its run folder, as an interrupted run's do; the old dataset is untouched.
     run_cli("--input", photos, "--output_dir", out, "--overwrite", "--max_bad_fraction", "0", *SMALL, check=False)
     assert len(_unchanged_beside_a_new_run(old, tree_files(out))) == 1
-    resumed = run_cli("--input", photos, "--output_dir", out, "--overwrite", "--resume",
-                      "--max_bad_fraction", "0.5", *SMALL, "--log_level", "INFO")  # INFO names kept shards
+    resumed = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        out,
+        "--overwrite",
+        "--resume",
+        "--max_bad_fraction",
+        "0.5",
+        *SMALL,
+        "--log_level",
+        "INFO",
+    )  # INFO names kept shards
     assert resumed.stderr.count("complete and verified") == 2
     assert _info(out)["splits"]["train"]["num_shards"] == 2

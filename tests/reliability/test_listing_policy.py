@@ -12,16 +12,21 @@ import socket
 import unicodedata
 
 import pytest
-
 from apache_beam.io.filesystem import FileMetadata
 
-from beam_jobs.discover import (_first_level, _list_unit, _without_hidden, is_image_filename, parse_input_list,
-                                relative_filename)
+from beam_jobs.discover import (
+    _first_level,
+    _list_unit,
+    _without_hidden,
+    is_image_filename,
+    parse_input_list,
+    relative_filename,
+)
 from beam_jobs.listing_policy import Decision, EntryFacts, IgnoredEntry, Kind, decide, ignored_note
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import dead_letters_path
 from tests.conftest import run_cli
+from tests.dataset_files import dead_letters_path
 
 
 def _release_fifo_readers(fifo: pathlib.Path) -> None:
@@ -54,27 +59,43 @@ def _bind_socket(path: pathlib.Path) -> socket.socket:
 
 # -- the policy as a pure function -------------------------------------------------------------
 
-@pytest.mark.parametrize("facts, allow, from_list, expected", [
-    (EntryFacts("a.jpg", Kind.FILE, image_name=True), False, False, Decision("list")),
-    (EntryFacts("notes.txt", Kind.FILE), False, False, Decision("ignore", "not_image")),
-    (EntryFacts("cats", Kind.FOLDER), False, False, Decision("descend")),
-    (EntryFacts("cats", Kind.FOLDER, via_symlink=True), False, False, Decision("descend")),
-    (EntryFacts("cats", Kind.FOLDER, via_symlink=True, outside_root=True), False, False,
-     Decision("dead", "outside_input_root")),
-    (EntryFacts("cats", Kind.FOLDER, via_symlink=True, outside_root=True), True, False, Decision("descend")),
-    (EntryFacts("loop", Kind.LOOP, via_symlink=True), True, False, Decision("dead", "symlink_loop")),
-    (EntryFacts("gone.jpg", Kind.MISSING, via_symlink=True, image_name=True), True, False,
-     Decision("dead", "dangling_symlink")),
-    (EntryFacts(".#gone.jpg", Kind.MISSING, via_symlink=True), False, False, Decision("ignore", "hidden")),
-    (EntryFacts(".thumbs", Kind.FOLDER), True, False, Decision("ignore", "hidden")),
-    (EntryFacts(".git", Kind.FOLDER), True, False, Decision("ignore", "hidden")),
-    (EntryFacts("pipe.jpg", Kind.SPECIAL, image_name=True), True, False, Decision("ignore", "special")),
-    (EntryFacts("pipe.jpg", Kind.SPECIAL, image_name=True), True, True, Decision("dead", "not_a_regular_file")),
-    (EntryFacts("d.jpg", Kind.FOLDER, image_name=True), True, True, Decision("dead", "not_a_regular_file")),
-    (EntryFacts("gone.jpg", Kind.MISSING, via_symlink=True), True, True, Decision("dead", "dangling_symlink")),
-    (EntryFacts("a.jpg", Kind.FILE, via_symlink=True, outside_root=True, image_name=True), False, True,
-     Decision("list")),  # a file leading out is refused by resolve_inside_root, naming its uri
-])
+
+@pytest.mark.parametrize(
+    "facts, allow, from_list, expected",
+    [
+        (EntryFacts("a.jpg", Kind.FILE, image_name=True), False, False, Decision("list")),
+        (EntryFacts("notes.txt", Kind.FILE), False, False, Decision("ignore", "not_image")),
+        (EntryFacts("cats", Kind.FOLDER), False, False, Decision("descend")),
+        (EntryFacts("cats", Kind.FOLDER, via_symlink=True), False, False, Decision("descend")),
+        (
+            EntryFacts("cats", Kind.FOLDER, via_symlink=True, outside_root=True),
+            False,
+            False,
+            Decision("dead", "outside_input_root"),
+        ),
+        (EntryFacts("cats", Kind.FOLDER, via_symlink=True, outside_root=True), True, False, Decision("descend")),
+        (EntryFacts("loop", Kind.LOOP, via_symlink=True), True, False, Decision("dead", "symlink_loop")),
+        (
+            EntryFacts("gone.jpg", Kind.MISSING, via_symlink=True, image_name=True),
+            True,
+            False,
+            Decision("dead", "dangling_symlink"),
+        ),
+        (EntryFacts(".#gone.jpg", Kind.MISSING, via_symlink=True), False, False, Decision("ignore", "hidden")),
+        (EntryFacts(".thumbs", Kind.FOLDER), True, False, Decision("ignore", "hidden")),
+        (EntryFacts(".git", Kind.FOLDER), True, False, Decision("ignore", "hidden")),
+        (EntryFacts("pipe.jpg", Kind.SPECIAL, image_name=True), True, False, Decision("ignore", "special")),
+        (EntryFacts("pipe.jpg", Kind.SPECIAL, image_name=True), True, True, Decision("dead", "not_a_regular_file")),
+        (EntryFacts("d.jpg", Kind.FOLDER, image_name=True), True, True, Decision("dead", "not_a_regular_file")),
+        (EntryFacts("gone.jpg", Kind.MISSING, via_symlink=True), True, True, Decision("dead", "dangling_symlink")),
+        (
+            EntryFacts("a.jpg", Kind.FILE, via_symlink=True, outside_root=True, image_name=True),
+            False,
+            True,
+            Decision("list"),
+        ),  # a file leading out is refused by resolve_inside_root, naming its uri
+    ],
+)
 def test_one_decision_per_kind_of_entry(facts, allow, from_list, expected):
     assert decide(facts, allow_outside_root=allow, from_list=from_list) == expected
 
@@ -94,16 +115,23 @@ def test_a_backslash_is_part_of_a_name_never_a_separator():
 
 # -- local trees, listed unit by unit as the job does ----------------------------------------------
 
+
 def _list_tree(root: pathlib.Path, *, allow_outside_root: bool = False) -> list:
     """Everything the tree listing emits: FileMetadata, DeadLetter and IgnoredEntry."""
     top = str(root).rstrip("/") + "/"
-    return [entry for unit in _first_level(top, allow_outside_root=allow_outside_root)
-            for entry in _list_unit(unit, allow_outside_root=allow_outside_root)]
+    return [
+        entry
+        for unit in _first_level(top, allow_outside_root=allow_outside_root)
+        for entry in _list_unit(unit, allow_outside_root=allow_outside_root)
+    ]
 
 
 def _files(entries: list, root: pathlib.Path) -> list[str]:
-    return sorted(relative_filename(str(root) + "/", e.path) for e in entries
-                  if not isinstance(e, (DeadLetter, IgnoredEntry)) and is_image_filename(e.path))
+    return sorted(
+        relative_filename(str(root) + "/", e.path)
+        for e in entries
+        if not isinstance(e, (DeadLetter, IgnoredEntry)) and is_image_filename(e.path)
+    )
 
 
 def _dead(entries: list) -> list[tuple[str, str]]:
@@ -153,10 +181,15 @@ def test_symlinked_folders_dangling_links_and_loops_are_never_silent(messy):
     root, _ = messy
     entries = _list_tree(root)
     assert _files(entries, root) == ["cat/1.jpg", "cat/2.jpg", "dog/3.jpg", "store/dog/3.jpg"]
-    assert _dead(entries) == sorted([
-        (f"{root}/bird", "outside_input_root"), (f"{root}/fish", "dangling_symlink"),
-        (f"{root}/self", "symlink_loop"), (f"{root}/cat/again", "symlink_loop"), (f"{root}/cat/up", "symlink_loop"),
-    ])
+    assert _dead(entries) == sorted(
+        [
+            (f"{root}/bird", "outside_input_root"),
+            (f"{root}/fish", "dangling_symlink"),
+            (f"{root}/self", "symlink_loop"),
+            (f"{root}/cat/again", "symlink_loop"),
+            (f"{root}/cat/up", "symlink_loop"),
+        ]
+    )
     assert _ignored(entries) == {"hidden": 4, "special": 3}
 
 
@@ -169,14 +202,17 @@ def test_a_symlinked_folder_out_of_the_root_is_followed_with_the_opt_in_flag(mes
 
 def test_object_store_keys_under_hidden_names_are_skipped_once_per_hidden_folder():
     unit = "gs://b/tree/cat/"
-    metas = [FileMetadata(unit + name, 1, 0.0) for name in
-             ["a.jpg", ".thumbnails/a.jpg", ".thumbnails/b.jpg", "x/.git/c.jpg", "._a.jpg", "a\\b.jpg"]]
+    metas = [
+        FileMetadata(unit + name, 1, 0.0)
+        for name in ["a.jpg", ".thumbnails/a.jpg", ".thumbnails/b.jpg", "x/.git/c.jpg", "._a.jpg", "a\\b.jpg"]
+    ]
     kept = list(_without_hidden(iter(metas), unit=unit))
     assert [m.path for m in kept if isinstance(m, FileMetadata)] == [unit + "a.jpg", unit + "a\\b.jpg"]
     assert [m for m in kept if isinstance(m, IgnoredEntry)] == [IgnoredEntry("hidden")] * 3
 
 
 # -- whole runs, from the CLI -----------------------------------------------------------------------
+
 
 def _dead_letters(out: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in dead_letters_path(out).read_text().splitlines()]
@@ -206,19 +242,23 @@ def test_a_messy_tree_converts_by_the_policy_and_the_plan_line_counts_what_was_i
     shutil.copy(photos[2], root / "a\\b" / "x.jpg")
 
     out = tmp_path / "out"
-    result = run_cli("--input", root, "--output_dir", out, "--image_size", "32", "--max_bad_fraction", "0.5",
-                     "-v")
+    result = run_cli("--input", root, "--output_dir", out, "--image_size", "32", "--max_bad_fraction", "0.5", "-v")
     info = _info(out)
     assert info["label_names"] == sorted([*classes, "a\\b"])
     assert info["splits"]["train"]["num_examples"] == len(photos) + 1
-    assert sorted((d["uri"], d["reason"]) for d in _dead_letters(out)) == sorted([
-        (f"{root}/bird", "outside_input_root"), (f"{root}/fish", "dangling_symlink"),
-        (f"{root}/{classes[0]}/loop", "symlink_loop")])
+    assert sorted((d["uri"], d["reason"]) for d in _dead_letters(out)) == sorted(
+        [
+            (f"{root}/bird", "outside_input_root"),
+            (f"{root}/fish", "dangling_symlink"),
+            (f"{root}/{classes[0]}/loop", "symlink_loop"),
+        ]
+    )
     assert "ignored: 2 hidden, 1 special" in result.stdout + result.stderr
 
     out2 = tmp_path / "out2"
-    run_cli("--input", root, "--output_dir", out2, "--image_size", "32", "--max_bad_fraction", "0.5",
-            "--allow_outside_root")
+    run_cli(
+        "--input", root, "--output_dir", out2, "--image_size", "32", "--max_bad_fraction", "0.5", "--allow_outside_root"
+    )
     assert _info(out2)["label_names"] == sorted([*classes, "a\\b", "bird"])
 
 
@@ -250,19 +290,28 @@ def test_a_plan_line_names_an_empty_class_folder(tmp_path):
 
 # -- input lists ------------------------------------------------------------------------------------
 
+
 def test_list_labels_and_splits_follow_the_one_naming_policy():
     nfd = unicodedata.normalize("NFD", "café")
-    rows = [{"uri": "1.jpg", "label": "café"}, {"uri": "2.jpg", "label": nfd}, {"uri": "3.jpg", "label": "cat"},
-            {"uri": "4.jpg", "label": "cat "}, {"uri": "5.jpg", "label": "  "}, {"uri": "6.jpg", "label": "a\nb"},
-            {"uri": "7.jpg", "label": "cat", "split": "Validation"},
-            {"uri": "8.jpg", "label": "cat", "split": "validation"}]
+    rows = [
+        {"uri": "1.jpg", "label": "café"},
+        {"uri": "2.jpg", "label": nfd},
+        {"uri": "3.jpg", "label": "cat"},
+        {"uri": "4.jpg", "label": "cat "},
+        {"uri": "5.jpg", "label": "  "},
+        {"uri": "6.jpg", "label": "a\nb"},
+        {"uri": "7.jpg", "label": "cat", "split": "Validation"},
+        {"uri": "8.jpg", "label": "cat", "split": "validation"},
+    ]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     listed = list(parse_input_list(text, list_uri="/data/list.jsonl"))
     good = [r for r in listed if isinstance(r, InputFile)]
     assert sorted({r.label for r in good}) == ["café", "cat"]
     assert [r.split for r in good if r.split] == ["validation", "validation"]
     assert [(r.uri, r.reason) for r in listed if isinstance(r, DeadLetter)] == [
-        ("/data/list.jsonl:5", "bad_label"), ("/data/list.jsonl:6", "bad_label")]
+        ("/data/list.jsonl:5", "bad_label"),
+        ("/data/list.jsonl:6", "bad_label"),
+    ]
 
 
 def test_list_rows_naming_a_fifo_a_folder_or_a_dangling_link_are_dead_letters_never_opened(tmp_path, fifos):
@@ -272,8 +321,10 @@ def test_list_rows_naming_a_fifo_a_folder_or_a_dangling_link_are_dead_letters_ne
     text = "uri,label\npipe.jpg,a\nfolder.jpg,a\ngone.jpg,a\n"
     listed = list(parse_input_list(text, list_uri=str(tmp_path / "list.csv")))
     assert [(r.uri, r.reason) for r in listed] == [
-        (f"{tmp_path}/list.csv:2", "not_a_regular_file"), (f"{tmp_path}/list.csv:3", "not_a_regular_file"),
-        (f"{tmp_path}/list.csv:4", "dangling_symlink")]
+        (f"{tmp_path}/list.csv:2", "not_a_regular_file"),
+        (f"{tmp_path}/list.csv:3", "not_a_regular_file"),
+        (f"{tmp_path}/list.csv:4", "dangling_symlink"),
+    ]
     assert "pipe.jpg" in listed[0].detail
 
 
@@ -309,8 +360,7 @@ def test_a_list_naming_a_fifo_finishes_with_a_dead_letter(tmp_path, fifos):
     photos = make_photo_tree(tmp_path / "img", num_images=3, seed=22)
     fifos(tmp_path / "img" / "pipe.jpg")
     manifest = tmp_path / "list.csv"
-    manifest.write_text("uri,label\n" + "".join(f"{p.relative_to(tmp_path)},a\n" for p in photos)
-                        + "img/pipe.jpg,a\n")
+    manifest.write_text("uri,label\n" + "".join(f"{p.relative_to(tmp_path)},a\n" for p in photos) + "img/pipe.jpg,a\n")
     out = tmp_path / "out"
     run_cli("--manifest", manifest, "--output_dir", out, "--image_size", "32", "--max_bad_fraction", "0.5")
     assert [(d["uri"], d["reason"]) for d in _dead_letters(out)] == [(f"{manifest}:5", "not_a_regular_file")]

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import dead_letters, shard_paths
 from tests.conftest import run_cli
+from tests.dataset_files import dead_letters, shard_paths
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,8 @@ def test_parts_in_different_folders_name_one_file_once_and_odd_parts_do_not_stop
     # The same first file again, from a part one folder down; a huge field; an empty part.
     (photos / "sub" / "part-2.csv").write_text(
         f"uri,label\n../img/{images[0].relative_to(photos / 'img')},{images[0].parent.name}\n"
-        f"img/{'a' * 200_000}.jpg,x\n")
+        f"img/{'a' * 200_000}.jpg,x\n"
+    )
     (photos / "sub" / "part-3.csv").write_text("")
     out = tmp_path / "out"
     run_cli("--manifest", f"{photos}/**part-*.csv", "--output_dir", out, "--max_bad_fraction", "0.5", *FLAGS)
@@ -99,8 +100,7 @@ def test_a_plan_that_cannot_succeed_says_so_and_a_full_run_replaces_it(tmp_path)
     photos = tmp_path / "photos"
     make_photo_tree(photos / "train", num_images=4, seed=6)
     plan_dir = tmp_path / "out"
-    result = run_cli("--input", photos, "--output_dir", plan_dir, "--plan_only", "--tree_layout", "label",
-                     check=False)
+    result = run_cli("--input", photos, "--output_dir", plan_dir, "--plan_only", "--tree_layout", "label", check=False)
     assert result.returncode == 1 and "no input can become an example" in result.stderr
     assert _json(plan_dir / "plan.json")["would_fail"] == "no input can become an example"
     run_cli("--input", photos, "--output_dir", plan_dir, *FLAGS)

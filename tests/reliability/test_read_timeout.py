@@ -15,9 +15,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.convert_shards import DEAD_LETTERS, ConvertShardFn
-from beam_jobs.reading import read_source
 from beam_jobs.errors import BadInputError
 from beam_jobs.plan import plan_dataset
+from beam_jobs.reading import read_source
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 
@@ -61,9 +61,16 @@ def test_a_shard_with_a_read_that_never_answers_is_written_without_it(fifo: path
     out = tmp_path / "out"
     out.mkdir()
     with TestPipeline(runner=FnApiRunner(), blocking=True) as p:
-        outputs = (p | beam.Create(plan.shards)
-                   | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(out), read_timeout_s=1.0))
-                   .with_outputs(DEAD_LETTERS, main="shards"))
+        outputs = (
+            p
+            | beam.Create(plan.shards)
+            | beam.ParDo(ConvertShardFn(ImageConfig(width=32, height=32), str(out), read_timeout_s=1.0)).with_outputs(
+                DEAD_LETTERS, main="shards"
+            )
+        )
         assert_that(outputs.shards | beam.Map(lambda r: r.num_examples), equal_to([2]), label="CheckShards")
-        assert_that(outputs[DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason)),
-                    equal_to([(str(fifo), "read_timeout")]), label="CheckDeadLetters")
+        assert_that(
+            outputs[DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason)),
+            equal_to([(str(fifo), "read_timeout")]),
+            label="CheckDeadLetters",
+        )

@@ -18,6 +18,7 @@ if str(_READERS) not in sys.path:
 
 import reader_fixtures  # noqa: E402
 import shard_faults  # noqa: E402
+
 import tfdata_readers  # noqa: E402
 from tfdata_readers import verification  # noqa: E402
 
@@ -30,8 +31,10 @@ SHARD = "train-00001-of-00003.tfrecord"  # 8 of the 24 training examples
 def clean_dir(tmp_path_factory) -> pathlib.Path:
     """train: 24 examples in 3 shards of 8; validation: 7 examples in 1 shard."""
     return reader_fixtures.write_dataset(
-        tmp_path_factory.mktemp("faults") / "data", splits={"train": (24, 3), "validation": (7, 1)},
-        image_size=(16, 16), seed=21,
+        tmp_path_factory.mktemp("faults") / "data",
+        splits={"train": (24, 3), "validation": (7, 1)},
+        image_size=(16, 16),
+        seed=21,
     )
 
 
@@ -47,7 +50,11 @@ def _keys(dataset: tf.data.Dataset) -> list[str]:
 def _verify_cli(data_dir: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfdata_readers.verify", str(data_dir), *args],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=120,
     )
 
 
@@ -57,6 +64,7 @@ def _tf_reads_without_error(path: pathlib.Path) -> int:
 
 
 # One flipped byte in a record's length or data.
+
 
 @pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("part", ["length", "data"])
@@ -78,7 +86,7 @@ def test_flipped_byte_fails_naming_shard_and_offset(data_dir: pathlib.Path, part
 @pytest.mark.parametrize("part", ["length", "data"])
 def test_skip_corrupt_reports_the_records_lost(data_dir: pathlib.Path, part: str, capfd) -> None:
     expected = reader_fixtures.expected_keys(data_dir, "train")
-    lost_keys = set(reader_fixtures.expected_keys(data_dir, "train")[8 + 3:16])  # records 3-7 of shard 1
+    lost_keys = set(reader_fixtures.expected_keys(data_dir, "train")[8 + 3 : 16])  # records 3-7 of shard 1
     offset = shard_faults.flip_record_byte(data_dir / SHARD, 3, part)
     tfdata_readers.reset_skipped_records()
     keys = _keys(tfdata_readers.make_dataset(data_dir, "train", 4, with_metadata=True, skip_corrupt=True))
@@ -89,6 +97,7 @@ def test_skip_corrupt_reports_the_records_lost(data_dir: pathlib.Path, part: str
 
 
 # A shard cut exactly at a record boundary reads "cleanly" in TensorFlow.
+
 
 def _cut_at_boundary(data_dir: pathlib.Path, keep: int) -> int:
     """Cuts SHARD after `keep` records; returns the new size."""
@@ -102,7 +111,9 @@ def test_cut_at_record_boundary_fails_at_start_up(data_dir: pathlib.Path) -> Non
     full = (data_dir / SHARD).stat().st_size
     size = _cut_at_boundary(data_dir, 5)
     for training in (False, True):
-        with pytest.raises(tfdata_readers.ShardError, match=rf"{re.escape(SHARD)} has {size} bytes; the manifest says {full}"):
+        with pytest.raises(
+            tfdata_readers.ShardError, match=rf"{re.escape(SHARD)} has {size} bytes; the manifest says {full}"
+        ):
             tfdata_readers.make_dataset(data_dir, "train", 4, training=training, seed=0)
 
 
@@ -130,13 +141,14 @@ def test_cut_at_record_boundary_with_a_matching_size_fails_on_the_count(data_dir
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match=rf"{re.escape(SHARD)}: first unreadable record at byte offset {size} \(record 5\) - read 5 of 8 "
-              rf"records the manifest lists; TensorFlow reads it without error",
+        rf"records the manifest lists; TensorFlow reads it without error",
     ):
         _keys(ds)
     assert [str(p) for p in tfdata_readers.verify(data_dir)] == [f"{data_dir / SHARD}: 5 records, manifest says 8"]
 
 
 # Missing shard, unknown extra shard, newer schema_version: start-up errors naming the file or version.
+
 
 def _remove_shard(data_dir: pathlib.Path) -> str:
     (data_dir / SHARD).unlink()
@@ -145,7 +157,10 @@ def _remove_shard(data_dir: pathlib.Path) -> str:
 
 def _add_unknown_shard(data_dir: pathlib.Path) -> str:
     shutil.copy(data_dir / "train-00000-of-00003.tfrecord", data_dir / "train-00003-of-00003.tfrecord")
-    return r"train-00003-of-00003\.tfrecord look\(s\) like shard\(s\) of split 'train' but .*dataset_info\.json does not list"
+    return (
+        r"train-00003-of-00003\.tfrecord look\(s\) like shard\(s\) of split 'train' "
+        r"but .*dataset_info\.json does not list"
+    )
 
 
 def _add_stale_shard(data_dir: pathlib.Path) -> str:
@@ -162,10 +177,16 @@ def _newer_schema(data_dir: pathlib.Path) -> str:
     "fault, error, cli_line",
     [
         (_remove_shard, tfdata_readers.ShardError, rf"MISMATCH \S*{re.escape(SHARD)}: missing"),
-        (_add_unknown_shard, tfdata_readers.ShardError,
-         r"MISMATCH \S*train-00003-of-00003\.tfrecord: named like a shard but not listed in dataset_info\.json"),
-        (_add_stale_shard, tfdata_readers.ShardError,
-         r"MISMATCH \S*train-00004-of-00006\.tfrecord: named like a shard but not listed"),
+        (
+            _add_unknown_shard,
+            tfdata_readers.ShardError,
+            r"MISMATCH \S*train-00003-of-00003\.tfrecord: named like a shard but not listed in dataset_info\.json",
+        ),
+        (
+            _add_stale_shard,
+            tfdata_readers.ShardError,
+            r"MISMATCH \S*train-00004-of-00006\.tfrecord: named like a shard but not listed",
+        ),
         (_newer_schema, ValueError, r"ERROR \S*dataset_info\.json has schema_version 2"),
     ],
     ids=["missing", "unknown", "stale", "newer-schema"],
@@ -197,19 +218,40 @@ def test_only_final_shard_names_of_the_split_are_checked(data_dir: pathlib.Path)
 
 # Schema mismatches: in the manifest (at start-up), and in a record (while reading).
 
+
 @pytest.mark.parametrize(
     "key, declared, with_metadata, pattern",
     [
-        ("image/class/label", None, False,
-         r"does not declare feature 'image/class/label', which this reader needs as 'int64'"),
-        ("image/class/label", {"dtype": "string", "shape": []}, False,
-         r"declares feature 'image/class/label' as dtype 'string'; this reader expects 'int64'"),
-        ("image/encoded", {"dtype": "int64", "shape": []}, False,
-         r"declares feature 'image/encoded' as dtype 'int64'; this reader expects 'string'"),
-        ("image/key/sha256", {"dtype": "float32", "shape": []}, True,
-         r"declares feature 'image/key/sha256' as dtype 'float32'; this reader expects 'string'"),
-        ("image/class/label", {"dtype": "int64", "shape": [2]}, False,
-         r"declares feature 'image/class/label' with shape \[2\]; expected \[\]"),
+        (
+            "image/class/label",
+            None,
+            False,
+            r"does not declare feature 'image/class/label', which this reader needs as 'int64'",
+        ),
+        (
+            "image/class/label",
+            {"dtype": "string", "shape": []},
+            False,
+            r"declares feature 'image/class/label' as dtype 'string'; this reader expects 'int64'",
+        ),
+        (
+            "image/encoded",
+            {"dtype": "int64", "shape": []},
+            False,
+            r"declares feature 'image/encoded' as dtype 'int64'; this reader expects 'string'",
+        ),
+        (
+            "image/key/sha256",
+            {"dtype": "float32", "shape": []},
+            True,
+            r"declares feature 'image/key/sha256' as dtype 'float32'; this reader expects 'string'",
+        ),
+        (
+            "image/class/label",
+            {"dtype": "int64", "shape": [2]},
+            False,
+            r"declares feature 'image/class/label' with shape \[2\]; expected \[\]",
+        ),
     ],
     ids=["label-missing", "label-as-string", "encoded-as-int64", "key-as-float32", "label-shape"],
 )
@@ -248,18 +290,34 @@ def _two_labels(example: tf.train.Example) -> None:
 @pytest.mark.parametrize(
     "edit, tf_error, problem",
     [
-        (_drop_label, r"Feature: image/class/label \(data type: int64\) is required but could not be found",
-         "lacks feature image/class/label (int64)"),
-        (_label_as_bytes, r"Key: image/class/label, Index: \d+\.  Data types don't match\. Data type: string but "
-         r"expected type: int64", "has feature image/class/label as string; expected int64"),
-        (_encoded_as_int, r"Key: image/encoded, Index: \d+\.  Data types don't match\. Data type: int64 but "
-         r"expected type: string", "has feature image/encoded as int64; expected string"),
-        (_two_labels, r"Key: image/class/label, Index: \d+\.  Number of int64 values != expected",
-         "has 2 values in feature image/class/label; expected 1 int64"),
+        (
+            _drop_label,
+            r"Feature: image/class/label \(data type: int64\) is required but could not be found",
+            "lacks feature image/class/label (int64)",
+        ),
+        (
+            _label_as_bytes,
+            r"Key: image/class/label, Index: \d+\.  Data types don't match\. Data type: string but "
+            r"expected type: int64",
+            "has feature image/class/label as string; expected int64",
+        ),
+        (
+            _encoded_as_int,
+            r"Key: image/encoded, Index: \d+\.  Data types don't match\. Data type: int64 but "
+            r"expected type: string",
+            "has feature image/encoded as int64; expected string",
+        ),
+        (
+            _two_labels,
+            r"Key: image/class/label, Index: \d+\.  Number of int64 values != expected",
+            "has 2 values in feature image/class/label; expected 1 int64",
+        ),
     ],
     ids=["missing-key", "label-as-bytes", "encoded-as-int", "two-labels"],
 )
-@pytest.mark.parametrize("options", [{}, {"training": True, "seed": 0, "skip_corrupt": True}], ids=["eval", "train-skip"])
+@pytest.mark.parametrize(
+    "options", [{}, {"training": True, "seed": 0, "skip_corrupt": True}], ids=["eval", "train-skip"]
+)
 def test_bad_record_fails_naming_shard_record_and_key(
     data_dir: pathlib.Path, edit, tf_error: str, problem: str, options: dict
 ) -> None:
@@ -286,24 +344,31 @@ def test_manifest_without_declared_features_is_refused(data_dir: pathlib.Path) -
     with pytest.raises(ValueError, match=r"dataset_info\.json: missing required field 'features'"):
         tfdata_readers.make_dataset(data_dir, "train", 8)
 
+
 def test_skip_corrupt_counts_each_lost_record_once_across_input_pipelines(data_dir: pathlib.Path, capfd) -> None:
     """4 pipelines over 3 shards: the lost records of shard 1 belong to two pipelines' shares, and
     each pipeline reports only its own, so together they report exactly the 5 records lost."""
     expected = reader_fixtures.expected_keys(data_dir, "train")
-    lost_keys = set(expected[8 + 3:16])  # records 3-7 of shard 1
+    lost_keys = set(expected[8 + 3 : 16])  # records 3-7 of shard 1
     shard_faults.flip_record_byte(data_dir / SHARD, 3, "data")
     tfdata_readers.reset_skipped_records()
     keys = []
     for pipeline_id in range(4):
-        context = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=pipeline_id, num_replicas_in_sync=4)
-        keys += _keys(tfdata_readers.make_dataset(
-            data_dir, "train", 2, input_context=context, with_metadata=True, skip_corrupt=True
-        ))
+        context = tf.distribute.InputContext(
+            num_input_pipelines=4, input_pipeline_id=pipeline_id, num_replicas_in_sync=4
+        )
+        keys += _keys(
+            tfdata_readers.make_dataset(
+                data_dir, "train", 2, input_context=context, with_metadata=True, skip_corrupt=True
+            )
+        )
     assert sorted(keys) == sorted(k for k in expected if k not in lost_keys)
     assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 5}
     err = capfd.readouterr().err
     # Shares of 6: pipeline 1 holds records 0-3 of shard 1 and loses 1; pipeline 2 holds 4-7 and loses 4.
-    assert "skipped 1 corrupt or unreadable record(s)" in err and "skipped 4 corrupt or unreadable record(s)" in err, err
+    assert "skipped 1 corrupt or unreadable record(s)" in err and "skipped 4 corrupt or unreadable record(s)" in err, (
+        err
+    )
 
 
 def test_verify_reports_a_missing_dead_letters_file(data_dir: pathlib.Path) -> None:
@@ -325,6 +390,7 @@ def test_verify_reports_dead_letters_that_disagree_with_the_manifest(data_dir: p
 
 
 # Manifest edits that would make the reader deliver wrong data while every shard is intact.
+
 
 def _train_shard(manifest: dict, index: int = 0) -> dict:
     return manifest["splits"]["train"]["shards"][index]
@@ -356,10 +422,16 @@ def _absolute_path(manifest: dict) -> None:
     [
         (_in_two_splits, r"shard file 'train-00000-of-00003\.tfrecord' is listed in splits 'train' and 'validation'"),
         (_listed_twice, r"shard file 'train-00000-of-00003\.tfrecord' is listed twice in split 'train'"),
-        (_leaves_the_data_dir, r"shard file '\.\./data/train-00000-of-00003\.tfrecord' is not a path inside the data dir"),
+        (
+            _leaves_the_data_dir,
+            r"shard file '\.\./data/train-00000-of-00003\.tfrecord' is not a path inside the data dir",
+        ),
         (_absolute_path, r"shard file '/tmp/train-00000-of-00003\.tfrecord' is not a path inside the data dir"),
         (lambda m: m.update(num_classes=3), r"num_classes is 3 but label_names holds 7 name\(s\)"),
-        (lambda m: m["splits"]["train"].update(num_shards=5), r"split 'train' says num_shards 5 but lists 3 shard\(s\)"),
+        (
+            lambda m: m["splits"]["train"].update(num_shards=5),
+            r"split 'train' says num_shards 5 but lists 3 shard\(s\)",
+        ),
     ],
     ids=["in-two-splits", "listed-twice", "dot-dot", "absolute", "num-classes", "num-shards"],
 )
@@ -387,8 +459,10 @@ def _set_image(**values: object):
         (_set_image(width=8), "image/width 16, manifest image.width says 8"),
         (_set_image(channels=1), "image/channels 3, manifest image.channels says 1"),
         (_set_image(format="PNG"), "image/format 'JPEG', manifest image.format says 'PNG'"),
-        (lambda m: m.update(label_names=[f"class{i}" for i in range(7)]),
-         r"label \d is 'class\d' in label_names but the record's class text is '\w+'"),
+        (
+            lambda m: m.update(label_names=[f"class{i}" for i in range(7)]),
+            r"label \d is 'class\d' in label_names but the record's class text is '\w+'",
+        ),
         (lambda m: m.update(label_names=m["label_names"][:2], num_classes=2), r"label \d, not in \[0, num_classes=2\)"),
     ],
     ids=["height", "width", "channels", "format", "label-names", "label-out-of-range"],
@@ -397,9 +471,12 @@ def test_verify_reports_records_that_disagree_with_the_manifest(data_dir: pathli
     shard_faults.edit_manifest(data_dir, edit)
     problems = [str(p) for p in tfdata_readers.verify(data_dir)]
     for shard in ("train-00000-of-00003", "validation-00000-of-00001"):
-        assert any(re.search(
-            rf"{shard}\.tfrecord: record \d+ at byte offset \d+ disagrees with dataset_info\.json: {problem}", p
-        ) for p in problems), problems
+        assert any(
+            re.search(
+                rf"{shard}\.tfrecord: record \d+ at byte offset \d+ disagrees with dataset_info\.json: {problem}", p
+            )
+            for p in problems
+        ), problems
     assert _verify_cli(data_dir).returncode == 1
 
 
@@ -416,6 +493,7 @@ def test_verify_reports_dead_letter_fields_of_the_wrong_type(data_dir: pathlib.P
 
 # skip_corrupt: a loss is counted once per record, truncated shards are read, and under tf.distribute
 # a pipeline that would come up short of batches fails instead of yielding fewer than the others.
+
 
 def test_skip_corrupt_counts_a_record_lost_every_epoch_once(data_dir: pathlib.Path) -> None:
     shard_faults.flip_record_byte(data_dir / SHARD, 3, "data")
@@ -436,10 +514,18 @@ def test_skip_corrupt_reads_a_truncated_shard_and_counts_the_loss(data_dir: path
     shard_faults.truncate(data_dir / SHARD, size)
     tfdata_readers.reset_skipped_records()
     for training in (False, True):
-        keys = _keys(tfdata_readers.make_dataset(
-            data_dir, "train", 1, training=training, seed=0, with_metadata=True, skip_corrupt=True,
-        ))
-        assert sorted(keys) == sorted(expected[:8 + 5] + expected[16:])
+        keys = _keys(
+            tfdata_readers.make_dataset(
+                data_dir,
+                "train",
+                1,
+                training=training,
+                seed=0,
+                with_metadata=True,
+                skip_corrupt=True,
+            )
+        )
+        assert sorted(keys) == sorted(expected[: 8 + 5] + expected[16:])
     assert tfdata_readers.skipped_records() == {str(data_dir / SHARD): 3}
     assert f"{SHARD} has {size} bytes; the manifest says {full}; skip_corrupt=True" in caplog.text
     with pytest.raises(tfdata_readers.ShardError, match=rf"{re.escape(SHARD)} has {size} bytes"):
@@ -447,7 +533,9 @@ def test_skip_corrupt_reads_a_truncated_shard_and_counts_the_loss(data_dir: path
 
 
 @pytest.mark.parametrize(
-    "pipelines, replicas", [(2, 2), (1, 2)], ids=["2-pipelines", "1-pipeline-2-replicas"],
+    "pipelines, replicas",
+    [(2, 2), (1, 2)],
+    ids=["2-pipelines", "1-pipeline-2-replicas"],
 )
 def test_skip_corrupt_under_tf_distribute_fails_rather_than_yield_fewer_batches(
     data_dir: pathlib.Path, pipelines: int, replicas: int
@@ -458,10 +546,20 @@ def test_skip_corrupt_under_tf_distribute_fails_rather_than_yield_fewer_batches(
     for pipeline_id in range(pipelines):
         context = tf.distribute.InputContext(pipelines, pipeline_id, replicas)
         ds = tfdata_readers.make_dataset(
-            data_dir, "train", 2, input_context=context, training=True, seed=0, with_metadata=True, skip_corrupt=True,
+            data_dir,
+            "train",
+            2,
+            input_context=context,
+            training=True,
+            seed=0,
+            with_metadata=True,
+            skip_corrupt=True,
         )
-        with pytest.raises(tf.errors.InvalidArgumentError, match=r"input pipeline \d of \d .* read fewer than the \d+ "
-                           r"records it needs for the \d+ batches of 2 that every pipeline must yield"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"input pipeline \d of \d .* read fewer than the \d+ "
+            r"records it needs for the \d+ batches of 2 that every pipeline must yield",
+        ):
             _keys(ds)
 
 
@@ -470,7 +568,14 @@ def test_skip_corrupt_under_tf_distribute_tolerates_a_loss_the_share_can_spare(d
     shard_faults.flip_record_byte(data_dir / SHARD, 7, "data")
     context = tf.distribute.InputContext(1, 0, 2)
     ds = tfdata_readers.make_dataset(
-        data_dir, "train", 5, input_context=context, training=True, seed=0, with_metadata=True, skip_corrupt=True,
+        data_dir,
+        "train",
+        5,
+        input_context=context,
+        training=True,
+        seed=0,
+        with_metadata=True,
+        skip_corrupt=True,
     )
     keys = _keys(ds)
     assert len(keys) == len(set(keys)) == 20
@@ -486,7 +591,10 @@ _LAST_SHARD = "train-00019-of-00020.tfrecord"
 @pytest.fixture(scope="module")
 def many_shards_dir(tmp_path_factory) -> pathlib.Path:
     return reader_fixtures.write_dataset(
-        tmp_path_factory.mktemp("many") / "data", splits={"train": (240, 20)}, image_size=(16, 16), seed=22,
+        tmp_path_factory.mktemp("many") / "data",
+        splits={"train": (240, 20)},
+        image_size=(16, 16),
+        seed=22,
     )
 
 
@@ -530,9 +638,22 @@ def test_shard_deleted_after_start_up_fails_naming_it(
 ) -> None:
     data_dir, victim = changing_dir, _LAST_SHARD
     proc = subprocess.run(
-        [sys.executable, "-c", _CHANGE_AFTER_START, str(data_dir), "delete", victim,
-         str(int(training)), str(int(skip_corrupt)), str(int(mid))],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            _CHANGE_AFTER_START,
+            str(data_dir),
+            "delete",
+            victim,
+            str(int(training)),
+            str(int(skip_corrupt)),
+            str(int(mid)),
+        ],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ERROR NotFoundError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
@@ -545,7 +666,11 @@ def test_shard_replaced_after_start_up_fails_naming_it(changing_dir: pathlib.Pat
     data_dir, victim = changing_dir, _LAST_SHARD
     proc = subprocess.run(
         [sys.executable, "-c", _CHANGE_AFTER_START, str(data_dir), "replace", victim, str(int(training)), "0", "1"],
-        capture_output=True, text=True, env=_ENV, cwd=_REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        cwd=_REPO,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ERROR InvalidArgumentError" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -11,8 +11,8 @@ import unicodedata
 import pytest
 
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import dead_letters_path
 from tests.conftest import run_cli
+from tests.dataset_files import dead_letters_path
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +39,38 @@ def test_150_images_split_exactly_135_and_15_with_every_class_in_both(tmp_path):
         assert abs(info["splits"]["validation"]["class_counts"][label] - total * 0.1) < 1
     assert info["preprocessing"]["split_rule"] == "stratified" and info["warnings"] == []
     # The rule is a setting of the dataset: --resume with the other rule is refused, naming it.
-    refused = run_cli("--input", photos, "--output_dir", out, "--splits", "train=0.9,validation=0.1",
-                      "--split_rule", "hash", "--resume", *FLAGS, check=False)
+    refused = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        out,
+        "--splits",
+        "train=0.9,validation=0.1",
+        "--split_rule",
+        "hash",
+        "--resume",
+        *FLAGS,
+        check=False,
+    )
     assert refused.returncode == 2 and "split_rule" in refused.stderr
 
 
 def test_the_hash_rule_is_kept_behind_a_flag(tmp_path):
     photos, out = tmp_path / "photos", tmp_path / "out"
     make_photo_tree(photos, num_images=40, size=(64, 48), seed=4)
-    run_cli("--input", photos, "--output_dir", out, "--splits", "train=0.9,validation=0.1",
-            "--split_rule", "hash", "--max_bad_fraction", "0", *FLAGS)
+    run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        out,
+        "--splits",
+        "train=0.9,validation=0.1",
+        "--split_rule",
+        "hash",
+        "--max_bad_fraction",
+        "0",
+        *FLAGS,
+    )
     info = _info(out)
     assert info["preprocessing"]["split_rule"] == "hash"
     assert sum(s["num_examples"] for s in info["splits"].values()) == 40
@@ -65,15 +87,33 @@ def test_a_messy_split_tree_is_one_set_of_classes_and_splits_and_says_what_it_di
     sample, root, out = tmp_path / "sample", tmp_path / "tree", tmp_path / "out"
     images = make_photo_tree(sample, num_images=24, size=(64, 48), seed=6)
     nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
-    places = [("train", nfc), ("train", nfd), ("train", "cat"), ("train", "cat "), ("train", "only_train"),
-              ("validation", nfc), ("Validation", nfd), ("validation", "cat"), ("Validation", "cat ")]
+    places = [
+        ("train", nfc),
+        ("train", nfd),
+        ("train", "cat"),
+        ("train", "cat "),
+        ("train", "only_train"),
+        ("validation", nfc),
+        ("Validation", nfd),
+        ("validation", "cat"),
+        ("Validation", "cat "),
+    ]
     for index, image in enumerate(images[:18]):
         split, label = places[index % len(places)]
         _copy(image, root / split / label / f"{index}.jpg")
     _copy(images[18], root / "train" / " " / "blank.jpg")
     _copy(images[19], root / "train" / "a\nb" / "newline.jpg")
-    result = run_cli("--input", root, "--output_dir", out, "--splits", "train=0.5,validation=0.5",
-                     "--max_bad_fraction", "0.2", *FLAGS)
+    result = run_cli(
+        "--input",
+        root,
+        "--output_dir",
+        out,
+        "--splits",
+        "train=0.5,validation=0.5",
+        "--max_bad_fraction",
+        "0.2",
+        *FLAGS,
+    )
     info = _info(out)
     assert info["label_names"] == [nfc, "cat", "only_train"]
     assert {name: s["num_examples"] for name, s in info["splits"].items()} == {"train": 10, "validation": 8}
@@ -82,9 +122,11 @@ def test_a_messy_split_tree_is_one_set_of_classes_and_splits_and_says_what_it_di
     bad = sorted((d["uri"].rsplit("/", 2)[-2], d["reason"]) for d in _dead(out))
     assert bad == [(" ", "bad_label"), ("a\nb", "bad_label")]
     console = result.stdout + result.stderr
-    for says in ["the split folders 'Validation', 'validation' are one split 'validation'",
-                 "--splits train,validation was ignored",
-                 "split 'validation' has no example of 1 class: 'only_train'"]:
+    for says in [
+        "the split folders 'Validation', 'validation' are one split 'validation'",
+        "--splits train,validation was ignored",
+        "split 'validation' has no example of 1 class: 'only_train'",
+    ]:
         assert any(says in w for w in info["warnings"]), (says, info["warnings"])
         assert f"WARNING: {says}" in console, console
 
@@ -92,8 +134,16 @@ def test_a_messy_split_tree_is_one_set_of_classes_and_splits_and_says_what_it_di
 def test_a_requested_split_that_receives_nothing_is_a_warning_in_the_plan(tmp_path):
     photos, out = tmp_path / "photos", tmp_path / "plan"
     make_photo_tree(photos, num_images=9, size=(64, 48), seed=2, classes=["chelsea", "coffee", "rocket"])
-    result = run_cli("--input", photos, "--output_dir", out, "--plan_only",
-                     "--splits", "train=0.9,validation=0.05,hold-out=0.05", *FLAGS)
+    result = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        out,
+        "--plan_only",
+        "--splits",
+        "train=0.9,validation=0.05,hold-out=0.05",
+        *FLAGS,
+    )
     plan = json.loads((out / "plan.json").read_text())
     assert sorted(plan["splits"]) == ["train", "validation"]
     says = "--splits asks for 'hold-out', but none of the 9 inputs without a split went to it"
@@ -117,4 +167,4 @@ def test_a_class_whose_examples_of_a_split_are_all_dead_letters_is_a_warning(tmp
     says = "split 'validation' has no example left of 'a': every input of it there is a dead letter"
     assert says in info["warnings"]
     # The plan could not know it, so the console says it at the end, after the table.
-    assert f"WARNING: {says}" in result.stdout[result.stdout.index("\ntotal "):], result.stdout
+    assert f"WARNING: {says}" in result.stdout[result.stdout.index("\ntotal ") :], result.stdout

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.slow
 def tmpfs(path, *options: str):
     """A real, small or read-only filesystem (the tests run as root, as CI does)."""
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.fail(f"this test mounts a tmpfs and needs root: {mounted.stderr.strip()}")
     try:
@@ -103,8 +104,9 @@ def test_forbidden_output_fails_clearly(photos, tmp_path):
 
 def test_full_disk_fails_clearly_and_leaves_no_final_name(photos, tmp_path):
     with tmpfs(tmp_path / "small", "size=256k") as folder:
-        result = run_cli("--input", photos, "--output_dir", folder, "--image_size", "128", "--num_shards", "3",
-                         check=False)
+        result = run_cli(
+            "--input", photos, "--output_dir", folder, "--image_size", "128", "--num_shards", "3", check=False
+        )
         assert result.returncode == 1, result.stderr[-2000:]
         assert "No space left on device" in result.stderr
         assert "nothing was committed" in result.stderr
@@ -123,8 +125,19 @@ def _wait_until(predicate, folder, process, timeout: float = 120) -> None:
 
 def test_random_kills_then_resume_give_byte_identical_output(photos, reference, tmp_path):
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-            "--image_size", "64", "--num_shards", "6"]
+    args = [
+        sys.executable,
+        "-m",
+        "beam_jobs",
+        "--input",
+        str(photos),
+        "--output_dir",
+        str(out),
+        "--image_size",
+        "64",
+        "--num_shards",
+        "6",
+    ]
     rng = random.Random(4)
     # Moments tied to progress, not to the clock, so that a fast machine cannot finish first:
     # mid-conversion (a shard complete), mid-shard (a temp file open), and during start-up.
@@ -134,8 +147,13 @@ def test_random_kills_then_resume_give_byte_identical_output(photos, reference, 
         None,
     ]
     for attempt, moment in enumerate(moments):
-        process = subprocess.Popen(args + (["--resume"] if attempt else []), cwd=REPO, start_new_session=True,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            args + (["--resume"] if attempt else []),
+            cwd=REPO,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         if moment is None:
             time.sleep(rng.uniform(0.5, 2.5))
         else:
@@ -156,8 +174,9 @@ def test_a_different_dataset_is_refused_without_overwrite(photos, reference, tmp
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "6")
     for extra in ([], ["--resume"]):
-        result = run_cli("--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "4",
-                         *extra, check=False)
+        result = run_cli(
+            "--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "4", *extra, check=False
+        )
         assert result.returncode == 2 and "--overwrite" in result.stderr
     run_cli("--input", photos, "--output_dir", out, "--image_size", "64", "--num_shards", "4", "--overwrite")
     names = [name for name in flat_names(out) if not name.startswith("shards/")]  # version 1 stays, as kept
@@ -168,12 +187,28 @@ def test_a_different_dataset_is_refused_without_overwrite(photos, reference, tmp
 def test_stale_shards_of_an_interrupted_run_never_mix_with_a_resumed_one(photos, reference, tmp_path):
     out = tmp_path / "out"
     process = subprocess.Popen(
-        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-         "--image_size", "64", "--num_shards", "4"], cwd=REPO, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(photos),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            "64",
+            "--num_shards",
+            "4",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
-            n.endswith(".tfrecord") and not n.startswith(".") for n in _run_files(out)):
+        n.endswith(".tfrecord") and not n.startswith(".") for n in _run_files(out)
+    ):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -184,7 +219,9 @@ def test_stale_shards_of_an_interrupted_run_never_mix_with_a_resumed_one(photos,
 
 
 def test_the_same_shard_converted_twice_at_once_gives_one_complete_file(photos, tmp_path):
-    inputs = [InputFile(str(p.relative_to(photos)), str(p), label=p.parent.name) for p in sorted(photos.rglob("*.jpg"))[:30]]
+    inputs = [
+        InputFile(str(p.relative_to(photos)), str(p), label=p.parent.name) for p in sorted(photos.rglob("*.jpg"))[:30]
+    ]
     [shard] = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
     outputs = []
 
@@ -204,8 +241,11 @@ def test_the_same_shard_converted_twice_at_once_gives_one_complete_file(photos, 
     for thread in threads:
         thread.join()
     convert(tmp_path / "alone")
-    assert sorted(os.listdir(tmp_path / "both")) == sorted(os.listdir(tmp_path / "alone")) == [
-        ".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
+    assert (
+        sorted(os.listdir(tmp_path / "both"))
+        == sorted(os.listdir(tmp_path / "alone"))
+        == [".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
+    )
     name = "train-00000-of-00001.tfrecord"
     assert (tmp_path / "both" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
     assert outputs[0][-1] == outputs[1][-1] == outputs[2][-1]  # The same ShardResult each time.

@@ -21,8 +21,8 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
-from tests.dataset_files import dead_letters_path, tree_files
 from tests.conftest import REPO, run_cli
+from tests.dataset_files import dead_letters_path, tree_files
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +56,10 @@ def _converting(names: list[str]) -> bool:
 
 def _finalizing(names: list[str]) -> bool:
     """Every shard is complete (or the version already committed): the run is finalizing."""
-    return (len([n for n in names if n.startswith(".train-") and n.endswith(".tfrecord.json")]) == 4
-            or "dataset_info.json" in names)
+    return (
+        len([n for n in names if n.startswith(".train-") and n.endswith(".tfrecord.json")]) == 4
+        or "dataset_info.json" in names
+    )
 
 
 def _wait_for(moment, out: pathlib.Path, process: subprocess.Popen, deadline_s: float = 240) -> None:
@@ -84,20 +86,29 @@ def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[i
     return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("moment, to_group, signum", [
-    (_listing, True, signal.SIGTERM),
-    (_converting, True, signal.SIGTERM),
-    (_converting, False, signal.SIGTERM),  # Docker and Kubernetes signal the job's process only
-    (_finalizing, True, signal.SIGTERM),
-    (_converting, True, signal.SIGINT),  # Ctrl-C: the terminal signals the whole group
-], ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group", "ctrl-c"])
+@pytest.mark.parametrize(
+    "moment, to_group, signum",
+    [
+        (_listing, True, signal.SIGTERM),
+        (_converting, True, signal.SIGTERM),
+        (_converting, False, signal.SIGTERM),  # Docker and Kubernetes signal the job's process only
+        (_finalizing, True, signal.SIGTERM),
+        (_converting, True, signal.SIGINT),  # Ctrl-C: the terminal signals the whole group
+    ],
+    ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group", "ctrl-c"],
+)
 def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, tmp_path, moment, to_group, signum):
     out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out),
-                                *ARGS], cwd=REPO, start_new_session=True,
-                               # A suite started in the background inherits SIGINT ignored.
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), *ARGS],
+        cwd=REPO,
+        start_new_session=True,
+        # A suite started in the background inherits SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(moment, out, process)
         workers = _descendants(process.pid)
@@ -148,12 +159,15 @@ def _assert_says_what_is_staged(line: str, out: pathlib.Path) -> None:
         assert "nothing was converted yet" in line and "--resume" not in line, line
 
 
-@pytest.mark.parametrize("staged, completed, says", [
-    (0, False, "interrupted; nothing was converted yet: rerun the same command"),
-    (1, False, "interrupted; the 1 shard converted so far is staged: rerun with --resume"),
-    (3, False, "interrupted; the 3 shards converted so far are staged: rerun with --resume"),
-    (0, True, "interrupted; the dataset was already complete"),
-])
+@pytest.mark.parametrize(
+    "staged, completed, says",
+    [
+        (0, False, "interrupted; nothing was converted yet: rerun the same command"),
+        (1, False, "interrupted; the 1 shard converted so far is staged: rerun with --resume"),
+        (3, False, "interrupted; the 3 shards converted so far are staged: rerun with --resume"),
+        (0, True, "interrupted; the dataset was already complete"),
+    ],
+)
 def test_the_interrupt_line_says_what_the_run_left(staged, completed, says):
     line = _interrupted_line(["--input", "x"], terminated=False, state=InterruptedState(staged, completed))
     assert says in line, line
@@ -173,15 +187,24 @@ def _unusable_tree(root: pathlib.Path) -> pathlib.Path:
 
 def test_a_run_in_which_no_input_is_usable_fails_even_when_every_input_may_be_bad(tmp_path):
     out = tmp_path / "out"
-    result = run_cli("--input", _unusable_tree(tmp_path / "broken"), "--output_dir", out, *ARGS,
-                     "--max_bad_fraction", "1", check=False)
+    result = run_cli(
+        "--input",
+        _unusable_tree(tmp_path / "broken"),
+        "--output_dir",
+        out,
+        *ARGS,
+        "--max_bad_fraction",
+        "1",
+        check=False,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     [error] = _error_lines(result)
     assert "no input became an example (4 of 4 inputs could not be used" in error and "not_an_image 4" in error
     assert "Traceback" not in result.stderr
     assert not (out / "dataset_info.json").exists()
     assert [d["reason"] for d in map(json.loads, dead_letters_path(out).read_text().splitlines())] == [
-        "not_an_image"] * 4
+        "not_an_image"
+    ] * 4
     assert not [n for n in _names(out) if n.startswith((".tmp-", ".progress-", ".images-to-tfrecords"))]
 
 
@@ -189,20 +212,34 @@ def test_an_overwrite_run_with_no_usable_input_keeps_the_old_dataset(photos, tmp
     out = tmp_path / "out"
     run_cli("--input", photos, "--output_dir", out, *ARGS)
     before = tree_files(out)
-    result = run_cli("--input", _unusable_tree(tmp_path / "broken"), "--output_dir", out, *ARGS, "--overwrite",
-                     "--max_bad_fraction", "1", check=False)
+    result = run_cli(
+        "--input",
+        _unusable_tree(tmp_path / "broken"),
+        "--output_dir",
+        out,
+        *ARGS,
+        "--overwrite",
+        "--max_bad_fraction",
+        "1",
+        check=False,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "no input became an example" in _error_lines(result)[0]
     assert "version 1 of the dataset stays current, unchanged" in _error_lines(result)[0]
     after = tree_files(out)
     assert {name: after.get(name) for name in before} == before
     # What the refused run added is its own folder's (its dead letters), which no version lists.
-    assert all(name.startswith("shards/") and name.split("/")[1] != json.loads(before["dataset_info.json"])[
-        "change"]["run"] for name in set(after) - set(before))
+    assert all(
+        name.startswith("shards/") and name.split("/")[1] != json.loads(before["dataset_info.json"])["change"]["run"]
+        for name in set(after) - set(before)
+    )
 
 
-USERS_FILES = {"plan.json": b'{"my": "project plan"}\n', "notes.txt": b"mine\n",
-               "train-foo.tfrecord": b"the user's own records"}
+USERS_FILES = {
+    "plan.json": b'{"my": "project plan"}\n',
+    "notes.txt": b"mine\n",
+    "train-foo.tfrecord": b"the user's own records",
+}
 
 
 def test_the_users_files_survive_a_run_an_overwrite_run_and_a_plan_only_run(photos, tmp_path):

@@ -20,11 +20,9 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tests.dataset_files import as_older_release
-
 from tests.photos import make_test_tree
 
-__all__ = ["RUN_A", "RUN_B", "RUN_KILLED", "convert_photos", "dataset_files", "local_put", "record_keys",
-           "run_content"]
+__all__ = ["RUN_A", "RUN_B", "RUN_KILLED", "convert_photos", "dataset_files", "local_put", "record_keys", "run_content"]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN_A, RUN_B, RUN_KILLED = "20261201T133000Z-3fa2c1d0", "20261202T090000Z-0b1c2d3e", "20261203T101500Z-deadbeef"
@@ -37,10 +35,30 @@ def convert_photos(root: pathlib.Path) -> pathlib.Path:
     of two shards each: ``python -m beam_jobs`` in a fresh process, the venv first on PATH."""
     make_test_tree(root / "tree", num_images=18)
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "beam_jobs", "--input", str(root / "tree"), "--output_dir",
-                           str(root / "out"), "--image_size", "32", "--num_shards", "2", "--max_bad_fraction", "0.5",
-                           "--splits", "train=0.75,validation=0.25"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(root / "tree"),
+            "--output_dir",
+            str(root / "out"),
+            "--image_size",
+            "32",
+            "--num_shards",
+            "2",
+            "--max_bad_fraction",
+            "0.5",
+            "--splits",
+            "train=0.75,validation=0.25",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"the job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}"
     # The tests below arrange their versions from a dataset in the flat layout of older releases.
     return as_older_release(root / "out")
@@ -56,6 +74,7 @@ def local_put(root: pathlib.Path) -> Put:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+
     return put
 
 
@@ -94,8 +113,12 @@ def run_content(job_output: pathlib.Path, run: str, put: Put, *, shards_per_spli
             shard["file"] = f"shards/{run}/{name}"
             for label in _labels(data):
                 counts[label] += 1
-        facts.update(shards=shards, num_shards=len(shards), num_examples=sum(s["num_examples"] for s in shards),
-                     class_counts=counts)
+        facts.update(
+            shards=shards,
+            num_shards=len(shards),
+            num_examples=sum(s["num_examples"] for s in shards),
+            class_counts=counts,
+        )
     put(f"shards/{run}/dead_letters.jsonl", (job_output / "dead_letters.jsonl").read_bytes())
     content["dead_letters_file"] = f"shards/{run}/dead_letters.jsonl"
     return content

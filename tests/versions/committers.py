@@ -34,8 +34,15 @@ __all__ = ["assert_consistent", "content", "kill_committers", "race", "race_for_
 def content(version: int, *, padding: int = 0, author: str = "") -> dict:
     """The dataset content the committers write as ``version``: large enough (``padding`` bytes)
     that the root write takes a while, and checkable as whole."""
-    return {"schema_version": 1, "label_names": ["cat", "dog"], "num_classes": 2, "splits": {},
-            "seq": version, "author": author, "padding": "p" * padding}
+    return {
+        "schema_version": 1,
+        "label_names": ["cat", "dog"],
+        "num_classes": 2,
+        "splits": {},
+        "seq": version,
+        "author": author,
+        "padding": "p" * padding,
+    }
 
 
 def _content_of(manifest: dict) -> dict:
@@ -53,7 +60,9 @@ def assert_consistent(out: str, *, padding: int = 0, since: int = 1, walk: bool 
     current = read_current(out)  # A torn root would not parse: read_current raises.
     version = current.version
     assert version is not None, f"{out}: the root manifest is gone"
-    assert _content_of(current.manifest) == content(version, padding=padding), f"root of {out} is not version {version}'s content"
+    assert _content_of(current.manifest) == content(version, padding=padding), (
+        f"root of {out} is not version {version}'s content"
+    )
     assert current.manifest["parent_version"] == (version - 1 or None)
     for older in range(max(since, 1), version):
         data, _ = store.read(FileSystems.join(out, version_file(older)))
@@ -81,8 +90,9 @@ def _racer(out: str, name: str, rounds: int, store_flags: Sequence[str], barrier
         barrier.wait()  # Every racer read the same parent before any of them commits.
         version = (expected.version or 0) + 1
         try:
-            commit_version(out, content(version, author=name), expected=expected,
-                           change={"kind": "overwrite", "run": name})
+            commit_version(
+                out, content(version, author=name), expected=expected, change={"kind": "overwrite", "run": name}
+            )
         except CommitConflictError as error:
             results.put((round_number, name, "conflict", str(error)))
             continue
@@ -92,14 +102,18 @@ def _racer(out: str, name: str, rounds: int, store_flags: Sequence[str], barrier
         results.put((round_number, name, "won", ""))
 
 
-def race(out: str, racers: int, rounds: int, *, store_flags: Sequence[str] = ()) -> dict[int, list[tuple[str, str, str]]]:
+def race(
+    out: str, racers: int, rounds: int, *, store_flags: Sequence[str] = ()
+) -> dict[int, list[tuple[str, str, str]]]:
     """``racers`` processes that, ``rounds`` times, each read the current version, wait at one
     barrier, then commit over it at once. Returns {round: [(name, "won" | "conflict" | "error",
     message) of each racer]}. The processes live through all rounds: starting one costs seconds."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(racers), context.Queue()
-    processes = [context.Process(target=_racer, args=(out, f"racer-{i}", rounds, list(store_flags), barrier, results))
-                 for i in range(racers)]
+    processes = [
+        context.Process(target=_racer, args=(out, f"racer-{i}", rounds, list(store_flags), barrier, results))
+        for i in range(racers)
+    ]
     for process in processes:
         process.start()
     try:
@@ -133,8 +147,10 @@ def race_for_the_run_lock(out: str, racers: int, *, store_flags: Sequence[str] =
     Returns (name, "locked" | "refused", message) of each."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(racers), context.Queue()
-    processes = [context.Process(target=_locker, args=(out, f"locker-{i}", list(store_flags), barrier, results))
-                 for i in range(racers)]
+    processes = [
+        context.Process(target=_locker, args=(out, f"locker-{i}", list(store_flags), barrier, results))
+        for i in range(racers)
+    ]
     for process in processes:
         process.start()
     try:
@@ -146,8 +162,9 @@ def race_for_the_run_lock(out: str, racers: int, *, store_flags: Sequence[str] =
                 process.kill()
 
 
-def kill_committers(out: str, kills: int, *, padding: int, seed: int, store_flags: Sequence[str] = (),
-                    env: dict[str, str] | None = None) -> dict[str, int]:
+def kill_committers(
+    out: str, kills: int, *, padding: int, seed: int, store_flags: Sequence[str] = (), env: dict[str, str] | None = None
+) -> dict[str, int]:
     """Starts the loop committer ``kills`` times and SIGKILLs it at a random instant of its second
     commit (uniform over 1.5 times as long as its first one took: on a slow or loaded machine the
     kills still spread over the commit's steps), checking the folder after every kill. Returns
@@ -158,9 +175,13 @@ def kill_committers(out: str, kills: int, *, padding: int, seed: int, store_flag
     seen: dict[str, int] = {}
     last = 0
     for _ in range(kills):
-        process = subprocess.Popen([sys.executable, "-m", "tests.versions.committers", out, "--padding",
-                                    str(padding), *store_flags], cwd=REPO, env=full_env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.versions.committers", out, "--padding", str(padding), *store_flags],
+            cwd=REPO,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             first = process.stdout.readline()  # Blocks until its first commit landed: the loop runs.
             assert first, f"the committer died before committing: {process.stderr.read().decode()[-3000:]}"
@@ -200,8 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         expected = read_current(arguments.out)
         version = (expected.version or 0) + 1
-        commit_version(arguments.out, content(version, padding=arguments.padding), expected=expected,
-                       change={"kind": "overwrite", "run": name})
+        commit_version(
+            arguments.out,
+            content(version, padding=arguments.padding),
+            expected=expected,
+            change={"kind": "overwrite", "run": name},
+        )
         print(version, time.monotonic() - started, flush=True)
 
 

@@ -10,8 +10,15 @@ import re
 
 import pytest
 
-from beam_jobs.commit import (COMMIT_LOCK_NAME, CommitConflictError, Current, commit_version, manifest_bytes, read_current,
-                              version_file)
+from beam_jobs.commit import (
+    COMMIT_LOCK_NAME,
+    CommitConflictError,
+    Current,
+    commit_version,
+    manifest_bytes,
+    read_current,
+    version_file,
+)
 from beam_jobs.errors import JobError
 from beam_jobs.versions import history
 from tests.versions.committers import assert_consistent, content, kill_committers, race
@@ -20,7 +27,9 @@ CREATE = {"kind": "create", "run": "20261201T133000Z-3fa2c1d0"}
 
 
 def _commit(out, version_content: dict, kind: str = "overwrite") -> dict:
-    return commit_version(str(out), version_content, expected=read_current(str(out)), change={"kind": kind, "run": None})
+    return commit_version(
+        str(out), version_content, expected=read_current(str(out)), change={"kind": kind, "run": None}
+    )
 
 
 def test_first_commit_is_version_1_and_is_copied_into_history(tmp_path):
@@ -105,8 +114,7 @@ def test_a_filesystem_without_conditional_writes_is_refused_naming_its_scheme(ou
         read_current(out)
     assert "\n" not in str(refused.value)
     with pytest.raises(JobError, match=f"{scheme}://.*nothing was committed"):
-        commit_version(out, content(1), expected=Current(manifest=None, data=None, token=None),
-                       change=CREATE)
+        commit_version(out, content(1), expected=Current(manifest=None, data=None, token=None), change=CREATE)
 
 
 def test_racing_committer_processes_exactly_one_wins_each_round(tmp_path):
@@ -116,8 +124,10 @@ def test_racing_committer_processes_exactly_one_wins_each_round(tmp_path):
         won = [name for name, outcome, _ in outcomes if outcome == "won"]
         assert len(won) == 1, outcomes
         losers = [message for _, outcome, message in outcomes if outcome != "won"]
-        assert all(message.startswith(str(out)) and "\n" not in message and
-                   f"version {round_number} is current now" in message for message in losers), outcomes
+        assert all(
+            message.startswith(str(out)) and "\n" not in message and f"version {round_number} is current now" in message
+            for message in losers
+        ), outcomes
         manifest = json.loads((out / version_file(round_number)).read_bytes())
         assert manifest["author"] == manifest["change"]["run"] == won[0]
     assert [m["version"] for m in history(str(out))] == [5, 4, 3, 2, 1]
@@ -129,11 +139,17 @@ def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(tmp_p
     # 2 MB manifests: the root write takes long enough for kills to land inside it too.
     padding = 2 << 20
     states = kill_committers(str(out), 36, padding=padding, seed=20261201)
-    print(f"states after 36 kills ({read_current(str(out)).version} versions): {states}")  # Where the kills landed (shown with -s; not a verdict).
+    print(
+        f"states after 36 kills ({read_current(str(out)).version} versions): {states}"
+    )  # Where the kills landed (shown with -s; not a verdict).
     # The next commit repairs whatever the last kill left: the history copy, the temp file.
     version = read_current(str(out)).version
-    commit_version(str(out), content(version + 1, padding=padding), expected=read_current(str(out)),
-                   change={"kind": "overwrite", "run": None})
+    commit_version(
+        str(out),
+        content(version + 1, padding=padding),
+        expected=read_current(str(out)),
+        change={"kind": "overwrite", "run": None},
+    )
     assert assert_consistent(str(out), padding=padding) == version + 1
     assert (out / version_file(version + 1)).exists()
     leftovers = [p.name for p in out.rglob(".tmp-*")]

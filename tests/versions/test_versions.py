@@ -26,15 +26,23 @@ import pytest
 from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version_file
 from beam_jobs.errors import JobError
 from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.versions import (VersionNotFoundError, collect_garbage, history, kept_versions, load_version,
-                                rollback, shard_files)
-from tests.versions.arrange import (REPO, RUN_A, RUN_B, RUN_KILLED, convert_photos, local_put, record_keys,
-                                    run_content)
+from beam_jobs.versions import (
+    VersionNotFoundError,
+    collect_garbage,
+    history,
+    kept_versions,
+    load_version,
+    rollback,
+    shard_files,
+)
+from tests.versions.arrange import REPO, RUN_A, RUN_B, RUN_KILLED, convert_photos, local_put, record_keys, run_content
 
 pytestmark = pytest.mark.slow
 
-KILLED_LEFTOVERS = [f"shards/{RUN_KILLED}/.tmp-0123abcd-validation-00000-of-00002.tfrecord",
-                    f"shards/{RUN_KILLED}/train-00000-of-00002.tfrecord"]
+KILLED_LEFTOVERS = [
+    f"shards/{RUN_KILLED}/.tmp-0123abcd-validation-00000-of-00002.tfrecord",
+    f"shards/{RUN_KILLED}/train-00000-of-00002.tfrecord",
+]
 USER_FILES = ["export-00000-of-00001.tfrecord", "notes.txt"]
 
 
@@ -50,8 +58,12 @@ def out(tmp_path, job_output) -> pathlib.Path:
     shutil.copytree(job_output, out)
     put = local_put(out)
     for run, shards in ((RUN_A, None), (RUN_B, 1)):
-        commit_version(str(out), run_content(job_output, run, put, shards_per_split=shards),
-                       expected=read_current(str(out)), change={"kind": "overwrite", "run": run})
+        commit_version(
+            str(out),
+            run_content(job_output, run, put, shards_per_split=shards),
+            expected=read_current(str(out)),
+            change={"kind": "overwrite", "run": run},
+        )
     for name in KILLED_LEFTOVERS:
         put(name, b"a killed run's partial shard")
     put(USER_FILES[0], b"the user's own export")
@@ -88,8 +100,14 @@ def _reader_keys(out: pathlib.Path, split: str) -> list[str]:
 
 def _cli(*args, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "beam_jobs.versions", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.versions", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check_rc is not None:
         assert proc.returncode == check_rc, f"rc {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -103,8 +121,10 @@ def test_history_lists_versions_newest_first_and_each_loads(out, job_output):
     assert _content(chain[2]) == legacy  # The flat dataset of an older release is version 1.
     assert load_version(str(out)) == chain[0] == json.loads((out / "dataset_info.json").read_text())
     assert load_version(str(out), 1)["splits"] == legacy["splits"]
-    assert load_version(str(out), 2)["splits"]["train"]["shards"][0]["file"] == \
-        f"shards/{RUN_A}/train-00000-of-00002.tfrecord"
+    assert (
+        load_version(str(out), 2)["splits"]["train"]["shards"][0]["file"]
+        == f"shards/{RUN_A}/train-00000-of-00002.tfrecord"
+    )
     for missing in (4, 0):
         with pytest.raises(VersionNotFoundError) as refused:
             load_version(str(out), missing)
@@ -155,8 +175,10 @@ def test_gc_deletes_exactly_what_no_kept_version_lists(out):
     root = (out / "dataset_info.json").read_bytes()
     with pytest.raises(JobError) as refused:
         rollback(str(out), 1)
-    assert str(refused.value) == (f"cannot roll back {out} to version 1: 4 of its 4 shard files are gone "
-                                  f"(collected by gc?), e.g. {flat[0]}; nothing was committed")
+    assert str(refused.value) == (
+        f"cannot roll back {out} to version 1: 4 of its 4 shard files are gone "
+        f"(collected by gc?), e.g. {flat[0]}; nothing was committed"
+    )
     assert (out / "dataset_info.json").read_bytes() == root
     assert collect_garbage(str(out), keep=2) == []  # Nothing more to collect.
     # A window of 1: run A's folder goes (only version 2 lists it), B's stays.
@@ -184,10 +206,19 @@ def test_a_run_holding_the_lock_blocks_gc_and_rollback(out):
     """A process holding the folder's run lock (as a conversion does for its whole run) makes gc
     and rollback refuse with the lock's message, touching nothing; once it died, they go on."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from beam_jobs.run_lock import acquire_output_lock; "
-         "acquire_output_lock(sys.argv[1]); print('locked', flush=True); sys.stdin.read()", str(out)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from beam_jobs.run_lock import acquire_output_lock; "
+            "acquire_output_lock(sys.argv[1]); print('locked', flush=True); sys.stdin.read()",
+            str(out),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = {name: (out / name).read_bytes() for name in _files(out)}
@@ -238,8 +269,9 @@ def test_cli_list_files_gc_and_rollback(out):
     assert lines[3].split()[1:3] == ["-", "-"] and lines[3].endswith("kept")  # version 1: an older release
     files = _cli(out, "files").stdout.splitlines()
     assert files == [str(out / name) for name in shard_files(v3)]
-    assert _cli(out, "files", "--version", "2", "--split", "validation").stdout.splitlines() == \
-        [str(out / name) for name in shard_files(v2, "validation")]
+    assert _cli(out, "files", "--version", "2", "--split", "validation").stdout.splitlines() == [
+        str(out / name) for name in shard_files(v2, "validation")
+    ]
     gc = _cli(out, "gc", "--keep", "2").stdout.splitlines()
     assert gc[:-1] == sorted(shard_files(load_version(str(out), 1)) + ["dead_letters.jsonl"] + KILLED_LEFTOVERS)
     assert gc[-1] == "deleted 7 files; the files of versions 3, 2 are kept"
@@ -248,17 +280,20 @@ def test_cli_list_files_gc_and_rollback(out):
     assert _cli(out, "--help").stdout.count("rollback") >= 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["rollback", "0"], "argument N: expected a whole number of at least 1 (got '0')"),
-    (["rollback", "two"], "argument N: expected a whole number of at least 1 (got 'two')"),
-    (["rollback", "9"], "version 9 is not kept in {out}; kept versions: 3, 2, 1"),
-    (["rollback", "3"], "version 3 is already the current version of {out}"),
-    (["files", "--split", "test"], "version 3 has no split 'test'; it has train, validation"),
-    (["files", "--version", "7"], "version 7 is not kept"),
-    (["gc", "--keep", "0"], "argument --keep: expected a whole number of at least 1 (got '0')"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-    ([], "the following arguments are required: COMMAND"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rollback", "0"], "argument N: expected a whole number of at least 1 (got '0')"),
+        (["rollback", "two"], "argument N: expected a whole number of at least 1 (got 'two')"),
+        (["rollback", "9"], "version 9 is not kept in {out}; kept versions: 3, 2, 1"),
+        (["rollback", "3"], "version 3 is already the current version of {out}"),
+        (["files", "--split", "test"], "version 3 has no split 'test'; it has train, validation"),
+        (["files", "--version", "7"], "version 7 is not kept"),
+        (["gc", "--keep", "0"], "argument --keep: expected a whole number of at least 1 (got '0')"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(out, args, message):
     before = (out / "dataset_info.json").read_bytes()
     proc = _cli(out, *args, check_rc=2)

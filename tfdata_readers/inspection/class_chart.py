@@ -76,8 +76,10 @@ def chart_layout(num_splits: int, num_classes: int) -> ChartLayout:
     splits, classes = max(1, num_splits), max(1, num_classes)
     width = _MARGIN + splits * (_PANEL_W + _MARGIN)
     height = _TITLE_H + _HEADER_H + classes * _ROW_H + _FOOT_H + _MARGIN
-    panels = tuple((_MARGIN + i * (_PANEL_W + _MARGIN), _TITLE_H, _MARGIN + i * (_PANEL_W + _MARGIN) + _PANEL_W,
-                    height - _MARGIN) for i in range(splits))
+    panels = tuple(
+        (_MARGIN + i * (_PANEL_W + _MARGIN), _TITLE_H, _MARGIN + i * (_PANEL_W + _MARGIN) + _PANEL_W, height - _MARGIN)
+        for i in range(splits)
+    )
     return ChartLayout(width=width, height=height, title_box=(0, 0, width, _TITLE_H), panels=panels)
 
 
@@ -135,7 +137,7 @@ def draw_class_counts(counts_by_split: dict[str, dict[str, int]], *, title: str 
     if title:
         font = caption_font(16)
         draw.text((_MARGIN, 10), _fit(draw, title, font, layout.width - 2 * _MARGIN), fill=_INK, font=font)
-    for box, split in zip(layout.panels, splits):
+    for box, split in zip(layout.panels, splits, strict=True):
         _panel(draw, box, split, counts_by_split[split])
     buffer = io.BytesIO()
     chart.save(buffer, format="PNG", optimize=True)

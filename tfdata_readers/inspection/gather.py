@@ -104,7 +104,7 @@ class Inspection:
 def sample_score(seed: int, key: str, filename: str) -> bytes:
     """The order a sample is drawn in: a hash of the seed and the example, so the same seed picks
     the same examples whatever order the records are read in."""
-    return hashlib.sha256(f"{seed}\0{key}\0{filename}".encode("utf-8")).digest()
+    return hashlib.sha256(f"{seed}\0{key}\0{filename}".encode()).digest()
 
 
 def _shard_rows(info: DatasetInfo, data_dir: str) -> tuple[tuple[ShardRow, ...], tuple[str, ...]]:
@@ -118,8 +118,15 @@ def _shard_rows(info: DatasetInfo, data_dir: str) -> tuple[tuple[ShardRow, ...],
         for shard in info.splits[name].shards:
             listed.add(shard.path)
             # The manifest's relative path: two runs' folders may hold shards of the same name.
-            rows.append(ShardRow(split=name, file=shard.file or os.path.basename(shard.path), num_examples=shard.num_examples,
-                                 bytes=shard.bytes, problems=tuple(by_path.get(shard.path, ()))))
+            rows.append(
+                ShardRow(
+                    split=name,
+                    file=shard.file or os.path.basename(shard.path),
+                    num_examples=shard.num_examples,
+                    bytes=shard.bytes,
+                    problems=tuple(by_path.get(shard.path, ())),
+                )
+            )
     other = tuple(str(p) for p in problems if p.path not in listed)
     return tuple(rows), other
 
@@ -132,10 +139,15 @@ def _counted_from_shards(info: DatasetInfo, split: str) -> dict[str, int]:
     if not paths:
         return counts
     spec = {"image/class/label": tf.io.FixedLenFeature([], tf.int64)}
-    labels = (tf.data.TFRecordDataset(paths).ignore_errors().batch(1024)
-              .map(lambda b: tf.io.parse_example(b, spec)["image/class/label"]).ignore_errors())
+    labels = (
+        tf.data.TFRecordDataset(paths)
+        .ignore_errors()
+        .batch(1024)
+        .map(lambda b: tf.io.parse_example(b, spec)["image/class/label"])
+        .ignore_errors()
+    )
     for batch in labels:
-        for label, n in zip(*np.unique(batch.numpy(), return_counts=True)):
+        for label, n in zip(*np.unique(batch.numpy(), return_counts=True), strict=True):
             if 0 <= label < len(info.label_names):
                 counts[info.label_names[label]] += int(n)
     return counts
@@ -143,8 +155,13 @@ def _counted_from_shards(info: DatasetInfo, split: str) -> dict[str, int]:
 
 def _class_counts(info: DatasetInfo, data_dir: str) -> tuple[dict[str, dict[str, int]], str]:
     try:
-        return ({split: {info.label_names[i]: n for i, n in class_counts(data_dir, split, version=info.version).items()}
-                 for split in sorted(info.splits)}, "dataset_info.json")
+        return (
+            {
+                split: {info.label_names[i]: n for i, n in class_counts(data_dir, split, version=info.version).items()}
+                for split in sorted(info.splits)
+            },
+            "dataset_info.json",
+        )
     except ValueError as error:
         note = f"counted from the shards: {error}"
     return {split: _counted_from_shards(info, split) for split in sorted(info.splits)}, note
@@ -176,8 +193,17 @@ def _dead_letters(info: DatasetInfo, data_dir: str, first: int) -> tuple[tuple[D
     return tuple(DeadLetterGroup(reason, n, tuple(uris)) for reason, (n, uris) in ordered), note
 
 
-def _read_sample(data_dir: str, split: str, info: DatasetInfo, *, size: int, seed: int, scan: int,
-                 augmented: bool, skip_corrupt: bool) -> SplitSample:
+def _read_sample(
+    data_dir: str,
+    split: str,
+    info: DatasetInfo,
+    *,
+    size: int,
+    seed: int,
+    scan: int,
+    augmented: bool,
+    skip_corrupt: bool,
+) -> SplitSample:
     """The `size` examples with the smallest `sample_score` among the first `scan` records.
 
     The shards are hash-mixed samples of the split, so the first records are as good as any.
@@ -185,31 +211,52 @@ def _read_sample(data_dir: str, split: str, info: DatasetInfo, *, size: int, see
     training path with `seed` in the same record order (no file or record shuffle), whose crop
     and flip are, by the reader's contract, those of the first training epoch with that seed.
     """
-    common = dict(with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version)
+    common = dict(
+        with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
+    )
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
     scanned = 0
     error = None
     try:
         views = [make_dataset(data_dir, split, _BATCH, **common)]
         if augmented:
-            views.append(make_dataset(data_dir, split, _BATCH, training=True, seed=seed, shuffle_files=False,
-                                      shuffle_buffer_size=1, drop_remainder=False, **common))
-        for batches in zip(*views):
+            views.append(
+                make_dataset(
+                    data_dir,
+                    split,
+                    _BATCH,
+                    training=True,
+                    seed=seed,
+                    shuffle_files=False,
+                    shuffle_buffer_size=1,
+                    drop_remainder=False,
+                    **common,
+                )
+            )
+        for batches in zip(*views, strict=True):
             (images, labels, meta), train = batches[0], (batches[1] if augmented else None)
             keys = [k.decode() for k in meta["key"].numpy()]
             names = [f.decode() for f in meta["filename"].numpy()]
             if train is not None and [k.decode() for k in train[2]["key"].numpy()] != keys:
                 raise ValueError("the training view read the records in another order than the evaluation view")
-            for i, (key, filename) in enumerate(zip(keys, names)):
+            for i, (key, filename) in enumerate(zip(keys, names, strict=True)):
                 if scanned >= scan:
                     break
                 scanned += 1
                 rank = (_negate(sample_score(seed, key, filename)), filename, scanned)
                 if len(chosen) >= size and rank <= chosen[0][0]:
                     continue
-                entry = (rank, SampleExample(
-                    label_id=int(labels[i]), label=meta["label_text"][i].numpy().decode(), filename=filename,
-                    key=key, image=images[i].numpy(), augmented=None if train is None else train[0][i].numpy()))
+                entry = (
+                    rank,
+                    SampleExample(
+                        label_id=int(labels[i]),
+                        label=meta["label_text"][i].numpy().decode(),
+                        filename=filename,
+                        key=key,
+                        image=images[i].numpy(),
+                        augmented=None if train is None else train[0][i].numpy(),
+                    ),
+                )
                 if len(chosen) < size:
                     heapq.heappush(chosen, entry)
                 else:
@@ -227,9 +274,17 @@ def _negate(score: bytes) -> bytes:
     return bytes(255 - b for b in score)
 
 
-def gather(data_dir: str | os.PathLike[str], *, num_examples: int = 64, seed: int = 0, augmented: bool = False,
-           scan: int = 4096, first_dead_letters: int = 5, splits: list[str] | None = None,
-           version: int | None = None) -> Inspection:
+def gather(
+    data_dir: str | os.PathLike[str],
+    *,
+    num_examples: int = 64,
+    seed: int = 0,
+    augmented: bool = False,
+    scan: int = 4096,
+    first_dead_letters: int = 5,
+    splits: list[str] | None = None,
+    version: int | None = None,
+) -> Inspection:
     """Reads everything the inspection shows, of `version` (None: the current one, resolved once
     here, so every part of the report shows the same version). Raises only when there is no
     manifest to read."""
@@ -239,16 +294,32 @@ def gather(data_dir: str | os.PathLike[str], *, num_examples: int = 64, seed: in
     info, _ = read_manifest(data_dir, version)  # its structural problems come back from verify(), as other problems
     unknown = [split for split in splits or () if split not in info.splits]
     if unknown:  # Before any shard is read.
-        raise ValueError(f"split {unknown[0]!r} is not in {info.manifest_path}; "
-                         f"expected one of {sorted(info.splits)}")
+        raise ValueError(f"split {unknown[0]!r} is not in {info.manifest_path}; expected one of {sorted(info.splits)}")
     shards, other = _shard_rows(info, data_dir)
     counts, source = _class_counts(info, data_dir)
     dead, dead_note = _dead_letters(info, data_dir, first_dead_letters)
     damaged = {row.split for row in shards if not row.verified}
     samples = {}
     for split in splits or sorted(info.splits):
-        samples[split] = _read_sample(data_dir, split, info, size=num_examples, seed=seed, scan=scan,
-                                      augmented=augmented, skip_corrupt=split in damaged)
-    return Inspection(data_dir=data_dir, info=info, shards=shards, other_problems=other, class_counts=counts,
-                      class_counts_source=source, dead_letters=dead, dead_letters_note=dead_note,
-                      samples=samples, seed=seed)
+        samples[split] = _read_sample(
+            data_dir,
+            split,
+            info,
+            size=num_examples,
+            seed=seed,
+            scan=scan,
+            augmented=augmented,
+            skip_corrupt=split in damaged,
+        )
+    return Inspection(
+        data_dir=data_dir,
+        info=info,
+        shards=shards,
+        other_problems=other,
+        class_counts=counts,
+        class_counts_source=source,
+        dead_letters=dead,
+        dead_letters_note=dead_note,
+        samples=samples,
+        seed=seed,
+    )

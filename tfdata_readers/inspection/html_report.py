@@ -37,8 +37,12 @@ def _data_uri(data: bytes) -> str:
 def _table(table_id: str, header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
     """Cells are HTML already; `numeric` columns are right-aligned."""
     head = "".join(f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>" for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f'<table id="{_e(table_id)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -62,10 +66,14 @@ def _card(report: Inspection) -> str:
 def _shards(report: Inspection) -> str:
     rows = []
     for row in report.shards:
-        verdict = ('<span class="ok">verified</span>' if row.verified
-                   else '<span class="bad">' + "<br>".join(_e(p) for p in row.problems) + "</span>")
-        rows.append([_e(row.split), f"<code>{_e(row.file)}</code>", _e(row.num_examples),
-                     _e(format_mib(row.bytes)), verdict])
+        verdict = (
+            '<span class="ok">verified</span>'
+            if row.verified
+            else '<span class="bad">' + "<br>".join(_e(p) for p in row.problems) + "</span>"
+        )
+        rows.append(
+            [_e(row.split), f"<code>{_e(row.file)}</code>", _e(row.num_examples), _e(format_mib(row.bytes)), verdict]
+        )
     return _table("shards", ["split", "file", "examples", "MiB", "bytes, sha256 and records"], rows, {2, 3})
 
 
@@ -79,17 +87,26 @@ def balance_footer(split: str, counts: dict[str, int]) -> str:
 def _classes(report: Inspection) -> str:
     splits = report.splits
     names = list(report.info.label_names)
-    rows = [[_e(i), _e(name)] + [(_e(n) if (n := report.class_counts[s].get(name, 0)) else '<span class="bad">0</span>')
-                                 for s in splits] for i, name in enumerate(names)]
+    rows = [
+        [_e(i), _e(name)]
+        + [(_e(n) if (n := report.class_counts[s].get(name, 0)) else '<span class="bad">0</span>') for s in splits]
+        for i, name in enumerate(names)
+    ]
     footer = [balance_footer(s, report.class_counts[s]) for s in splits]
-    source = "" if report.class_counts_source == "dataset_info.json" else f'<p class="muted">{_e(report.class_counts_source)}</p>'
+    source = (
+        ""
+        if report.class_counts_source == "dataset_info.json"
+        else f'<p class="muted">{_e(report.class_counts_source)}</p>'
+    )
     notes = "".join(f"<p>{_e(line)}</p>" for line in footer)
     return _table("classes", ["id", "class", *splits], rows, set(range(2, 2 + len(splits)))) + notes + source
 
 
 def _dead_letters(report: Inspection) -> str:
-    rows = [[f"<code>{_e(g.reason)}</code>", _e(g.count),
-             "<br>".join(f"<code>{_e(u)}</code>" for u in g.first_uris)] for g in report.dead_letters]
+    rows = [
+        [f"<code>{_e(g.reason)}</code>", _e(g.count), "<br>".join(f"<code>{_e(u)}</code>" for u in g.first_uris)]
+        for g in report.dead_letters
+    ]
     note = f'<p class="bad">{_e(report.dead_letters_note)}</p>' if report.dead_letters_note else ""
     if not rows:
         return note + '<p id="dead-letters-none">No dead letters: every listed input became an example.</p>'
@@ -111,9 +128,10 @@ def render_report(report: Inspection, *, sheets: dict[str, bytes], chart: bytes)
     histogram PNG."""
     pictures = "".join(
         f'<h3>{_e(split)}</h3><p class="muted">{len(report.samples[split].examples)} examples drawn with seed '
-        f'{report.seed} from the first {report.samples[split].scanned} records</p>'
+        f"{report.seed} from the first {report.samples[split].scanned} records</p>"
         f'<img id="contact-sheet-{_e(split)}" alt="contact sheet of {_e(split)}" src="{_data_uri(png)}">'
-        for split, png in sheets.items())
+        for split, png in sheets.items()
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Dataset report: {_e(report.data_dir)}</title><style>{_STYLE}</style></head>

@@ -44,8 +44,15 @@ class SheetLayout:
     tiles: tuple[tuple[int, int, int, int], ...]
 
 
-def sheet_layout(count: int, *, image_size: tuple[int, int], tile: int = 160, augmented: bool = False,
-                 columns: int | None = None, min_width: int = 0) -> SheetLayout:
+def sheet_layout(
+    count: int,
+    *,
+    image_size: tuple[int, int],
+    tile: int = 160,
+    augmented: bool = False,
+    columns: int | None = None,
+    min_width: int = 0,
+) -> SheetLayout:
     """Where each of `count` tiles goes. `image_size` is (height, width) of the examples; each
     picture is scaled to fit a `tile` x `tile` box keeping its aspect ratio (never enlarged more
     than 4x, so that tiny images stay tiny and honest). The sheet is at least `min_width` wide,
@@ -65,8 +72,14 @@ def sheet_layout(count: int, *, image_size: tuple[int, int], tile: int = 160, au
         row, column = divmod(i, columns)
         left, top = _GAP + column * cell_w, _TITLE_H + row * cell_h
         tiles.append((left, top, left + tile_w, top + picture[1]))
-    return SheetLayout(width=max(_GAP + columns * cell_w, min_width), height=_TITLE_H + rows * cell_h, columns=columns, rows=rows,
-                       picture=picture, tiles=tuple(tiles))
+    return SheetLayout(
+        width=max(_GAP + columns * cell_w, min_width),
+        height=_TITLE_H + rows * cell_h,
+        columns=columns,
+        rows=rows,
+        picture=picture,
+        tiles=tuple(tiles),
+    )
 
 
 def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
@@ -100,9 +113,15 @@ def _picture(pixels: np.ndarray, size: tuple[int, int]) -> Image.Image:
     return image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
 
 
-def draw_contact_sheet(examples: list[SampleExample] | tuple[SampleExample, ...], *, title: str,
-                       image_size: tuple[int, int], tile: int = 160, augmented: bool = False,
-                       note: str | None = None) -> tuple[Image.Image, list[dict]]:
+def draw_contact_sheet(
+    examples: list[SampleExample] | tuple[SampleExample, ...],
+    *,
+    title: str,
+    image_size: tuple[int, int],
+    tile: int = 160,
+    augmented: bool = False,
+    note: str | None = None,
+) -> tuple[Image.Image, list[dict]]:
     """The sheet, and per tile {"box", "label", "filename"} in drawing order.
 
     With `augmented` each tile shows the stored image and, to its right, its training view.
@@ -111,23 +130,32 @@ def draw_contact_sheet(examples: list[SampleExample] | tuple[SampleExample, ...]
     title_font, label_font, name_font = _font(18), _font(13), _font(11)
     # Wide enough for the whole title and note (capped: a title is not a reason for a 10,000 px sheet).
     wanted = max(_text_width(title, title_font), _text_width(note or "", name_font)) + 2 * _GAP
-    layout = sheet_layout(len(examples), image_size=image_size, tile=tile, augmented=augmented,
-                          min_width=min(wanted, _MAX_TITLE_WIDTH))
+    layout = sheet_layout(
+        len(examples), image_size=image_size, tile=tile, augmented=augmented, min_width=min(wanted, _MAX_TITLE_WIDTH)
+    )
     sheet = Image.new("RGB", (layout.width, layout.height), _BACKGROUND)
     draw = ImageDraw.Draw(sheet)
-    draw.text((_GAP, 8), _fit(draw, title, title_font, layout.width - 2 * _GAP, keep_start=True), fill=_CAPTION,
-              font=title_font)
+    draw.text(
+        (_GAP, 8),
+        _fit(draw, title, title_font, layout.width - 2 * _GAP, keep_start=True),
+        fill=_CAPTION,
+        font=title_font,
+    )
     if note:
         draw.text((_GAP, 27), _fit(draw, note, name_font, layout.width - 2 * _GAP), fill=(180, 0, 0), font=name_font)
     tiles = []
-    for example, box in zip(examples, layout.tiles):
+    for example, box in zip(examples, layout.tiles, strict=True):
         left, top, right, bottom = box
         sheet.paste(_picture(example.image, layout.picture), (left, top))
         if augmented and example.augmented is not None:
             sheet.paste(_picture(example.augmented, layout.picture), (right - layout.picture[0], top))
         width = right - left
-        draw.text((left, bottom + 3), _fit(draw, f"{example.label} ({example.label_id})", label_font, width),
-                  fill=_CAPTION, font=label_font)
+        draw.text(
+            (left, bottom + 3),
+            _fit(draw, f"{example.label} ({example.label_id})", label_font, width),
+            fill=_CAPTION,
+            font=label_font,
+        )
         draw.text((left, bottom + 20), _fit(draw, example.filename, name_font, width), fill=_FAINT, font=name_font)
         tiles.append({"box": list(box), "label": example.label, "filename": example.filename})
     return sheet, tiles

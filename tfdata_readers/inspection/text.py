@@ -17,13 +17,13 @@ from PIL import ImageFont
 __all__ = ["MISSING", "caption_font", "displayable"]
 
 # A code point no font maps (the last of plane 16, a noncharacter): what a missing glyph looks like.
-MISSING = "\U0010FFFF"
+MISSING = "\U0010ffff"
 _FONT_NAMES = ("DejaVuSans.ttf", "NotoSans-Regular.ttf", "LiberationSans-Regular.ttf", "Arial.ttf")
 
 Font = ImageFont.FreeTypeFont | ImageFont.ImageFont
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def caption_font(size: int) -> Font:
     """The first of the well-known wide-coverage fonts this machine has, else Pillow's own."""
     for name in _FONT_NAMES:
@@ -60,4 +60,5 @@ def displayable(text: str, font: Font) -> str:
     it), nothing drawn as a missing-glyph box."""
     return "".join(
         char if not unicodedata.category(char).startswith("C") and _has_glyph(font, char) else _spell(char, font)
-        for char in text)
+        for char in text
+    )
