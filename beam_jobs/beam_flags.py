@@ -205,7 +205,8 @@ def live_beam_option_strings() -> frozenset[str]:
 
 
 if __name__ == "__main__":  # prints the set to paste above
-    _lines, _line = [], "   "
+    _lines: list[str] = []
+    _line = "   "
     for _option in sorted(live_beam_option_strings()):
         if len(_line) + len(repr(_option)) + 2 > 110:
             _lines, _line = [*_lines, _line], "   "

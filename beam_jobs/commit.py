@@ -30,6 +30,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import cast
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -210,7 +211,7 @@ class _GcsStore:
         return True
 
     def replace_if(self, path: str, data: bytes, token: object) -> bool:
-        return self._upload(path, data, int(token))
+        return self._upload(path, data, int(cast(int, token)))  # the generation read_token gave
 
     def write_if_absent(self, path: str, data: bytes) -> bool:
         return self._upload(path, data, 0)

@@ -48,7 +48,12 @@ class RelayedWorkerRecords(logging.Filter):
         self._drop_steps = tuple(drop_steps)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != _RELAY_LOGGER or record.msg != _RELAY_FORMAT or not record.args:
+        if (
+            record.name != _RELAY_LOGGER
+            or record.msg != _RELAY_FORMAT
+            or not isinstance(record.args, tuple)
+            or not record.args
+        ):
             return True
         try:
             entry = text_format.Parse(str(record.args[0]), beam_fn_api_pb2.LogEntry())

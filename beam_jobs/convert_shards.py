@@ -59,19 +59,22 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
     draft_size_for = partial(required_source_size, target=config.size, resize_mode=config.resize_mode)
     if config.resample in ARRAY_METHODS and config.channels == 3:
         # The fast path: numpy arrays from decode to encode (decode.py, resample.py).
-        decoded = decode_rgb_pixels(
+        fast = decode_rgb_pixels(
             data,
             max_pixels=config.max_pixels,
             draft_size_for=draft_size_for,
             normalize=partial(normalize_mode, channels=3),
         )
-        pixels = resize_pixels(decoded.pixels, config.size, config.resize_mode, config.resample)
+        pixels = resize_pixels(fast.pixels, config.size, config.resize_mode, config.resample)
         encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+        events = fast.events
     else:
         decoded = decode_image(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for)
         image = normalize_mode(decoded.image, channels=config.channels)
         image = resize_image(image, config.size, config.resize_mode, config.resample)
         encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+        events = decoded.events
+    assert input_file.label is not None, "a planned input has its label"
     example = serialize_example(
         ExampleFields(
             encoded=encoded,
@@ -86,7 +89,7 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
             source_id=source_id_for(input_file.filename),
         )
     )
-    return example, decoded.events, sha256
+    return example, events, sha256
 
 
 def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
@@ -192,6 +195,7 @@ class ConvertShardFn(beam.DoFn):
         """(input, bytes or BadInputError) in order, read a few ahead on the converter's reader
         threads, each read with the converter's read timeout (reading.py)."""
         read = partial(read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=None)
+        assert self._readers is not None, "setup() makes the threads"
         return self._readers.read_ahead(inputs, read, window=2 * self._read_threads)
 
     def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
@@ -200,11 +204,13 @@ class ConvertShardFn(beam.DoFn):
         state_of = partial(source_state, timeout_s=self._read_timeout_s)
         if all(f.size is not None and f.mtime is not None for f in inputs):
             return [state_of(f) for f in inputs]  # no I/O: not worth a thread hand-off each
+        assert self._pool is not None, "setup() makes the threads"
         return list(self._pool.map(state_of, inputs))
 
     def _convert(self, data: bytes, input_file: InputFile, *, isolated: bool) -> tuple[bytes, list[str], str]:
         """convert_image, in the isolated child if ``isolated``. Runs on a converter thread."""
         if isolated:
+            assert self._isolated is not None, "setup() makes the isolated runner"
             with self._isolated_lock:
                 return self._isolated(convert_image, data, input_file, self._config)
         return convert_image(data, input_file, self._config)
@@ -222,13 +228,15 @@ class ConvertShardFn(beam.DoFn):
         """
         pending: collections.deque = collections.deque()
         window = 2 * self._convert_threads
+        converters = self._converters
+        assert converters is not None, "setup() makes the threads"
         try:
             for input_file, data in self._sources(inputs):
                 if isinstance(data, BadInputError):
                     isolated, conversion = False, None
                 else:
                     isolated = needs_isolation(data, self._config.isolation)
-                    conversion = self._converters.submit(self._convert, data, input_file, isolated=isolated)
+                    conversion = converters.submit(self._convert, data, input_file, isolated=isolated)
                 pending.append((input_file, data, isolated, conversion))
                 if len(pending) > window:
                     yield pending.popleft()

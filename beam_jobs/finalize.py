@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -456,7 +457,7 @@ def finalize_outputs(
         dead_letters_by_reason=dict(by_reason),
         run=run,
     )
-    change = {"kind": change_kind, "run": run}
+    change: dict[str, Any] = {"kind": change_kind, "run": run}
     if base is not None:
         change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
         info = merge_appended(base, info, changes=summary.get("append"))

@@ -251,6 +251,7 @@ def classify_local(
         return decision, _dead_letter(path, decision.why, facts), None
     if decision.action == Action.IGNORE:
         return decision, IgnoredEntry(decision.why), None
+    assert target is not None  # An entry with nothing to stat is a dead letter or ignored, above.
     if decision.action == Action.DESCEND:
         return decision, None, (target.st_dev, target.st_ino)
     return decision, FileMetadata(path, target.st_size, target.st_mtime), None
@@ -284,7 +285,7 @@ def walk_local(
             )
             if identity is not None:
                 below.append((path, above | {identity}))
-            else:
+            elif emitted is not None:  # Always, when there is no folder to descend into.
                 yield emitted
         stack.extend(reversed(below))
 

@@ -479,6 +479,7 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
             raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
         return
     root = arguments.input_root
+    assert root is not None  # The parser takes exactly one of --input and --manifest.
     if "://" not in root:
         if os.path.isfile(root):
             raise UsageError(
@@ -498,7 +499,9 @@ def _check_output_outside_input(arguments: JobArguments) -> None:
     list names its images one by one, so its output may be anywhere."""
     if arguments.input_list is not None:
         return
-    root, output = arguments.input_root, arguments.output_dir
+    given_root = arguments.input_root
+    assert given_root is not None  # The parser takes exactly one of --input and --manifest.
+    root, output = given_root, arguments.output_dir
     if "://" not in root and "://" not in output:
         root, output = os.path.realpath(root), os.path.realpath(output)
     root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
@@ -506,7 +509,7 @@ def _check_output_outside_input(arguments: JobArguments) -> None:
         where = "is" if output == root else "lies inside"
         raise UsageError(
             f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
-            f"{redact(arguments.input_root)}; the dataset would be mixed with the images (and read as "
+            f"{redact(given_root)}; the dataset would be mixed with the images (and read as "
             "a class by the next run): choose an output folder outside it"
         )
 
@@ -657,7 +660,7 @@ def _check_output_dir(
                 redact(output_dir),
             )
         return new_run_name(), kind
-    unkept, differences = 0, set()
+    unkept, differences = 0, set[str]()
     for run, found in resumable_runs(output_dir, committed):
         if _continuable(found, fingerprint):
             _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
@@ -856,7 +859,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 console.mute()  # The workers' dying words would bury the one line that matters.
                 raise
             finally:
-                if watcher is not None:
+                if watcher is not None and display is not None:
                     watcher.stop(succeeded=succeeded)
                     console.sink = None
                     display.close()
@@ -875,7 +878,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         _remove_created(created)
         if isinstance(error, KeyboardInterrupt):
             try:
-                error.state = state()  # what main() reports: read before the line is printed
+                error.state = state()  # type: ignore[attr-defined]  # what main() reports, read before the line is printed
             except Exception:  # The line then says what holds in every case.
                 pass
         raise
@@ -931,7 +934,7 @@ def _summary(info: dict, output_dir: str) -> str:
     if info.get("version"):
         added = change.get("added")
         what = (
-            f"appended {', '.join(f'{n} {split}' for split, n in added.items()) or 'no example'} to version "
+            f"appended {', '.join(f'{n} {split}' for split, n in (added or {}).items()) or 'no example'} to version "
             f"{info.get('parent_version')}"
             if change.get("kind") == "append"
             else change.get("kind", "create")
@@ -980,8 +983,8 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
         first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
         return first[:500], True
     name, message = lines[-1].group(1), _STEP.sub("", lines[-1].group(2)).strip()
-    where = f" (in step {step[-1]})" if step else ""
-    return f"{name}: {message[:500]}{where}", True
+    in_step = f" (in step {step[-1]})" if step else ""
+    return f"{name}: {message[:500]}{in_step}", True
 
 
 def _peek_log_level(argv: Sequence[str]) -> str:
@@ -1123,9 +1126,10 @@ class InterruptedState:
 def _info_stamp(output_dir: str) -> tuple | None:
     """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
     try:
-        [meta] = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO] or [None]
+        found = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO]
     except Exception:  # The folder is gone (removed as created by this run) or unreadable.
         return None
+    meta = found[0] if found else None
     return None if meta is None else (meta.size_in_bytes, meta.last_updated_in_seconds)
 
 

@@ -222,10 +222,14 @@ def labels_from_tree(files: Iterable[InputFile], layout: str = "auto") -> tuple[
     files = sorted(files, key=input_order)
     depths, tops = tree_facts(files)
     with_split = tree_reads_splits(depths, tops, layout)
-    labelled, dead = [], []
+    labelled: list[InputFile] = []
+    dead: list[DeadLetter] = []
     for f in files:
         item = label_from_tree(f, with_split=with_split, depths=depths, tops=tops)
-        (dead if isinstance(item, DeadLetter) else labelled).append(item)
+        if isinstance(item, DeadLetter):
+            dead.append(item)
+        else:
+            labelled.append(item)
     return labelled, dead
 
 
@@ -576,7 +580,7 @@ def _drop_duplicates(files: Sequence[InputFile], dedup: str) -> tuple[list[Input
         dead += dropped
     if dedup == "content":
         by_content: dict[str, list[InputFile]] = defaultdict(list)
-        unhashed = []
+        unhashed: list[InputFile] = []
         for f in kept:
             (by_content[f.content_sha256] if f.content_sha256 is not None else unhashed).append(f)
         kept = list(unhashed)
@@ -657,10 +661,12 @@ def plan_dataset(
     label_names = tuple(sorted({f.label for f in files if f.label is not None}))
     class_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in files:
+        assert f.split is not None and f.label is not None  # assign_splits gave each input a split
         class_counts[f.split][f.label] += 1
     label_ids = {name: index for index, name in enumerate(label_names)}
     by_split: dict[str, list[InputFile]] = defaultdict(list)
     for f in files:
+        assert f.split is not None and f.label is not None
         by_split[f.split].append(replace(f, label_id=label_ids[f.label]))
     shards = []
     for split in sorted(by_split):

@@ -260,6 +260,7 @@ class _AssignSplits(beam.PTransform):
 
 
 def _bucket_key(f: InputFile) -> tuple[str, int]:
+    assert f.split is not None, "keyed after every input has its split"
     return f.split, bucket_of(shard_digest(f.filename))
 
 

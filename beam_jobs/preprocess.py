@@ -48,10 +48,10 @@ def _high_bit_depth_to_gray(image: Image.Image) -> Image.Image:
         return _to_uint8_gray(values - low, float(max(high - low, 1)))
     # "F": floats in [0, 1] are taken as intensities; any other range is stretched to [0, 255].
     finite = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = float(finite.min()), float(finite.max())
-    if low >= 0.0 and high <= 1.0:
+    lowest, highest = float(finite.min()), float(finite.max())
+    if lowest >= 0.0 and highest <= 1.0:
         return _to_uint8_gray(finite, 1.0)
-    return _to_uint8_gray(finite - low, max(high - low, 1e-12))
+    return _to_uint8_gray(finite - lowest, max(highest - lowest, 1e-12))
 
 
 def _composite_on_background(image: Image.Image) -> Image.Image:
@@ -128,8 +128,8 @@ def _centre_box(
         left, top = (src_w - box_w) // 2, (src_h - box_h) // 2
         return left, top, left + box_w, top + box_h
     # Clamped: float noise can otherwise put the box a hair outside the image, which Pillow refuses.
-    left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
-    return left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h)
+    x0, y0 = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
+    return x0, y0, min(float(src_w), x0 + box_w), min(float(src_h), y0 + box_h)
 
 
 def resize_image(

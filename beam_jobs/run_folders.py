@@ -74,7 +74,7 @@ def run_of(relative_file: str) -> str | None:
 
 def listed_runs(manifests: Iterable[dict]) -> set[str]:
     """The run folders that these manifests list shards (or dead letters) in. Pure."""
-    runs = set()
+    runs: set[str] = set()
     for manifest in manifests:
         files = [
             shard.get("file", "")

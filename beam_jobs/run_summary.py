@@ -90,7 +90,7 @@ def outputs_lines(info: dict, output_dir: str) -> list[str]:
     """Where everything went: the shards' pattern per split, the manifest, the dead letters."""
     where = redact(output_dir)
     version = info.get("version")
-    lines = []
+    lines: list[str] = []
     for name in info["splits"]:
         lines.extend(f"  {FileSystems.join(where, glob)}" for glob in shard_globs(info, name))
     lines.append(f"  {FileSystems.join(where, DATASET_INFO)}" + (f" (version {version})" if version else ""))

@@ -135,7 +135,7 @@ def _create_empty(path: str) -> None:
     from apache_beam.io.aws import s3io  # pylint: disable=import-outside-toplevel  # Only with [aws].
 
     bucket, key = s3io.parse_s3_path(path)
-    client = s3io.S3IO(options=filesystem._options).client  # pylint: disable=protected-access
+    client = s3io.S3IO(options=_s3_options(filesystem)).client
     client.client.put_object(Bucket=bucket, Key=key, Body=b"")
 
 
@@ -151,7 +151,7 @@ def bucket_problem(uri: str) -> str | None:
 
     bucket, _ = s3io.parse_s3_path(uri if "/" in uri[5:] else uri + "/", object_optional=True)
     filesystem = FileSystems.get_filesystem(uri)
-    client = s3io.S3IO(options=filesystem._options).client  # pylint: disable=protected-access
+    client = s3io.S3IO(options=_s3_options(filesystem)).client
     try:
         client.client.head_bucket(Bucket=bucket)
     except Exception as error:  # botocore's ClientError; its code says which problem
@@ -190,3 +190,9 @@ def connect_anonymously_to_a_gcs_emulator() -> None:
 # Every module of the job that touches files imports this one, in the job's process and in each
 # worker (which imports them to run the job's functions), so this runs before any gs:// access.
 connect_anonymously_to_a_gcs_emulator()
+
+
+def _s3_options(filesystem: object) -> object:
+    """The options Beam's S3 filesystem was made with (its private ``_options``; Beam offers no
+    public accessor, and a client made without them would miss the endpoint and keys)."""
+    return filesystem._options  # type: ignore[attr-defined]  # pylint: disable=protected-access

@@ -114,9 +114,7 @@ def _quiet_after_interrupt(previous: Callable) -> Callable:
             previous(args)
             return
         thread = args.thread.name if args.thread is not None else "?"
-        _LOG.debug(
-            "thread %s ended after the interrupt", thread, exc_info=(args.exc_type, args.exc_value, args.exc_traceback)
-        )
+        _LOG.debug("thread %s ended after the interrupt", thread, exc_info=args.exc_value)
 
     return hook
 

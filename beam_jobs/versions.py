@@ -377,7 +377,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("data_dir", metavar="DATA_DIR", help="the dataset folder (local path, gs:// or s3://)")
     # Beam's S3 options, accepted after the command (where a user types them).
-    stores = argparse.ArgumentParser(add_help=False)
+    stores = _Parser(add_help=False)
     S3Options._add_argparse_args(stores.add_argument_group("s3:// options (Beam's)"))  # pylint: disable=protected-access
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     commands.add_parser("list", parents=[stores], help="a table of the versions, newest first; * marks the current one")

@@ -1,4 +1,4 @@
-"""The checkers CI runs, with their settings from pyproject.toml: ruff (lint and format) finds nothing."""
+"""The checkers CI runs, with their settings from pyproject.toml: ruff (lint and format) and mypy find nothing."""
 
 from __future__ import annotations
 
@@ -19,4 +19,9 @@ def test_ruff_finds_nothing():
 
 def test_the_code_is_as_ruff_formats_it():
     done = _run("ruff", "format", "--no-cache", "--check", ".")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_mypy_finds_nothing(tmp_path):
+    done = _run("mypy", "--cache-dir", str(tmp_path / "mypy-cache"))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal, TypeGuard
 
 import tensorflow as tf
 
@@ -25,11 +25,11 @@ def _check_positive_or_autotune(name: str, value: int | None, *, allow_none: boo
         raise ValueError(f"ReadConfig.{name} must be a positive int or tf.data.AUTOTUNE (got {value!r})")
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
+def _is_real(value: object) -> TypeGuard[float]:
     """A finite int or float (not a bool): inf and nan are refused wherever a number is expected."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -303,7 +303,7 @@ class ReadConfig:
             return self.deterministic
         return not training or seed is not None
 
-    def with_options(self, **overrides: object) -> ReadConfig:
+    def with_options(self, **overrides: Any) -> ReadConfig:
         """A copy with `overrides` applied; an unknown name is an error that names it."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)

@@ -211,7 +211,7 @@ def _locate(data_dir: str, version: int | None) -> tuple[str, dict[str, Any]]:
             raise FileNotFoundError(f"no manifest at {root}; was the conversion job run into {data_dir!r}?")
         return root, root_raw
     current = _versions_of(root_raw, root)[0] if root_raw is not None else None
-    if current == version:
+    if root_raw is not None and current == version:
         return root, root_raw
     path = version_manifest_path(data_dir, version)
     if not tf.io.gfile.exists(path):

@@ -8,7 +8,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import tensorflow as tf
 
@@ -268,7 +268,8 @@ def make_dataset(
     split_info = info.split(split)
     if not split_info.shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    weights = class_weight_table(config.class_weights, info)
+    # ReadConfig normalises a mapping of weights to sorted pairs when it is made.
+    weights = class_weight_table(cast("tuple[tuple[int, float], ...] | None", config.class_weights), info)
     keys = ["image/encoded", "image/class/label"]
     if with_metadata:
         keys += list(METADATA_KEYS.values())
@@ -284,14 +285,17 @@ def make_dataset(
     check_shards(share.shards(split_info), skip_corrupt=config.skip_corrupt, missing_note=note)
 
     service = config.data_service
-    sharding = _service_sharding(config, training) if service else None
+    sharding = None
     if service:
         workers = data_service.check_dispatcher(service, config.data_service_timeout_s)
-        sharding = _static_or_fallback(config, sharding, len(share.pieces), len(workers), split, data_dir)
+        sharding = _static_or_fallback(
+            config, _service_sharding(config, training), len(share.pieces), len(workers), split, data_dir
+        )
         data_service.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
 
     image = info.image
-    out_size = config.image_size or (image.height, image.width)
+    # ReadConfig normalises one int to a (height, width) pair when it is made.
+    out_size = cast("tuple[int, int]", config.image_size or (image.height, image.width))
     drop_remainder = training if config.drop_remainder is None else config.drop_remainder
     deterministic = config.resolved_deterministic(seed, training=training)
     batches_per_epoch = _batches_per_epoch(split_info.num_examples, batch_size, input_context, drop_remainder)
@@ -462,10 +466,10 @@ def make_dataset(
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(total))
     dataset = dataset.prefetch(config.prefetch)
 
-    options = tf.data.Options()
+    tf_options = tf.data.Options()
     # Sharding is done above from the InputContext; TensorFlow must not shard again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dataset = dataset.with_options(options)
+    tf_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = dataset.with_options(tf_options)
     if not service:
         return dataset
 

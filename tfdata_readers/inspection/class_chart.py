@@ -48,8 +48,8 @@ def balance(counts: dict[str, int]) -> Balance:
     empty = tuple(sorted(name for name, n in counts.items() if n <= 0))
     if not present:
         return Balance(None, None, None, empty)
-    largest = max(sorted(present), key=present.get)
-    smallest = min(sorted(present), key=present.get)
+    largest = max(sorted(present), key=lambda name: present[name])
+    smallest = min(sorted(present), key=lambda name: present[name])
     return Balance(present[largest] / present[smallest], largest, smallest, empty)
 
 

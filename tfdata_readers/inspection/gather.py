@@ -13,6 +13,7 @@ import hashlib
 import heapq
 import json
 import os
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -211,7 +212,7 @@ def _read_sample(
     training path with `seed` in the same record order (no file or record shuffle), whose crop
     and flip are, by the reader's contract, those of the first training epoch with that seed.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
     )
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Set
 
 from tfdata_readers.inspection.class_chart import balance, balance_text
 from tfdata_readers.inspection.gather import Inspection
@@ -34,7 +35,7 @@ def _data_uri(data: bytes) -> str:
     return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
 
 
-def _table(table_id: str, header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+def _table(table_id: str, header: list[str], rows: list[list[str]], numeric: Set[int] = frozenset()) -> str:
     """Cells are HTML already; `numeric` columns are right-aligned."""
     head = "".join(f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>" for i, h in enumerate(header))
     body = "".join(
