@@ -82,7 +82,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "images-to-tfrecords=beam_jobs.cli:main",
+            "images-to-tfrecords=beam_jobs.command_line.cli:main",
             "verify-tfrecords=tfdata_readers.verify:main",
             "inspect-tfrecords=tfdata_readers.inspect:main",
         ]

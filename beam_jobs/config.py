@@ -6,11 +6,11 @@ import math
 from dataclasses import asdict, dataclass
 
 from beam_jobs.errors import BadInputError
-from beam_jobs.example import ENCODINGS, FORMAT_NAMES
-from beam_jobs.isolation import ISOLATION_POLICIES
-from beam_jobs.names import clean_split_name
-from beam_jobs.preprocess import RESIZE_MODES
-from beam_jobs.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
+from beam_jobs.imaging.example import ENCODINGS, FORMAT_NAMES
+from beam_jobs.imaging.isolation import ISOLATION_POLICIES
+from beam_jobs.imaging.preprocess import RESIZE_MODES
+from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
+from beam_jobs.listing.names import clean_split_name
 
 __all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
 

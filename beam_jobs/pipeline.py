@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -13,7 +14,7 @@ import socket
 import sys
 import traceback
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 
 import apache_beam as beam
@@ -24,14 +25,7 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-from beam_jobs.append import (
-    WHOLE_DATASET_WARNING,
-    SourceChangesError,
-    check_source_changes,
-    held_sidecars,
-    read_held_inputs,
-)
-from beam_jobs.arguments import (
+from beam_jobs.command_line.arguments import (
     PROG,
     JobArguments,
     UsageError,
@@ -40,13 +34,39 @@ from beam_jobs.arguments import (
     help_parser,
     parse_job_arguments,
 )
-from beam_jobs.commit import CommitConflictError, Current, read_current
+from beam_jobs.command_line.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
+from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
+from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
+from beam_jobs.command_line.run_summary import outputs_lines, split_table
+from beam_jobs.command_line.runner_ui import watch_hint
+from beam_jobs.command_line.termination import (
+    Terminated,
+    interrupt_caught,
+    on_stuck,
+    sigterm_as_interrupt,
+    stop_child_processes,
+)
 from beam_jobs.config import ImageConfig
-from beam_jobs.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
-from beam_jobs.convert_shards import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
-from beam_jobs.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
 from beam_jobs.errors import BadInputError, JobError
-from beam_jobs.finalize import (
+from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_state
+from beam_jobs.imaging.resample import LEGACY_RESAMPLE
+from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
+from beam_jobs.listing.policy import ignored_note
+from beam_jobs.paths import redact
+from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
+from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
+from beam_jobs.records import InputFile
+from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.writing.append import (
+    WHOLE_DATASET_WARNING,
+    SourceChangesError,
+    check_source_changes,
+    held_sidecars,
+    read_held_inputs,
+)
+from beam_jobs.writing.commit import CommitConflictError, Current, read_current
+from beam_jobs.writing.convert_shards import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
+from beam_jobs.writing.finalize import (
     DATASET_INFO,
     DROPPED_REASONS,
     PLAN_FILE,
@@ -61,21 +81,8 @@ from beam_jobs.finalize import (
     write_dead_letter_part,
     write_plan,
 )
-from beam_jobs.listing_policy import ignored_note
-from beam_jobs.paths import redact
-from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
-from beam_jobs.planning import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
-from beam_jobs.progress import StagingWatcher, write_progress_plan
-from beam_jobs.progress_display import LineProgress, TtyProgress
-from beam_jobs.reading import READ_TIMEOUT_S, read_source, source_state
-from beam_jobs.records import InputFile
-from beam_jobs.resample import LEGACY_RESAMPLE
-from beam_jobs.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
-from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.run_summary import outputs_lines, split_table
-from beam_jobs.runner_ui import watch_hint
-from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.termination import Terminated, interrupt_caught, on_stuck, sigterm_as_interrupt, stop_child_processes
+from beam_jobs.writing.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
+from beam_jobs.writing.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 
 __all__ = ["ConvertImages", "main", "run"]
 
@@ -1080,19 +1087,50 @@ class _HideCredentials(logging.Filter):
         return True
 
 
-def configure_job_logging(argv: Sequence[str]) -> str:
+def configure_job_logging(argv: Sequence[str], *, keep_handlers: bool = False) -> str:
     """Sets up the console's logging for a run of ``argv`` (its --log_level, credentials hidden);
-    returns the level. The command line and ``beam_jobs.convert`` both start with it."""
+    returns the level. The command line and ``beam_jobs.convert`` both start with it; the latter
+    keeps the caller's handlers (see ``callers_logging_kept``)."""
     level = _peek_log_level(argv)
-    _configure_logging(level, secrets=_credential_values(argv))
+    _configure_logging(level, secrets=_credential_values(argv), force=not keep_handlers)
     return level
 
 
-def _configure_logging(level: str, *, secrets: Sequence[str] = ()) -> None:
+def _touched_loggers() -> list[str]:
+    return ["beam_jobs", "beam_jobs.details", *_QUIET_LOGGERS, *_CHATTY_BELOW_DEBUG]
+
+
+@contextlib.contextmanager
+def callers_logging_kept() -> Iterator[None]:
+    """Puts the logging configuration back as it was when the block ends: the root logger's
+    handlers, their formatters and filters, and the levels the job sets. A notebook's or an
+    application's own logging must not be replaced by one call of ``beam_jobs.convert``."""
+    root = logging.getLogger()
+    handlers = [(handler, handler.formatter, list(handler.filters)) for handler in root.handlers]
+    levels = {name: logging.getLogger(name).level for name in ["", *_touched_loggers()]}
+    try:
+        yield
+    finally:
+        kept = [handler for handler, _, _ in handlers]
+        for handler in list(root.handlers):
+            if handler not in kept:
+                root.removeHandler(handler)
+                handler.close()
+        for handler, formatter, filters in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+            handler.setFormatter(formatter)
+            handler.filters[:] = filters
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool = True) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's
-    # bare "INFO:name:message" format before this runs.
-    logging.basicConfig(level=numeric, force=True)
+    # bare "INFO:name:message" format before this runs. Without force, the caller's handlers stay
+    # (one is made only where there is none) and only their format and filters change.
+    logging.basicConfig(level=numeric, force=force)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_ConsoleFormatter(numeric))
     logging.getLogger().setLevel(numeric)

@@ -19,7 +19,9 @@ from collections.abc import Iterable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.commit import (
+from beam_jobs.errors import JobError
+from beam_jobs.storage import delete_exactly, list_tree
+from beam_jobs.writing.commit import (
     VERSION_KEYS,
     VERSIONS_DIR,
     CommitConflictError,
@@ -29,10 +31,8 @@ from beam_jobs.commit import (
     read_current,
     version_file,
 )
-from beam_jobs.errors import JobError
-from beam_jobs.run_folders import SHARDS_DIR, run_of
-from beam_jobs.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
-from beam_jobs.storage import delete_exactly, list_tree
+from beam_jobs.writing.run_folders import SHARDS_DIR, run_of
+from beam_jobs.writing.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 
 __all__ = [
     "DEFAULT_KEEP",

@@ -8,7 +8,7 @@ processes (imports and start-up included), interleaved over the repeats, on the 
 JPEGs (500x375), at N photos and at the README demo's 200.
 
 It also times the per-image work alone, in this one process on bytes already in memory: the
-script's function against the job's own (beam_jobs.convert_shards.convert_image) with each --resample
+script's function against the job's own (beam_jobs.writing.convert_shards.convert_image) with each --resample
 method, and gives each one's quality: the PSNR of its 224 px output against a high-quality
 reference of the same crop (full decode, Lanczos resize of the same source box).
 
@@ -176,10 +176,10 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from PIL import Image, ImageOps  # pylint: disable=import-outside-toplevel
 
-    from beam_jobs.convert_shards import convert_image  # pylint: disable=import-outside-toplevel
-    from beam_jobs.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.resample import ARRAY_METHODS, RESAMPLE_METHODS  # pylint: disable=import-outside-toplevel
     from beam_jobs.records import InputFile  # pylint: disable=import-outside-toplevel
-    from beam_jobs.resample import ARRAY_METHODS, RESAMPLE_METHODS  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.convert_shards import convert_image  # pylint: disable=import-outside-toplevel
 
     paths = sorted(src.rglob("*.jpg"))[:count]
     blobs = [p.read_bytes() for p in paths]

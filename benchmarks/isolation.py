@@ -18,10 +18,10 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from beam_jobs.config import ImageConfig  # noqa: E402
-from beam_jobs.convert_shards import convert_image  # noqa: E402
-from beam_jobs.isolation import IsolatedRunner  # noqa: E402
+from beam_jobs.imaging.isolation import IsolatedRunner  # noqa: E402
 from beam_jobs.records import InputFile  # noqa: E402
 from beam_jobs.sample_data import make_photo_tree  # noqa: E402
+from beam_jobs.writing.convert_shards import convert_image  # noqa: E402
 
 
 def main() -> None:

@@ -75,8 +75,8 @@ def main() -> None:
             [
                 sys.executable,
                 "-c",
-                "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.convert_shards, "
-                "beam_jobs.planning, beam_jobs.discover",
+                "import apache_beam.runners.worker.sdk_worker_main, beam_jobs.writing.convert_shards, "
+                "beam_jobs.planning.transforms, beam_jobs.listing.discover",
             ]
         )
         for _ in range(args.repeats)

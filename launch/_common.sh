@@ -413,7 +413,7 @@ itt_start_job_service() {
 }
 
 # itt_check_job_arguments PYTHON JOB_MODULE ARGS...: for dry runs, the job's own argument checks
-# (python -m beam_jobs.arguments: the parser the job runs first; no filesystem, no network).
+# (python -m beam_jobs.command_line.arguments: the parser the job runs first; no filesystem, no network).
 # Passes its one line on to stderr, and exits 2 when the job would refuse the arguments.
 itt_check_job_arguments() {
   local py=$1 module=$2
@@ -422,7 +422,7 @@ itt_check_job_arguments() {
     itt_log "--job_module $module: its arguments are not checked (only beam_jobs' are)"
     return 0
   fi
-  "$py" -m beam_jobs.arguments "$@" >&2 || exit 2
+  "$py" -m beam_jobs.command_line.arguments "$@" >&2 || exit 2
 }
 
 # Prints its arguments as one shell-quoted command line.

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError
-from beam_jobs.reading import read_source
+from beam_jobs.imaging.reading import read_source
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO

@@ -7,16 +7,17 @@ import sys
 
 import pytest
 
-from beam_jobs import cli
-from beam_jobs.arguments import UsageError, parse_job_arguments
-from beam_jobs.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION, live_beam_option_strings
+from beam_jobs.command_line import cli
+from beam_jobs.command_line.arguments import UsageError, parse_job_arguments
+from beam_jobs.command_line.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION, live_beam_option_strings
 
 _HEAVY = ("apache_beam", "tensorflow")
 
 
 def _run_cli_in_fresh_python(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     code = (
-        "import sys\nfrom beam_jobs import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "import sys\nfrom beam_jobs.command_line import cli\n"
+        "try:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
         f"    print('IMPORTED', [m for m in {_HEAVY!r} if m in sys.modules], file=sys.stderr)\n    raise\n"
     )
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
@@ -93,5 +94,5 @@ def test_the_listed_beam_flags_are_the_installed_beams():
         return
     assert BEAM_OPTION_STRINGS == live, (
         f"beam_flags.py is out of date: missing {sorted(live - BEAM_OPTION_STRINGS)}, "
-        f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.beam_flags prints the new set"
+        f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.command_line.beam_flags prints the new set"
     )

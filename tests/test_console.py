@@ -18,10 +18,10 @@ import time
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs.progress import Progress, StagingWatcher, progress_file_name, tally, write_progress_plan
-from beam_jobs.progress_display import LineProgress, progress_line
-from beam_jobs.run_summary import format_mib, split_table
-from beam_jobs.runner_ui import watch_hint
+from beam_jobs.command_line.progress import Progress, StagingWatcher, progress_file_name, tally, write_progress_plan
+from beam_jobs.command_line.progress_display import LineProgress, progress_line
+from beam_jobs.command_line.run_summary import format_mib, split_table
+from beam_jobs.command_line.runner_ui import watch_hint
 from tests.conftest import REPO, run_cli
 
 PLAN = {
@@ -137,9 +137,9 @@ def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
 
 def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path):
     from beam_jobs.config import ImageConfig
-    from beam_jobs.convert_shards import ConvertShardFn
-    from beam_jobs.plan import plan_dataset
+    from beam_jobs.planning.rules import plan_dataset
     from beam_jobs.records import InputFile
+    from beam_jobs.writing.convert_shards import ConvertShardFn
     from tests.photos import real_photo
 
     photos = tmp_path / "photos"
@@ -173,7 +173,7 @@ def test_convert_marks_the_shards_it_keeps_and_writes_the_others_again(tmp_path)
 
 
 def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
-    from beam_jobs.finalize import remove_root_leftovers
+    from beam_jobs.writing.finalize import remove_root_leftovers
 
     folder = tmp_path / "out [1]*ü"  # Names a glob would read as a pattern.
     folder.mkdir()
@@ -186,8 +186,8 @@ def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
 
 
 def test_console_lines_say_1_shard_1_input_1_class():
-    from beam_jobs.finalize import plan_line
     from beam_jobs.pipeline import _summary
+    from beam_jobs.writing.finalize import plan_line
 
     plan = {"label_names": ["china"], "splits": {"train": {"num_examples": 1, "num_shards": 1}}}
     assert plan_line(plan, {"empty_file": 1}) == (
@@ -223,7 +223,7 @@ def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
     ],
 )
 def test_v_is_short_for_log_level(flags, level, tmp_path):
-    from beam_jobs.arguments import parse_job_arguments
+    from beam_jobs.command_line.arguments import parse_job_arguments
     from beam_jobs.pipeline import _peek_log_level
 
     argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), *flags]
@@ -231,7 +231,7 @@ def test_v_is_short_for_log_level(flags, level, tmp_path):
 
 
 def test_v_and_log_level_together_are_refused_and_v_is_in_the_help(tmp_path, capsys):
-    from beam_jobs.arguments import UsageError, help_parser, parse_job_arguments
+    from beam_jobs.command_line.arguments import UsageError, help_parser, parse_job_arguments
 
     with pytest.raises(UsageError, match="give -v or --log_level, not both"):
         parse_job_arguments(["--input", str(tmp_path), "--output_dir", str(tmp_path), "-v", "--log_level=DEBUG"])
@@ -464,7 +464,7 @@ def test_a_relayed_worker_record_becomes_its_own_message():
 
     from apache_beam.portability.api import beam_fn_api_pb2
 
-    from beam_jobs.console import RelayedWorkerRecords
+    from beam_jobs.command_line.console import RelayedWorkerRecords
 
     def relayed(message: str, location: str, step: str, level=logging.INFO) -> logging.LogRecord:
         entry = beam_fn_api_pb2.LogEntry(
@@ -482,7 +482,7 @@ def test_a_relayed_worker_record_becomes_its_own_message():
         )
 
     relay = RelayedWorkerRecords(drop_steps=("LogPlan",))
-    record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/convert_shards.py:315", "ConvertImages/ConvertShards")
+    record = relayed('wrote a "b"\nc: 1', "/x/beam_jobs/writing/convert_shards.py:315", "ConvertImages/ConvertShards")
     assert relay.filter(record) and record.getMessage() == 'wrote a "b"\nc: 1'
     assert record.name == "beam_jobs.details"
     other = relayed("a warning", "/x/apache_beam/io/x.py:3", "S", level=logging.WARNING)

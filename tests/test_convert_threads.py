@@ -13,12 +13,12 @@ import pathlib
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import ConvertShardFn
-from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError
-from beam_jobs.plan import plan_dataset
-from beam_jobs.preprocess import normalize_mode
+from beam_jobs.imaging.decode import decode_image, decode_rgb_pixels
+from beam_jobs.imaging.preprocess import normalize_mode
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
+from beam_jobs.writing.convert_shards import ConvertShardFn
 from tests.photos import ODD_VALID_FILES, encode, make_test_tree, real_photo, write_broken_files
 
 
@@ -92,7 +92,7 @@ def test_counters_counted_for_conversions_on_threads_reach_beams_metrics(tmp_pat
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from beam_jobs.convert_shards import METRICS_NAMESPACE
+    from beam_jobs.writing.convert_shards import METRICS_NAMESPACE
 
     folder = tmp_path / "cat"
     folder.mkdir()

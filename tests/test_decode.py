@@ -7,8 +7,8 @@ import io
 import pytest
 from PIL import Image
 
-from beam_jobs.decode import decode_image, sniff_format
 from beam_jobs.errors import BadInputError
+from beam_jobs.imaging.decode import decode_image, sniff_format
 from tests.photos import BROKEN_FILES, encode, real_photo
 
 MAX_PIXELS = 100_000_000

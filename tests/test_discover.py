@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_jobs.discover import is_image_filename, parse_input_list
+from beam_jobs.listing.discover import is_image_filename, parse_input_list
 from beam_jobs.records import DeadLetter, InputFile
 
 

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import tensorflow as tf
 
-from beam_jobs.discover import is_image_filename
-from beam_jobs.example import FEATURE_DTYPES
-from beam_jobs.plan import plan_dataset
+from beam_jobs.imaging.example import FEATURE_DTYPES
+from beam_jobs.listing.discover import is_image_filename
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import run_cli

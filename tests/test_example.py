@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_jobs.example import FEATURE_DTYPES, ExampleFields, encode_pixels, serialize_example, source_id_for
+from beam_jobs.imaging.example import FEATURE_DTYPES, ExampleFields, encode_pixels, serialize_example, source_id_for
 from tests.photos import real_photo
 
 FIELDS = ExampleFields(

@@ -12,8 +12,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.plan import labels_from_tree, plan_dataset
-from beam_jobs.planning import PLAN_SUMMARY, PlanShards
+from beam_jobs.planning.rules import labels_from_tree, plan_dataset
+from beam_jobs.planning.transforms import PLAN_SUMMARY, PlanShards
 from beam_jobs.records import InputFile
 
 _WARNING = (

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from beam_jobs.plan import (
+from beam_jobs.planning.rules import (
     assign_splits,
     labels_from_tree,
     plan_dataset,
@@ -168,7 +168,7 @@ def test_split_folders_that_differ_only_by_case_are_one_split():
 
 
 def test_merged_split_folders_are_a_plan_warning():
-    from beam_jobs.plan import merged_split_folders
+    from beam_jobs.planning.rules import merged_split_folders
 
     merged = merged_split_folders({"validation", "Validation", "train", "bad name"})
     assert merged == {"validation": ["Validation", "validation"]}
@@ -211,7 +211,7 @@ def test_150_images_at_09_01_give_exactly_135_and_15_with_every_class_in_both():
 def test_stratified_counts_hold_both_totals_and_every_class_in_every_split(seed):
     from fractions import Fraction
 
-    from beam_jobs.plan import split_quotas, stratified_counts
+    from beam_jobs.planning.rules import split_quotas, stratified_counts
 
     rng = random.Random(seed)
     sizes = {f"c{i}": rng.choice([1, 2, 3, 4, 7, 20, 90]) for i in range(rng.randint(1, 20))}

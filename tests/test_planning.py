@@ -10,7 +10,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.plan import (
+from beam_jobs.planning.rules import (
     NUM_BUCKETS,
     bucket_of,
     bucket_offsets,
@@ -18,7 +18,7 @@ from beam_jobs.plan import (
     plan_dataset,
     shard_digest,
 )
-from beam_jobs.planning import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
+from beam_jobs.planning.transforms import PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards
 from beam_jobs.records import InputFile
 
 # --- the arithmetic ------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_plan_shards_of_a_tree_equals_the_in_memory_plan():
     ]
     listing.append(InputFile("train/single/0.jpg", "/t/train/single/0.jpg"))
     listing.append(InputFile("stray.jpg", "/t/stray.jpg"))  # does not fit: a dead letter
-    from beam_jobs.plan import labels_from_tree
+    from beam_jobs.planning.rules import labels_from_tree
 
     labelled, layout_dead = labels_from_tree(listing, "split_label")
     expected = plan_dataset(labelled, num_shards=4, example_bytes=1, dead_letters=layout_dead)
@@ -224,7 +224,7 @@ def test_plan_shards_of_a_messy_tree_names_classes_and_splits_as_the_in_memory_p
         InputFile("train/a\nb/nl.jpg", "/t/nl.jpg"),
         InputFile("validation/only_here/1.jpg", "/t/only.jpg"),
     ]
-    from beam_jobs.plan import labels_from_tree, merged_split_folders, tree_facts
+    from beam_jobs.planning.rules import labels_from_tree, merged_split_folders, tree_facts
 
     labelled, layout_dead = labels_from_tree(listing, "auto")
     merged = merged_split_folders(tree_facts(listing)[1])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_jobs.preprocess import (
+from beam_jobs.imaging.preprocess import (
     ALPHA_BACKGROUND,
     PAD_FILL,
     normalize_mode,

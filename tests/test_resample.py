@@ -17,14 +17,14 @@ import pytest
 from PIL import Image, ImageOps
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import convert_image
-from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError
-from beam_jobs.example_proto import Example
-from beam_jobs.finalize import SCHEMA_VERSION, run_fingerprint
-from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
+from beam_jobs.imaging.decode import decode_image, decode_rgb_pixels
+from beam_jobs.imaging.example_proto import Example
+from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
+from beam_jobs.imaging.resample import RESAMPLE_METHODS
 from beam_jobs.records import InputFile
-from beam_jobs.resample import RESAMPLE_METHODS
+from beam_jobs.writing.convert_shards import convert_image
+from beam_jobs.writing.finalize import SCHEMA_VERSION, run_fingerprint
 from tests.photos import real_photo
 
 MAX_PIXELS = 100_000_000
@@ -129,7 +129,7 @@ def _decoded_output(config: ImageConfig, data: bytes) -> Image.Image:
 def test_the_default_and_antialias_are_closer_to_lanczos_than_the_usual_bilinear_script(method):
     """The quality bar: the PSNR against a full decode resized with Lanczos (the same crop) is at
     least that of `draft` + ImageOps.fit(BILINEAR), at the same JPEG quality, on real photos."""
-    from beam_jobs.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
 
     default, script = [], []
     for name in ("astronaut", "chelsea", "coffee", "rocket", "china", "flower"):
@@ -184,7 +184,7 @@ _CONVERT_SOME = r"""
 import hashlib, io, sys
 from PIL import Image
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import convert_image
+from beam_jobs.writing.convert_shards import convert_image
 from beam_jobs.records import InputFile
 from tests.photos import real_photo
 digest = hashlib.sha256()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from beam_jobs.tfrecord_framing import RECORD_OVERHEAD, frame_record, masked_crc32c
+from beam_jobs.writing.tfrecord_framing import RECORD_OVERHEAD, frame_record, masked_crc32c
 
 RECORDS = [b"", b"x", b"\x00" * 1000, bytes(range(256)) * 300, "фото".encode()]
 

@@ -11,11 +11,11 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import DEAD_LETTERS, ConvertShardFn
-from beam_jobs.discover import ListTree
+from beam_jobs.listing.discover import ListTree
 from beam_jobs.pipeline import ConvertImages
-from beam_jobs.plan import plan_dataset
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile
+from beam_jobs.writing.convert_shards import DEAD_LETTERS, ConvertShardFn
 
 
 def _pipeline() -> TestPipeline:

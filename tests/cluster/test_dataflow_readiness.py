@@ -75,7 +75,7 @@ def test_sdist_contains_the_packages(sdist):
     import tarfile
 
     names = tarfile.open(sdist).getnames()
-    for needed in ("beam_jobs/__init__.py", "beam_jobs/convert_shards.py", "beam_jobs/pipeline.py", "setup.py"):
+    for needed in ("beam_jobs/__init__.py", "beam_jobs/writing/convert_shards.py", "beam_jobs/pipeline.py", "setup.py"):
         assert any(name.endswith(needed) for name in names), needed
 
 
@@ -83,11 +83,11 @@ def test_clean_venv_imports_the_dofns_from_the_sdist(clean_venv):
     probe = textwrap.dedent("""
         import inspect, pathlib, pickle, sys
         import apache_beam as beam
-        import beam_jobs, beam_jobs.convert_shards, beam_jobs.pipeline
+        import beam_jobs, beam_jobs.writing.convert_shards, beam_jobs.pipeline
         assert pathlib.Path(beam_jobs.__file__).is_relative_to(sys.prefix), beam_jobs.__file__
-        dofns = [c for _, c in inspect.getmembers(beam_jobs.convert_shards, inspect.isclass)
+        dofns = [c for _, c in inspect.getmembers(beam_jobs.writing.convert_shards, inspect.isclass)
                  if issubclass(c, beam.DoFn) and c.__module__.startswith("beam_jobs")]
-        assert dofns, "no DoFn in beam_jobs.convert_shards"
+        assert dofns, "no DoFn in beam_jobs.writing.convert_shards"
         print("ok", beam_jobs.__file__, [c.__name__ for c in dofns])
     """)
     proc = _venv_run(clean_venv, [str(clean_venv / "bin" / "python"), "-c", probe], timeout=180)
@@ -196,7 +196,7 @@ def test_submit_dataflow_dry_run_prints_a_command_beam_accepts():
         import sys
         from apache_beam.options.pipeline_options import (
             GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
-        from beam_jobs.options import ConversionOptions
+        from beam_jobs.command_line.options import ConversionOptions
         o = PipelineOptions(sys.argv[1:])
         g, w, s = o.view_as(GoogleCloudOptions), o.view_as(WorkerOptions), o.view_as(SetupOptions)
         assert o.view_as(StandardOptions).runner == "DataflowRunner"

@@ -15,10 +15,10 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs.commit import read_current
 from beam_jobs.config import ImageConfig
-from beam_jobs.finalize import finalize_outputs
 from beam_jobs.records import ShardResult
+from beam_jobs.writing.commit import read_current
+from beam_jobs.writing.finalize import finalize_outputs
 
 
 def main(path: str) -> None:

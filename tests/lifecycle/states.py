@@ -8,8 +8,8 @@ import shutil
 import subprocess
 import sys
 
-from beam_jobs.run_folders import new_run_name
 from beam_jobs.sample_data import make_photo_tree
+from beam_jobs.writing.run_folders import new_run_name
 from tests.conftest import REPO, run_cli
 from tests.lifecycle.checks import examples_of_manifest, manifest
 

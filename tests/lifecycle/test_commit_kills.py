@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from beam_jobs.run_folders import run_of
+from beam_jobs.writing.run_folders import run_of
 from tests.lifecycle.checks import examples_of_manifest, manifest, open_examples, read_through, verify_clean
 from tests.lifecycle.states import build_three_states, start_finalize_child
 

@@ -18,11 +18,11 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs import commit
-from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version_file
 from beam_jobs.errors import JobError
 from beam_jobs.storage import connect_anonymously_to_a_gcs_emulator
 from beam_jobs.versions import collect_garbage, history, load_version, rollback, shard_files
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import VERSION_KEYS, commit_version, read_current, version_file
 from tests.versions.arrange import RUN_A, RUN_KILLED, convert_photos, dataset_files, run_content
 from tests.versions.committers import assert_consistent, kill_committers, race, race_for_the_run_lock
 

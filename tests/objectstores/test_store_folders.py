@@ -12,10 +12,10 @@ from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs.discover import _first_level, _list_unit
-from beam_jobs.listing_policy import Ignored, IgnoredEntry
+from beam_jobs.listing.discover import _first_level, _list_unit
+from beam_jobs.listing.policy import Ignored, IgnoredEntry
+from beam_jobs.listing.store_folders import list_one_level
 from beam_jobs.storage import connect_anonymously_to_a_gcs_emulator
-from beam_jobs.store_folders import list_one_level
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

@@ -9,8 +9,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs.discover import _first_level, _list_unit, _sort_entry
-from beam_jobs.listing_policy import IgnoredEntry
+from beam_jobs.listing.discover import _first_level, _list_unit, _sort_entry
+from beam_jobs.listing.policy import IgnoredEntry
 from beam_jobs.records import DeadLetter, InputFile
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

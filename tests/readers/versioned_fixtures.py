@@ -8,7 +8,7 @@ and `dead_letters_file` entries, adds `version`, `parent_version`, `committed_at
 replaces `OUT/dataset_info.json` atomically (temp file, fsync, `os.replace`, as the writer's
 commit does) and writes the `versions/<8 digits>.json` history copy.
 
-This is NOT the writer (beam_jobs/commit.py is): it has no lock, no precondition, and no
+This is NOT the writer (beam_jobs/writing/commit.py is): it has no lock, no precondition, and no
 retention; it only produces the on-disk format the reader must read. Flat outputs are copied,
 not moved, so one job run can seed many datasets.
 """
@@ -156,7 +156,7 @@ def _write_atomically(path: pathlib.Path, data: bytes) -> None:
 def _commit(
     out: pathlib.Path, manifest: dict[str, Any], change: dict[str, Any], *, history_copy: bool
 ) -> dict[str, Any]:
-    """Commits `manifest` as the next version of OUT, as beam_jobs/commit.py's format says.
+    """Commits `manifest` as the next version of OUT, as beam_jobs/writing/commit.py's format says.
 
     `history_copy=False` leaves out the new version's versions/N.json, as a kill right after the
     commit would (the root file is authoritative for the current version).

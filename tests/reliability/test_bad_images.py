@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_jobs.decode import decode_image
 from beam_jobs.errors import BadInputError
-from beam_jobs.preprocess import normalize_mode
+from beam_jobs.imaging.decode import decode_image
+from beam_jobs.imaging.preprocess import normalize_mode
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO, run_cli
 from tests.dataset_files import current_files, dead_letters_path
@@ -120,7 +120,7 @@ def test_a_40000_squared_png_header_is_refused_with_small_memory(tmp_path):
     bomb.write_bytes(_png_header_bomb())
     script = textwrap.dedent(f"""
         import resource, pathlib
-        from beam_jobs.decode import decode_image
+        from beam_jobs.imaging.decode import decode_image
         from beam_jobs.errors import BadInputError
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         try:

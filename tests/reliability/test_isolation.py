@@ -16,11 +16,11 @@ import time
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import ConvertShardFn
 from beam_jobs.errors import BadInputError, WorkerShutdownError
-from beam_jobs.isolation import DecoderStartupError, IsolatedRunner, needs_isolation
-from beam_jobs.plan import plan_dataset
+from beam_jobs.imaging.isolation import DecoderStartupError, IsolatedRunner, needs_isolation
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile, ShardResult
+from beam_jobs.writing.convert_shards import ConvertShardFn
 from tests.photos import encode, real_photo
 from tests.reliability.startup_gate import StartupGate
 

@@ -14,7 +14,7 @@ import unicodedata
 import pytest
 from apache_beam.io.filesystem import FileMetadata
 
-from beam_jobs.discover import (
+from beam_jobs.listing.discover import (
     _first_level,
     _list_unit,
     _without_hidden,
@@ -22,7 +22,7 @@ from beam_jobs.discover import (
     parse_input_list,
     relative_filename,
 )
-from beam_jobs.listing_policy import Decision, EntryFacts, IgnoredEntry, Kind, decide, ignored_note
+from beam_jobs.listing.policy import Decision, EntryFacts, IgnoredEntry, Kind, decide, ignored_note
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import run_cli

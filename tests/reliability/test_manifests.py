@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from beam_jobs.discover import is_image_filename
 from beam_jobs.errors import BadInputError
+from beam_jobs.listing.discover import is_image_filename
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import run_cli

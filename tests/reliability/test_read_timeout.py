@@ -14,12 +14,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import DEAD_LETTERS, ConvertShardFn
 from beam_jobs.errors import BadInputError
-from beam_jobs.plan import plan_dataset
-from beam_jobs.reading import read_source
+from beam_jobs.imaging.reading import read_source
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
+from beam_jobs.writing.convert_shards import DEAD_LETTERS, ConvertShardFn
 
 
 @pytest.fixture()

@@ -15,10 +15,10 @@ import time
 import pytest
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.convert_shards import ConvertShardFn
-from beam_jobs.plan import plan_dataset
+from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
+from beam_jobs.writing.convert_shards import ConvertShardFn
 from tests.conftest import REPO, run_cli
 from tests.dataset_files import current_files, flat_names
 

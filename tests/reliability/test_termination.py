@@ -286,7 +286,7 @@ def test_a_sigterm_the_blocked_main_thread_never_sees_still_cleans_up_and_exits_
     marker = tmp_path / "cleaned"
     script = f"""
 import pathlib, signal, threading
-from beam_jobs.termination import on_stuck, sigterm_as_interrupt
+from beam_jobs.command_line.termination import on_stuck, sigterm_as_interrupt
 with sigterm_as_interrupt(stuck_after_s=1):
     on_stuck(lambda signum: pathlib.Path({str(marker)!r}).write_text(str(signum)))
     signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})

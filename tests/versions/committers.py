@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs import commit
-from beam_jobs.commit import VERSION_KEYS, CommitConflictError, commit_version, read_current, version_file
 from beam_jobs.versions import history
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import VERSION_KEYS, CommitConflictError, commit_version, read_current, version_file
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ def race(
 
 
 def _locker(out: str, name: str, store_flags: Sequence[str], barrier, results) -> None:
-    from beam_jobs.run_lock import OutputLockedError, acquire_output_lock  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.run_lock import OutputLockedError, acquire_output_lock  # pylint: disable=import-outside-toplevel
 
     _set_options(store_flags)
     barrier.wait()

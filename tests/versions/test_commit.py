@@ -1,4 +1,4 @@
-"""Local-disk commits (beam_jobs/commit.py): versions numbered from the parent, a stale commit
+"""Local-disk commits (beam_jobs/writing/commit.py): versions numbered from the parent, a stale commit
 refused in one line, exactly one winner among racing committer processes, and a committer
 SIGKILLed at random instants leaving the old version or the new one, whole, with its history."""
 
@@ -10,7 +10,9 @@ import re
 
 import pytest
 
-from beam_jobs.commit import (
+from beam_jobs.errors import JobError
+from beam_jobs.versions import history
+from beam_jobs.writing.commit import (
     COMMIT_LOCK_NAME,
     CommitConflictError,
     Current,
@@ -19,8 +21,6 @@ from beam_jobs.commit import (
     read_current,
     version_file,
 )
-from beam_jobs.errors import JobError
-from beam_jobs.versions import history
 from tests.versions.committers import assert_consistent, content, kill_committers, race
 
 CREATE = {"kind": "create", "run": "20261201T133000Z-3fa2c1d0"}

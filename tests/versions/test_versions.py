@@ -23,9 +23,7 @@ import sys
 
 import pytest
 
-from beam_jobs.commit import VERSION_KEYS, commit_version, read_current, version_file
 from beam_jobs.errors import JobError
-from beam_jobs.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.versions import (
     VersionNotFoundError,
     collect_garbage,
@@ -35,6 +33,8 @@ from beam_jobs.versions import (
     rollback,
     shard_files,
 )
+from beam_jobs.writing.commit import VERSION_KEYS, commit_version, read_current, version_file
+from beam_jobs.writing.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 from tests.versions.arrange import REPO, RUN_A, RUN_B, RUN_KILLED, convert_photos, local_put, record_keys, run_content
 
 pytestmark = pytest.mark.slow
@@ -209,7 +209,7 @@ def test_a_run_holding_the_lock_blocks_gc_and_rollback(out):
         [
             sys.executable,
             "-c",
-            "import sys; from beam_jobs.run_lock import acquire_output_lock; "
+            "import sys; from beam_jobs.writing.run_lock import acquire_output_lock; "
             "acquire_output_lock(sys.argv[1]); print('locked', flush=True); sys.stdin.read()",
             str(out),
         ],

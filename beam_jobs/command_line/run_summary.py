@@ -6,8 +6,8 @@ import math
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.finalize import DATASET_INFO
 from beam_jobs.paths import redact
+from beam_jobs.writing.finalize import DATASET_INFO
 
 __all__ = ["format_mib", "outputs_lines", "shard_globs", "split_table"]
 

@@ -14,16 +14,16 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
-from beam_jobs.append import merge_appended
-from beam_jobs.commit import Current, commit_version
+from beam_jobs.command_line.progress import progress_file_name
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import Reason
-from beam_jobs.example import FEATURE_DTYPES
-from beam_jobs.progress import progress_file_name
+from beam_jobs.imaging.example import FEATURE_DTYPES
+from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.records import DeadLetter, ShardResult
-from beam_jobs.resample import LEGACY_RESAMPLE
-from beam_jobs.run_folders import run_dir, run_prefix
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
+from beam_jobs.writing.append import merge_appended
+from beam_jobs.writing.commit import Current, commit_version
+from beam_jobs.writing.run_folders import run_dir, run_prefix
 
 __all__ = [
     "DATASET_INFO",

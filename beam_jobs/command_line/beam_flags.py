@@ -2,7 +2,7 @@
 
 A copy, so that the command line can tell a misspelt flag from a Beam flag without importing
 Beam (about a second, far more on a busy machine). A test compares it with the installed Beam's
-parser; after a Beam upgrade, ``python -m beam_jobs.beam_flags`` prints the new set.
+parser; after a Beam upgrade, ``python -m beam_jobs.command_line.beam_flags`` prints the new set.
 """
 
 from __future__ import annotations
@@ -192,8 +192,8 @@ BEAM_OPTION_STRINGS = frozenset(
 
 def live_beam_option_strings() -> frozenset[str]:
     """The installed Beam's option strings (imports Beam): what BEAM_OPTION_STRINGS must equal."""
-    from beam_jobs.arguments import _all_flags_parser  # pylint: disable=import-outside-toplevel
-    from beam_jobs.flags import help_parser  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.arguments import _all_flags_parser  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
 
     ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
     return frozenset(

@@ -12,8 +12,8 @@ import difflib
 from collections.abc import Iterable
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.plan import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
-from beam_jobs.resample import RESAMPLE_METHODS
+from beam_jobs.imaging.resample import RESAMPLE_METHODS
+from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
 
 __all__ = ["LOG_LEVELS", "PROG", "add_job_flags", "help_parser", "unknown_flag_message"]
 

@@ -16,17 +16,17 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
-from beam_jobs.decode import decode_image, decode_rgb_pixels
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
-from beam_jobs.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
-from beam_jobs.isolation import IsolatedRunner, needs_isolation
-from beam_jobs.plan import ShardPlan
-from beam_jobs.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
-from beam_jobs.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
+from beam_jobs.imaging.decode import decode_image, decode_rgb_pixels
+from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
+from beam_jobs.imaging.isolation import IsolatedRunner, needs_isolation
+from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
+from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
+from beam_jobs.imaging.resample import ARRAY_METHODS
+from beam_jobs.planning.rules import ShardPlan
 from beam_jobs.records import DeadLetter, InputFile, ShardResult
-from beam_jobs.resample import ARRAY_METHODS
 from beam_jobs.storage import temp_name, write_atomically
-from beam_jobs.tfrecord_framing import frame_record
+from beam_jobs.writing.tfrecord_framing import frame_record
 
 __all__ = [
     "CONTENT_KEYS",

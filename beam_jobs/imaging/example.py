@@ -10,7 +10,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from beam_jobs.example_proto import Example
+from beam_jobs.imaging.example_proto import Example
 
 __all__ = [
     "ENCODINGS",

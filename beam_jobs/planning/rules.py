@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from beam_jobs.errors import BadInputError, Reason, Stage
-from beam_jobs.names import clean_label, clean_split_name, is_valid_split_name  # noqa: F401 (discover imports it from here)
+from beam_jobs.listing.names import clean_label, clean_split_name, is_valid_split_name  # noqa: F401 (discover imports it from here)
 from beam_jobs.records import DeadLetter, InputFile
 
 __all__ = [
@@ -154,7 +154,7 @@ def _split_key(name: str) -> str:
 
 def _names_from_tree(f: InputFile, split_folder: str | None, label_folder: str) -> InputFile:
     """``f`` with its split and label read from folder names by the one naming policy
-    (beam_jobs.names), so a tree names classes exactly as an input list does; raises
+    (beam_jobs.listing.names), so a tree names classes exactly as an input list does; raises
     BadInputError naming the file for a folder that cannot be a label or a split."""
     where = repr(f.filename)
     label = clean_label(label_folder, where=where)

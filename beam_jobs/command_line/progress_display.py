@@ -9,7 +9,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from beam_jobs.progress import Progress
+from beam_jobs.command_line.progress import Progress
 
 __all__ = ["LineProgress", "TtyProgress", "format_duration", "progress_line"]
 

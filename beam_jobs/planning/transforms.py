@@ -23,7 +23,7 @@ import apache_beam as beam
 
 from beam_jobs.errors import JobError
 from beam_jobs.paths import redact
-from beam_jobs.plan import (
+from beam_jobs.planning.rules import (
     DEFAULT_SPLIT,
     DEFAULT_SPLIT_RULE,
     SPLIT_RULES,

@@ -13,7 +13,7 @@ never saw. Each filesystem has its own conditional write:
 
 Beam's FileSystems API has no conditional write, so the object stores are reached through the
 very clients Beam's GCS and S3 filesystems build from the pipeline options (same endpoint,
-credentials, emulator), as beam_jobs/store_folders.py does. Other schemes are refused: a plain
+credentials, emulator), as beam_jobs/listing/store_folders.py does. Other schemes are refused: a plain
 overwrite there would let two commits silently lose one.
 """
 

@@ -10,9 +10,9 @@ import time
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.commit import create_if_absent
 from beam_jobs.errors import JobError
 from beam_jobs.storage import delete_exactly, write_atomically
+from beam_jobs.writing.commit import create_if_absent
 
 __all__ = ["LOCK_NAME", "OutputLockedError", "acquire_output_lock", "release_output_lock"]
 
@@ -82,7 +82,7 @@ def acquire_output_lock(output_dir: str) -> str:
                 continue
             raise _locked(output_dir, path, holder)
         if path.split("://", 1)[0].lower() in ("gs", "s3"):
-            # One conditional create (beam_jobs/commit.py): of two runs starting at once, one wins.
+            # One conditional create (beam_jobs/writing/commit.py): of two runs starting at once, one wins.
             if not create_if_absent(path, data):
                 raise _locked(output_dir, path, _read(path))
         else:

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from beam_jobs.errors import BadInputError, Reason, Stage
-from beam_jobs.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, resample_array, resample_image
+from beam_jobs.imaging.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, resample_array, resample_image
 
 __all__ = [
     "ALPHA_BACKGROUND",

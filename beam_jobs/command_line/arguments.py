@@ -1,6 +1,6 @@
 """The job's command line: strict parsing, every value checked, no filesystem or network access.
 
-    python -m beam_jobs.arguments JOB_ARGS...   # exit 0 and one "ok" line, or exit 2 and one error line
+    python -m beam_jobs.command_line.arguments JOB_ARGS...   # exit 0 and one "ok" line, or exit 2 and one error line
 
 Launch scripts use that entry point for their dry runs, so that a dry run refuses exactly what
 the job would refuse, without touching storage or a cloud API.
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
+from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
+from beam_jobs.command_line.options import ConversionOptions
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
-from beam_jobs.flags import PROG, help_parser, unknown_flag_message
-from beam_jobs.options import ConversionOptions
 from beam_jobs.paths import redact
-from beam_jobs.plan import DEFAULT_SPLIT_RULE
+from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE
 
 __all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.convert_shards import sidecar_name
 from beam_jobs.errors import JobError
-from beam_jobs.plan import plan_warnings
+from beam_jobs.planning.rules import plan_warnings
+from beam_jobs.writing.convert_shards import sidecar_name
 
 __all__ = [
     "CHANGED_SOURCE_POLICIES",

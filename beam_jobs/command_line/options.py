@@ -6,7 +6,7 @@ import argparse
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs.flags import LOG_LEVELS, add_job_flags
+from beam_jobs.command_line.flags import LOG_LEVELS, add_job_flags
 
 __all__ = ["LOG_LEVELS", "ConversionOptions"]
 

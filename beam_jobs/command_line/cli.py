@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from beam_jobs.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION
-from beam_jobs.flags import PROG, help_parser, unknown_flag_message
+from beam_jobs.command_line.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION
+from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.paths import redact
 
 __all__ = ["main", "misspelt_flag"]

@@ -14,7 +14,7 @@ from typing import TextIO
 from apache_beam.portability.api import beam_fn_api_pb2
 from google.protobuf import text_format
 
-from beam_jobs.termination import interrupted
+from beam_jobs.command_line.termination import interrupted
 
 __all__ = ["HARNESS_CHATTER", "ConsoleFilter", "RelayedWorkerRecords", "TracebackFilter", "hide_worker_tracebacks"]
 

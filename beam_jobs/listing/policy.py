@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from apache_beam.io.filesystem import FileMetadata
 
 from beam_jobs.errors import Reason, Stage
-from beam_jobs.names import is_hidden_name
+from beam_jobs.listing.names import is_hidden_name
 from beam_jobs.paths import is_http_url
 from beam_jobs.records import DeadLetter
 

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 
 import apache_beam as beam
@@ -16,7 +16,8 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.listing_policy import (
+from beam_jobs.listing.names import clean_label, clean_split_name, is_hidden_name
+from beam_jobs.listing.policy import (
     IMAGE_EXTENSIONS,
     Ignored,
     IgnoredEntry,
@@ -25,11 +26,10 @@ from beam_jobs.listing_policy import (
     is_image_filename,
     walk_local,
 )
-from beam_jobs.names import clean_label, clean_split_name, is_hidden_name
+from beam_jobs.listing.store_folders import list_one_level
 from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import list_tree, match_literally
-from beam_jobs.store_folders import list_one_level
 
 _LOG = logging.getLogger(__name__)
 
@@ -162,7 +162,8 @@ def _json_value_not_text(row: dict) -> str | None:
     number would become its digits, whose id is its place in text order ('10' before '2'), not
     its value: a dataset silently different from the user's numbering. CSV values are always text.
     """
-    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool))]
+    # bytes: only a user's rows (ConvertImages) can hold them; str() would make a class "b'cat'".
+    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool, bytes))]
     if odd:
         return f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})"
     for column in ("label", "uri", "split"):
@@ -476,7 +477,14 @@ def row_to_input(row, *, root: str, allow_outside_root: bool = False) -> InputFi
     """One row of a user's PCollection (a dict, or a ``beam.Row``, with uri, label and optionally
     split) as an input, by the same rules as a line of an input list; a bad row is a dead letter
     named by its uri."""
-    fields = row._asdict() if hasattr(row, "_asdict") else dict(row)
+    if hasattr(row, "_asdict"):
+        fields = row._asdict()
+    elif isinstance(row, Mapping):
+        fields = dict(row)
+    else:
+        return _bad_row(
+            f"row {row!r}"[:500], f"a row is a mapping (or a beam.Row) with uri and label, not a {type(row).__name__}"
+        )
     where = str(fields.get("uri") or f"row {fields!r}")[:500]
     return _row_to_input(fields, root=root.rstrip("/") + "/", where=where, allow_outside_root=allow_outside_root)
 
