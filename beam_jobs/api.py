@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from beam_jobs.errors import UsageError
+
 __all__ = ["convert", "convert_argv"]
 
 
@@ -57,15 +59,21 @@ def convert(
     dict. Arguments the command line would refuse raise ``beam_jobs.UsageError`` (a ``ValueError``)
     with the command line's message, before anything is read or written; a run that fails raises
     the error that failed it, after removing what it had written (the version before it stays the
-    current one). Ctrl-C in a notebook interrupts it as on the command line.
+    current one). Ctrl-C (SIGINT) and SIGTERM interrupt it as they do the command line: what the run
+    wrote is removed and ``KeyboardInterrupt`` is raised; a runner that does not stop within 10 s
+    of the signal ends the process, as the command line does, rather than hang it. The caller's
+    logging configuration is put back as it was when the call returns.
     """
     arguments = {name: value for name, value in locals().items() if name != "beam_options"}
     argv = convert_argv(arguments, beam_options)
     # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
-    from beam_jobs.pipeline import configure_job_logging, run  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+    from beam_jobs.pipeline import callers_logging_kept, configure_job_logging, run  # pylint: disable=import-outside-toplevel
 
-    configure_job_logging(argv)
-    return run(argv)
+    with callers_logging_kept():
+        configure_job_logging(argv, keep_handlers=True)
+        with sigterm_as_interrupt():
+            return run(argv)
 
 
 def convert_argv(
@@ -73,14 +81,25 @@ def convert_argv(
     beam_options: Mapping[str, Any] | Sequence[str] | None = None,
 ) -> list[str]:
     """The command line that ``convert``'s keyword arguments stand for: a pure function, tested
-    against the command line's own parser so that the two cannot drift apart."""
+    against the command line's own parser so that the two cannot drift apart. A value the command
+    line could not express (a switch that is not a bool, a size that is not a pair) is refused
+    here, with the keyword's own name."""
+    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
+
+    switches = {a.dest for a in help_parser()._actions if a.nargs == 0}  # pylint: disable=protected-access
     argv: list[str] = []
     for name, value in arguments.items():
+        if name in switches and value is not None and not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False (got {value!r})")
+        if name not in switches and isinstance(value, bool):
+            raise UsageError(f"{name} takes a value, not {value!r}")
         if value is None or value is False:
             continue  # None: the flag's default; False: a switch left off.
         if value is True:
             argv.append(f"--{name}")
             continue
+        if name == "image_size" and isinstance(value, (tuple, list)) and len(value) != 2:
+            raise UsageError(f"image_size is a size (224) or a pair (width, height), not {value!r}")
         if name == "splits" and isinstance(value, Mapping):
             value = ",".join(f"{split}={fraction}" for split, fraction in value.items())
         elif name == "image_size" and isinstance(value, (tuple, list)):
@@ -96,4 +115,6 @@ def convert_argv(
         if isinstance(beam_options, str):
             raise TypeError("beam_options is a mapping or a list of '--flag=value' strings, not one string")
         argv.extend(beam_options)
+    if "-h" in argv or "--help" in argv:  # The command line would print its help and exit 0.
+        raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
     return argv

@@ -4,10 +4,15 @@ user's own pipeline, and importing the packages costs no Beam or TensorFlow impo
 from __future__ import annotations
 
 import inspect
+import io
 import json
+import logging
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import apache_beam as beam
 import pytest
@@ -15,10 +20,10 @@ from apache_beam.runners.portability import fn_api_runner
 
 import beam_jobs
 from beam_jobs.api import convert_argv
-from beam_jobs.arguments import parse_job_arguments
+from beam_jobs.command_line.arguments import parse_job_arguments
+from beam_jobs.command_line.flags import help_parser
 from beam_jobs.config import ImageConfig
-from beam_jobs.flags import help_parser
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 # Flags of --help that are not keyword arguments: -h itself, and -v (log_level says it in words).
 _NOT_KEYWORDS = {"help", "verbosity"}
@@ -84,6 +89,22 @@ def test_the_call_parses_as_the_same_command_line_would():
         convert_argv({}, "--direct_num_workers=2")
 
 
+@pytest.mark.parametrize(
+    ("arguments", "beam_options", "message"),
+    [
+        ({"overwrite": "no"}, None, "overwrite must be True or False"),
+        ({"resume": 1}, None, "resume must be True or False"),
+        ({"image_size": True}, None, "image_size takes a value"),
+        ({"image_size": (64,)}, None, "a pair"),
+        ({}, ["--help"], "takes no --help"),
+        ({}, ["-h"], "takes no --help"),
+    ],
+)
+def test_values_the_command_line_could_not_express_are_refused_by_name(arguments, beam_options, message):
+    with pytest.raises(beam_jobs.UsageError, match=message):
+        convert_argv({"input": "/p", "output_dir": "/o", **arguments}, beam_options)
+
+
 def test_importing_the_packages_imports_neither_beam_nor_tensorflow():
     code = (
         "import sys, beam_jobs, tfdata_readers\nbeam_jobs.convert; beam_jobs.UsageError\n"
@@ -107,14 +128,29 @@ def _shard_bytes(out: pathlib.Path) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_convert_returns_the_manifest_and_writes_what_the_command_line_writes(tmp_path, photo_tree):
     root, good, broken = photo_tree
-    info = beam_jobs.convert(
-        str(root),
-        output_dir=str(tmp_path / "api"),
-        image_size=(40, 32),
-        splits={"train": 0.75, "validation": 0.25},
-        max_bad_fraction=0.5,
-        beam_options={"direct_num_workers": 2},
-    )
+    # The caller's own logging (a notebook's, an application's) is as it was after the call.
+    root_logger = logging.getLogger()
+    mine = logging.StreamHandler(io.StringIO())
+    mine.setFormatter(logging.Formatter("mine: %(message)s"))
+    before = (list(root_logger.handlers), root_logger.level)
+    root_logger.addHandler(mine)
+    root_logger.setLevel(logging.INFO)
+    try:
+        info = beam_jobs.convert(
+            str(root),
+            output_dir=str(tmp_path / "api"),
+            image_size=(40, 32),
+            splits={"train": 0.75, "validation": 0.25},
+            max_bad_fraction=0.5,
+            beam_options={"direct_num_workers": 2},
+        )
+        assert root_logger.handlers == [*before[0], mine] and root_logger.level == logging.INFO
+        assert mine.formatter._fmt == "mine: %(message)s" and not mine.filters
+        logging.getLogger("after").info("still mine")
+        assert "mine: still mine" in mine.stream.getvalue()
+    finally:
+        root_logger.removeHandler(mine)
+        root_logger.setLevel(before[1])
     assert info == json.loads((tmp_path / "api" / "dataset_info.json").read_text())
     assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
     assert info["num_dead_letters"] == len(broken)
@@ -142,27 +178,33 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
     rows with uri and label, relative to rows_root; a bad row is a dead letter, not a failure."""
     root, good, _ = photo_tree
     rows = [{"uri": str(pathlib.Path(p).relative_to(root)), "label": pathlib.Path(p).parent.name} for p in good]
-    rows.append({"uri": "nowhere/missing.jpg", "label": ""})  # a blank label: refused by the naming policy
+    bad_rows = [
+        {"uri": "nowhere/missing.jpg", "label": ""},  # a blank label: refused by the naming policy
+        {"uri": rows[0]["uri"], "label": b"cat"},  # bytes: str() would make a class named "b'cat'"
+        "cat/1.jpg",  # not a mapping
+        None,
+    ]
     with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
         info = (
             pipeline
-            | "Rows" >> beam.Create(rows)
+            | "Rows" >> beam.Create([*rows, *bad_rows])
             | beam_jobs.ConvertImages(
                 rows_root=str(root),
                 output_dir=str(tmp_path / "out"),
                 image_config=ImageConfig(width=32, height=32),
                 split_fractions={"train": 0.5, "validation": 0.5},
-                max_bad_fraction=0.1,
+                max_bad_fraction=0.2,
             )
         )
         _ = info | beam.Map(lambda i: None)
     written = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
     assert sum(s["num_examples"] for s in written["splits"].values()) == len(good)
-    assert written["num_dead_letters"] == 1
+    assert written["num_dead_letters"] == len(bad_rows)
+    assert written["dead_letters_by_reason"] == {"bad_label": 1, "bad_manifest_row": 3}
     assert sorted(written["label_names"]) == sorted({pathlib.Path(p).parent.name for p in good})
     # The same rows written as an input list make the same shards: one set of rules for both.
     listing = tmp_path / "list.csv"
-    listing.write_text("uri,label\n" + "".join(f"{root / r['uri']},{r['label']}\n" for r in rows[:-1]))
+    listing.write_text("uri,label\n" + "".join(f"{root / r['uri']},{r['label']}\n" for r in rows))
     run_cli(
         "--manifest",
         listing,
@@ -185,3 +227,45 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
 def test_convert_images_takes_one_source():
     with pytest.raises(ValueError, match="exactly one of input_root"):
         beam_jobs.ConvertImages(output_dir="/tmp/x", input_root="/a", rows_root="/b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_path, photo_tree, signum):
+    """As on the command line: the call raises KeyboardInterrupt within seconds, what the run wrote
+    is gone, and the version before it is the current one, whole. The signal goes to the calling
+    process only (not its workers' group), as a notebook's interrupt or a scheduler's stop does."""
+    root = photo_tree[0]
+    out = tmp_path / "out"
+    run_cli("--input", root, "--output_dir", out, "--image_size", "32", "--max_bad_fraction", "0.5")
+    committed = (out / "dataset_info.json").read_bytes()
+    script = tmp_path / "call.py"
+    script.write_text(
+        "import sys\nimport beam_jobs\ntry:\n"
+        f"    beam_jobs.convert({str(root)!r}, output_dir={str(out)!r}, image_size=48, overwrite=True,\n"
+        "                      max_bad_fraction=0.5, isolation='all', beam_options={'direct_num_workers': 2})\n"
+        "except KeyboardInterrupt:\n    print('INTERRUPTED', flush=True)\n    sys.exit(3)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((out / "shards").iterdir())) < 2:  # the new run's folder: it has started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3 and "INTERRUPTED" in stdout, stderr[-3000:]
+    assert (out / "dataset_info.json").read_bytes() == committed
+    assert not (out / ".images-to-tfrecords.lock").exists()
+    assert len(list((out / "shards").iterdir())) == 1, sorted(p.name for p in (out / "shards").rglob("*"))

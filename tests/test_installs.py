@@ -106,8 +106,18 @@ def test_converting_needs_no_tensorflow_and_the_reader_says_how_to_get_it(photo_
     assert verify.returncode == 2
     assert verify.stderr.strip().splitlines() == [
         "python -m tfdata_readers.verify: error: this command needs TensorFlow, which the reader's extra installs: "
-        "pip install 'images-to-tfrecords[read]' (or install your own TensorFlow build, 2.21 or later)"
+        "pip install 'images-to-tfrecords[read]' (from a clone: pip install '.[read]'), or install your own "
+        "TensorFlow build, 2.21 or later"
     ]
+    train = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "train_mirrored.py"), "--data_dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=without_tensorflow,
+        cwd=tmp_path,
+    )
+    assert train.returncode == 2 and "needs TensorFlow" in train.stderr and "Traceback" not in train.stderr
     library = subprocess.run(
         [sys.executable, "-c", "import tfdata_readers as tr\ntr.make_dataset"],
         capture_output=True,

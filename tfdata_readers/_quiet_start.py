@@ -25,7 +25,7 @@ __all__ = [
 
 MISSING_TENSORFLOW = (
     "needs TensorFlow, which the reader's extra installs: pip install 'images-to-tfrecords[read]' "
-    "(or install your own TensorFlow build, 2.21 or later)"
+    "(from a clone: pip install '.[read]'), or install your own TensorFlow build, 2.21 or later"
 )
 
 COMMAND_MODULES = ("tfdata_readers.verify", "tfdata_readers.inspect")
