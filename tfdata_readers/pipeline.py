@@ -487,4 +487,4 @@ def make_dataset(
             f"sharding loses the pieces it was reading (fewer examples); static sharding reads its whole part again "
             f"when it restarts (more). These results are not exactly once: run the evaluation again. Delivered:",
         )
-    return dataset.prefetch(config.prefetch).with_options(options)
+    return dataset.prefetch(config.prefetch).with_options(tf_options)
