@@ -287,10 +287,9 @@ def make_dataset(
     service = config.data_service
     sharding = None
     if service:
+        wanted = _service_sharding(config, training)  # refuses what cannot hold, before any connection
         workers = data_service.check_dispatcher(service, config.data_service_timeout_s)
-        sharding = _static_or_fallback(
-            config, _service_sharding(config, training), len(share.pieces), len(workers), split, data_dir
-        )
+        sharding = _static_or_fallback(config, wanted, len(share.pieces), len(workers), split, data_dir)
         data_service.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
 
     image = info.image
