@@ -10,6 +10,7 @@ Beam until it is used, so ``import beam_jobs`` stays instant.
 
 from __future__ import annotations
 
+import importlib
 import logging as _logging
 from typing import TYPE_CHECKING
 
@@ -24,18 +25,18 @@ __version__ = "0.1.0"
 __all__ = ["ConvertImages", "ImageConfig", "UsageError", "__version__", "convert"]
 
 
+# Imported from their modules when first asked for (PEP 562), as tfdata_readers does:
+# ConvertImages imports Beam (through pipeline.py), ImageConfig the image modules.
+_HOMES = {"ConvertImages": "pipeline", "ImageConfig": "config"}
+
+
 def __getattr__(name: str):
-    """``beam_jobs.ConvertImages`` imports Beam (through pipeline.py), and ``beam_jobs.ImageConfig``
-    the image modules, when first asked for."""
-    if name == "ConvertImages":
-        from beam_jobs.pipeline import ConvertImages  # pylint: disable=import-outside-toplevel
-
-        return ConvertImages
-    if name == "ImageConfig":
-        from beam_jobs.config import ImageConfig  # pylint: disable=import-outside-toplevel
-
-        return ImageConfig
-    raise AttributeError(f"module 'beam_jobs' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'beam_jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"beam_jobs.{home}"), name)
+    globals()[name] = value  # Once imported, an ordinary attribute.
+    return value
 
 
 class _WithoutGcpExtraNotice(_logging.Filter):

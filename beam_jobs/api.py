@@ -93,24 +93,16 @@ def convert_argv(
             raise UsageError(f"{name} must be True or False (got {value!r})")
         if name not in switches and isinstance(value, bool):
             raise UsageError(f"{name} takes a value, not {value!r}")
-        if value is None or value is False:
-            continue  # None: the flag's default; False: a switch left off.
-        if value is True:
-            argv.append(f"--{name}")
-            continue
         if name == "image_size" and isinstance(value, (tuple, list)) and len(value) != 2:
             raise UsageError(f"image_size is a size (224) or a pair (width, height), not {value!r}")
         if name == "splits" and isinstance(value, Mapping):
             value = ",".join(f"{split}={fraction}" for split, fraction in value.items())
         elif name == "image_size" and isinstance(value, (tuple, list)):
             value = "x".join(str(side) for side in value)
-        argv.append(f"--{name}={value}")
+        argv += _as_flag(name, value)
     if isinstance(beam_options, Mapping):
         for name, value in beam_options.items():
-            if value is True:
-                argv.append(f"--{name}")
-            elif value is not None and value is not False:
-                argv.append(f"--{name}={value}")
+            argv += _as_flag(name, value)
     elif beam_options is not None:
         if isinstance(beam_options, str):
             raise TypeError("beam_options is a mapping or a list of '--flag=value' strings, not one string")
@@ -118,3 +110,11 @@ def convert_argv(
     if "-h" in argv or "--help" in argv:  # The command line would print its help and exit 0.
         raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
     return argv
+
+
+def _as_flag(name: str, value: Any) -> list[str]:
+    """One keyword as the command line writes it: None is the flag's default and False a switch
+    left off (nothing), True a switch given, anything else ``--name=value``."""
+    if value is None or value is False:
+        return []
+    return [f"--{name}"] if value is True else [f"--{name}={value}"]

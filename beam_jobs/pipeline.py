@@ -33,6 +33,7 @@ from beam_jobs.command_line.arguments import (
     expand_verbosity,
     help_parser,
     parse_job_arguments,
+    run_settings,
 )
 from beam_jobs.command_line.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
 from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
@@ -191,17 +192,16 @@ class ConvertImages(beam.PTransform):
         self._num_shards = num_shards
         self._target_shard_bytes = target_shard_bytes
         self._max_bad_fraction = max_bad_fraction
-        # What the command line records as its settings (part of the run's fingerprint).
         self._settings = (
             settings
             if settings is not None
-            else {
-                "splits": split_fractions,
-                "split_rule": split_rule,
-                "num_shards": num_shards or 0,
-                "target_shard_mb": target_shard_bytes / 2**20,
-                "dedup": dedup,
-            }
+            else run_settings(
+                split_fractions=split_fractions,
+                split_rule=split_rule,
+                num_shards=num_shards or 0,
+                target_shard_mb=target_shard_bytes / 2**20,
+                dedup=dedup,
+            )
         )
         self._dedup = dedup
         self._resume = resume

@@ -26,7 +26,15 @@ from beam_jobs.errors import UsageError
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE
 
-__all__ = ["JobArguments", "UsageError", "expand_verbosity", "help_parser", "main", "parse_job_arguments"]
+__all__ = [
+    "JobArguments",
+    "UsageError",
+    "expand_verbosity",
+    "help_parser",
+    "main",
+    "parse_job_arguments",
+    "run_settings",
+]
 
 
 class _RaisingParser(_BeamArgumentParser):
@@ -151,13 +159,33 @@ class JobArguments:
     @property
     def settings(self) -> dict:
         """The settings besides ImageConfig that shape the output (part of the run fingerprint)."""
-        return {
-            "splits": self.split_fractions,
-            "split_rule": self.split_rule,
-            "num_shards": self.num_shards,
-            "target_shard_mb": self.target_shard_mb,
-            "dedup": self.dedup,
-        }
+        return run_settings(
+            split_fractions=self.split_fractions,
+            split_rule=self.split_rule,
+            num_shards=self.num_shards,
+            target_shard_mb=self.target_shard_mb,
+            dedup=self.dedup,
+        )
+
+
+def run_settings(
+    *,
+    split_fractions: dict[str, float] | None,
+    split_rule: str,
+    num_shards: int | None,
+    target_shard_mb: float,
+    dedup: str,
+) -> dict:
+    """The settings besides ImageConfig that shape the output, as dataset_info.json records them and
+    the run fingerprint hashes them: one shape for the command line and for ConvertImages, so that
+    the same settings given either way make the same fingerprint (and --resume keeps the shards)."""
+    return {
+        "splits": split_fractions,
+        "split_rule": split_rule,
+        "num_shards": num_shards,
+        "target_shard_mb": target_shard_mb,
+        "dedup": dedup,
+    }
 
 
 def absolute_uri(path: str) -> str:

@@ -43,13 +43,11 @@ def snippets(text: str, *, page: str) -> list[Snippet]:
     number = 0
     while number < len(lines):
         opening = _FENCE.match(lines[number])
-        if not opening or not opening["info"].strip():
-            if opening:  # A bare fence: a block of plain text. Skip to its end.
-                number = _closing(lines, number, opening["fence"]) + 1
-                continue
+        if not opening:
             number += 1
             continue
-        info = opening["info"].strip().split()[0].strip("{}.").lower()
+        # A bare fence has the language "": neither run nor highlighted (a test refuses it).
+        info = opening["info"].strip().split()[0].strip("{}.").lower() if opening["info"].strip() else ""
         end = _closing(lines, number, opening["fence"])
         body = textwrap.dedent("\n".join(lines[number + 1 : end]))
         before = "\n".join(lines[max(0, number - 2) : number])

@@ -75,16 +75,7 @@ def test_blocks_not_run_are_few_and_say_why():
 
 def test_code_blocks_say_their_language():
     """A bare fence would be neither run nor highlighted: each block names bash, python or text."""
-    bare = []
-    for page in PAGES:
-        lines = page.read_text(encoding="utf-8").splitlines()
-        inside = False
-        for number, line in enumerate(lines, start=1):
-            stripped = line.strip()
-            if stripped.startswith("```"):
-                if not inside and stripped == "```":
-                    bare.append(f"{_page_id(page)}:{number}")
-                inside = not inside
+    bare = [s.where for s in _all_snippets() if not s.language]
     assert not bare, bare
 
 
@@ -120,7 +111,7 @@ def test_docs_assume_no_history(phrase):
 def test_snippet_reader_finds_blocks_and_marks():
     text = (
         "a\n<!-- not run: needs a cloud account -->\n```bash\ngcloud x\n```\n\n```python\nprint(1)\n```\n"
-        "```text\nout\n```\n  ```bash\n  echo indented\n  ```\n"
+        "```text\nout\n```\n  ```bash\n  echo indented\n  ```\n```\nbare\n```\n"
     )
     found = snippets(text, page="p.md")
     assert [(s.language, s.runs, s.line) for s in found] == [
@@ -128,6 +119,7 @@ def test_snippet_reader_finds_blocks_and_marks():
         ("python", True, 7),
         ("text", False, 10),
         ("bash", True, 13),
+        ("", False, 16),
     ]
     assert found[0].not_run == "needs a cloud account" and found[3].code == "echo indented\n"
 
