@@ -75,9 +75,11 @@ class ImageConfig:
 
     @property
     def format_name(self) -> str:
+        """The encoding as each Example's image/format feature and dataset_info.json name it ("JPEG", "PNG", "RAW")."""
         return FORMAT_NAMES[self.encoding]
 
     def to_json(self) -> dict:
+        """The settings as dataset_info.json records them and the run fingerprint hashes them."""
         # As --image_size takes it (WIDTHxHEIGHT); a [height, width] list read the other way round.
         return {**asdict(self), "image_size": f"{self.width}x{self.height}"}
 

@@ -14,8 +14,9 @@ import socket
 import sys
 import traceback
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
+from typing import TYPE_CHECKING, TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -56,7 +57,7 @@ from beam_jobs.listing.policy import ignored_note
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
-from beam_jobs.records import InputFile
+from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
@@ -85,6 +86,9 @@ from beam_jobs.writing.finalize import (
 from beam_jobs.writing.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
 from beam_jobs.writing.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
 
+if TYPE_CHECKING:
+    from apache_beam.runners.runner import PipelineResult
+
 __all__ = ["ConvertImages", "main", "run"]
 
 _LOG = logging.getLogger("beam_jobs")
@@ -93,7 +97,7 @@ _LOG = logging.getLogger("beam_jobs")
 _DETAILS = logging.getLogger("beam_jobs.details")
 
 
-def _with_content_hash(item, *, max_file_bytes: int):
+def _with_content_hash(item: InputFile | DeadLetter, *, max_file_bytes: int) -> InputFile | DeadLetter:
     """For --dedup=content: the sha256 of each input's bytes, before planning (unreadable inputs
     keep None and are dead-lettered by the conversion as usual)."""
     if not isinstance(item, InputFile):
@@ -105,7 +109,7 @@ def _with_content_hash(item, *, max_file_bytes: int):
     return dataclasses.replace(item, content_sha256=hashlib.sha256(data).hexdigest())
 
 
-def _duplicate_groups(keyed):
+def _duplicate_groups(keyed: tuple[str, Iterable[tuple[str, str]]]) -> list[dict]:
     return content_duplicate_groups([keyed])
 
 
@@ -209,7 +213,9 @@ class ConvertImages(beam.PTransform):
         self._tree_layout = tree_layout
         self._plan_only = plan_only
 
-    def expand(self, pipeline):
+    def expand(self, pipeline: beam.pvalue.PBegin | beam.PCollection) -> beam.PCollection:
+        """Wires the job's steps, from the listing to the one commit: its one element is the dataset_info.json
+        committed (with ``plan_only``, the plan.json written)."""
         config = self._config
         output_dir = self._output_dir
         # Everything the conversion writes goes into the run's own folder (run_folders.py).
@@ -221,6 +227,7 @@ class ConvertImages(beam.PTransform):
         elif self._rows_root is not None:
             listed = pipeline | "ListRows" >> ListRows(self._rows_root, allow_outside_root=self._allow_outside_root)
         else:
+            assert self._input_list is not None, "__init__ takes exactly one of the three sources"
             listed = pipeline | "ListInputList" >> ListInputList(
                 self._input_list, allow_outside_root=self._allow_outside_root, with_ignored=True
             )
@@ -237,6 +244,7 @@ class ConvertImages(beam.PTransform):
         base = self._expected.manifest if append and self._expected is not None else None
         held = None
         if base is not None:
+            assert self._expected is not None, "base is the manifest of the version appended to"
             held = (
                 pipeline
                 | "HeldShards" >> beam.Create(held_sidecars(base))
@@ -287,6 +295,7 @@ class ConvertImages(beam.PTransform):
             # dict: plan.json as written, plus its one-line summary
         plan_summary, shards = planned[PLAN_SUMMARY], planned["shards"]
         if base is not None:
+            assert self._expected is not None, "base is the manifest of the version appended to"
             changes = (
                 planned[PLAN_CHANGES]
                 | "CountSourceChanges" >> beam.CombineGlobally(SourceChangesFn())
@@ -722,7 +731,7 @@ def _write_stderr(text: str) -> None:
     _write_to(sys.stderr, text)
 
 
-def _write_to(stream, text: str) -> None:
+def _write_to(stream: TextIO, text: str) -> None:
     try:
         stream.write(text)
         stream.flush()
@@ -910,7 +919,7 @@ def _watch(
     return watcher.start(), display
 
 
-def _log_counters(result) -> None:
+def _log_counters(result: PipelineResult) -> None:
     """Logs the job's Beam counters, the same figures a cluster runner's UI shows."""
     try:
         counters = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]

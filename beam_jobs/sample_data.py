@@ -102,6 +102,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The ``python -m beam_jobs.sample_data`` command: writes a sample tree and says how many photos it holds."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", help="folder to create the <class>/<image>.jpg tree in")
     parser.add_argument("--num_images", type=int, default=200)

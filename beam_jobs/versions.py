@@ -494,6 +494,7 @@ def _run(arguments: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The versions command line: exit 1 when another run holds the folder or a commit lost a race, 2 for bad input."""
     arguments = _parser().parse_args(argv)
     _set_filesystem_options(arguments)
     try:

@@ -31,6 +31,7 @@ class EpochAudit:
 
     @property
     def ok(self) -> bool:
+        """Whether the epoch broke none of the rules: what a test or a distributed check asserts."""
         return not self.problems
 
 

@@ -170,6 +170,7 @@ def _start(args: argparse.Namespace):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Starts the dispatcher or worker the arguments name and serves until SIGTERM or SIGINT, then stops it cleanly."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:

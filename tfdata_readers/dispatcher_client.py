@@ -164,6 +164,7 @@ class DispatcherWatchdog:
                     return
 
     def stop(self) -> None:
+        """Ends the watch once reading is over: a dispatcher that stops afterwards no longer ends the process."""
         self._stop.set()
 
     def __enter__(self) -> DispatcherWatchdog:

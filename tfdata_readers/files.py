@@ -132,6 +132,7 @@ class PipelineShare:
 
     @property
     def num_examples(self) -> int:
+        """How many records this pipeline reads: the length of its range."""
         return self.stop - self.start
 
     def shards(self, split: SplitInfo) -> tuple[ShardInfo, ...]:

@@ -159,6 +159,7 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The inspect command: checks the arguments before TensorFlow is imported, then gathers and writes the report."""
     parser = _Parser(
         prog=PROG,
         description="Draw contact sheets and a class histogram of a converted dataset, read through "

@@ -107,6 +107,7 @@ class DatasetInfo:
             object.__setattr__(self, "manifest_path", os.path.join(self.data_dir, MANIFEST_NAME))
 
     def split(self, name: str) -> SplitInfo:
+        """The split called ``name``; a ValueError naming the splits there are, rather than a bare KeyError."""
         if name not in self.splits:
             raise ValueError(f"split {name!r} is not in {self.manifest_path}; expected one of {sorted(self.splits)}")
         return self.splits[name]

@@ -48,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The verify command: parses the arguments first, then imports TensorFlow and checks; returns the exit status."""
     args = parser().parse_args(argv)
     import_tensorflow_for_command(PROG)
     from tfdata_readers.verification import verify_command  # pylint: disable=import-outside-toplevel

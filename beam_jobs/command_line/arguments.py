@@ -150,10 +150,12 @@ class JobArguments:
 
     @property
     def source(self) -> str:
+        """Where the images come from, the root or the list file, for messages and the endpoint check."""
         return self.input_root or self.input_list or ""
 
     @property
     def target_shard_bytes(self) -> int:
+        """--target_shard_mb in bytes, at least one, the unit the shard planner counts in."""
         return max(1, int(self.target_shard_mb * 2**20))
 
     @property

@@ -48,6 +48,7 @@ class RelayedWorkerRecords(logging.Filter):
         self._drop_steps = tuple(drop_steps)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrites a relayed worker record in place as its own message; False drops a plan-step record."""
         if (
             record.name != _RELAY_LOGGER
             or record.msg != _RELAY_FORMAT
@@ -84,6 +85,7 @@ class TracebackFilter:
         self._state = "out"  # "out", "in" (inside a traceback), "after" (after an exception line)
 
     def keep(self, line: str) -> bool:
+        """Whether ``line`` passes: False for every line of a traceback, the lines that chain one included."""
         text = line.rstrip("\n")
         if self._state == "out":
             if text.startswith("Traceback (most recent call last):"):
@@ -136,6 +138,7 @@ class ConsoleFilter:
         self.muted = True
 
     def keep(self, line: str) -> bool:
+        """Whether ``line`` reaches the console: not once muted, not in a traceback, not harness chatter."""
         # interrupted(): the workers that the signal reached print their dying words before the
         # main thread's handler can mute the console.
         if self.muted or interrupted():

@@ -65,6 +65,7 @@ class Progress:
 
     @property
     def fraction(self) -> float:
+        """How much of the run is done, from 0 to 1: by images where the plan has any, else by shards."""
         if self.images_total:
             return min(1.0, self.images_done / self.images_total)
         return self.shards_done / self.shards_total if self.shards_total else 0.0
@@ -137,9 +138,11 @@ class StagingWatcher:
 
     @property
     def plan(self) -> dict | None:
+        """The plan step's progress file once it has been read, None until then."""
         return self._plan
 
     def start(self) -> StagingWatcher:
+        """Starts polling on the watcher's thread; returns the watcher, so that it can be built and started at once."""
         self._thread.start()
         return self
 
@@ -159,6 +162,7 @@ class StagingWatcher:
                 self._on_progress(done)
 
     def remove_progress_file(self) -> None:
+        """Deletes the run's progress file once the run is over, so that no hidden file of it stays in the output."""
         # delete_exactly: FileSystems.delete reads "[" or "*" in an output folder's name as a pattern.
         try:
             if FileSystems.exists(self._progress_path):
@@ -174,6 +178,7 @@ class StagingWatcher:
             self._stop.wait(max(self._interval_s, 5 * (time.monotonic() - began)))
 
     def poll(self) -> None:
+        """One look at the folder: reads the plan until it appears, then reports progress whenever it has changed."""
         try:
             if self._plan is None:
                 self._plan = _read_json(self._progress_path)

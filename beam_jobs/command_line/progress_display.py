@@ -15,6 +15,7 @@ __all__ = ["LineProgress", "TtyProgress", "format_duration", "progress_line"]
 
 
 def format_duration(seconds: float) -> str:
+    """Seconds as M:SS, or H:MM:SS from an hour on, as the progress line's elapsed time and ETA read."""
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
@@ -50,21 +51,25 @@ class LineProgress:
         self._tenths = 0
 
     def write(self, text: str) -> None:
+        """Writes ``text`` as one whole line, holding the console's lock so that no other line cuts into it."""
         with self._lock:
             self._out.write(text.rstrip("\n") + "\n")
             self._out.flush()
 
     def plan(self, line: str, progress: Progress) -> None:
+        """Called once the plan is known: writes the plan's line, then the progress so far."""
         self.write(line)
         self.update(progress)
 
     def update(self, progress: Progress) -> None:
+        """Writes a progress line only when another tenth is done, so that a log gets about ten of them."""
         tenths = int(progress.fraction * 10)
         if tenths > self._tenths:
             self._tenths = tenths
             self.write(progress_line(progress, elapsed_s=time.monotonic() - self._started))
 
     def close(self) -> None:
+        """Nothing to tear down: every line is complete once written. Here so that either display closes alike."""
         pass
 
 
@@ -93,6 +98,7 @@ class TtyProgress:
         self._kept = 0
 
     def write(self, text: str) -> None:
+        """Prints a console line above the bar (tqdm clears and redraws it), or plainly before the bar exists."""
         with self._lock:
             if self._bar is None:
                 self._out.write(text.rstrip("\n") + "\n")
@@ -101,6 +107,7 @@ class TtyProgress:
                 self._bar.write(text.rstrip("\n"), file=self._out)
 
     def plan(self, line: str, progress: Progress) -> None:
+        """Writes the plan's line and opens the bar on the plan's total of images."""
         self.write(line)
         with self._lock:
             self._kept = progress.images_kept
@@ -118,6 +125,7 @@ class TtyProgress:
         self.update(progress)
 
     def update(self, progress: Progress) -> None:
+        """Moves the bar to ``progress``: images kept by --resume count as done without entering the rate."""
         with self._lock:
             if self._bar is None:
                 return
@@ -136,6 +144,7 @@ class TtyProgress:
                 self._bar.refresh()
 
     def close(self) -> None:
+        """Closes the bar, leaving its last state on the terminal; later lines print plainly."""
         with self._lock:
             if self._bar is not None:
                 self._bar.close()

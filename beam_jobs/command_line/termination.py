@@ -9,8 +9,12 @@ import select
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    import types
 
 __all__ = ["Terminated", "interrupt_caught", "interrupted", "on_stuck", "sigterm_as_interrupt", "stop_child_processes"]
 
@@ -155,7 +159,7 @@ def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[No
     threading.excepthook = _quiet_after_interrupt(previous_hook)
     received = threading.Event()
 
-    def _handler(signum, frame):  # pylint: disable=unused-argument
+    def _handler(signum: int, frame: types.FrameType | None) -> None:  # pylint: disable=unused-argument
         if not received.is_set():
             received.set()
             raise Terminated()

@@ -13,8 +13,9 @@ import io
 import re
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TextIO
 
 import numpy as np
 import simplejpeg
@@ -105,7 +106,14 @@ def _pillow_checks(max_pixels: int) -> Iterator[list[bool]]:
     owner = threading.get_ident()
     shown_before = warnings.showwarning
 
-    def record_or_show(message, category, filename, lineno, file=None, line=None):
+    def record_or_show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         # catch_warnings(record=True) would record every thread's warnings while this one holds
         # the lock: a neighbour's would count as this image's, and be dropped unseen. Only this
         # thread's are this decode's; the others are shown as they would have been.
@@ -180,7 +188,7 @@ def decode_image(
     data: bytes,
     *,
     max_pixels: int,
-    draft_size_for=None,
+    draft_size_for: Callable[[tuple[int, int]], tuple[int, int]] | None = None,
 ) -> DecodedImage:
     """Decodes the first frame of ``data`` and applies its EXIF orientation.
 
@@ -198,7 +206,13 @@ def decode_image(
     return decoded
 
 
-def decode_rgb_pixels(data: bytes, *, max_pixels: int, normalize, draft_size_for=None) -> DecodedPixels:
+def decode_rgb_pixels(
+    data: bytes,
+    *,
+    max_pixels: int,
+    normalize: Callable[[Image.Image], Image.Image],
+    draft_size_for: Callable[[tuple[int, int]], tuple[int, int]] | None = None,
+) -> DecodedPixels:
     """decode_image's checks and result, as an H x W x 3 uint8 array.
 
     A JPEG in RGB or grayscale is decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's
@@ -233,7 +247,9 @@ class _Opened:
     events: list[str]
 
 
-def _open_for_decode(data: bytes, *, max_pixels: int, draft_size_for) -> _Opened:
+def _open_for_decode(
+    data: bytes, *, max_pixels: int, draft_size_for: Callable[[tuple[int, int]], tuple[int, int]] | None
+) -> _Opened:
     image = _open_allowed(data, max_pixels=max_pixels)
     events: list[str] = []
     source_format = image.format or "UNKNOWN"

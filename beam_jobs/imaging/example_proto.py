@@ -21,7 +21,7 @@ _F = descriptor_pb2.FieldDescriptorProto
 
 
 def _field(
-    message,
+    message: descriptor_pb2.DescriptorProto,
     name: str,
     number: int,
     kind: int,

@@ -197,6 +197,7 @@ class IsolatedRunner:
         raise DecoderStartupError("the isolated decoder process died twice before it could take a call")
 
     def __call__(self, function: Callable, *args):
+        """``function(*args)`` run in the child; BadInputError when the call timed out or the child died during it."""
         self.calls += 1
         pool, future = self._submit(function, args)
         try:
@@ -219,6 +220,7 @@ class IsolatedRunner:
             ) from None
 
     def close(self) -> None:
+        """Kills the child for good, at the worker's teardown; a call under way or later ends in WorkerShutdownError."""
         with self._lock:
             self._closed = True
         self._discard()

@@ -174,6 +174,7 @@ class SourceReaders:
                     raise _timed_out(self._timeout_s) from None
 
     def read_ahead(self, items: Iterable, read: Callable, *, window: int) -> Iterator:
+        """Yields (item, ``read(item)`` or its BadInputError) in the order of ``items``, reading ahead of the caller."""
         pending: collections.deque = collections.deque()
 
         def take():
@@ -191,5 +192,6 @@ class SourceReaders:
             yield take()
 
     def close(self) -> None:
+        """Asks the reader threads to end after the reads already queued: the converter's teardown."""
         for _ in range(self._threads):
             self._jobs.put(None)

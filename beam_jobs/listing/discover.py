@@ -66,7 +66,7 @@ def relative_filename(root: str, path: str) -> str:
     return path[len(root) :]
 
 
-def _listed_input(meta, *, root: str, allow_outside_root: bool) -> InputFile | DeadLetter:
+def _listed_input(meta: FileMetadata, *, root: str, allow_outside_root: bool) -> InputFile | DeadLetter:
     filename = relative_filename(root, meta.path)
     try:
         # For local trees this also catches a symlink inside the root that points out of it.
@@ -98,7 +98,8 @@ class ListTree(beam.PTransform):
         self._allow_outside_root = allow_outside_root
         self._with_ignored = with_ignored
 
-    def expand(self, pipeline):
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
+        """Lists the root's first level, spreads its folders over the workers, and sorts every entry found."""
         root, allow = self._root, self._allow_outside_root
         sorted_entries = (
             pipeline
@@ -120,7 +121,9 @@ class ListTree(beam.PTransform):
         return {LISTING: sorted_entries[LISTING], IGNORED: sorted_entries[IGNORED]}
 
 
-def _sort_entry(entry, *, root: str, allow_outside_root: bool):
+def _sort_entry(
+    entry: FileMetadata | DeadLetter | IgnoredEntry, *, root: str, allow_outside_root: bool
+) -> Iterator[InputFile | DeadLetter | beam.pvalue.TaggedOutput]:
     if isinstance(entry, DeadLetter):
         yield entry
     elif isinstance(entry, IgnoredEntry):
@@ -142,7 +145,7 @@ def _bad_row(where: str, detail: str) -> DeadLetter:
     return DeadLetter(where, Stage.LIST, Reason.BAD_MANIFEST_ROW, detail)
 
 
-def _has_undecodable(values) -> bool:
+def _has_undecodable(values: Iterable[object]) -> bool:
     # Text is decoded with surrogateescape, so bytes that are not UTF-8 show up as lone surrogates.
     return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
@@ -378,7 +381,7 @@ def _first_level(root: str, *, allow_outside_root: bool = False) -> list:
     return units
 
 
-def _list_unit(unit, *, allow_outside_root: bool = False) -> Iterable:
+def _list_unit(unit: str | FileMetadata | DeadLetter | IgnoredEntry, *, allow_outside_root: bool = False) -> Iterable:
     """The entries of one first-level unit: a folder's whole subtree, or the one decided entry."""
     if not isinstance(unit, str):
         return [unit]
@@ -457,7 +460,8 @@ class ListInputList(beam.PTransform):
         self._allow_outside_root = allow_outside_root
         self._root = input_list_root(self._list_uri)
 
-    def expand(self, pipeline):
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
+        """Expands the argument into its list files and reads each on a worker of its own, row by row."""
         listing = (
             pipeline
             | "InputListArgument" >> beam.Create([self._list_uri])
@@ -473,7 +477,7 @@ class ListInputList(beam.PTransform):
         return {LISTING: listing, IGNORED: pipeline | "NothingIgnored" >> beam.Create([])}
 
 
-def row_to_input(row, *, root: str, allow_outside_root: bool = False) -> InputFile | DeadLetter:
+def row_to_input(row: object, *, root: str, allow_outside_root: bool = False) -> InputFile | DeadLetter:
     """One row of a user's PCollection (a dict, or a ``beam.Row``, with uri, label and optionally
     split) as an input, by the same rules as a line of an input list; a bad row is a dead letter
     named by its uri."""
@@ -499,7 +503,8 @@ class ListRows(beam.PTransform):
         self._root = root
         self._allow_outside_root = allow_outside_root
 
-    def expand(self, rows):
+    def expand(self, rows: beam.PCollection) -> dict[str, beam.PCollection]:
+        """Turns each row into an input or a dead letter; IGNORED stays empty, as no row is left out on purpose."""
         listing = rows | "RowsToInputs" >> beam.Map(
             row_to_input, root=self._root, allow_outside_root=self._allow_outside_root
         )

@@ -15,8 +15,15 @@ fails there, not on a user's cluster. Other schemes return None: the caller list
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
+
+if TYPE_CHECKING:
+    from apache_beam.io.aws.s3filesystem import S3FileSystem
+    from apache_beam.io.gcp.gcsfilesystem import GCSFileSystem
 
 __all__ = ["list_one_level"]
 
@@ -29,7 +36,7 @@ def _split(root: str) -> tuple[str, str, str]:
     return scheme, bucket, prefix
 
 
-def _gcs_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[FileMetadata]]:
+def _gcs_level(filesystem: GCSFileSystem, bucket: str, prefix: str) -> tuple[list[str], list[FileMetadata]]:
     client = filesystem._gcsIO().client  # google.cloud.storage.Client, see the module docstring
     blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
     files = [
@@ -42,7 +49,7 @@ def _gcs_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[Fi
     return folders, files
 
 
-def _s3_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[FileMetadata]]:
+def _s3_level(filesystem: S3FileSystem, bucket: str, prefix: str) -> tuple[list[str], list[FileMetadata]]:
     from apache_beam.io.aws import s3io  # the [aws] extra; only reached for s3:// roots
 
     boto = s3io.S3IO(options=filesystem._options).client.client  # a boto3 S3 client
@@ -57,7 +64,12 @@ def _s3_level(filesystem, bucket: str, prefix: str) -> tuple[list[str], list[Fil
     return folders, files
 
 
-_LISTERS = {"gs": _gcs_level, "s3": _s3_level}
+# Each takes the filesystem Beam registers for its scheme (GCSFileSystem, S3FileSystem), which no
+# one type of a dict's values can tell apart: Any.
+_LISTERS: dict[str, Callable[[Any, str, str], tuple[list[str], list[FileMetadata]]]] = {
+    "gs": _gcs_level,
+    "s3": _s3_level,
+}
 
 
 def list_one_level(root: str) -> tuple[list[str], list[FileMetadata]] | None:

@@ -81,6 +81,7 @@ def stable_fraction(filename: str, purpose: str = "split") -> float:
 
 
 def shard_file_name(split: str, index: int, num_shards: int) -> str:
+    """The shard's name, "<split>-SSSSS-of-NNNNN.tfrecord": it tells readers its split and how many shards that has."""
     return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
 
 
@@ -95,6 +96,7 @@ class ShardPlan:
 
     @property
     def file_name(self) -> str:
+        """The shard's file name in the output folder, from its split, index and the split's shard count."""
         return shard_file_name(self.split, self.index, self.num_shards)
 
 
@@ -109,10 +111,12 @@ class DatasetPlan:
     warnings: tuple[str, ...] = field(default=())
 
     def num_shards(self, split: str) -> int:
+        """How many shards the plan gives ``split`` (0 for a split it does not have)."""
         return sum(1 for shard in self.shards if shard.split == split)
 
     @property
     def split_names(self) -> tuple[str, ...]:
+        """The splits that have at least one shard, sorted."""
         return tuple(sorted({shard.split for shard in self.shards}))
 
 
@@ -486,6 +490,7 @@ def plan_warnings(
 
 
 def estimate_example_bytes(*, width: int, height: int, channels: int, encoding: str) -> int:
+    """A serialised Example's likely size, so that shards can be counted before anything is encoded."""
     return int(width * height * channels * _BYTES_PER_VALUE[encoding]) + _RECORD_OVERHEAD_BYTES
 
 

@@ -16,7 +16,7 @@ inputs of their bucket with CoGroupByKey.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
 import apache_beam as beam
@@ -58,7 +58,7 @@ PLAN_CHANGES = "plan_changes"
 _INPUTS = "inputs"
 
 
-def compare_with_held(group, *, state_of) -> Iterable:
+def compare_with_held(group: tuple[str, Mapping[str, Iterable]], *, state_of: Callable[[InputFile], list]) -> Iterable:
     """(uri, {"listed": [InputFile], "held": [state]}) -> the new inputs (main output) and the
     changes (PLAN_CHANGES): --append converts only what the current version does not hold.
 
@@ -81,7 +81,7 @@ def compare_with_held(group, *, state_of) -> Iterable:
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", uri))
 
 
-def _differs(listed: InputFile, held: dict, state_of) -> bool:
+def _differs(listed: InputFile, held: dict, state_of: Callable[[InputFile], list]) -> bool:
     """Whether a listed input is not what the version holds of it: another source state (size,
     modification time), another label, or another split where the listing names one (a split
     the plan would assign is the one it was assigned: old inputs never move)."""
@@ -96,10 +96,12 @@ class SourceChangesFn(beam.CombineFn):
 
     SHOWN = 10
 
-    def create_accumulator(self):
+    def create_accumulator(self) -> dict:
+        """No input seen yet: nothing held, no change found."""
         return {"held": 0, "changed": [0, []], "removed": [0, []]}
 
-    def add_input(self, accumulator, element):
+    def add_input(self, accumulator: dict, element: tuple[str, str]) -> dict:
+        """Counts one held input or one change, keeping only the first few changed uris in sorted order."""
         kind, uri = element
         if kind == "held":
             accumulator["held"] += 1
@@ -108,7 +110,8 @@ class SourceChangesFn(beam.CombineFn):
             accumulator[kind] = [count + 1, sorted([*shown, uri])[: self.SHOWN]]
         return accumulator
 
-    def merge_accumulators(self, accumulators):
+    def merge_accumulators(self, accumulators: Iterable[dict]) -> dict:
+        """Adds up the counts of several workers, and keeps the first few uris of each change of them all."""
         merged = self.create_accumulator()
         for accumulator in accumulators:
             merged["held"] += accumulator["held"]
@@ -119,7 +122,8 @@ class SourceChangesFn(beam.CombineFn):
                 ]
         return merged
 
-    def extract_output(self, accumulator):
+    def extract_output(self, accumulator: dict) -> dict:
+        """The counts and the uris shown as flat keys, the shape check_source_changes and the plan report read."""
         return {
             "held": accumulator["held"],
             "changed": accumulator["changed"][0],
@@ -129,7 +133,7 @@ class SourceChangesFn(beam.CombineFn):
         }
 
 
-def _route(item):
+def _route(item: InputFile | DeadLetter) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
     """InputFile to the main output, DeadLetter to the dead letters."""
     if isinstance(item, DeadLetter):
         yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item)
@@ -145,32 +149,39 @@ class _TreeFactsFn(beam.CombineFn):
     """(depths of the images, top folders of three-level images): what decides a tree's layout,
     small whatever the tree (one entry per depth and per top folder)."""
 
-    def create_accumulator(self):
+    def create_accumulator(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
-    def add_input(self, accumulator, element):
+    def add_input(
+        self, accumulator: tuple[set[int], set[str]], element: tuple[set[int], set[str]]
+    ) -> tuple[set[int], set[str]]:
         accumulator[0].update(element[0])
         accumulator[1].update(element[1])
         return accumulator
 
-    def merge_accumulators(self, accumulators):
-        depths, tops = set(), set()
+    def merge_accumulators(self, accumulators: Iterable[tuple[set[int], set[str]]]) -> tuple[set[int], set[str]]:
+        depths: set[int] = set()
+        tops: set[str] = set()
         for d, t in accumulators:
             depths |= d
             tops |= t
         return depths, tops
 
-    def extract_output(self, accumulator):
+    def extract_output(self, accumulator: tuple[set[int], set[str]]) -> tuple[set[int], set[str]]:
         return accumulator
 
 
-def _apply_layout(f: InputFile, facts, *, layout: str):
+def _apply_layout(
+    f: InputFile, facts: tuple[set[int], set[str]], *, layout: str
+) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
     depths, tops = facts
     item = label_from_tree(f, with_split=tree_reads_splits(depths, tops, layout), depths=depths, tops=tops)
     yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item) if isinstance(item, DeadLetter) else item
 
 
-def _kept_by_path(group, *, dedup: str):
+def _kept_by_path(
+    group: tuple[str, Iterable[InputFile]], *, dedup: str
+) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
     filename, rows = group
     kept, dead = resolve_same_path(filename, rows)
     for letter in dead:
@@ -179,7 +190,7 @@ def _kept_by_path(group, *, dedup: str):
         yield kept
 
 
-def _kept_by_content(group):
+def _kept_by_content(group: tuple[str, Iterable[InputFile]]) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
     sha256, rows = group
     kept, dead = resolve_same_content(sha256, rows)
     for letter in dead:
@@ -191,7 +202,7 @@ def _with_hash_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFi
     return assign_splits_by_hash([f], fractions)[0]
 
 
-def _merged_folders(facts, *, layout: str) -> dict[str, list[str]]:
+def _merged_folders(facts: tuple[set[int], set[str]], *, layout: str) -> dict[str, list[str]]:
     depths, tops = facts
     return merged_split_folders(tops) if tree_reads_splits(depths, tops, layout) else {}
 
@@ -201,14 +212,14 @@ def _split_counts(class_sizes: list[tuple[str, int]], *, fractions: Mapping[str,
     return stratified_counts(dict(class_sizes), fractions)
 
 
-def _class_bucket_offsets(group):
+def _class_bucket_offsets(group: tuple[str, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[str, int], int]]:
     """((label, bucket), offset) for each bucket of one class: at most NUM_BUCKETS counts."""
     label, counts = group
     for bucket, offset in bucket_offsets(dict(counts)).items():
         yield (label, bucket), offset
 
 
-def _split_bucket(group, split_counts: dict):
+def _split_bucket(group: tuple[tuple[str, int], Mapping[str, Iterable]], split_counts: dict) -> Iterator[InputFile]:
     """Gives the inputs of one (class, bucket) their splits: rank in the class's hash order =
     bucket offset + rank inside the bucket, and the ranks fill the class's split counts in turn."""
     (label, _), joined = group
@@ -227,10 +238,15 @@ class _AssignSplits(beam.PTransform):
         self._fractions = dict(fractions)
         self._rule = rule
 
-    def expand(self, inputs):
+    def expand(self, inputs: beam.PCollection) -> beam.PCollection:
         if self._rule == "hash":
             return inputs | "SplitByHash" >> beam.Map(_with_hash_split, fractions=self._fractions)
-        given, unsplit = inputs | "HasSplit" >> beam.Partition(lambda f, _: 0 if f.split is not None else 1, 2)
+        # The ignores here and in PlanShards: Beam's type comment asks Partition for a PartitionFn, though it
+        # wraps a plain function itself.
+        given, unsplit = inputs | "HasSplit" >> beam.Partition(
+            lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]
+            2,
+        )
         split_counts = (
             unsplit
             | "KeyByLabel" >> beam.Map(lambda f: (f.label or "", 1))
@@ -264,7 +280,13 @@ def _bucket_key(f: InputFile) -> tuple[str, int]:
     return f.split, bucket_of(shard_digest(f.filename))
 
 
-def _layout(counts: Iterable[tuple[tuple[str, int], int]], *, num_shards, example_bytes, target_shard_bytes) -> dict:
+def _layout(
+    counts: Iterable[tuple[tuple[str, int], int]],
+    *,
+    num_shards: int | None,
+    example_bytes: int,
+    target_shard_bytes: int,
+) -> dict:
     """{split: {"count", "num_shards", "offsets": {bucket: offset}}} from per-(split, bucket) counts."""
     by_split: dict[str, dict[int, int]] = collections.defaultdict(dict)
     for (split, bucket), count in counts:
@@ -282,18 +304,21 @@ def _layout(counts: Iterable[tuple[tuple[str, int], int]], *, num_shards, exampl
     return layout
 
 
-def _rank_bucket(group, layout: dict, label_names: tuple[str, ...]):
+def _rank_bucket(
+    group: tuple[tuple[str, int], Iterable[InputFile]], layout: dict, label_names: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, int], tuple[int, InputFile]]]:
     """Places one bucket's inputs: global rank = bucket offset + rank by digest inside the bucket."""
     (split, bucket), members = group
     split_layout = layout[split]
     label_ids = {name: index for index, name in enumerate(label_names)}
     ordered = sorted(members, key=lambda f: shard_digest(f.filename))
     for index, f in enumerate(ordered):
+        assert f.label is not None, "every planned input has its label"
         shard, position = place_in_shard(split_layout["offsets"][bucket] + index, split_layout["num_shards"])
         yield (split, shard), (position, replace(f, label_id=label_ids[f.label]))
 
 
-def _to_shard_plan(group, layout: dict) -> ShardPlan:
+def _to_shard_plan(group: tuple[tuple[str, int], Iterable[tuple[int, InputFile]]], layout: dict) -> ShardPlan:
     (split, index), members = group
     ordered = tuple(f for _, f in sorted(members, key=lambda member: member[0]))
     return ShardPlan(split, index, layout[split]["num_shards"], ordered)
@@ -360,9 +385,9 @@ class PlanShards(beam.PTransform):
         target_shard_bytes: int,
         dedup: str,
         split_rule: str = DEFAULT_SPLIT_RULE,
-        held=None,
+        held: beam.PCollection | None = None,
         known_labels: tuple[str, ...] = (),
-        state_of=None,
+        state_of: Callable[[InputFile], list] | None = None,
     ) -> None:
         super().__init__()
         # --append: the inputs the current version holds ((uri, state) PCollection), and its label
@@ -381,7 +406,9 @@ class PlanShards(beam.PTransform):
         self._target_shard_bytes = target_shard_bytes
         self._dedup = dedup
 
-    def expand(self, listing):
+    def expand(self, listing: beam.PCollection) -> dict[str, beam.PCollection]:
+        """Plans every listed input into its shard with global state of a few small elements only, and
+        gathers the dead letters of every planning step into one output."""
         num_listed = listing | "CountListed" >> beam.combiners.Count.Globally()
         routed = listing | "RouteListing" >> beam.FlatMap(_route).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
         inputs, dead = routed[_INPUTS], [routed[PLAN_DEAD_LETTERS]]
@@ -413,7 +440,8 @@ class PlanShards(beam.PTransform):
         dead.append(by_path[PLAN_DEAD_LETTERS])
         if self._dedup == "content":
             hashed, unhashed = inputs | "HashKnown" >> beam.Partition(
-                lambda f, _: 0 if f.content_sha256 is not None else 1, 2
+                lambda f, _: 0 if f.content_sha256 is not None else 1,  # type: ignore[arg-type]  # see _AssignSplits
+                2,
             )
             by_content = (
                 hashed

@@ -30,11 +30,15 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import JobError
+
+if TYPE_CHECKING:
+    from apache_beam.io.aws.s3filesystem import S3FileSystem
+    from apache_beam.io.gcp.gcsfilesystem import GCSFileSystem
 
 __all__ = [
     "COMMIT_LOCK_NAME",
@@ -176,7 +180,7 @@ class _LocalStore:
 class _GcsStore:
     """gs://: generations are GCS's own compare-and-swap; one upload carries the precondition."""
 
-    def __init__(self, filesystem) -> None:
+    def __init__(self, filesystem: GCSFileSystem) -> None:
         # google.cloud.storage.Client that Beam built from the pipeline options (see store_folders).
         self.client = filesystem._gcsIO().client  # pylint: disable=protected-access
 
@@ -228,7 +232,7 @@ _S3_CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequest
 class _S3Store:
     """s3://: one put_object with IfMatch / IfNoneMatch (S3's conditional writes)."""
 
-    def __init__(self, filesystem) -> None:
+    def __init__(self, filesystem: S3FileSystem) -> None:
         from apache_beam.io.aws import s3io  # pylint: disable=import-outside-toplevel  # Only with [aws].
 
         self.client = s3io.S3IO(options=filesystem._options).client.client  # pylint: disable=protected-access

@@ -8,7 +8,9 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from functools import partial
+from typing import BinaryIO
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -112,7 +114,7 @@ class _HashingWriter:
     """Counts and hashes the bytes of a shard while they are written, so the manifest's size and
     sha256 cost no second read."""
 
-    def __init__(self, handle) -> None:
+    def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
         self.sha256 = hashlib.sha256()
         self.bytes = 0
@@ -175,12 +177,14 @@ class ConvertShardFn(beam.DoFn):
         self._shards_resumed = counter("shards_resumed")
 
     def setup(self) -> None:
+        """Starts the worker's threads and its isolated decoder once, to serve every shard it converts."""
         self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="source-state")
         self._readers = SourceReaders(self._read_threads, timeout_s=self._read_timeout_s)
         self._converters = concurrent.futures.ThreadPoolExecutor(self._convert_threads, thread_name_prefix="convert")
         self._isolated = IsolatedRunner(timeout_s=self._config.decode_timeout_s)
 
     def teardown(self) -> None:
+        """Stops the threads and the decoder; a shard still converting then fails rather than staging part of itself."""
         self._tearing_down = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -247,7 +251,9 @@ class ConvertShardFn(beam.DoFn):
                 if conversion is not None:
                     conversion.cancel()
 
-    def process(self, shard: ShardPlan):
+    def process(self, shard: ShardPlan) -> Iterator[ShardResult | beam.pvalue.TaggedOutput]:
+        """Converts one shard into its file and sidecar (or, under --resume, keeps the one an earlier
+        run staged once it is verified), then yields its ShardResult, dead letters and content keys."""
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
         # The shard's final name, in this run's own folder: no committed version lists that folder
         # until the commit, so a reader never sees the file before the whole dataset is done.

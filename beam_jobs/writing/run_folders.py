@@ -51,6 +51,7 @@ def new_run_name(now: datetime.datetime | None = None) -> str:
 
 
 def is_run_name(name: str) -> bool:
+    """Whether a folder under shards/ is a run's (as new_run_name makes them), and not someone else's."""
     return bool(RUN_NAME.match(name))
 
 
@@ -60,6 +61,7 @@ def run_prefix(run: str) -> str:
 
 
 def run_dir(output_dir: str, run: str) -> str:
+    """The run's own folder, ``<output_dir>/shards/<run>``: where its shards are staged and stay once committed."""
     return FileSystems.join(output_dir, SHARDS_DIR, run)
 
 

@@ -104,6 +104,7 @@ def _locked(output_dir: str, path: str, holder: dict) -> OutputLockedError:
 
 
 def release_output_lock(path: str) -> None:
+    """Removes the run's lock file so that the next run may write; never fails the run that is ending."""
     try:
         delete_exactly([path])
     except Exception:  # Best effort: a leftover lock of a dead process on this host is taken over.

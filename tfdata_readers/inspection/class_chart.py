@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from tfdata_readers.inspection.text import caption_font, displayable
 
@@ -89,7 +89,7 @@ def chart_size(num_splits: int, num_classes: int) -> tuple[int, int]:
     return layout.width, layout.height
 
 
-def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
+def _fit(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont, width: int) -> str:
     """One drawable line, shortened at its end with an ellipsis until it fits `width`."""
     text = displayable(text, font)
     if draw.textlength(text, font=font) <= width:

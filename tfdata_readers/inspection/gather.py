@@ -49,6 +49,7 @@ class ShardRow:
 
     @property
     def verified(self) -> bool:
+        """Whether the shard passed every check: the table marks it verified, and the exit status counts it."""
         return not self.problems
 
 
@@ -99,6 +100,7 @@ class Inspection:
 
     @property
     def splits(self) -> list[str]:
+        """The dataset's split names in sorted order, the order every part of the report lists them in."""
         return sorted(self.info.splits)
 
 

@@ -86,12 +86,19 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     return caption_font(size)
 
 
-def _text_width(text: str, font) -> int:
+def _text_width(text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont) -> int:
     """Pixels that `text` takes on one line, as `_fit` would draw it."""
     return math.ceil(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(displayable(text, font), font=font))
 
 
-def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int, *, keep_start: bool = False) -> str:
+def _fit(
+    draw: ImageDraw.ImageDraw,
+    text: str,
+    font: ImageFont.ImageFont | ImageFont.FreeTypeFont,
+    width: int,
+    *,
+    keep_start: bool = False,
+) -> str:
     """`text`, shortened with an ellipsis until it fits: from the left by default, since the end of
     a path (the file name) is the part worth keeping; from the right with `keep_start`, for a
     title, whose start (the split and its count) is. Control characters and glyphs the font
