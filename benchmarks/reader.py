@@ -35,7 +35,7 @@ import _article_baselines as article  # noqa: E402
 from _charts import rate_chart  # noqa: E402
 
 import tfdata_readers  # noqa: E402
-from tfdata_readers.decode import to_float  # noqa: E402
+from tfdata_readers.decoding.decode import to_float  # noqa: E402
 
 BATCH = article.BATCH_SIZE
 SIZE = article.IMAGE_SIZE

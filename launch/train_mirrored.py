@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # Imported where used, after the arguments: --help and a bad 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import tfdata_readers  # noqa: E402
-from tfdata_readers import dispatcher_client  # noqa: E402
+from tfdata_readers.service import dispatcher  # noqa: E402
 
 
 def _positive_int(text: str) -> int:
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
             # TensorFlow waits forever, silently, for a stopped service; this ends the process with
             # one line instead (the main thread is blocked inside TensorFlow, out of reach of an exception).
             stack.enter_context(
-                dispatcher_client.DispatcherWatchdog(
+                dispatcher.DispatcherWatchdog(
                     args.data_service, args.data_service_timeout_s, prefix=f"{parser.prog}: error: "
                 )
             )

@@ -18,14 +18,14 @@ from PIL import Image, ImageDraw, ImageFont
 import tfdata_readers as tfr
 from tests.browser import BROWSER_NAMES, Chromium, find_browser
 from tests.conftest import REPO, run_cli
+from tfdata_readers.checking.verification import _read_records
 from tfdata_readers.inspect import PROG
 from tfdata_readers.inspect import main as inspect_main
 from tfdata_readers.inspection.class_chart import balance, chart_size
 from tfdata_readers.inspection.gather import gather
 from tfdata_readers.inspection.sheet import TILES_CHUNK, _fit, draw_contact_sheet, sheet_layout
 from tfdata_readers.inspection.units import format_mib, plural
-from tfdata_readers.records import tensorflow_reason
-from tfdata_readers.verification import _read_records
+from tfdata_readers.sources.records import tensorflow_reason
 
 SEED = 3
 N = 12
@@ -328,7 +328,7 @@ def test_a_truncated_shard_is_named_with_its_record_and_byte(tmp_path):
 def test_finding_a_read_error_prints_no_deprecation_warning(tmp_path):
     path = tmp_path / "s.tfrecord"
     path.write_bytes(b"\x00" * 20)
-    code = f"from tfdata_readers.records import tensorflow_read_error as e; print(e({str(path)!r}))"
+    code = f"from tfdata_readers.sources.records import tensorflow_read_error as e; print(e({str(path)!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip(), result.stderr[-2000:]
     assert "deprecated" not in result.stderr and "{{function_node" not in result.stdout

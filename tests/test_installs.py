@@ -34,8 +34,13 @@ def test_tensorflow_is_the_read_extra_not_a_core_requirement():
 
 @pytest.mark.parametrize(
     "command",
-    [["-m", "tfdata_readers.verify"], ["-m", "tfdata_readers.inspect"], [str(REPO / "launch" / "train_mirrored.py")]],
-    ids=["verify", "inspect", "train_mirrored"],
+    [
+        ["-m", "tfdata_readers.verify"],
+        ["-m", "tfdata_readers.inspect"],
+        ["-m", "tfdata_readers.data_service_server"],
+        [str(REPO / "launch" / "train_mirrored.py")],
+    ],
+    ids=["verify", "inspect", "data_service_server", "train_mirrored"],
 )
 @pytest.mark.parametrize("args", [["--help"], ["--no_such_flag", "x"]], ids=["help", "bad-flag"])
 def test_the_reader_commands_answer_before_importing_tensorflow(command, args):
@@ -136,7 +141,7 @@ def test_the_packages_functions_are_not_shadowed_by_modules_of_the_same_name():
     with a function the package exports (beam_jobs.convert, tfdata_readers.verify) and be imported by
     the library. (`python -m tfdata_readers.verify` runs a module of that name, in its own process.)"""
     code = (
-        "import inspect, beam_jobs.pipeline, tfdata_readers.verification, tfdata_readers.inspect\n"
+        "import inspect, beam_jobs.pipeline, tfdata_readers.checking.verification, tfdata_readers.inspect\n"
         "import beam_jobs, tfdata_readers\n"
         "print(inspect.isfunction(beam_jobs.convert), inspect.isfunction(tfdata_readers.verify))"
     )
@@ -150,3 +155,13 @@ def test_the_readers_public_names_are_each_found_in_their_module():
     assert sorted(tfdata_readers.__all__) == sorted(tfdata_readers._HOMES)  # pylint: disable=protected-access
     for name in tfdata_readers.__all__:
         assert getattr(tfdata_readers, name).__name__ == name
+
+
+def test_the_documented_service_paths_are_the_service_modules():
+    """`python -m tfdata_readers.data_service_server` and `tfdata_readers.dispatcher_client`, the
+    paths docs/data-service.md and launch/data_service.sh use, are the code in service/."""
+    from tfdata_readers import data_service_server, dispatcher_client
+    from tfdata_readers.service import dispatcher, server
+
+    assert data_service_server.main is server.main
+    assert dispatcher_client.DispatcherWatchdog is dispatcher.DispatcherWatchdog

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 from tfdata_readers._quiet_start import MISSING_TENSORFLOW
 
 if TYPE_CHECKING:
-    from tfdata_readers.classes import class_counts
+    from tfdata_readers.checking.verification import ShardProblem, verify
     from tfdata_readers.config import ReadConfig
     from tfdata_readers.distribute import distribute
-    from tfdata_readers.files import ShardError
-    from tfdata_readers.manifest import (
+    from tfdata_readers.pipeline import make_dataset
+    from tfdata_readers.sources.classes import class_counts
+    from tfdata_readers.sources.files import ShardError
+    from tfdata_readers.sources.manifest import (
         DatasetInfo,
         VersionNotFoundError,
         current_version,
@@ -29,26 +31,24 @@ if TYPE_CHECKING:
         num_examples,
         steps_per_epoch,
     )
-    from tfdata_readers.pipeline import make_dataset
-    from tfdata_readers.records import reset_skipped_records, skipped_records
-    from tfdata_readers.verification import ShardProblem, verify
+    from tfdata_readers.sources.records import reset_skipped_records, skipped_records
 
 _HOMES = {
-    "class_counts": "classes",
+    "class_counts": "sources.classes",
     "ReadConfig": "config",
     "distribute": "distribute",
-    "ShardError": "files",
-    "DatasetInfo": "manifest",
-    "VersionNotFoundError": "manifest",
-    "current_version": "manifest",
-    "load_manifest": "manifest",
-    "num_examples": "manifest",
-    "steps_per_epoch": "manifest",
+    "ShardError": "sources.files",
+    "DatasetInfo": "sources.manifest",
+    "VersionNotFoundError": "sources.manifest",
+    "current_version": "sources.manifest",
+    "load_manifest": "sources.manifest",
+    "num_examples": "sources.manifest",
+    "steps_per_epoch": "sources.manifest",
     "make_dataset": "pipeline",
-    "reset_skipped_records": "records",
-    "skipped_records": "records",
-    "ShardProblem": "verification",
-    "verify": "verification",
+    "reset_skipped_records": "sources.records",
+    "skipped_records": "sources.records",
+    "ShardProblem": "checking.verification",
+    "verify": "checking.verification",
 }
 
 __all__ = [

@@ -179,9 +179,9 @@ class ReadConfig:
         address (TensorFlow itself would retry silently and without end): the dispatcher must
         answer as a tf.data dispatcher (nothing listening, another program, or no answer all
         fail), and every worker must report that it sees the shard files (that check's job may
-        take up to `data_service.START_UP_S`, 120 s, to start while the dispatcher answers: a
+        take up to `tfdata_readers.service.reading.START_UP_S`, 120 s, to start while the dispatcher answers: a
         first service job on a cold machine is slow to start). A service lost later,
-        while reading, is not covered here: see `dispatcher_client.DispatcherWatchdog`.
+        while reading, is not covered here: see `tfdata_readers.dispatcher_client.DispatcherWatchdog`.
 
     `deterministic` and `drop_remainder` take None, True or False only (not 1 or 0.0); `scale` and
     the crop ranges take finite numbers only.
@@ -272,7 +272,7 @@ class ReadConfig:
                 f"{self.crop_aspect_ratio_range!r})"
             )
         if self.data_service is not None:
-            from tfdata_readers.data_service import normalize_address
+            from tfdata_readers.service.reading import normalize_address
 
             object.__setattr__(self, "data_service", normalize_address(self.data_service))
             if self.skip_corrupt:

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 import tensorflow as tf
 
 from tfdata_readers.config import check_batch_size
-from tfdata_readers.manifest import load_manifest
 from tfdata_readers.pipeline import make_dataset
+from tfdata_readers.sources.manifest import load_manifest
 
 __all__ = ["CLASS_WEIGHT_WITH_DISTRIBUTE", "distribute", "global_steps"]
 

@@ -12,13 +12,14 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from tfdata_readers import augment, data_service
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
-from tfdata_readers.decode import to_output
-from tfdata_readers.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
-from tfdata_readers.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
-from tfdata_readers.parse import METADATA_KEYS, feature_spec, parse_batch
-from tfdata_readers.records import read_shard
+from tfdata_readers.decoding import augment
+from tfdata_readers.decoding.decode import to_output
+from tfdata_readers.decoding.parse import METADATA_KEYS, feature_spec, parse_batch
+from tfdata_readers.service import reading as service_reading
+from tfdata_readers.sources.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
+from tfdata_readers.sources.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
+from tfdata_readers.sources.records import read_shard
 
 __all__ = ["make_dataset"]
 
@@ -255,7 +256,7 @@ def make_dataset(
     count under tf.distribute) and through the tf.data service.
 
     With `data_service` ("grpc://HOST:PORT"), the same pipeline runs on the tf.data service's
-    workers and this dataset only fetches its batches (see `tfdata_readers.data_service`).
+    workers and this dataset only fetches its batches (see `tfdata_readers.service.reading`).
     """
     config = (config or ReadConfig()).with_options(**options)
     check_batch_size("batch_size", batch_size)
@@ -288,9 +289,9 @@ def make_dataset(
     sharding = None
     if service:
         wanted = _service_sharding(config, training)  # refuses what cannot hold, before any connection
-        workers = data_service.check_dispatcher(service, config.data_service_timeout_s)
+        workers = service_reading.check_dispatcher(service, config.data_service_timeout_s)
         sharding = _static_or_fallback(config, wanted, len(share.pieces), len(workers), split, data_dir)
-        data_service.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
+        service_reading.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
 
     image = info.image
     # ReadConfig normalises one int to a (height, width) pair when it is made.
@@ -393,7 +394,7 @@ def make_dataset(
         return out
 
     parallel = dict(num_parallel_calls=config.num_parallel_calls, deterministic=deterministic)
-    step_group = data_service.replicas_per_step(input_context) if service and training else 1
+    step_group = service_reading.replicas_per_step(input_context) if service and training else 1
 
     def decode(batches: tf.data.Dataset) -> tf.data.Dataset:
         """(([B] serialized, [B] name), [2] epoch seed) batches of one pass -> the output batches."""
@@ -411,8 +412,8 @@ def make_dataset(
             # Every pipeline yields the same number of batches per epoch, so their step counts agree.
             decoded = decoded.take(batches_per_epoch)
         # Through the service in training, a global step's batches travel as one element of one
-        # pass (see tfdata_readers.data_service): otherwise a step could hold an example twice.
-        return data_service.group_steps(decoded, step_group)
+        # pass (see tfdata_readers.service.reading): otherwise a step could hold an example twice.
+        return service_reading.group_steps(decoded, step_group)
 
     if training:
         cached = None
@@ -473,11 +474,11 @@ def make_dataset(
         return dataset
 
     # Everything above runs on the service's workers; only what follows runs here.
-    dataset = data_service.through_service(dataset, service, dynamic=sharding == "dynamic")
-    dataset = data_service.ungroup_steps(dataset, step_group)
+    dataset = service_reading.through_service(dataset, service, dynamic=sharding == "dynamic")
+    dataset = service_reading.ungroup_steps(dataset, step_group)
     if not drop_remainder and config.num_epochs is not None:
         expected = share.num_examples * config.num_epochs
-        dataset = data_service.expect_examples(
+        dataset = service_reading.expect_examples(
             dataset,
             expected,
             f"tfdata_readers: the tf.data service at {service} ({sharding} sharding) did not deliver exactly the "

@@ -9,7 +9,7 @@ import pathlib
 import tensorflow as tf
 
 import tfdata_readers as tfr
-from tfdata_readers.verification import verify
+from tfdata_readers.checking.verification import verify
 
 __all__ = ["examples_of_manifest", "examples_read", "manifest", "open_examples", "read_through", "verify_clean"]
 

@@ -48,7 +48,7 @@ def _registered(address: str, loop_pid: int, port: int, log: pathlib.Path) -> bo
     so also the worker's own "listening" line for its current pid, which `data_service_server`
     prints only once TensorFlow's WorkerServer has registered (its start blocks until then).
     """
-    from tfdata_readers.dispatcher_client import ask_dispatcher
+    from tfdata_readers.service.dispatcher import ask_dispatcher
 
     try:
         worker = _worker_child(loop_pid)

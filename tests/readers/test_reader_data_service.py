@@ -617,14 +617,14 @@ def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind
     outran data_service_timeout_s, and a healthy service was reported as one whose workers do not
     run. Here the one worker is paused (SIGSTOP) until the reader has waited data_service_timeout_s
     for the job to start (its log record says so), then resumed: the check must then complete."""
-    from tfdata_readers.data_service import check_workers_see
+    from tfdata_readers.service.reading import check_workers_see
 
     data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (8, 2)}, image_size=(16, 16))
     state_dir = tmp_path / "state"
     # A paused worker must stay in the dispatcher's list meanwhile, however long the machine takes.
     with _service(state_dir, 1, "--worker_timeout_ms", "600000") as address:
         waiting = _Waiting()
-        logging.getLogger("tfdata_readers.data_service").addHandler(waiting)
+        logging.getLogger("tfdata_readers.service.reading").addHandler(waiting)
         worker = int((state_dir / "pid" / "worker-0.server").read_text().split()[0])
         outcome: dict[str, object] = {}
 
@@ -655,7 +655,7 @@ def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind
                 assert reader.is_alive(), outcome
         finally:
             os.kill(worker, signal.SIGCONT)
-            logging.getLogger("tfdata_readers.data_service").removeHandler(waiting)
+            logging.getLogger("tfdata_readers.service.reading").removeHandler(waiting)
         reader.join(300)
         assert not reader.is_alive(), "the reader did not finish after the worker resumed"
     assert "error" not in outcome, outcome["error"]
@@ -663,7 +663,7 @@ def test_a_service_slow_to_start_the_path_check_is_waited_for_not_reported_blind
 
 
 def test_the_dispatchers_worker_list_is_read_from_its_answer() -> None:
-    from tfdata_readers.dispatcher_client import _worker_addresses
+    from tfdata_readers.service.dispatcher import _worker_addresses
 
     # GetWorkersResponse as a 2-worker dispatcher of TensorFlow 2.21 sent it.
     answer = b"\n\x11\n\x0f127.0.0.1:44329\n\x11\n\x0f127.0.0.1:37001"
@@ -672,7 +672,7 @@ def test_the_dispatchers_worker_list_is_read_from_its_answer() -> None:
 
 
 def test_the_watchdog_reports_a_dispatcher_that_stopped_answering_once() -> None:
-    from tfdata_readers.dispatcher_client import DispatcherWatchdog
+    from tfdata_readers.service.dispatcher import DispatcherWatchdog
 
     lost: list[str] = []
     with DispatcherWatchdog("grpc://127.0.0.1:1", timeout_s=0.6, on_lost=lost.append, prefix="x: error: ") as watchdog:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tfdata_readers as tfr
-from tfdata_readers.schemes import check_readable_location
+from tfdata_readers.sources.schemes import check_readable_location
 
 
 @pytest.mark.parametrize("data_dir", ["s3://imgs/out", "S3://imgs/out", "s3a://imgs/out"])

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfdata_readers
 from tfdata_readers.audit import audit_epochs
-from tfdata_readers.manifest import ShardInfo
+from tfdata_readers.sources.manifest import ShardInfo
 
 PIPELINES = (2, 3, 4)
 # (examples, shards): 3, 4 and 5 files divide some pipeline counts and not others; 48 examples
@@ -33,7 +33,7 @@ def _shards(counts: list[int]) -> tuple[ShardInfo, ...]:
 @pytest.mark.parametrize("counts", [[20, 20, 20], [10] * 4, [9, 9, 8, 8, 8], [7], [0, 5, 0, 6], [1, 1], [3, 40, 2]])
 @pytest.mark.parametrize("pipelines", [1, 2, 3, 4, 8])
 def test_shares_partition_the_records_into_ranges_differing_by_at_most_one(counts: list[int], pipelines: int) -> None:
-    from tfdata_readers.files import plan_pipeline_share
+    from tfdata_readers.sources.files import plan_pipeline_share
 
     shards = _shards(counts)
     shares = [plan_pipeline_share(shards, pipelines, i) for i in range(pipelines)]

@@ -16,7 +16,7 @@ import tensorflow as tf
 from versioned_fixtures import commit_append, commit_overwrite, examples_of, manifest_of, run_name, to_versioned
 
 import tfdata_readers as tfr
-from tfdata_readers.manifest import shard_file_problem
+from tfdata_readers.sources.manifest import shard_file_problem
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ import reader_fixtures  # noqa: E402
 import shard_faults  # noqa: E402
 
 import tfdata_readers  # noqa: E402
-from tfdata_readers import verification  # noqa: E402
+from tfdata_readers.checking import verification  # noqa: E402
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _ENV = {**os.environ, "PYTHONPATH": str(_REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}

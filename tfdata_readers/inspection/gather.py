@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdata_readers.classes import class_counts
-from tfdata_readers.manifest import DatasetInfo, read_manifest
+from tfdata_readers.checking.verification import verify
 from tfdata_readers.pipeline import make_dataset
-from tfdata_readers.records import tensorflow_reason
-from tfdata_readers.verification import verify
+from tfdata_readers.sources.classes import class_counts
+from tfdata_readers.sources.manifest import DatasetInfo, read_manifest
+from tfdata_readers.sources.records import tensorflow_reason
 
 __all__ = [
     "DeadLetterGroup",

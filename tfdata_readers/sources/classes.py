@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tfdata_readers.manifest import load_manifest
+from tfdata_readers.sources.manifest import load_manifest
 
 __all__ = ["class_counts"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.config import check_batch_size
-from tfdata_readers.schemes import check_readable_location
+from tfdata_readers.sources.schemes import check_readable_location
 
 __all__ = [
     "MANIFEST_NAME",

@@ -13,8 +13,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdata_readers.files import unlisted_shards
-from tfdata_readers.manifest import (
+from tfdata_readers.decoding.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
+from tfdata_readers.sources.files import unlisted_shards
+from tfdata_readers.sources.manifest import (
     MANIFEST_NAME,
     DatasetInfo,
     ShardInfo,
@@ -23,8 +24,7 @@ from tfdata_readers.manifest import (
     relative_file_problem,
     shard_file_problem,
 )
-from tfdata_readers.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
-from tfdata_readers.records import RECORD_OVERHEAD, tensorflow_reason
+from tfdata_readers.sources.records import RECORD_OVERHEAD, tensorflow_reason
 
 __all__ = ["ShardProblem", "verify", "main"]
 
@@ -221,7 +221,7 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The verify command (its parser lives in verify_cli.py, which needs no TensorFlow)."""
-    from tfdata_readers.verify_cli import main as verify_main  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.checking.verify_cli import main as verify_main  # pylint: disable=import-outside-toplevel
 
     return verify_main(argv)
 

@@ -51,6 +51,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The verify command: parses the arguments first, then imports TensorFlow and checks; returns the exit status."""
     args = parser().parse_args(argv)
     import_tensorflow_for_command(PROG)
-    from tfdata_readers.verification import verify_command  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.checking.verification import verify_command  # pylint: disable=import-outside-toplevel
 
     return verify_command(args.data_dir, splits=args.split, version=args.version)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdata_readers.decode import decode_and_crop, decode_batch, decode_image
-from tfdata_readers.manifest import ImageInfo
+from tfdata_readers.decoding.decode import decode_and_crop, decode_batch, decode_image
+from tfdata_readers.sources.manifest import ImageInfo
 
 __all__ = [
     "example_seeds",

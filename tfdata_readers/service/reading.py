@@ -33,7 +33,7 @@ retries all of these silently and without end. The path check is the service's f
 start (TensorFlow registering it, the workers taking it on a heartbeat) may take up to
 `START_UP_S` apart from that deadline, for as long as the dispatcher keeps answering. A service
 lost later, mid-read, is beyond the reader's reach (its thread is blocked inside TensorFlow):
-`dispatcher_client.DispatcherWatchdog` ends the process with one line instead, as `launch/train_mirrored.py` does.
+`dispatcher.DispatcherWatchdog` ends the process with one line instead, as `launch/train_mirrored.py` does.
 
 A lost worker: TensorFlow's client waits for a failed worker to come back at the same address
 (`launch/data_service.sh` restarts it, as a cluster's scheduler would). Static sharding then reads
@@ -53,7 +53,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdata_readers.dispatcher_client import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
+from tfdata_readers.service.dispatcher import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
 __all__ = [
     "START_UP_S",

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import VERSIONS_DIR, DatasetInfo, ShardInfo, SplitInfo, history_files
+from tfdata_readers.sources.manifest import VERSIONS_DIR, DatasetInfo, ShardInfo, SplitInfo, history_files
 
 __all__ = [
     "SHARD_NAME",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdata_readers.manifest import ImageInfo
+from tfdata_readers.sources.manifest import ImageInfo
 
 __all__ = ["decode_image", "decode_batch", "decode_and_crop", "to_float", "to_uint8", "to_output"]
 
