@@ -62,10 +62,30 @@ def flink_job_server_jar() -> str:
     raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
 
 
-def run_cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs ``python -m beam_jobs`` as a user would, in a fresh process."""
+# Beam's local runner starts a worker process per core for every run, and each imports Beam: about
+# 13 s of CPU on a 2-core machine for a job of a few photos, three times the job's own work, and
+# most of this suite's time. Tests whose subject is not those processes run the same FnApiRunner in
+# its in-process mode. The default, worker processes, stays covered where it matters: the tests of
+# kills and interrupts, worker counts, progress from workers, the end-to-end tests, the API against
+# the command line, and every command of the docs (as a reader runs them).
+IN_PROCESS = ("--direct_running_mode", "in_memory")
+
+
+def in_process(argv: list[str]) -> list[str]:
+    """``argv`` with the local runner kept in this process, unless it names a runner or a mode."""
+    if any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv):
+        return argv
+    return [*argv, *IN_PROCESS]
+
+
+def run_cli(
+    *args: str, check: bool = True, timeout: float = 300, processes: bool = False
+) -> subprocess.CompletedProcess:
+    """Runs ``python -m beam_jobs`` as a user would, in a fresh process; with worker processes
+    (the default a user gets) only when ``processes``."""
+    argv = [str(a) for a in args]
     result = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", *map(str, args)],
+        [sys.executable, "-m", "beam_jobs", *(argv if processes else in_process(argv))],
         cwd=REPO,
         capture_output=True,
         text=True,

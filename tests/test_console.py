@@ -22,7 +22,8 @@ from beam_jobs.command_line.progress import Progress, StagingWatcher, progress_f
 from beam_jobs.command_line.progress_display import LineProgress, progress_line
 from beam_jobs.command_line.run_summary import format_mib, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
+from tests.conftest import run_cli as _run_cli
 
 PLAN = {
     "line": "Found 30 images belonging to 2 classes",
@@ -38,6 +39,11 @@ CHATTER = re.compile(
     r"|worker_handlers|starting control server|local_job_service|typehints|^INFO:|^WARNING:root",
     re.IGNORECASE,
 )
+
+
+def run_cli(*args: object, **kwargs: object):
+    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
+    return _run_cli(*args, processes=True, **kwargs)
 
 
 def test_tally_counts_only_the_sidecars_of_this_plan():

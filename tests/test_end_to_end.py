@@ -15,12 +15,17 @@ from beam_jobs.listing.discover import is_image_filename
 from beam_jobs.planning.rules import plan_dataset
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
-from tests.conftest import run_cli
+from tests.conftest import run_cli as _run_cli
 from tests.dataset_files import current_files, dead_letters, dead_letters_path
 
 pytestmark = pytest.mark.slow
 
 _TF_DTYPES = {"string": tf.string, "int64": tf.int64}
+
+
+def run_cli(*args: object, **kwargs: object):
+    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
+    return _run_cli(*args, processes=True, **kwargs)
 
 
 def _read_all(output_dir: pathlib.Path, info: dict) -> dict:

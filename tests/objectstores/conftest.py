@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 
 from tests.cluster.conftest import free_port, port_open
+from tests.conftest import in_process
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -77,7 +78,7 @@ def run_job(
     full_env = {**os.environ, **(env or {})}
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", *map(str, args)],
+        [sys.executable, "-m", "beam_jobs", *in_process([str(a) for a in args])],
         cwd=REPO,
         env=full_env,
         capture_output=True,

@@ -22,6 +22,7 @@ import reader_fixtures
 import tensorflow as tf
 
 import tfdata_readers
+from tests.conftest import IN_PROCESS
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -132,6 +133,7 @@ def photo_shards(tmp_path_factory) -> pathlib.Path:
             "jpeg",
             "--num_shards",
             "4",
+            *IN_PROCESS,
         ],
         capture_output=True,
         text=True,

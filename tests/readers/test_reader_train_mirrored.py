@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.conftest import IN_PROCESS
+
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -35,6 +37,7 @@ def test_train_mirrored_two_replicas_on_real_photos(tmp_path: pathlib.Path) -> N
             "jpeg",
             "--num_shards",
             "4",
+            *IN_PROCESS,
         ],
         capture_output=True,
         text=True,
@@ -249,6 +252,7 @@ def test_train_mirrored_skips_an_empty_validation_split_with_a_notice(tmp_path: 
             "2",
             "--max_bad_fraction",
             "1",
+            *IN_PROCESS,
         ],
         capture_output=True,
         text=True,

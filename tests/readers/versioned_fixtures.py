@@ -29,6 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tests.conftest import IN_PROCESS
 from tests.dataset_files import as_older_release
 
 __all__ = [
@@ -83,6 +84,7 @@ def run_conversion(
             str(num_shards),
             "--splits",
             splits,
+            *IN_PROCESS,
         ],
         cwd=_REPO,
         env=env,

@@ -21,12 +21,18 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
+from tests.conftest import run_cli as _run_cli
 from tests.dataset_files import dead_letters_path, tree_files
 
 pytestmark = pytest.mark.slow
 
 ARGS = ["--image_size", "48", "--num_shards", "4"]
+
+
+def run_cli(*args: object, **kwargs: object):
+    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
+    return _run_cli(*args, processes=True, **kwargs)
 
 
 @pytest.fixture(scope="module")

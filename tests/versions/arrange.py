@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tests.conftest import IN_PROCESS
 from tests.dataset_files import as_older_release
 from tests.photos import make_test_tree
 
@@ -52,6 +53,7 @@ def convert_photos(root: pathlib.Path) -> pathlib.Path:
             "0.5",
             "--splits",
             "train=0.75,validation=0.25",
+            *IN_PROCESS,
         ],
         cwd=REPO,
         env=env,
