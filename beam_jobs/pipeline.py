@@ -21,10 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
-from apache_beam.portability.api import beam_provision_api_pb2
-from apache_beam.runners.portability.fn_api_runner import fn_runner
-from apache_beam.runners.portability.portable_runner import JobServiceHandle
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.command_line.arguments import (
     PROG,
@@ -54,6 +51,7 @@ from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_state
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
 from beam_jobs.listing.policy import ignored_note
+from beam_jobs.local_runner import QUIET_LOGGERS, local_runner
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
@@ -67,7 +65,13 @@ from beam_jobs.writing.append import (
     read_held_inputs,
 )
 from beam_jobs.writing.commit import CommitConflictError, Current, read_current
-from beam_jobs.writing.convert_shards import CONTENT_KEYS, DEAD_LETTERS, METRICS_NAMESPACE, ConvertShardFn
+from beam_jobs.writing.convert_shards import (
+    CONTENT_KEYS,
+    CONVERT_THREADS,
+    DEAD_LETTERS,
+    METRICS_NAMESPACE,
+    ConvertShardFn,
+)
 from beam_jobs.writing.finalize import (
     DATASET_INFO,
     DROPPED_REASONS,
@@ -166,6 +170,7 @@ class ConvertImages(beam.PTransform):
         change_kind: str = "create",
         keep_versions: int = 2,
         changed_sources: str = "refuse",
+        convert_threads: int = CONVERT_THREADS,
     ) -> None:
         super().__init__()
         if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
@@ -173,6 +178,7 @@ class ConvertImages(beam.PTransform):
                 "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
                 "file) and rows_root (applied to a PCollection of rows)"
             )
+        self._convert_threads = convert_threads  # images each worker converts at once (ConvertShardFn)
         self._changed_sources = changed_sources  # --append: what to do with changed or removed sources
         # The run's name: its folder under shards/, and the progress file the launching process
         # watches there (None: a plan only, which converts nothing).
@@ -327,6 +333,7 @@ class ConvertImages(beam.PTransform):
                     folder,
                     run_fingerprint=run_fingerprint(config, self._settings),
                     resume=self._resume,
+                    convert_threads=self._convert_threads,
                     run_id=self._run_id,
                     preprocessing={**config.to_json(), **self._settings},
                 )
@@ -387,61 +394,6 @@ def _append_summary(summary: dict, changes: dict) -> dict:
         "append": changes,
         "warnings": warnings,
     }
-
-
-def _local_runner(options: PipelineOptions, argv: Sequence[str], *, log_level: str):
-    """With no --runner: Beam's FnApiRunner in multi-processing mode on all local cores, else None.
-
-    Beam's DirectRunner would first try to download the Prism runner binary, which fails offline.
-    The runner is built here rather than named with --runner=FnApiRunner because, named, it hands
-    its worker processes no pipeline options: they would then log at INFO whatever was asked,
-    and their filesystems would lack the options they need (an S3 endpoint and keys, say).
-    """
-    standard = options.view_as(StandardOptions)
-    if standard.runner is not None:
-        return None
-    direct = options.view_as(DirectOptions)
-    given = " ".join(argv)
-    if "--direct_running_mode" not in given:
-        direct.direct_running_mode = "multi_processing"
-    if "--direct_num_workers" not in given:
-        direct.direct_num_workers = 0  # All cores.
-    # Workers log our per-shard progress; Beam's own INFO chatter from every worker would bury it.
-    worker = options.view_as(WorkerOptions)
-    if "--default_sdk_harness_log_level" not in given:
-        worker.default_sdk_harness_log_level = log_level
-    if "--sdk_harness_log_level_overrides" not in given:
-        overrides = {
-            "beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
-            "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level,
-        }
-        # sdk_worker_main logs every pipeline option (keys included) when a worker starts, and the
-        # runner relays that line; botocore at DEBUG logs request headers (a session token).
-        overrides.update(
-            {
-                name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING), getattr(logging, quiet)))
-                for name, quiet in _QUIET_LOGGERS.items()
-            }
-        )
-        if log_level != "DEBUG":
-            # These two log each failed bundle's traceback, twice; the failure is what ends the
-            # run, and main() reports it as one line (--log_level DEBUG shows them).
-            overrides.update(
-                {"apache_beam.runners.common": "CRITICAL", "apache_beam.runners.worker.sdk_worker": "CRITICAL"}
-            )
-        worker.sdk_harness_log_level_overrides = overrides
-    # Beam's own options only: workers do not know the job's flags, and would warn about each.
-    ours = {action.dest for action in help_parser()._actions}  # pylint: disable=protected-access
-    beam_options = {
-        k: v for k, v in options.get_all_options(drop_default=True).items() if k not in ours or k == "runner"
-    }
-    provision = fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(
-            retrieval_token="unused-retrieval-token",
-            pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
-        )
-    )
-    return fn_runner.FnApiRunner(provision_info=provision)
 
 
 def _made_with(manifest: dict) -> dict:
@@ -829,7 +781,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 preprocessing={**config.to_json(), **arguments.settings},
                 append=arguments.append,
             )
-        runner = _local_runner(options, argv, log_level=arguments.log_level)
+        runner, parallelism = local_runner(options, argv, log_level=arguments.log_level)
         _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(
@@ -853,6 +805,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             change_kind=kind,
             keep_versions=arguments.keep_versions,
             changed_sources=arguments.changed_sources,
+            convert_threads=parallelism.convert_threads if parallelism is not None else CONVERT_THREADS,
         )
         with hide_worker_tracebacks(enabled=arguments.log_level != "DEBUG") as console:
             say["now"] = lambda text: _write_to(console.terminal, text)
@@ -874,6 +827,13 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 interrupt_caught()
                 console.mute()  # The workers' dying words would bury the one line that matters.
                 raise
+            except Exception as error:
+                interrupt = _interrupt_within(error)
+                if interrupt is None:
+                    raise
+                interrupt_caught()
+                console.mute()
+                raise interrupt from None
             finally:
                 if watcher is not None and display is not None:
                     watcher.stop(succeeded=succeeded)
@@ -905,6 +865,20 @@ def run(argv: Sequence[str] | None = None) -> dict:
     if arguments.append and info.get("version") == current.version:
         info["nothing_appended"] = True  # finalize found no new input and committed nothing
     return info
+
+
+def _interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C, or SIGTERM's Terminated) that ``error`` stands for, if any: in its
+    own process the runner runs the DoFns on the main thread, where the signal's exception lands,
+    and Beam re-raises it as a RuntimeError naming the step, with the interrupt as its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _watch(
@@ -1049,16 +1023,6 @@ _CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_sessi
 # Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG: their
 # DEBUG lines print the pipeline options and each request's signed headers, credentials included
 # (an x-amz-security-token), and DEBUG output is what users paste into bug reports.
-_QUIET_LOGGERS = {
-    "apache_beam.runners.worker.sdk_worker_main": "WARNING",
-    "botocore": "INFO",
-    "boto3": "INFO",
-    "s3transfer": "INFO",
-    "urllib3": "INFO",
-    "google.auth": "INFO",
-}
-
-
 # At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
 _CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
 # The step that logs the plan line on a worker; the launching process prints it from the
@@ -1106,7 +1070,7 @@ def configure_job_logging(argv: Sequence[str], *, keep_handlers: bool = False) -
 
 
 def _touched_loggers() -> list[str]:
-    return ["beam_jobs", "beam_jobs.details", *_QUIET_LOGGERS, *_CHATTY_BELOW_DEBUG]
+    return ["beam_jobs", "beam_jobs.details", *QUIET_LOGGERS, *_CHATTY_BELOW_DEBUG]
 
 
 @contextlib.contextmanager
@@ -1145,7 +1109,7 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool =
     logging.getLogger().setLevel(numeric)
     logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
     logging.getLogger("beam_jobs.details").setLevel(numeric)
-    for name, quiet in _QUIET_LOGGERS.items():
+    for name, quiet in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
     for name in _CHATTY_BELOW_DEBUG:
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING) if numeric > logging.DEBUG else numeric)

@@ -62,13 +62,14 @@ def flink_job_server_jar() -> str:
     raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
 
 
-# Beam's local runner starts a worker process per core for every run, and each imports Beam: about
-# 13 s of CPU on a 2-core machine for a job of a few photos, three times the job's own work, and
-# most of this suite's time. Tests whose subject is not those processes run the same FnApiRunner in
-# its in-process mode. The default, worker processes, stays covered where it matters: the tests of
-# kills and interrupts, worker counts, progress from workers, the end-to-end tests, the API against
-# the command line, and every command of the docs (as a reader runs them).
+# On up to 4 cores (CI has 2) the job's local runner converts in its own process, on threads
+# (beam_jobs/local_runner.py); on more it starts worker processes, and each imports Beam: about
+# 13 s of CPU on a 2-core machine for a job of a few photos. Tests whose subject is not those
+# processes name the in-process mode, so that they run alike on any machine. Worker processes
+# stay covered where they matter (``processes``): kills and interrupts, progress relayed from
+# workers, the end-to-end tests, and byte identity across the two modes.
 IN_PROCESS = ("--direct_running_mode", "in_memory")
+WORKER_PROCESSES = ("--direct_running_mode", "multi_processing")
 
 
 def in_process(argv: list[str]) -> list[str]:
@@ -81,9 +82,12 @@ def in_process(argv: list[str]) -> list[str]:
 def run_cli(
     *args: str, check: bool = True, timeout: float = 300, processes: bool = False
 ) -> subprocess.CompletedProcess:
-    """Runs ``python -m beam_jobs`` as a user would, in a fresh process; with worker processes
-    (the default a user gets) only when ``processes``."""
+    """Runs ``python -m beam_jobs`` as a user would, in a fresh process; the local runner in that
+    process, or with ``processes`` in Beam's worker processes (a machine of more than 4 cores'
+    default)."""
     argv = [str(a) for a in args]
+    if processes and not any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv):
+        argv = [*argv, *WORKER_PROCESSES]
     result = subprocess.run(
         [sys.executable, "-m", "beam_jobs", *(argv if processes else in_process(argv))],
         cwd=REPO,

@@ -41,9 +41,10 @@ CHATTER = re.compile(
 )
 
 
-def run_cli(*args: object, **kwargs: object):
-    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
-    return _run_cli(*args, processes=True, **kwargs)
+def run_cli(*args: object, processes: bool = True, **kwargs: object):
+    """The job with Beam's worker processes, whose records the console relays (``processes=False``:
+    the local runner in its own process, the default on up to 4 cores)."""
+    return _run_cli(*args, processes=processes, **kwargs)
 
 
 def test_tally_counts_only_the_sidecars_of_this_plan():
@@ -295,8 +296,8 @@ def _console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def default_run(photo_tree, tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["in-process", "worker-processes"])
+def default_run(request, photo_tree, tmp_path_factory):
     root, good, broken = photo_tree
     out = tmp_path_factory.mktemp("console")
     result = run_cli(
@@ -312,6 +313,7 @@ def default_run(photo_tree, tmp_path_factory):
         "train=0.75,validation=0.25",
         "--max_bad_fraction",
         "0.5",
+        processes=request.param,
     )
     return result, json.loads((out / "dataset_info.json").read_text()), out, good, broken
 

@@ -24,7 +24,8 @@ _TF_DTYPES = {"string": tf.string, "int64": tf.int64}
 
 
 def run_cli(*args: object, **kwargs: object):
-    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
+    """The job with Beam's worker processes (a machine of more than 4 cores' default; the
+    in-process default is what most other tests run)."""
     return _run_cli(*args, processes=True, **kwargs)
 
 
@@ -157,9 +158,9 @@ def test_a_second_run_is_byte_identical(converted, tmp_path):
         "train=0.75,validation=0.25",
         "--max_bad_fraction",
         "0.5",
-        "--direct_num_workers",
-        "1",
-    )  # A different parallelism, too.
+        "--direct_running_mode",
+        "in_memory",
+    )  # The other local mode: one process converting on threads, where the first run had two workers.
     again = current_files(tmp_path)
     for name, data in current_files(out).items():
         assert again[name] == data, name

@@ -21,18 +21,12 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
-from tests.conftest import REPO
-from tests.conftest import run_cli as _run_cli
+from tests.conftest import REPO, WORKER_PROCESSES, run_cli
 from tests.dataset_files import dead_letters_path, tree_files
 
 pytestmark = pytest.mark.slow
 
 ARGS = ["--image_size", "48", "--num_shards", "4"]
-
-
-def run_cli(*args: object, **kwargs: object):
-    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
-    return _run_cli(*args, processes=True, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +87,35 @@ def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[i
 
 
 @pytest.mark.parametrize(
-    "moment, to_group, signum",
+    "moment, to_group, signum, mode",
     [
-        (_listing, True, signal.SIGTERM),
-        (_converting, True, signal.SIGTERM),
-        (_converting, False, signal.SIGTERM),  # Docker and Kubernetes signal the job's process only
-        (_finalizing, True, signal.SIGTERM),
-        (_converting, True, signal.SIGINT),  # Ctrl-C: the terminal signals the whole group
+        (_listing, True, signal.SIGTERM, ()),
+        (_converting, True, signal.SIGTERM, ()),
+        (_converting, False, signal.SIGTERM, ()),  # Docker and Kubernetes signal the job's process only
+        (_finalizing, True, signal.SIGTERM, ()),
+        (_converting, True, signal.SIGINT, ()),  # Ctrl-C: the terminal signals the whole group
+        # The same with Beam's worker processes, the local runner's mode on more than 4 cores.
+        (_converting, True, signal.SIGTERM, WORKER_PROCESSES),
+        (_converting, False, signal.SIGTERM, WORKER_PROCESSES),
+        (_converting, True, signal.SIGINT, WORKER_PROCESSES),
     ],
-    ids=["listing-group", "converting-group", "converting-process-only", "finalizing-group", "ctrl-c"],
+    ids=[
+        "listing-group",
+        "converting-group",
+        "converting-process-only",
+        "finalizing-group",
+        "ctrl-c",
+        "processes-converting-group",
+        "processes-converting-process-only",
+        "processes-ctrl-c",
+    ],
 )
-def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(photos, tmp_path, moment, to_group, signum):
+def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(
+    photos, tmp_path, moment, to_group, signum, mode
+):
     out = tmp_path / "out"
     process = subprocess.Popen(
-        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), *ARGS],
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), *ARGS, *mode],
         cwd=REPO,
         start_new_session=True,
         # A suite started in the background inherits SIGINT ignored.

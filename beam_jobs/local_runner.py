@@ -1,0 +1,180 @@
+"""The local runner: Beam's FnApiRunner, in this process or in worker processes, on every core.
+
+Converting is codec work (libjpeg-turbo, OpenCV, Pillow's resize and encode, hashing) that
+releases the GIL, so one process converting on a thread per core keeps the cores busy. Beam's
+multi-processing mode instead starts an SDK worker process per core, and each one imports Beam,
+starts a gRPC data plane and receives every stage's elements through it: measured on 2 cores and
+8000 photos, about 10 s of CPU more than the same job in one process, and the slower job end to
+end. The Python glue around each image (reading, framing, Beam's counters) holds the GIL for a
+few percent of an image's time, so a process's threads stop scaling well beyond a handful of
+cores: past CORES_PER_PROCESS cores the runner spreads the shards over worker processes, each
+converting on the threads of CORES_PER_PROCESS cores.
+
+Which mode and how many threads never change the bytes: a shard's records are written in plan
+order whatever converts them (convert_shards.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
+
+__all__ = [
+    "IN_PROCESS",
+    "QUIET_LOGGERS",
+    "CORES_PER_PROCESS",
+    "THREADS_PER_CORE",
+    "WORKER_PROCESSES",
+    "LocalParallelism",
+    "available_cores",
+    "local_parallelism",
+    "local_runner",
+]
+
+IN_PROCESS = "in_memory"  # Beam's name for the FnApiRunner mode that runs bundles in this process
+WORKER_PROCESSES = "multi_processing"
+# Cores one process converts on before more cores go to more processes (see the docstring).
+CORES_PER_PROCESS = 4
+# Converter threads per core a process serves: while one thread waits for the GIL (reading,
+# framing, Beam's counters), the other keeps the core in the codecs. Measured on 2 cores, 8000
+# photos, in one process: 2 threads 261-300 img/s, 3 302-340, 4 318-360, 6 285-362.
+THREADS_PER_CORE = 2
+# Libraries whose chatter the job keeps at or above these levels, in its own process and in
+# worker processes alike.
+QUIET_LOGGERS = {
+    "apache_beam.runners.worker.sdk_worker_main": "WARNING",
+    "botocore": "INFO",
+    "boto3": "INFO",
+    "s3transfer": "INFO",
+    "urllib3": "INFO",
+    "google.auth": "INFO",
+}
+
+
+@dataclass(frozen=True)
+class LocalParallelism:
+    """How the local runner spreads a job: Beam's ``direct_running_mode``, its number of workers
+    (``direct_num_workers``), and the converter threads of each worker (ConvertShardFn)."""
+
+    mode: str
+    workers: int
+    convert_threads: int
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.convert_threads < 1:
+            raise ValueError(
+                f"workers and convert_threads must be at least 1 (got {self.workers} and {self.convert_threads})"
+            )
+        if self.mode == IN_PROCESS and self.workers != 1:
+            raise ValueError(f"the {IN_PROCESS} mode runs one worker (got {self.workers})")
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or taskset's limit),
+    not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def local_parallelism(cores: int, *, mode: str | None = None, workers: int | None = None) -> LocalParallelism:
+    """The local runner's mode, workers and threads on ``cores`` cores: pure, so that the policy
+    is tested on any core count. ``mode`` and ``workers`` are what the user gave with
+    ``--direct_running_mode`` and ``--direct_num_workers`` (None: not given; 0 workers: Beam's
+    "all cores", a worker per core); what they give is kept, and each worker converts on
+    THREADS_PER_CORE threads for each core it has.
+    """
+    cores = max(1, cores)
+    if workers is not None and workers < 0:
+        raise ValueError(f"--direct_num_workers must be 0 (all cores) or more (got {workers})")
+    if mode is None:
+        if workers is None:
+            workers = math.ceil(cores / CORES_PER_PROCESS)
+        mode = IN_PROCESS if workers == 1 else WORKER_PROCESSES
+    if mode == IN_PROCESS:
+        workers = 1
+    elif not workers:
+        workers = cores
+    return LocalParallelism(mode, workers, THREADS_PER_CORE * math.ceil(cores / workers))
+
+
+def local_runner(
+    options: PipelineOptions, argv: Sequence[str], *, log_level: str
+) -> tuple[FnApiRunner | None, LocalParallelism | None]:
+    """With no --runner: Beam's FnApiRunner on all local cores, and how it spreads the work
+    (local_parallelism); else (None, None).
+
+    Beam's DirectRunner would first try to download the Prism runner binary, which fails offline.
+    The runner is built here rather than named with --runner=FnApiRunner because, named, it hands
+    its worker processes no pipeline options: they would then log at INFO whatever was asked,
+    and their filesystems would lack the options they need (an S3 endpoint and keys, say).
+    """
+    # Imported here: the module's policy is Beam-free, and so are the tests of it.
+    from apache_beam.options.pipeline_options import (  # pylint: disable=import-outside-toplevel
+        DirectOptions,
+        StandardOptions,
+        WorkerOptions,
+    )
+    from apache_beam.portability.api import beam_provision_api_pb2  # pylint: disable=import-outside-toplevel
+    from apache_beam.runners.portability.fn_api_runner import fn_runner  # pylint: disable=import-outside-toplevel
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle  # pylint: disable=import-outside-toplevel
+
+    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
+
+    standard = options.view_as(StandardOptions)
+    if standard.runner is not None:
+        return None, None
+    direct = options.view_as(DirectOptions)
+    given = " ".join(argv)
+    parallelism = local_parallelism(
+        available_cores(),
+        mode=direct.direct_running_mode if "--direct_running_mode" in given else None,
+        workers=direct.direct_num_workers if "--direct_num_workers" in given else None,
+    )
+    direct.direct_running_mode = parallelism.mode
+    direct.direct_num_workers = parallelism.workers
+    # Workers log our per-shard progress; Beam's own INFO chatter from every worker would bury it.
+    worker = options.view_as(WorkerOptions)
+    if "--default_sdk_harness_log_level" not in given:
+        worker.default_sdk_harness_log_level = log_level
+    if "--sdk_harness_log_level_overrides" not in given:
+        overrides = {
+            "beam_jobs": "INFO" if log_level != "DEBUG" else "DEBUG",
+            "beam_jobs.details": "INFO" if log_level in ("INFO", "DEBUG") else log_level,
+        }
+        # sdk_worker_main logs every pipeline option (keys included) when a worker starts, and the
+        # runner relays that line; botocore at DEBUG logs request headers (a session token).
+        overrides.update(
+            {
+                name: logging.getLevelName(max(getattr(logging, log_level, logging.WARNING), getattr(logging, quiet)))
+                for name, quiet in QUIET_LOGGERS.items()
+            }
+        )
+        if log_level != "DEBUG":
+            # These two log each failed bundle's traceback, twice; the failure is what ends the
+            # run, and main() reports it as one line (--log_level DEBUG shows them).
+            overrides.update(
+                {"apache_beam.runners.common": "CRITICAL", "apache_beam.runners.worker.sdk_worker": "CRITICAL"}
+            )
+        worker.sdk_harness_log_level_overrides = overrides
+    # Beam's own options only: workers do not know the job's flags, and would warn about each.
+    ours = {action.dest for action in help_parser()._actions}  # pylint: disable=protected-access
+    beam_options = {
+        k: v for k, v in options.get_all_options(drop_default=True).items() if k not in ours or k == "runner"
+    }
+    provision = fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(
+            retrieval_token="unused-retrieval-token",
+            pipeline_options=JobServiceHandle.encode_pipeline_options(beam_options),
+        )
+    )
+    return fn_runner.FnApiRunner(provision_info=provision), parallelism

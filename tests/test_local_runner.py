@@ -1,0 +1,111 @@
+"""The local runner's policy: one process converting on threads up to 4 cores, worker processes beyond."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from beam_jobs.local_runner import (
+    CORES_PER_PROCESS,
+    IN_PROCESS,
+    THREADS_PER_CORE,
+    WORKER_PROCESSES,
+    LocalParallelism,
+    available_cores,
+    local_parallelism,
+)
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize(
+    "cores, expected",
+    [
+        (1, (IN_PROCESS, 1, 2)),
+        (2, (IN_PROCESS, 1, 4)),
+        (4, (IN_PROCESS, 1, 8)),
+        (5, (WORKER_PROCESSES, 2, 6)),
+        (8, (WORKER_PROCESSES, 2, 8)),
+        (16, (WORKER_PROCESSES, 4, 8)),
+        (96, (WORKER_PROCESSES, 24, 8)),
+    ],
+)
+def test_by_default_one_process_serves_up_to_4_cores_and_each_core_gets_2_threads(cores, expected):
+    assert local_parallelism(cores) == LocalParallelism(*expected)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 7, 16, 33])
+def test_every_core_is_served_and_no_process_serves_more_than_4(cores):
+    parallelism = local_parallelism(cores)
+    assert parallelism.workers * parallelism.convert_threads >= THREADS_PER_CORE * cores
+    assert parallelism.convert_threads <= THREADS_PER_CORE * CORES_PER_PROCESS
+
+
+@pytest.mark.parametrize(
+    "cores, mode, workers, expected",
+    [
+        # --direct_num_workers alone: one means this process, more mean worker processes.
+        (2, None, 1, (IN_PROCESS, 1, 4)),
+        (2, None, 2, (WORKER_PROCESSES, 2, 2)),
+        (16, None, 1, (IN_PROCESS, 1, 32)),
+        # Beam's 0, "all cores": a worker each, as Beam would start.
+        (2, None, 0, (WORKER_PROCESSES, 2, 2)),
+        (2, WORKER_PROCESSES, None, (WORKER_PROCESSES, 2, 2)),
+        (2, WORKER_PROCESSES, 0, (WORKER_PROCESSES, 2, 2)),
+        (8, WORKER_PROCESSES, 3, (WORKER_PROCESSES, 3, 6)),
+        # The in-process mode has one worker whatever is asked; its threads fill the cores.
+        (8, IN_PROCESS, None, (IN_PROCESS, 1, 16)),
+        (8, IN_PROCESS, 4, (IN_PROCESS, 1, 16)),
+        # Beam's threaded mode: its workers are threads of this process, each with its own.
+        (4, "multi_threading", 2, ("multi_threading", 2, 4)),
+    ],
+)
+def test_what_the_user_gives_is_kept_and_the_threads_fill_the_cores(cores, mode, workers, expected):
+    assert local_parallelism(cores, mode=mode, workers=workers) == LocalParallelism(*expected)
+
+
+def test_a_negative_worker_count_is_refused_with_its_value():
+    with pytest.raises(ValueError, match=r"--direct_num_workers .*\(got -1\)"):
+        local_parallelism(2, workers=-1)
+
+
+def test_the_cores_are_those_this_process_may_use():
+    assert 1 <= available_cores() <= (psutil.cpu_count() or 1)
+
+
+def _sdk_workers(pid: int) -> int:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    count = 0
+    for child in children:
+        try:
+            count += any("sdk_worker_main" in part for part in child.cmdline())
+        except psutil.Error:
+            continue
+    return count
+
+
+@pytest.mark.slow
+def test_a_default_run_starts_worker_processes_only_on_more_than_4_cores(tmp_path):
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=40, seed=3)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(tmp_path / "out")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    most = 0
+    while process.poll() is None:
+        most = max(most, _sdk_workers(process.pid))
+        time.sleep(0.05)
+    assert process.returncode == 0, process.stderr.read()[-3000:]
+    expected = local_parallelism(available_cores())
+    assert most == (0 if expected.mode == IN_PROCESS else expected.workers)
