@@ -2,7 +2,7 @@
 # Creates ./.venv and installs the project with the extras named (default: test), unless that,
 # or the test extras (which hold every other), is already installed for this exact setup.py.
 #
-#   launch/ensure_venv.sh samples   # run_local.sh: converting and the sample photos (about 0.9 GB)
+#   launch/ensure_venv.sh samples   # run_local.sh: converting and the sample photos (about 0.8 GB)
 #   launch/ensure_venv.sh test      # run_tests.sh and CI: everything the tests need (about 3.4 GB)
 #
 # Prints the venv's python path.
@@ -36,7 +36,10 @@ if [ ! -f "$stamp" ]; then
     index_args=()
     [ -n "${PIP_INDEX_URL:-}" ] && index_args+=(--index-url "$PIP_INDEX_URL")
     for url in ${PIP_EXTRA_INDEX_URL:-}; do index_args+=(--extra-index-url "$url"); done
-    "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -e "$repo[$extras]" >&2
+    # --compile-bytecode, as pip does: uv leaves the .pyc files to the first import, and where
+    # PYTHONDONTWRITEBYTECODE is set no import writes them, so every process compiles Beam (about
+    # 4 s of CPU) and TensorFlow (about 10 s) again from source. Compiling costs about 45 s once.
+    "$venv/bin/python" -m uv pip install --quiet --compile-bytecode --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -e "$repo[$extras]" >&2
   else
     "$venv/bin/python" -m pip install --quiet -e "$repo[$extras]" >&2
   fi
