@@ -110,7 +110,7 @@ def test_converting_needs_no_tensorflow_and_the_reader_says_how_to_get_it(photo_
     )
     assert verify.returncode == 2
     assert verify.stderr.strip().splitlines() == [
-        "python -m tfdata_readers.verify: error: this command needs TensorFlow, which the reader's extra installs: "
+        "verify-tfrecords: error: this command needs TensorFlow, which the reader's extra installs: "
         "pip install 'images-to-tfrecords[read]' (from a clone: pip install '.[read]'), or install your own "
         "TensorFlow build, 2.21 or later"
     ]

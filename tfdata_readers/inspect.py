@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # These need TensorFlow: imported once the arguments are pars
 
 __all__ = ["main", "text_summary", "write_inspection"]
 
-PROG = "python -m tfdata_readers.inspect"
+PROG = "inspect-tfrecords"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -37,11 +37,13 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("inputs", "what to convert")
     group.add_argument(
         "--input",
+        metavar="DIR",
         help="root of a class-per-folder tree: ROOT/<label>/<image> or "
         "ROOT/<split>/<label>/<image>; a local path or any Beam filesystem URI (gs://...)",
     )
     group.add_argument(
         "--manifest",
+        metavar="FILE",
         help="a CSV (header: uri,label[,split]) or JSONL list of the input "
         "images; relative uris are relative to the list's folder",
     )
@@ -71,7 +73,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "dataset_info.json (default: %(default)s)",
     )
     group = parser.add_argument_group("output", "where the dataset goes, and its shards")
-    group.add_argument("--output_dir", help="where shards, dataset_info.json and dead_letters.jsonl go")
+    group.add_argument("--output_dir", metavar="DIR", help="where shards, dataset_info.json and dead_letters.jsonl go")
     group.add_argument(
         "--num_shards",
         type=int,
@@ -102,11 +104,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "--resample",
         default=_DEFAULTS.resample,
         choices=RESAMPLE_METHODS,
-        help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased, as "
-        "every earlier release), bilinear or lanczos (Pillow's, antialiased), or the faster "
+        help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased), bilinear or lanczos (Pillow's, antialiased), or the faster "
         "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
         "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
-        "periodic detail through as moire; see the README (default: %(default)s)",
+        "periodic detail through as moire; their speed and quality: docs/converting.md "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--channels",

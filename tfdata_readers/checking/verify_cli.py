@@ -14,7 +14,7 @@ from tfdata_readers._quiet_start import import_tensorflow_for_command
 
 __all__ = ["main", "parser"]
 
-PROG = "python -m tfdata_readers.verify"
+PROG = "verify-tfrecords"
 
 
 def _version(text: str) -> int:
