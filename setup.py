@@ -42,7 +42,7 @@ DOCS_REQUIRE = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10"]
 CHECK_REQUIRE = ["ruff==0.17.6", "mypy==2.4.1"]
 # websocket-client drives a real headless Chromium over the DevTools protocol in the report's test;
 # the object-store tests run the job against real gs:// and s3:// servers, so they need both clients.
-# pytest-xdist runs the suite in 2 processes, one test module (or the Flink group) per process at a
+# pytest-xdist runs the suite in 3 processes (pytest.ini), one test module (or the Flink group) per process at a
 # time; its --dist loadgroup reads each test's group from a node id that pytest 9 no longer lets it
 # change (the groups are silently ignored there, measured), hence pytest 8.
 TEST_REQUIRE = [

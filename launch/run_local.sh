@@ -5,7 +5,7 @@
 #   launch/run_local.sh --input DIR --output_dir OUT [job flags...]
 #
 # The first run creates ./.venv and installs into it only what converting and the sample photos
-# need (about 0.9 GB; no TensorFlow: `pip install ".[read]"` adds the reader).
+# need (about 0.8 GB; no TensorFlow: `pip install ".[read]"` adds the reader).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="$("$repo/launch/ensure_venv.sh" samples)"  # converting and the sample photos only
