@@ -1,14 +1,14 @@
-"""The local runner: Beam's FnApiRunner, in this process or in worker processes, on every core.
+"""The local runner: Beam's FnApiRunner on every core, in worker processes or in this process.
 
-Converting is codec work (libjpeg-turbo, OpenCV, Pillow's resize and encode, hashing) that
-releases the GIL, so one process converting on a thread per core keeps the cores busy. Beam's
-multi-processing mode instead starts an SDK worker process per core, and each one imports Beam,
-starts a gRPC data plane and receives every stage's elements through it: measured on 2 cores and
-8000 photos, about 10 s of CPU more than the same job in one process, and the slower job end to
-end. The Python glue around each image (reading, framing, Beam's counters) holds the GIL for a
-few percent of an image's time, so a process's threads stop scaling well beyond a handful of
-cores: past CORES_PER_PROCESS cores the runner spreads the shards over worker processes, each
-converting on the threads of CORES_PER_PROCESS cores.
+Beam's multi-processing mode starts an SDK worker process per core; each imports Beam and
+receives its stages' elements over gRPC. Its own process (Beam's ``in_memory`` mode) saves those
+starts, but its threads share one GIL: converting is codec work that releases the GIL, yet the
+Python around each image (reading, framing, Beam's data plane and counters) held it for the
+whole of a run in a profile. Measured on 2 cores (benchmarks/conversion.py, one run, medians of
+2): 8000 photos, worker processes 421 images/s against 374 in one process; 200 photos, 20
+against 32. So a worker process per core is the default, the large jobs' choice, and one
+process only where there is one core to run on; ``--direct_running_mode in_memory`` is the faster
+choice for small jobs (a notebook's, a test's).
 
 Which mode and how many threads never change the bytes: a shard's records are written in plan
 order whatever converts them (convert_shards.py).
@@ -42,10 +42,10 @@ __all__ = [
 IN_PROCESS = "in_memory"  # Beam's name for the FnApiRunner mode that runs bundles in this process
 WORKER_PROCESSES = "multi_processing"
 # Cores one process converts on before more cores go to more processes (see the docstring).
-CORES_PER_PROCESS = 4
-# Converter threads per core a process serves: while one thread waits for the GIL (reading,
-# framing, Beam's counters), the other keeps the core in the codecs. Measured on 2 cores, 8000
-# photos, in one process: 2 threads 261-300 img/s, 3 302-340, 4 318-360, 6 285-362.
+CORES_PER_PROCESS = 1
+# Converter threads per core a process serves: while one thread reads, frames and writes, the
+# other keeps the core in the codecs, and a worker that finishes its shards early does not leave
+# its core idle (measured, 8000 photos on 2 cores: 21.5 s with one thread a worker, 20.4 with two).
 THREADS_PER_CORE = 2
 # Libraries whose chatter the job keeps at or above these levels, in its own process and in
 # worker processes alike.

@@ -46,8 +46,8 @@ QUALITY = ImageConfig().jpeg_quality  # the job's default, which the script uses
 DEMO_IMAGES = 200
 # The job's fast path, timed end to end (the default, bicubic, is Pillow's path of earlier releases).
 FAST = "antialias"
-JOB = f"images-to-tfrecords --resample {FAST} (local runner, in its process)"
-JOB_PROCESSES = f"images-to-tfrecords --resample {FAST} --direct_running_mode multi_processing"
+JOB = f"images-to-tfrecords --resample {FAST} (local runner: a worker process per core)"
+JOB_IN_PROCESS = f"images-to-tfrecords --resample {FAST} --direct_running_mode in_memory"
 LOOP = "script: single-process loop"
 POOL = f"script: multiprocessing.Pool({os.cpu_count()})"
 TARGETS = {"job / pool": 1.2, "job / loop": 2.0, "per image: job / script": 1.3, "demo: job / pool": 0.5}
@@ -145,7 +145,7 @@ def end_to_end(src: pathlib.Path, work: pathlib.Path, num_images: int, repeats: 
     ]
     commands = {
         JOB: lambda out: [*job, "--output_dir", str(out)],
-        JOB_PROCESSES: lambda out: [*job, "--output_dir", str(out), "--direct_running_mode", "multi_processing"],
+        JOB_IN_PROCESS: lambda out: [*job, "--output_dir", str(out), "--direct_running_mode", "in_memory"],
         LOOP: lambda out: [sys.executable, str(script), "loop", str(src), str(out)],
         POOL: lambda out: [sys.executable, str(script), "pool", str(src), str(out)],
     }

@@ -62,12 +62,13 @@ def flink_job_server_jar() -> str:
     raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
 
 
-# On up to 4 cores (CI has 2) the job's local runner converts in its own process, on threads
-# (beam_jobs/local_runner.py); on more it starts worker processes, and each imports Beam: about
-# 13 s of CPU on a 2-core machine for a job of a few photos. Tests whose subject is not those
-# processes name the in-process mode, so that they run alike on any machine. Worker processes
+# Beam's local runner starts a worker process per core for every run, and each imports Beam: about
+# 13 s of CPU on a 2-core machine for a job of a few photos, three times the job's own work.
+# Tests whose subject is not those processes run the same FnApiRunner in its in-process mode
+# (--direct_running_mode in_memory, which users may choose too). Worker processes, the default,
 # stay covered where they matter (``processes``): kills and interrupts, progress relayed from
-# workers, the end-to-end tests, and byte identity across the two modes.
+# workers, the end-to-end tests, byte identity across the two modes, and every command of the
+# docs (as a reader runs them).
 IN_PROCESS = ("--direct_running_mode", "in_memory")
 WORKER_PROCESSES = ("--direct_running_mode", "multi_processing")
 
@@ -83,8 +84,7 @@ def run_cli(
     *args: str, check: bool = True, timeout: float = 300, processes: bool = False
 ) -> subprocess.CompletedProcess:
     """Runs ``python -m beam_jobs`` as a user would, in a fresh process; the local runner in that
-    process, or with ``processes`` in Beam's worker processes (a machine of more than 4 cores'
-    default)."""
+    process, or with ``processes`` in Beam's worker processes (the default a user gets)."""
     argv = [str(a) for a in args]
     if processes and not any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv):
         argv = [*argv, *WORKER_PROCESSES]

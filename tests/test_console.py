@@ -42,8 +42,8 @@ CHATTER = re.compile(
 
 
 def run_cli(*args: object, processes: bool = True, **kwargs: object):
-    """The job with Beam's worker processes, whose records the console relays (``processes=False``:
-    the local runner in its own process, the default on up to 4 cores)."""
+    """The job with Beam's worker processes, the default, whose records the console relays
+    (``processes=False``: the local runner in the job's own process)."""
     return _run_cli(*args, processes=processes, **kwargs)
 
 

@@ -24,8 +24,7 @@ _TF_DTYPES = {"string": tf.string, "int64": tf.int64}
 
 
 def run_cli(*args: object, **kwargs: object):
-    """The job with Beam's worker processes (a machine of more than 4 cores' default; the
-    in-process default is what most other tests run)."""
+    """The job as a user runs it, with Beam's worker processes: this module's subject needs them."""
     return _run_cli(*args, processes=True, **kwargs)
 
 

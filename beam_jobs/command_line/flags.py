@@ -104,7 +104,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "--resample",
         default=_DEFAULTS.resample,
         choices=RESAMPLE_METHODS,
-        help="how pixels are resampled to --image_size: bicubic (Pillow's, antialiased), bilinear or lanczos (Pillow's, antialiased), or the faster "
+        help="how pixels are resampled to --image_size: bicubic, bilinear or lanczos (Pillow's, "
+        "antialiased), or the faster "
         "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
         "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
         "periodic detail through as moire; their speed and quality: docs/converting.md "

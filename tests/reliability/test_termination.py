@@ -21,7 +21,7 @@ import pytest
 
 from beam_jobs.pipeline import InterruptedState, _interrupted_line
 from beam_jobs.sample_data import make_photo_tree
-from tests.conftest import REPO, WORKER_PROCESSES, run_cli
+from tests.conftest import IN_PROCESS, REPO, run_cli
 from tests.dataset_files import dead_letters_path, tree_files
 
 pytestmark = pytest.mark.slow
@@ -94,10 +94,10 @@ def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[i
         (_converting, False, signal.SIGTERM, ()),  # Docker and Kubernetes signal the job's process only
         (_finalizing, True, signal.SIGTERM, ()),
         (_converting, True, signal.SIGINT, ()),  # Ctrl-C: the terminal signals the whole group
-        # The same with Beam's worker processes, the local runner's mode on more than 4 cores.
-        (_converting, True, signal.SIGTERM, WORKER_PROCESSES),
-        (_converting, False, signal.SIGTERM, WORKER_PROCESSES),
-        (_converting, True, signal.SIGINT, WORKER_PROCESSES),
+        # The same with the local runner in the job's own process (--direct_running_mode in_memory).
+        (_converting, True, signal.SIGTERM, IN_PROCESS),
+        (_converting, False, signal.SIGTERM, IN_PROCESS),
+        (_converting, True, signal.SIGINT, IN_PROCESS),
     ],
     ids=[
         "listing-group",
@@ -105,9 +105,9 @@ def _all_gone(processes: list[psutil.Process], deadline_s: float = 60) -> list[i
         "converting-process-only",
         "finalizing-group",
         "ctrl-c",
-        "processes-converting-group",
-        "processes-converting-process-only",
-        "processes-ctrl-c",
+        "in-process-converting-group",
+        "in-process-converting-process-only",
+        "in-process-ctrl-c",
     ],
 )
 def test_sigterm_ends_the_run_like_an_interrupt_and_resume_finishes_it(
