@@ -46,8 +46,8 @@ QUALITY = ImageConfig().jpeg_quality  # the job's default, which the script uses
 DEMO_IMAGES = 200
 # The job's fast path, timed end to end (the default, bicubic, is Pillow's path of earlier releases).
 FAST = "antialias"
-JOB = f"images-to-tfrecords --resample {FAST} (local runner: a worker process per core)"
-JOB_IN_PROCESS = f"images-to-tfrecords --resample {FAST} --direct_running_mode in_memory"
+JOB = f"job --resample {FAST} (default: worker processes)"
+JOB_IN_PROCESS = f"job --resample {FAST} --direct_running_mode in_memory"
 LOOP = "script: single-process loop"
 POOL = f"script: multiprocessing.Pool({os.cpu_count()})"
 TARGETS = {"job / pool": 1.2, "job / loop": 2.0, "per image: job / script": 1.3, "demo: job / pool": 0.5}
