@@ -9,12 +9,12 @@ arguments or no readable dataset_info.json.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tfdata_readers._command_parser import CommandParser
 from tfdata_readers._quiet_start import import_tensorflow_for_command
 from tfdata_readers.inspection.class_chart import balance, balance_text, draw_class_counts
 from tfdata_readers.inspection.units import format_mib, plural
@@ -25,29 +25,6 @@ if TYPE_CHECKING:  # These need TensorFlow: imported once the arguments are pars
 __all__ = ["main", "text_summary", "write_inspection"]
 
 PROG = "inspect-tfrecords"
-
-
-class _Parser(argparse.ArgumentParser):
-    """Refuses abbreviations (a prefix such as --num would silently mean --num_examples) and
-    answers a misspelt flag with the one it resembles, as the conversion job does."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
-
-    def error(self, message: str):
-        """One line, as every other error of this command (and of the job): no usage block."""
-        prefix = "unrecognized arguments: "
-        if message.startswith(prefix):
-            name = message[len(prefix) :].split()[0].split("=", 1)[0]
-            known = [option for action in self._actions for option in action.option_strings]
-            guess = [option for option in known if name.startswith("--") and option.startswith(name)]
-            if len(guess) != 1:  # Compared without the dashes, which every flag shares.
-                bare = {option.lstrip("-"): option for option in known}
-                close = difflib.get_close_matches(name.lstrip("-").replace("-", "_"), list(bare), n=1, cutoff=0.6)
-                guess = [bare[c] for c in close]
-            hint = f"did you mean {guess[0]}?" if name.startswith("-") and guess else f"see {self.prog} --help"
-            message = f"unrecognized argument {name}; {hint}"
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _out_problem(out: str) -> str | None:
@@ -160,7 +137,7 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The inspect command: checks the arguments before TensorFlow is imported, then gathers and writes the report."""
-    parser = _Parser(
+    parser = CommandParser(
         prog=PROG,
         description="Draw contact sheets and a class histogram of a converted dataset, read through "
         "tfdata_readers (what training sees), and write them with a self-contained report.html.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from tfdata_readers._command_parser import CommandParser
 from tfdata_readers._quiet_start import import_tensorflow_for_command
 
 __all__ = ["main", "parser"]
@@ -29,7 +30,7 @@ def _version(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The command's arguments (no TensorFlow needed to build or print them)."""
-    built = argparse.ArgumentParser(
+    built = CommandParser(
         prog=PROG,
         description="Check a converted dataset's shards against its dataset_info.json. Exits 1 on any problem.",
         epilog="examples:\n  verify-tfrecords tfrecords/\n  verify-tfrecords gs://bucket/tfrecords --split train "
