@@ -46,6 +46,13 @@ def test_help_groups_the_jobs_flags_with_examples_and_imports_neither_beam_nor_t
     assert text.index("--input") < text.index("--runner") < text.index("examples:")
 
 
+def test_version_answers_before_beam_is_imported():
+    from beam_jobs import __version__  # pylint: disable=import-outside-toplevel
+
+    result, imported = _run_cli_in_fresh_python("--input", "photos", "--version")
+    assert (result.returncode, result.stdout, imported) == (0, f"images-to-tfrecords {__version__}\n", set())
+
+
 def test_a_misspelt_flag_is_refused_before_beam_is_imported_with_the_same_message(tmp_path):
     argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--imgae_size", "64"]
     result, imported = _run_cli_in_fresh_python(*argv)

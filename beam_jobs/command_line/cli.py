@@ -50,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in argv or "--help" in argv:
         help_parser().print_help()
         raise SystemExit(0)
+    if "--version" in argv:
+        help_parser().parse_args(["--version"])  # prints "images-to-tfrecords <version>" and exits 0
     problem = misspelt_flag(argv)
     if problem is not None:
         print(f"{PROG}: error: {redact(problem)}", file=sys.stderr)

@@ -11,6 +11,7 @@ import argparse
 import difflib
 from collections.abc import Iterable
 
+from beam_jobs import __version__
 from beam_jobs.config import ImageConfig
 from beam_jobs.imaging.resample import RESAMPLE_METHODS
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
@@ -259,6 +260,7 @@ def help_parser() -> argparse.ArgumentParser:
         help="Beam's runner: DataflowRunner, FlinkRunner, PortableRunner, ... "
         "(default: the local FnApiRunner on every core)",
     )
+    group.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
