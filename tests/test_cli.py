@@ -103,3 +103,10 @@ def test_the_listed_beam_flags_are_the_installed_beams():
         f"beam_flags.py is out of date: missing {sorted(live - BEAM_OPTION_STRINGS)}, "
         f"extra {sorted(BEAM_OPTION_STRINGS - live)}; python -m beam_jobs.command_line.beam_flags prints the new set"
     )
+
+
+@pytest.mark.parametrize("workers", ["-1", "-8"])
+def test_a_negative_worker_count_is_refused_by_the_parse_with_its_value(tmp_path, workers):
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--direct_num_workers", workers]
+    with pytest.raises(UsageError, match=rf"--direct_num_workers must be 0 \(all cores\) or more \(got {workers}\)"):
+        parse_job_arguments(argv)

@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.command_line.options import ConversionOptions
@@ -217,6 +217,9 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     _refuse_repeats_and_blanks(argv)
     options = PipelineOptions(argv)
     _check_runner(options.view_as(StandardOptions).runner)
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:  # Beam's own parse takes any int; the local runner would fail late
+        raise UsageError(f"--direct_num_workers must be 0 (all cores) or more (got {workers})")
     flags = options.view_as(ConversionOptions)
     if bool(flags.input) == bool(flags.manifest):
         raise UsageError(
