@@ -49,6 +49,18 @@ def test_csv_bad_rows_are_dead_letters_with_line_numbers():
     assert sorted(d.uri for d in dead) == ["/m/list.csv:3", "/m/list.csv:4", "/m/list.csv:6"]
 
 
+def test_a_uri_is_taken_literally_spaces_at_either_end_included(tmp_path):
+    for name in ("trail .jpg", " lead.jpg"):
+        (tmp_path / name).write_bytes(b"x")
+    text = 'uri,label\n"trail .jpg",cat\n" lead.jpg",cat\n'
+    rows = list(parse_input_list(text, list_uri=str(tmp_path / "list.csv")))
+    assert [(r.filename, r.uri) for r in rows] == [
+        ("trail .jpg", str(tmp_path / "trail .jpg")),
+        (" lead.jpg", str(tmp_path / " lead.jpg")),
+    ]
+    assert all(isinstance(r, InputFile) for r in rows)
+
+
 def test_jsonl_manifest():
     text = '{"uri": "x/1.jpg", "label": "x"}\nnot json\n{"uri": "y/2.jpg"}\n'
     rows = list(parse_input_list(text, list_uri="gs://bucket/m.jsonl"))

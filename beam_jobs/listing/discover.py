@@ -194,7 +194,9 @@ def _row_to_input(
     not_text = _json_value_not_text(row)
     if not_text:
         return _bad_row(where, not_text)
-    entry = str(row["uri"]).strip()
+    # Taken literally, as a tree's names are: "cat .jpg" and " cat.jpg" are file names a disk may
+    # hold, and stripping them made such a listed file a read_error dead letter.
+    entry = str(row["uri"])
     # A relative uri is relative to its own list file's folder (``base``); the relative name of
     # the input is taken against ``root``, common to every part of a pattern.
     located = entry
