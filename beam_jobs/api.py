@@ -60,7 +60,9 @@ def convert(
     with the command line's message, before anything is read or written; a run that fails raises
     the error that failed it, after removing what it had written (the version before it stays the
     current one). Ctrl-C (SIGINT) and SIGTERM interrupt it as they do the command line: what the run
-    wrote is removed and ``KeyboardInterrupt`` is raised; a runner that does not stop within 10 s
+    wrote is removed and ``KeyboardInterrupt`` is raised (one that arrives during the commit's own
+    few writes waits for them: the new version is then committed, and the exception's ``state``
+    has ``completed`` true); a runner that does not stop within 10 s
     of the signal ends the process, as the command line does, rather than hang it. The caller's
     logging configuration is put back as it was when the call returns.
     """

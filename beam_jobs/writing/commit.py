@@ -27,9 +27,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, cast
 
 from apache_beam.io.filesystems import FileSystems
@@ -365,6 +366,38 @@ def _highest_kept_version(output_dir: str) -> int:
     return max((int(m[1]) for m in map(_VERSION_FILE.match, names) if m), default=0)
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then take their course.
+
+    A commit is a few small writes. An interrupt that landed inside it (the job's own process
+    converts and commits there with --direct_running_mode in_memory, and so does a rollback)
+    raised KeyboardInterrupt between the root's write and its history copy: the caller heard
+    "interrupted" of a version that was committed, and the copy's temp file stayed behind.
+    Held, the interrupt lands just after the commit, which is then whole. Only the main thread
+    sets handlers; a worker's bundle thread changes nothing (its process is ended by the
+    runner, and a SIGKILL is never held: the kill tests cover those).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous: dict[signal.Signals, Callable | int] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left so
+            continue
+        previous[signum] = handler
+        signal.signal(signum, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)
+
+
 def commit_version(output_dir: str, manifest: dict, *, expected: Current, change: dict) -> dict:
     """Commits ``manifest`` as the version after ``expected``, or raises CommitConflictError.
 
@@ -386,7 +419,7 @@ def commit_version(output_dir: str, manifest: dict, *, expected: Current, change
     store = _store(output_dir)
     root = _join(output_dir, DATASET_INFO)
     parent = expected.version
-    with store.guard():
+    with _interrupts_held(), store.guard():
         # Above every number the history holds, not just the parent's + 1: a root restored by hand
         # from versions/ (or removed) must never make a commit reuse a number whose history file,
         # and a trainer pinned to it, exist already; nor may a file of the user's there be replaced.

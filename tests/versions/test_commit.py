@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import signal
 
 import pytest
 
 from beam_jobs.errors import JobError
 from beam_jobs.versions import history
+from beam_jobs.writing import commit as commit_module
 from beam_jobs.writing.commit import (
     COMMIT_LOCK_NAME,
     CommitConflictError,
@@ -154,3 +156,32 @@ def test_a_committer_sigkilled_at_random_instants_leaves_one_whole_version(tmp_p
     assert (out / version_file(version + 1)).exists()
     leftovers = [p.name for p in out.rglob(".tmp-*")]
     assert not leftovers, f"temp files left after a commit: {leftovers}"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_inside_a_commit_lands_after_it_and_the_commit_is_whole(tmp_path, monkeypatch, signum):
+    # The interrupt arrives as the root is written: the history copy must still be written, no
+    # temp file left, and only then the interrupt raised.
+    out = tmp_path / "out"
+    _commit(out, content(1))
+    write = commit_module._LocalStore.write  # pylint: disable=protected-access
+    sent = []
+
+    def write_then_signal(self, path, data):
+        if path.endswith("dataset_info.json") and not sent:
+            sent.append(signum)
+            signal.raise_signal(signum)
+        write(self, path, data)
+
+    monkeypatch.setattr(commit_module._LocalStore, "write", write_then_signal)  # pylint: disable=protected-access
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _commit(out, content(2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sent == [signum]
+    assert read_current(str(out)).version == 2
+    assert (out / version_file(2)).read_bytes() == (out / "dataset_info.json").read_bytes()
+    assert not [p.name for p in out.rglob(".tmp-*")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
