@@ -73,11 +73,13 @@ IN_PROCESS = ("--direct_running_mode", "in_memory")
 WORKER_PROCESSES = ("--direct_running_mode", "multi_processing")
 
 
+def _names_a_runner(argv: list[str]) -> bool:
+    return any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv)
+
+
 def in_process(argv: list[str]) -> list[str]:
     """``argv`` with the local runner kept in this process, unless it names a runner or a mode."""
-    if any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv):
-        return argv
-    return [*argv, *IN_PROCESS]
+    return argv if _names_a_runner(argv) else [*argv, *IN_PROCESS]
 
 
 def run_cli(
@@ -86,10 +88,10 @@ def run_cli(
     """Runs ``python -m beam_jobs`` as a user would, in a fresh process; the local runner in that
     process, or with ``processes`` in Beam's worker processes (the default a user gets)."""
     argv = [str(a) for a in args]
-    if processes and not any(a.startswith(("--runner", "--direct_running_mode", "--flink")) for a in argv):
-        argv = [*argv, *WORKER_PROCESSES]
+    if not _names_a_runner(argv):
+        argv = [*argv, *(WORKER_PROCESSES if processes else IN_PROCESS)]
     result = subprocess.run(
-        [sys.executable, "-m", "beam_jobs", *(argv if processes else in_process(argv))],
+        [sys.executable, "-m", "beam_jobs", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
