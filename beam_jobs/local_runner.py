@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "IN_PROCESS",
     "QUIET_LOGGERS",
-    "CORES_PER_PROCESS",
     "THREADS_PER_CORE",
     "WORKER_PROCESSES",
     "LocalParallelism",
@@ -41,14 +40,14 @@ __all__ = [
 
 IN_PROCESS = "in_memory"  # Beam's name for the FnApiRunner mode that runs bundles in this process
 WORKER_PROCESSES = "multi_processing"
-# Cores one process converts on before more cores go to more processes (see the docstring).
-CORES_PER_PROCESS = 1
 # Converter threads per core a process serves: while one thread reads, frames and writes, the
 # other keeps the core in the codecs, and a worker that finishes its shards early does not leave
 # its core idle (measured, 8000 photos on 2 cores: 21.5 s with one thread a worker, 20.4 with two).
 THREADS_PER_CORE = 2
-# Libraries whose chatter the job keeps at or above these levels, in its own process and in
-# worker processes alike.
+# Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG, in the
+# job's process and its workers alike: their DEBUG lines print the pipeline options and each
+# request's signed headers, credentials included (an x-amz-security-token), and DEBUG output is
+# what users paste into bug reports.
 QUIET_LOGGERS = {
     "apache_beam.runners.worker.sdk_worker_main": "WARNING",
     "botocore": "INFO",
@@ -98,7 +97,7 @@ def local_parallelism(cores: int, *, mode: str | None = None, workers: int | Non
         raise ValueError(f"--direct_num_workers must be 0 (all cores) or more (got {workers})")
     if mode is None:
         if workers is None:
-            workers = math.ceil(cores / CORES_PER_PROCESS)
+            workers = cores  # a worker process per core (see the docstring)
         mode = IN_PROCESS if workers == 1 else WORKER_PROCESSES
     if mode == IN_PROCESS:
         workers = 1

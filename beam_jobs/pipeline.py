@@ -1020,9 +1020,6 @@ class _ConsoleFormatter(logging.Formatter):
 
 # Credential options: their values never reach a log line the job prints.
 _CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token", "--azure_connection_string")
-# Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG: their
-# DEBUG lines print the pipeline options and each request's signed headers, credentials included
-# (an x-amz-security-token), and DEBUG output is what users paste into bug reports.
 # At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
 _CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
 # The step that logs the plan line on a worker; the launching process prints it from the
