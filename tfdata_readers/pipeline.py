@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
 import random
-from collections.abc import Iterator
 from typing import Any, cast
 
 import tensorflow as tf
@@ -198,19 +196,33 @@ def _epoch_numbers(initial_epoch: int, num_epochs: int | None) -> tf.data.Datase
     With num_epochs=None one iteration is every epoch (Keras keeps one iterator when given
     steps_per_epoch). With num_epochs=N each new iteration of the same dataset is the next N
     epochs: `model.fit(epochs=k)` iterates once per epoch and must get a new shuffle each time.
-    tf.data has no counter that survives from one iterator to the next, so a Python generator
-    counts the iterations (`data_service` training needs num_epochs=None, so this never runs on a
-    service worker).
+    tf.data has no counter that survives from one iterator to the next, so a TensorFlow
+    resource holds it: each new iterator reads the number of iterations begun before it and
+    adds one (`data_service` training needs num_epochs=None, so this never runs on a service
+    worker).
+
+    The resource is a one-entry hash table rather than a `tf.Variable`: a variable made under a
+    strategy's scope (where many users build their input) becomes a distributed variable, which a
+    tf.data function cannot update. It is not a Python generator (`from_generator`), as it was:
+    tf.data's prefetch thread called that generator, which needs the GIL, so a process that
+    dropped a reading iterator (after an error, at exit, or on `break`) could deadlock, its main
+    thread holding the GIL while it waited for that thread to stop.
     """
     if num_epochs is None:
         return tf.data.Dataset.counter(start=initial_epoch)
-    iterations = itertools.count()
+    key = tf.constant(0, tf.int64)
+    iterations = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
 
-    def passes() -> Iterator[int]:
-        first = initial_epoch + next(iterations) * num_epochs
-        yield from range(first, first + num_epochs)
+    def first_epoch_of_iteration(_: tf.Tensor) -> tf.Tensor:
+        begun = iterations.lookup(key)
+        with tf.control_dependencies([iterations.insert(key, begun + 1)]):
+            return initial_epoch + begun * num_epochs
 
-    return tf.data.Dataset.from_generator(passes, output_signature=tf.TensorSpec([], tf.int64))
+    return (
+        tf.data.Dataset.range(1)
+        .map(first_epoch_of_iteration)
+        .flat_map(lambda first: tf.data.Dataset.range(first, first + num_epochs))
+    )
 
 
 def make_dataset(

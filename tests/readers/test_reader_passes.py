@@ -172,6 +172,28 @@ def test_initial_epoch_with_one_endless_iterator(jpeg_dir) -> None:
         np.testing.assert_array_equal(image.numpy(), full_image.numpy())
 
 
+def _dataset_ops(dataset: tf.data.Dataset) -> set[str]:
+    """Every op of the dataset's graph and of the functions it calls."""
+    from tensorflow.core.framework import graph_pb2
+
+    policy = tf.data.experimental.ExternalStatePolicy.WARN  # the reader's error notes are Python
+    graph = graph_pb2.GraphDef.FromString(dataset._as_serialized_graph(external_state_policy=policy).numpy())
+    return {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+
+
+@pytest.mark.parametrize("num_epochs", [1, 3])
+def test_training_passes_are_counted_without_a_python_generator(jpeg_dir, num_epochs: int) -> None:
+    # tf.data's prefetch thread would call a generator under the GIL; a process dropping its
+    # iterator (after an error, or at exit) held the GIL while waiting for that thread: a deadlock.
+    dataset = tfr.make_dataset(jpeg_dir, "train", 4, training=True, seed=5, num_epochs=num_epochs, with_metadata=True)
+    assert "GeneratorDataset" not in _dataset_ops(dataset)
+    # Each new iteration of the same dataset is still the next num_epochs epochs.
+    steps = TRAIN // 4  # batches of an epoch (training drops the remainder)
+    first, second = _keys(dataset.take(steps)), _keys(dataset.take(steps))
+    assert len(set(first)) == len(set(second)) == steps * 4
+    assert first != second
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_initial_epoch_is_validated(jpeg_dir, bad) -> None:
     with pytest.raises(ValueError, match=f"initial_epoch.*{bad!r}"):
