@@ -41,9 +41,10 @@ __all__ = [
 IN_PROCESS = "in_memory"  # Beam's name for the FnApiRunner mode that runs bundles in this process
 WORKER_PROCESSES = "multi_processing"
 # Converter threads per core a process serves: while one thread reads, frames and writes, the
-# other keeps the core in the codecs, and a worker that finishes its shards early does not leave
-# its core idle (measured, 8000 photos on 2 cores: 21.5 s with one thread a worker, 20.4 with two).
-THREADS_PER_CORE = 2
+# others keep the core in the codecs, and a worker that finishes its shards early does not leave
+# its core idle. Measured, 8000 photos to 224 px on 2 cores, 2 workers (medians of 5 interleaved
+# runs, 2026-12-02): two threads a core 16.3 s, three 14.4 s, four 15.5 s (3 runs), one 15.2 s (2 runs).
+THREADS_PER_CORE = 3
 # Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG, in the
 # job's process and its workers alike: their DEBUG lines print the pipeline options and each
 # request's signed headers, credentials included (an x-amz-security-token), and DEBUG output is

@@ -1,4 +1,4 @@
-"""The local runner's policy: a worker process per core, each converting on 2 threads; one process on 1 core."""
+"""The local runner's policy: a worker process per core, converting on THREADS_PER_CORE threads a core."""
 
 from __future__ import annotations
 
@@ -21,17 +21,19 @@ from beam_jobs.local_runner import (
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO
 
+T = THREADS_PER_CORE
+
 
 @pytest.mark.parametrize(
     "cores, expected",
     [
-        (1, (IN_PROCESS, 1, 2)),
-        (2, (WORKER_PROCESSES, 2, 2)),
-        (4, (WORKER_PROCESSES, 4, 2)),
-        (16, (WORKER_PROCESSES, 16, 2)),
+        (1, (IN_PROCESS, 1, T)),
+        (2, (WORKER_PROCESSES, 2, T)),
+        (4, (WORKER_PROCESSES, 4, T)),
+        (16, (WORKER_PROCESSES, 16, T)),
     ],
 )
-def test_by_default_each_core_gets_a_worker_process_of_2_threads_and_1_core_no_worker(cores, expected):
+def test_by_default_each_core_gets_a_worker_process_and_1_core_no_worker(cores, expected):
     assert local_parallelism(cores) == LocalParallelism(*expected)
 
 
@@ -46,19 +48,19 @@ def test_every_core_is_served_and_no_process_serves_more_than_its_share(cores):
     "cores, mode, workers, expected",
     [
         # --direct_num_workers alone: one means this process, more mean worker processes.
-        (2, None, 1, (IN_PROCESS, 1, 4)),
-        (2, None, 2, (WORKER_PROCESSES, 2, 2)),
-        (16, None, 1, (IN_PROCESS, 1, 32)),
+        (2, None, 1, (IN_PROCESS, 1, 2 * T)),
+        (2, None, 2, (WORKER_PROCESSES, 2, T)),
+        (16, None, 1, (IN_PROCESS, 1, 16 * T)),
         # Beam's 0, "all cores": a worker each, as Beam would start.
-        (2, None, 0, (WORKER_PROCESSES, 2, 2)),
-        (2, WORKER_PROCESSES, None, (WORKER_PROCESSES, 2, 2)),
-        (2, WORKER_PROCESSES, 0, (WORKER_PROCESSES, 2, 2)),
-        (8, WORKER_PROCESSES, 3, (WORKER_PROCESSES, 3, 6)),
+        (2, None, 0, (WORKER_PROCESSES, 2, T)),
+        (2, WORKER_PROCESSES, None, (WORKER_PROCESSES, 2, T)),
+        (2, WORKER_PROCESSES, 0, (WORKER_PROCESSES, 2, T)),
+        (8, WORKER_PROCESSES, 3, (WORKER_PROCESSES, 3, 3 * T)),  # 3 cores a worker, rounded up
         # The in-process mode has one worker whatever is asked; its threads fill the cores.
-        (8, IN_PROCESS, None, (IN_PROCESS, 1, 16)),
-        (8, IN_PROCESS, 4, (IN_PROCESS, 1, 16)),
+        (8, IN_PROCESS, None, (IN_PROCESS, 1, 8 * T)),
+        (8, IN_PROCESS, 4, (IN_PROCESS, 1, 8 * T)),
         # Beam's threaded mode: its workers are threads of this process, each with its own.
-        (4, "multi_threading", 2, ("multi_threading", 2, 4)),
+        (4, "multi_threading", 2, ("multi_threading", 2, 2 * T)),
     ],
 )
 def test_what_the_user_gives_is_kept_and_the_threads_fill_the_cores(cores, mode, workers, expected):
