@@ -930,6 +930,8 @@ def _summary(info: dict, output_dir: str) -> str:
             else change.get("kind", "create")
         )
         committed = f"committed version {info['version']} ({what}): "
+    if not unusable and not dropped:  # an empty dead-letter file is not worth pointing to
+        return f"{committed}wrote {splits} to {redact(output_dir)}; every input became an example"
     return (
         f"{committed}wrote {splits} to {redact(output_dir)}; {_plural(unusable, 'input')} could not be used"
         f"{copies} (see {FileSystems.join(redact(output_dir), info['dead_letters_file'])})"

@@ -214,6 +214,22 @@ def test_console_lines_say_1_shard_1_input_1_class():
     )
 
 
+def test_a_run_without_dead_letters_does_not_point_to_an_empty_file():
+    from beam_jobs.pipeline import _summary
+
+    info = {
+        "splits": {"train": {"num_examples": 2, "num_shards": 1}},
+        "num_dead_letters": 0,
+        "dead_letters_by_reason": {},
+        "dead_letters_file": "shards/r/dead_letters.jsonl",
+        "version": 1,
+        "change": {"kind": "create"},
+    }
+    assert _summary(info, "/d") == (
+        "committed version 1 (create): wrote train: 2 examples in 1 shard to /d; every input became an example"
+    )
+
+
 @pytest.mark.parametrize("size, shown", [(0, "0.00"), (4_600, "0.0044"), (675_553, "0.64"), (15 * 2**20, "15.0")])
 def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
     assert format_mib(size) == shown
