@@ -11,12 +11,15 @@ import psutil
 import pytest
 
 from beam_jobs.local_runner import (
+    BEAM_WORKER_MODULE,
     IN_PROCESS,
     THREADS_PER_CORE,
+    WORKER_MODULE,
     WORKER_PROCESSES,
     LocalParallelism,
     available_cores,
     local_parallelism,
+    worker_command,
 )
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import REPO
@@ -76,6 +79,11 @@ def test_the_cores_are_those_this_process_may_use():
     assert 1 <= available_cores() <= (psutil.cpu_count() or 1)
 
 
+def test_a_worker_runs_the_same_interpreter_with_the_quick_exit_module():
+    beam = f"/opt/my env/bin/python3 -m {BEAM_WORKER_MODULE}"
+    assert worker_command(beam) == f"/opt/my env/bin/python3 -m {WORKER_MODULE}"
+
+
 def _sdk_workers(pid: int) -> int:
     try:
         children = psutil.Process(pid).children(recursive=True)
@@ -85,8 +93,9 @@ def _sdk_workers(pid: int) -> int:
     for child in children:
         try:
             command = child.cmdline()
-            # Beam starts each worker through /bin/sh -c: count the Python processes only.
-            count += "python" in pathlib.Path(command[0]).name and any(p.endswith("sdk_worker_main") for p in command)
+            # Beam starts each worker through /bin/sh -c: count the Python processes only. They run
+            # local_worker.py, Beam's harness without the interpreter's slow teardown.
+            count += "python" in pathlib.Path(command[0]).name and WORKER_MODULE in command
         except psutil.Error:
             continue
     return count

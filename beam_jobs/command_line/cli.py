@@ -7,6 +7,7 @@ the whole command line again with Beam's own parser and checks every value.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -45,7 +46,9 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point (see pipeline.main for the exit codes)."""
+    """Console entry point (see pipeline.main for the exit codes). As the program (no ``argv``
+    given), a finished run's process exits without collecting its heap."""
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         help_parser().print_help()
@@ -59,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from beam_jobs.pipeline import main as run_job  # pylint: disable=import-outside-toplevel
 
     run_job(argv)
+    if as_program:
+        # The run is over: what is left is the interpreter's exit, whose garbage collections walk
+        # a heap of Beam, gRPC and codec objects (0.4-0.5 s on 2 cores) that nothing needs
+        # collected. Frozen, they are out of the collector's sight; the exit still joins threads
+        # and runs exit handlers as usual (local_worker.py does the same in each worker).
+        gc.freeze()
 
 
 if __name__ == "__main__":
