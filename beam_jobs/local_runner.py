@@ -207,7 +207,7 @@ def _with_quick_exit_workers(runner_class: type) -> type:
     """
     from apache_beam.portability import python_urns  # pylint: disable=import-outside-toplevel
 
-    class QuickExitWorkersRunner(runner_class):  # type: ignore[misc, valid-type]
+    class QuickExitWorkersRunner(runner_class):
         def run_via_runner_api(self, pipeline_proto, options):  # noqa: ANN001, ANN202
             for environment in pipeline_proto.components.environments.values():
                 command = environment.payload.decode("utf-8") if environment.urn == python_urns.SUBPROCESS_SDK else ""
