@@ -184,6 +184,38 @@ def _pass_seed(local_seed: int, epoch: tf.Tensor | int, which: int) -> tf.Tensor
     return tf.bitwise.bitwise_and(drawn, tf.constant(MAX_SEED - 1, tf.int64))
 
 
+# The seed pair Dataset.shuffle gives its kernel for an op seed s when no global seed is set:
+# (DEFAULT_GRAPH_SEED, s mod 2**31 - 1), in tensorflow/python/framework/random_seed.py.
+_GRAPH_SEED = 87654321
+_MAXINT32 = 2**31 - 1
+
+
+def _seeded_shuffle(dataset: tf.data.Dataset, buffer_size: int, seed: tf.Tensor) -> tf.data.Dataset:
+    """``dataset.shuffle(buffer_size, seed, reshuffle_each_iteration=False)`` as it orders in a
+    process with no global seed, whatever the process's global seed is.
+
+    ``Dataset.shuffle`` mixes TensorFlow's global seed (``tf.random.set_seed``,
+    ``keras.utils.set_random_seed``) into its own: the same ``seed`` of ours would order an epoch
+    differently in a trainer that sets another global seed (a resumed one, say), and with a global
+    seed of 0 a tensor seed cannot even be built into a dataset (TensorFlow compares it with 0 in
+    Python). So the same kernel (``ShuffleDatasetV3``, which ``Dataset.shuffle`` runs) is given the
+    seed pair itself: the pair ``Dataset.shuffle`` gives it when no global seed is set, so the
+    orders are those of earlier releases for a trainer that set none.
+    """
+    flat = tf.nest.flatten(dataset.element_spec)
+    variant = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        buffer_size=tf.constant(buffer_size, tf.int64),
+        seed=tf.constant(_GRAPH_SEED, tf.int64),
+        seed2=tf.math.floormod(tf.cast(seed, tf.int64), _MAXINT32),
+        seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[spec.dtype for spec in flat],
+        output_shapes=[spec.shape for spec in flat],
+        reshuffle_each_iteration=False,
+    )
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
 def _augment_seed(base_seed: int, epoch: tf.Tensor) -> tf.Tensor:
     """The [2] int64 seed of epoch `epoch`'s augmentation (with each key, it seeds one example)."""
     key = tf.stack([tf.constant(base_seed, tf.int64), tf.cast(epoch, tf.int64)])
@@ -434,9 +466,7 @@ def make_dataset(
             # epoch 0's, whatever `initial_epoch`, as an uninterrupted run's cache holds it.
             first = piece_ds
             if shuffle_pieces:
-                first = piece_ds.shuffle(
-                    len(pieces), seed=_pass_seed(local_seed, 0, _PIECES), reshuffle_each_iteration=False
-                )
+                first = _seeded_shuffle(piece_ds, len(pieces), _pass_seed(local_seed, 0, _PIECES))
             cached = read_pieces(first).cache()
 
         def one_pass(epoch: tf.Tensor) -> tf.data.Dataset:
@@ -446,13 +476,9 @@ def make_dataset(
             else:
                 ordered = piece_ds
                 if shuffle_pieces:
-                    ordered = piece_ds.shuffle(
-                        len(pieces), seed=_pass_seed(local_seed, epoch, _PIECES), reshuffle_each_iteration=False
-                    )
+                    ordered = _seeded_shuffle(piece_ds, len(pieces), _pass_seed(local_seed, epoch, _PIECES))
                 records = read_pieces(ordered)
-            records = records.shuffle(
-                config.shuffle_buffer_size, seed=_pass_seed(local_seed, epoch, _RECORDS), reshuffle_each_iteration=False
-            )
+            records = _seeded_shuffle(records, config.shuffle_buffer_size, _pass_seed(local_seed, epoch, _RECORDS))
             batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
             epoch_seed = _augment_seed(base_seed, epoch)  # [2], with each key it seeds an example's crop and flip
             return decode(batches.map(lambda serialized, names: ((serialized, names), epoch_seed)))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -211,3 +214,25 @@ def test_cache_serves_later_passes_without_the_shards(tmp_path: pathlib.Path, tr
     assert sorted(second) == sorted(first)
     if training:
         assert second != first  # the record shuffle still changes every epoch
+
+
+# A seed orders the epochs by itself: TensorFlow's global seed, which Dataset.shuffle mixes into
+# its own, has no say (a resumed trainer that seeds differently still gets the same epochs).
+
+
+def test_a_seeded_order_does_not_depend_on_the_global_seed(datasets) -> None:
+    orders = {}
+    child = pathlib.Path(__file__).with_name("global_seed_check.py")
+    for global_seed in ("none", "0", "1", "42"):
+        proc = subprocess.run(
+            [sys.executable, str(child), str(datasets["jpeg"]), global_seed],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, f"global seed {global_seed}: {proc.stderr[-3000:]}"
+        orders[global_seed] = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, second = orders["none"][:TRAIN], orders["none"][TRAIN:]
+    assert sorted(first) == sorted(second) == sorted(reader_fixtures.expected_keys(datasets["jpeg"], "train"))
+    assert first != second  # the two epochs are shuffled differently
+    assert all(order == orders["none"] for order in orders.values()), orders
