@@ -10,8 +10,9 @@ against 32. So a worker process per core is the default, the large jobs' choice,
 process only where there is one core to run on; ``--direct_running_mode in_memory`` is the faster
 choice for small jobs (a notebook's, a test's).
 
-Worker processes run local_worker.py, Beam's own harness with a quick exit: Beam closes its
-workers one after another, and each would otherwise spend a second collecting its heap.
+Worker processes run local_worker.py, Beam's own harness with a quick exit (Beam closes its
+workers one after another, and each would otherwise spend a second collecting its heap), which
+also ends with the job's process, however that process ended.
 
 Which mode and how many threads never change the bytes: a shard's records are written in plan
 order whatever converts them (convert_shards.py).
@@ -190,11 +191,12 @@ BEAM_WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 WORKER_MODULE = "beam_jobs.local_worker"
 
 
-def worker_command(beam_command: str) -> str:
+def worker_command(beam_command: str, runner_pid: int) -> str:
     """The command line that starts a local worker in place of Beam's ``beam_command``: the same
-    interpreter, running local_worker.py, which exits as soon as its harness is done."""
+    interpreter, running local_worker.py, which ends with the process ``runner_pid`` and exits
+    quickly once its harness is done."""
     interpreter = beam_command.split(f" -m {BEAM_WORKER_MODULE}")[0]
-    return f"{interpreter} -m {WORKER_MODULE}"
+    return f"{interpreter} -m {WORKER_MODULE} {runner_pid}"
 
 
 def _with_quick_exit_workers(runner_class: type) -> type:
@@ -212,7 +214,7 @@ def _with_quick_exit_workers(runner_class: type) -> type:
             for environment in pipeline_proto.components.environments.values():
                 command = environment.payload.decode("utf-8") if environment.urn == python_urns.SUBPROCESS_SDK else ""
                 if command.endswith(f" -m {BEAM_WORKER_MODULE}"):
-                    environment.payload = worker_command(command).encode("utf-8")
+                    environment.payload = worker_command(command, os.getpid()).encode("utf-8")
             return super().run_via_runner_api(pipeline_proto, options)
 
     return QuickExitWorkersRunner

@@ -81,7 +81,7 @@ def test_the_cores_are_those_this_process_may_use():
 
 def test_a_worker_runs_the_same_interpreter_with_the_quick_exit_module():
     beam = f"/opt/my env/bin/python3 -m {BEAM_WORKER_MODULE}"
-    assert worker_command(beam) == f"/opt/my env/bin/python3 -m {WORKER_MODULE}"
+    assert worker_command(beam, 4321) == f"/opt/my env/bin/python3 -m {WORKER_MODULE} 4321"
 
 
 def _sdk_workers(pid: int) -> int:
@@ -119,3 +119,58 @@ def test_a_default_run_starts_the_worker_processes_the_policy_names(tmp_path):
     assert process.returncode == 0, process.stderr.read()[-3000:]
     expected = local_parallelism(available_cores())
     assert most == (0 if expected.mode == IN_PROCESS else expected.workers)
+
+
+def _worker_processes(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for child in children:
+        try:
+            if WORKER_MODULE in child.cmdline() and "python" in pathlib.Path(child.cmdline()[0]).name:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_workers_end_with_a_job_killed_outright(tmp_path):
+    # SIGKILL (or the OOM killer) leaves the job no chance to clean up: its workers, started
+    # through a shell that outlives it too, must notice by themselves, and not hold its output.
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=400, seed=5)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(photos),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--direct_running_mode",
+            "multi_processing",
+            "--direct_num_workers",
+            "2",
+            "--resample",
+            "lanczos",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    workers: list[psutil.Process] = []
+    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+        workers = _worker_processes(process.pid)
+        time.sleep(0.05)
+    assert len(workers) == 2, "the job never started its two workers"
+    process.kill()  # the job's process alone, as the OOM killer does: not its process group
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"workers outlived the killed job: {[w.pid for w in alive]}"
+    # Nothing holds the job's output any more: reading it to the end returns.
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == -9
