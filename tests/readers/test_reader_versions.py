@@ -167,8 +167,9 @@ def test_paths_that_could_leave_the_data_dir_are_refused_naming_the_entry(append
 
 def test_an_overwritten_flat_dataset_reads_and_verifies_although_its_old_shards_remain(job_outputs, tmp_path) -> None:
     """After an overwrite of a dataset written before versioning, its root-level shards stay for the
-    retention window, listed by versions/00000001.json: they are not stray shards. A root-level
-    shard no manifest lists still is."""
+    retention window, listed by versions/00000001.json: they are not stray shards. A file named
+    like a shard that no manifest lists is one in the current version's run folder, and none of
+    the dataset's business beside dataset_info.json (a user's own file, as the writer promises)."""
     out = tmp_path / "flat"
     shutil.copytree(job_outputs["base"], out)
     commit_overwrite(out, job_outputs["addition"], run=run_name(2))
@@ -179,11 +180,17 @@ def test_an_overwritten_flat_dataset_reads_and_verifies_although_its_old_shards_
         examples_of(out, "train", 1)
     )
     shutil.copy(out / "train-00000-of-00004.tfrecord", out / "train-00009-of-00010.tfrecord")
+    assert sorted(_pairs(tfr.make_dataset(out, "train", 4, with_metadata=True))) == sorted(examples_of(out, "train"))
+    assert tfr.verify(out) == []
+    stray = out / "shards" / run_name(2) / "train-00009-of-00010.tfrecord"
+    shutil.copy(out / "train-00000-of-00004.tfrecord", stray)
     with pytest.raises(
         tfr.ShardError, match=r"train-00009-of-00010.tfrecord look\(s\) like shard\(s\) of split 'train'"
     ):
         tfr.make_dataset(out, "train", 4)
-    assert [p.problem for p in tfr.verify(out)] == ["named like a shard but not listed in dataset_info.json"]
+    assert [(p.path, p.problem) for p in tfr.verify(out)] == [
+        (str(stray), "named like a shard but not listed in dataset_info.json")
+    ]
 
 
 def test_an_append_to_a_flat_dataset_reads_its_root_level_and_subfolder_shards(job_outputs, tmp_path) -> None:

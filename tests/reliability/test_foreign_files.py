@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -62,6 +63,35 @@ def test_a_folder_of_the_users_shard_named_files_gets_a_dataset_beside_them_unto
     info = json.loads((out / "dataset_info.json").read_text())
     listed = [shard["file"] for split in info["splits"].values() for shard in split["shards"]]
     assert all(name.startswith("shards/") for name in listed), listed
+
+
+def test_the_dataset_beside_the_users_shard_named_files_reads_and_verifies(photos, tmp_path):
+    # The reader and verify look for stray shards only where the writer puts shards (the run
+    # folders): the user's files beside dataset_info.json do not make the dataset unreadable.
+    out = _users_folder(tmp_path)
+    run_cli("--input", photos, "--output_dir", out, *SMALL)
+    verified = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, tfdata_readers as t\n"
+            "print(sum(int(labels.shape[0]) for _, labels in t.make_dataset(sys.argv[1], 'train', 4)))",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert (
+        int(read.stdout.split()[-1])
+        == json.loads((out / "dataset_info.json").read_text())["splits"]["train"]["num_examples"]
+    )
+    assert all((out / name).read_bytes() == PRECIOUS for name in ("train-00005-of-00009.tfrecord",))
 
 
 def test_overwrite_never_deletes_or_replaces_a_shard_named_file_no_manifest_lists(photos, tmp_path):

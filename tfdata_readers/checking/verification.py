@@ -183,8 +183,9 @@ def verify(
     splits, a path leaving the data dir, `num_classes` != `len(label_names)`, a wrong `num_shards`),
     features the manifest declares differently from the format, a missing or malformed dead-letter
     file (a line that is not a JSON object of string `uri`, `stage`, `reason`, `detail`, or a line
-    count that differs from `num_dead_letters`), and files beside the manifest named like a shard of
-    these splits (of any split, by default) that neither this manifest nor any in versions/ lists. A
+    count that differs from `num_dead_letters`), and files in the folders holding its shards named
+    like a shard of these splits (of any split, by default) that neither this manifest nor any in
+    versions/ lists (a user's own files beside dataset_info.json are not the dataset's). A
     shard whose path leaves the data dir is not opened; one listed twice is checked once. A manifest
     it cannot parse, or one of a newer schema_version, raises.
     """

@@ -5,12 +5,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import posixpath
 import re
 from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfdata_readers.sources.manifest import VERSIONS_DIR, DatasetInfo, ShardInfo, SplitInfo, history_files
+from tfdata_readers.sources.manifest import (
+    VERSIONS_DIR,
+    DatasetInfo,
+    ShardInfo,
+    SplitInfo,
+    history_files,
+    shard_file_problem,
+)
 
 __all__ = [
     "SHARD_NAME",
@@ -68,30 +76,42 @@ SHARD_NAME = re.compile(r"^(?P<split>[^.].*)-(?P<index>\d{5})-of-(?P<count>\d{5}
 
 
 def unlisted_shards(info: DatasetInfo, splits: Iterable[str] | None = None) -> list[str]:
-    """Paths of files directly in the data dir named like a shard of `splits` (None: any split) that
-    no manifest of the dataset lists: a stale shard of an earlier run, or one copied in by hand.
+    """Paths of files named like a shard of `splits` (None: any split), in a folder that holds the
+    manifest's shards, that no manifest of the dataset lists: a stale shard of an earlier run, or
+    one copied in by hand among the writer's own.
 
-    The reader never reads them (its file list comes only from the manifest); listing the folder
+    The reader never reads them (its file list comes only from the manifest); listing the folders
     is only for this check, so that such a disagreement fails loudly instead of being ignored.
-    A file that another version's manifest (versions/*.json) lists is not stale: the writer keeps
-    old versions' files for its retention window (after an overwrite of a dataset written before
-    versioning, its shards stay beside the new run's folder). Run folders under shards/ hold the
-    writer's own files (a version's, or a killed run's leftovers) and are not looked into.
+    Only the folders the writer put this version's shards in are looked into: the run folders
+    under shards/ (or the data dir itself, for a dataset written before run folders). Files of the
+    user's own beside dataset_info.json, even named like shards, are then none of the dataset's
+    business, as the writer promises. A file that another version's manifest (versions/*.json)
+    lists is not stale: the writer keeps old versions' files for its retention window (after an
+    overwrite of a dataset written before versioning, its shards stay beside the new run's folder).
     """
     wanted = None if splits is None else set(splits)
-    # Compared as relative paths: shards/<run>/train-00000-of-00004.tfrecord does not list a
-    # train-00000-of-00004.tfrecord beside dataset_info.json.
+    # Compared as paths relative to the data dir: shards/<run>/train-00000-of-00004.tfrecord does
+    # not list a train-00000-of-00004.tfrecord beside dataset_info.json.
     listed = {s.file for split in info.splits.values() for s in split.shards}
+    # A file entry that leaves the data dir is a problem of its own (verify reports it): its
+    # folder is not listed.
+    folders = sorted({posixpath.dirname(file) for file in listed if not shard_file_problem(file)})
     candidates = []
-    for name in sorted(tf.io.gfile.listdir(info.data_dir)):
-        name = name.rstrip("/")
-        match = SHARD_NAME.match(name)
-        if match and name not in listed and (wanted is None or match["split"] in wanted):
-            candidates.append(name)
+    for folder in folders:
+        try:
+            names = tf.io.gfile.listdir(os.path.join(info.data_dir, folder) if folder else info.data_dir)
+        except tf.errors.NotFoundError:
+            continue  # a missing shard's folder: the shard itself is reported as missing
+        for name in sorted(names):
+            name = name.rstrip("/")
+            file = posixpath.join(folder, name) if folder else name
+            match = SHARD_NAME.match(name)
+            if match and file not in listed and (wanted is None or match["split"] in wanted):
+                candidates.append(file)
     if candidates:  # Only then are the history manifests read.
         kept = history_files(info.data_dir)
-        candidates = [name for name in candidates if name not in kept]
-    return [os.path.join(info.data_dir, name) for name in candidates]
+        candidates = [file for file in candidates if file not in kept]
+    return [os.path.join(info.data_dir, file) for file in candidates]
 
 
 def check_no_unlisted_shards(info: DatasetInfo, split: str) -> None:
