@@ -56,6 +56,7 @@ import tensorflow as tf
 from tfdata_readers.service.dispatcher import ACCEPTED_FORMS, ask_dispatcher, parse_host_port
 
 __all__ = [
+    "CHECK_END_S",
     "START_UP_S",
     "check_dispatcher",
     "check_workers_see",
@@ -94,6 +95,13 @@ def check_dispatcher(address: str, timeout_s: float) -> list[str]:
     return ask_dispatcher(address, timeout_s)
 
 
+# Once the workers have checked the paths, the reader learns that the check's job has ended from
+# its heartbeats with the dispatcher (about a second apart), not from the workers: a check that
+# took no time can still take a heartbeat or two to end. With a data_service_timeout_s of 1 s, a
+# healthy service was reported hung once in seven tries on a 2-core machine.
+CHECK_END_S = 3.0
+
+
 def check_workers_see(address: str, paths: Sequence[str], timeout_s: float, *, start_up_s: float = START_UP_S) -> None:
     """Fails, naming the address, unless every service worker reports that it can see every path
     in `paths`.
@@ -109,7 +117,8 @@ def check_workers_see(address: str, paths: Sequence[str], timeout_s: float, *, s
         `max(timeout_s, start_up_s)` while the dispatcher answers (asked every few seconds, so a
         service that goes away fails within `timeout_s`); a log record says when it takes longer
         than `timeout_s`.
-      - the check itself, from that mark: `timeout_s`, for every worker to look at every path.
+      - the check itself, from that mark: `timeout_s`, for every worker to look at every path,
+        and CHECK_END_S for the service to say that the check has ended.
     """
     marked = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).concatenate(
         tf.data.Dataset.from_tensor_slices(tf.constant(sorted(set(paths)), tf.string)).filter(
@@ -133,15 +142,15 @@ def check_workers_see(address: str, paths: Sequence[str], timeout_s: float, *, s
 
     threading.Thread(target=run, name="tf.data service path check", daemon=True).start()
     kind, value = _await_start(events, address, timeout_s, start_up_s)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s + CHECK_END_S
     while kind == "started":
         try:
             kind, value = events.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise ConnectionError(
                 f"the tf.data service at {address} started the check of the shard paths but its workers did not "
-                f"finish it within {timeout_s:g} s (data_service_timeout_s): is a worker hung, or a shard path on a "
-                f"file system that does not answer?"
+                f"finish it within {timeout_s:g} s (data_service_timeout_s) and {CHECK_END_S:g} s for the "
+                f"service to say so: is a worker hung, or a shard path on a file system that does not answer?"
             ) from None
     _report(kind, value, address, paths)
 
