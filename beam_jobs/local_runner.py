@@ -5,8 +5,8 @@ receives its stages' elements over gRPC. Its own process (Beam's ``in_memory`` m
 starts, but its threads share one GIL: converting is codec work that releases the GIL, yet the
 Python around each image (reading, framing, Beam's data plane and counters) held it for the
 whole of a run in a profile. Measured on 2 cores (benchmarks/conversion.py, one run, medians of
-2): 8000 photos, worker processes 421 images/s against 374 in one process; 200 photos, 20
-against 32. So a worker process per core is the default, the large jobs' choice, and one
+3, 2026-12-03): 8000 photos, worker processes 604 images/s against 488 in one process; 200
+photos, 35 against 50. So a worker process per core is the default, the large jobs' choice, and one
 process only where there is one core to run on; ``--direct_running_mode in_memory`` is the faster
 choice for small jobs (a notebook's, a test's).
 
