@@ -40,10 +40,19 @@ _WATCH_INTERVAL_S = 0.5
 RUNNER_GONE_EXIT_CODE = 3
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs: not ended, not a zombie left for its parent to reap, and
+    not another process that has since taken its pid (psutil compares start times)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone between the two questions
+        return False
+
+
 def _exit_when_gone(runner: psutil.Process) -> None:
     """Waits, on a daemon thread, for ``runner`` to end, then kills this worker's children and ends
     it at once: nothing is left to report its work to, and no teardown is worth waiting for."""
-    while runner.is_running() and runner.status() != psutil.STATUS_ZOMBIE:
+    while _alive(runner):
         threading.Event().wait(_WATCH_INTERVAL_S)
     for child in psutil.Process().children(recursive=True):  # an isolated decoder, say
         try:
