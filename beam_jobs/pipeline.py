@@ -650,6 +650,15 @@ def _check_output_dir(
             "is" if unkept == 1 else "are",
             "; ".join(sorted(differences)),
         )
+    if previous is not None and not overwrite and not append:
+        # Said by default (the --overwrite notice above is INFO): the user asked to finish a run,
+        # and this one will replace a complete dataset instead.
+        _LOG.warning(
+            "--resume: %s holds no interrupted run to continue, and its version %s is complete; this run "
+            "converts everything again and commits the next version (stop it now if that is not what you want)",
+            redact(output_dir),
+            current.version,
+        )
     return new_run_name(), kind
 
 
@@ -939,6 +948,8 @@ def _summary(info: dict, output_dir: str) -> str:
 
 
 _STORAGE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+# What the FnApiRunner raises when one of its worker processes dies (killed, out of memory).
+_WORKER_LOST = ("Channel closed prematurely", "Worker subprocess exited with return code")
 # The last "SomeError: message" line of a traceback, as runners pass worker failures on in text.
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)): (.+)$", re.MULTILINE)
 # Runners append the failing step to the message; it is worth keeping, the Java-side noise is not.
@@ -969,6 +980,12 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
                 + "; nothing was committed (dataset_info.json, and the version it names, if any, are as "
                 "they were; the shards completed so far stay in the run's folder for --resume)"
             ), False
+    if any(needle in text for needle in _WORKER_LOST):
+        return (
+            "a worker process of the local runner ended without finishing its work (was it killed, or "
+            "out of memory?); nothing was committed (dataset_info.json, and the version it names, if any, "
+            "are as they were; the shards completed so far stay in the run's folder for --resume)"
+        ), True
     lines = [m for m in _ERROR_LINE.finditer(text) if not m.group(2).startswith("[while running")]
     step = _STEP.findall(text)
     if not lines:

@@ -174,3 +174,49 @@ def test_workers_end_with_a_job_killed_outright(tmp_path):
     # Nothing holds the job's output any more: reading it to the end returns.
     out, err = process.communicate(timeout=30)
     assert process.returncode == -9
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_fails_the_run_with_one_line_that_says_so(tmp_path):
+    # One worker killed (the OOM killer's usual victim): the runner's threads raise as well, and
+    # none of their tracebacks may reach the console; the one line says what happened and that
+    # the shards completed so far stay for --resume.
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=400, seed=6)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(photos),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--direct_running_mode",
+            "multi_processing",
+            "--direct_num_workers",
+            "2",
+            "--resample",
+            "lanczos",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    workers: list[psutil.Process] = []
+    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+        workers = _worker_processes(process.pid)
+        time.sleep(0.05)
+    assert len(workers) == 2, "the job never started its two workers"
+    while not list((tmp_path / "out").glob("shards/*/.train-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until a first shard is staged: the workers are converting
+    workers[0].kill()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("images-to-tfrecords: error:")]
+    assert len(errors) == 1 and "worker process" in errors[0] and "--resume" in errors[0], err[-3000:]
+    assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
+    assert not (tmp_path / "out" / "dataset_info.json").exists()
+    assert not _worker_processes(process.pid)

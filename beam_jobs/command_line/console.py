@@ -16,6 +16,9 @@ from google.protobuf import text_format
 
 from beam_jobs.command_line.termination import interrupted
 
+# Beam's runner threads' tracebacks, shown with --log_level DEBUG only (the failure itself is one line).
+_DETAILS = logging.getLogger("beam_jobs.details")
+
 __all__ = ["HARNESS_CHATTER", "ConsoleFilter", "RelayedWorkerRecords", "TracebackFilter", "hide_worker_tracebacks"]
 
 # Lines the local runner's SDK worker processes print at every start and stop, whatever log level
@@ -154,11 +157,25 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[ConsoleFilter]:
 
     The local runner's SDK workers inherit stderr and print each failed bundle's traceback to it
     with print(), outside logging's reach; the failure itself reaches the user as one line from
-    the job's entry point. With ``enabled`` False (--log_level DEBUG) nothing is filtered.
+    the job's entry point. The runner's own threads (``beam_control_read``, ``run_worker``) raise
+    too when a worker dies, and Python prints those tracebacks, two at once and interleaved, so
+    that no line filter can tell them apart: while the block runs they go to the log at DEBUG
+    instead. With ``enabled`` False (--log_level DEBUG) nothing is filtered.
     """
     if not enabled:
         yield ConsoleFilter()
         return
+    hook = threading.excepthook
+
+    def log_thread_exception(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        _DETAILS.debug(
+            "thread %s ended with %s: %s", name, args.exc_type.__name__, args.exc_value, exc_info=args.exc_value
+        )
+
+    threading.excepthook = log_thread_exception
     sys.stderr.flush()
     original = os.dup(2)
     terminal = os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace")
@@ -179,6 +196,7 @@ def hide_worker_tracebacks(enabled: bool = True) -> Iterator[ConsoleFilter]:
     try:
         yield console
     finally:
+        threading.excepthook = hook
         sys.stderr.flush()
         os.dup2(original, 2)  # Closes the pipe's last write end held here: the pump sees EOF...
         os.close(original)

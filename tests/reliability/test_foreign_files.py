@@ -166,3 +166,17 @@ def test_a_refusal_with_one_staged_shard_says_it_in_the_singular(photos, tmp_pat
     )
     error = _refused(result, 1)
     assert "the 1 shard converted so far stays in " in error and "no version lists it" in error, error
+
+
+def test_resume_over_a_complete_dataset_warns_before_making_a_new_version(photos, tmp_path):
+    # A run killed just after its commit leaves a complete dataset and no run to continue: the
+    # user asked to finish a run, and gets a new version instead, so the console says so.
+    out = tmp_path / "out"
+    run_cli("--input", photos, "--output_dir", out, *SMALL)
+    result = run_cli("--input", photos, "--output_dir", out, *SMALL, "--resume")
+    warnings = [line for line in result.stderr.splitlines() if "holds no interrupted run" in line]
+    assert len(warnings) == 1 and "version 1 is complete" in warnings[0], result.stderr[-3000:]
+    assert json.loads((out / "dataset_info.json").read_text())["version"] == 2
+    # An interrupted run to continue, or no dataset yet: nothing to warn about.
+    fresh = run_cli("--input", photos, "--output_dir", tmp_path / "fresh", *SMALL, "--resume")
+    assert "holds no interrupted run" not in fresh.stderr
