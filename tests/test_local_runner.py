@@ -84,21 +84,22 @@ def test_a_worker_runs_the_same_interpreter_with_the_quick_exit_module():
     assert worker_command(beam, 4321) == f"/opt/my env/bin/python3 -m {WORKER_MODULE} 4321"
 
 
-def _sdk_workers(pid: int) -> int:
+def _worker_processes(pid: int) -> list[psutil.Process]:
+    """The local workers under process ``pid``. Beam starts each through /bin/sh -c: the Python
+    processes only, which run local_worker.py (Beam's harness, with a quick exit)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
-    count = 0
+        return []
+    found = []
     for child in children:
         try:
             command = child.cmdline()
-            # Beam starts each worker through /bin/sh -c: count the Python processes only. They run
-            # local_worker.py, Beam's harness without the interpreter's slow teardown.
-            count += "python" in pathlib.Path(command[0]).name and WORKER_MODULE in command
+            if "python" in pathlib.Path(command[0]).name and WORKER_MODULE in command:
+                found.append(child)
         except psutil.Error:
             continue
-    return count
+    return found
 
 
 @pytest.mark.slow
@@ -114,75 +115,18 @@ def test_a_default_run_starts_the_worker_processes_the_policy_names(tmp_path):
     )
     most = 0
     while process.poll() is None:
-        most = max(most, _sdk_workers(process.pid))
+        most = max(most, len(_worker_processes(process.pid)))
         time.sleep(0.05)
     assert process.returncode == 0, process.stderr.read()[-3000:]
     expected = local_parallelism(available_cores())
     assert most == (0 if expected.mode == IN_PROCESS else expected.workers)
 
 
-def _worker_processes(pid: int) -> list[psutil.Process]:
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for child in children:
-        try:
-            if WORKER_MODULE in child.cmdline() and "python" in pathlib.Path(child.cmdline()[0]).name:
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
-@pytest.mark.slow
-def test_workers_end_with_a_job_killed_outright(tmp_path):
-    # SIGKILL (or the OOM killer) leaves the job no chance to clean up: its workers, started
-    # through a shell that outlives it too, must notice by themselves, and not hold its output.
+def _job_with_two_workers(tmp_path: pathlib.Path, *, seed: int) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """A conversion of 400 photos started in two worker processes (lanczos, to keep them busy),
+    and those workers once both run."""
     photos = tmp_path / "photos"
-    make_photo_tree(photos, num_images=400, seed=5)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "beam_jobs",
-            "--input",
-            str(photos),
-            "--output_dir",
-            str(tmp_path / "out"),
-            "--direct_running_mode",
-            "multi_processing",
-            "--direct_num_workers",
-            "2",
-            "--resample",
-            "lanczos",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 120
-    workers: list[psutil.Process] = []
-    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
-        workers = _worker_processes(process.pid)
-        time.sleep(0.05)
-    assert len(workers) == 2, "the job never started its two workers"
-    process.kill()  # the job's process alone, as the OOM killer does: not its process group
-    _, alive = psutil.wait_procs(workers, timeout=30)
-    assert not alive, f"workers outlived the killed job: {[w.pid for w in alive]}"
-    # Nothing holds the job's output any more: reading it to the end returns.
-    out, err = process.communicate(timeout=30)
-    assert process.returncode == -9
-
-
-@pytest.mark.slow
-def test_a_worker_killed_mid_run_fails_the_run_with_one_line_that_says_so(tmp_path):
-    # One worker killed (the OOM killer's usual victim): the runner's threads raise as well, and
-    # none of their tracebacks may reach the console; the one line says what happened and that
-    # the shards completed so far stay for --resume.
-    photos = tmp_path / "photos"
-    make_photo_tree(photos, num_images=400, seed=6)
+    make_photo_tree(photos, num_images=400, seed=seed)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -210,6 +154,29 @@ def test_a_worker_killed_mid_run_fails_the_run_with_one_line_that_says_so(tmp_pa
         workers = _worker_processes(process.pid)
         time.sleep(0.05)
     assert len(workers) == 2, "the job never started its two workers"
+    return process, workers
+
+
+@pytest.mark.slow
+def test_workers_end_with_a_job_killed_outright(tmp_path):
+    # SIGKILL (or the OOM killer) leaves the job no chance to clean up: its workers, started
+    # through a shell that outlives it too, must notice by themselves, and not hold its output.
+    process, workers = _job_with_two_workers(tmp_path, seed=5)
+    process.kill()  # the job's process alone, as the OOM killer does: not its process group
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"workers outlived the killed job: {[w.pid for w in alive]}"
+    # Nothing holds the job's output any more: reading it to the end returns.
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == -9
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_fails_the_run_with_one_line_that_says_so(tmp_path):
+    # One worker killed (the OOM killer's usual victim): the runner's threads raise as well, and
+    # none of their tracebacks may reach the console; the one line says what happened and that
+    # the shards completed so far stay for --resume.
+    process, workers = _job_with_two_workers(tmp_path, seed=6)
+    deadline = time.monotonic() + 120
     while not list((tmp_path / "out").glob("shards/*/.train-*.json")) and time.monotonic() < deadline:
         time.sleep(0.05)  # until a first shard is staged: the workers are converting
     workers[0].kill()
