@@ -21,6 +21,7 @@ def convert(
     manifest: str | None = None,
     image_size: int | str | tuple[int, int] = 224,
     resize_mode: str = "crop",
+    max_side: int | None = None,
     resample: str = "bicubic",
     channels: int = 3,
     encoding: str = "jpeg",

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.example import ENCODINGS, FORMAT_NAMES
+from beam_jobs.imaging.geometry import KEEP
 from beam_jobs.imaging.isolation import ISOLATION_POLICIES
 from beam_jobs.imaging.preprocess import RESIZE_MODES
 from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
@@ -22,7 +23,10 @@ class ImageConfig:
     Attributes:
       width, height: output size in pixels.
       channels: 3 (RGB) or 1 (grayscale).
-      resize_mode: "crop" (shorter side, then centre crop), "pad" or "stretch".
+      resize_mode: "crop" (shorter side, then centre crop), "pad", "stretch", or "keep" (each
+        image at its own size: width and height are then not used).
+      max_side: with "keep", images whose longer side is larger are shrunk to it (aspect ratio
+        kept); None keeps every size.
       resample: how pixels are resampled to the output size: "bicubic" (the default), "antialias",
         "area", "bilinear" or "lanczos" (resample.py).
       encoding: "jpeg", "png" or "raw" (uint8 pixels).
@@ -45,6 +49,7 @@ class ImageConfig:
     max_file_bytes: int = 64 * 1024 * 1024
     isolation: str = "risky"
     decode_timeout_s: float = 60.0
+    max_side: int | None = None
 
     def __post_init__(self) -> None:
         if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
@@ -65,8 +70,20 @@ class ImageConfig:
             raise ValueError(f"isolation must be one of {ISOLATION_POLICIES} (got {self.isolation!r})")
         if self.decode_timeout_s <= 0:
             raise ValueError(f"decode_timeout_s must be positive (got {self.decode_timeout_s!r})")
+        if self.max_side is not None and (isinstance(self.max_side, bool) or not 1 <= self.max_side <= 65535):
+            raise ValueError(f"max_side must be 1..65535 pixels (got {self.max_side!r})")
+        if self.max_side is not None and self.resize_mode != KEEP:
+            raise ValueError(
+                f"max_side applies to resize_mode keep only; resize_mode {self.resize_mode!r} makes every "
+                f"image {self.width}x{self.height}"
+            )
         if self.max_file_bytes < 1:
             raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
+
+    @property
+    def keeps_size(self) -> bool:
+        """True when each image keeps its own size (resize_mode keep): no one size for the dataset."""
+        return self.resize_mode == KEEP
 
     @property
     def size(self) -> tuple[int, int]:
@@ -80,8 +97,16 @@ class ImageConfig:
 
     def to_json(self) -> dict:
         """The settings as dataset_info.json records them and the run fingerprint hashes them."""
+        settings = asdict(self)
+        if self.max_side is None:
+            del settings["max_side"]  # so that runs made before the setting existed keep their fingerprint
+        if self.keeps_size:
+            # No one size: --image_size has no effect, so it must not change the fingerprint either.
+            for key in ("width", "height"):
+                del settings[key]
+            return settings
         # As --image_size takes it (WIDTHxHEIGHT); a [height, width] list read the other way round.
-        return {**asdict(self), "image_size": f"{self.width}x{self.height}"}
+        return {**settings, "image_size": f"{self.width}x{self.height}"}
 
 
 def parse_image_size(text: str) -> tuple[int, int]:

@@ -2,11 +2,63 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from beam_jobs.paths import redact
 
-__all__ = ["DeadLetter", "InputFile", "ShardResult"]
+__all__ = ["Annotations", "BoxObject", "DeadLetter", "InputFile", "ShardResult", "class_names"]
+
+
+@dataclass(frozen=True, order=True)
+class BoxObject:
+    """One object of an image: a class name and a box in source pixels (edges, left < right, top < bottom).
+
+    The box is in the frame of the file's stored pixels (before its EXIF orientation) unless the
+    image's Annotations say ``upright``. ``ref`` names it in messages (a COCO annotation id, or
+    the list row and position).
+    """
+
+    label: str
+    xmin: float
+    ymin: float
+    xmax: float
+    ymax: float
+    is_crowd: bool = False
+    ref: str = ""
+
+
+@dataclass(frozen=True, order=True)
+class Annotations:
+    """What an input list (or a COCO file) says about one image beyond a single class label.
+
+    ``labels``: the image's classes (multi-label), sorted and distinct. ``objects``: its boxes.
+    ``upright``: the boxes are in the frame of the image as shown (its EXIF orientation applied)
+    rather than as stored; a COCO file whose width and height are those of the upright image says
+    so. ``label_ids`` and each object's id are filled in by the plan from the dataset's label names.
+    """
+
+    labels: tuple[str, ...] = ()
+    objects: tuple[BoxObject, ...] = ()
+    upright: bool = False
+    label_ids: tuple[int, ...] = ()
+    object_ids: tuple[int, ...] = ()
+
+    def content(self) -> tuple:
+        """What the annotations say, without where they were said (each object's ``ref``): two
+        rows that list one image with equal content agree."""
+        return self.labels, tuple(replace(o, ref="") for o in self.objects), self.upright
+
+    def names(self) -> tuple[str, ...]:
+        """Every class name the image carries, sorted and distinct."""
+        return tuple(sorted({*self.labels, *(o.label for o in self.objects)}))
+
+    def with_ids(self, ids: dict[str, int]) -> Annotations:
+        """The same annotations with the dataset's class ids filled in."""
+        return replace(
+            self,
+            label_ids=tuple(ids[name] for name in self.labels),
+            object_ids=tuple(ids[o.label] for o in self.objects),
+        )
 
 
 @dataclass(frozen=True, order=True)
@@ -28,6 +80,22 @@ class InputFile:
     content_sha256: str | None = None
     mtime: float | None = None
     origin: str | None = None  # where an input list named it ("list.csv:12"), for messages
+    annotations: Annotations | None = None  # multi-label or boxes, from an input list or a COCO file
+
+
+def class_names(f: InputFile) -> tuple[str, ...]:
+    """The class names an input counts for: its label, and every class its annotations name.
+
+    One rule for the label names, the class counts and the plan, whatever the task: a
+    classification input counts for its one label, a multi-label or detection input for each
+    class it shows (an image with no object counts for none).
+    """
+    if f.annotations is None:
+        return (f.label,) if f.label is not None else ()
+    names = set(f.annotations.names())
+    if f.label is not None:
+        names.add(f.label)
+    return tuple(sorted(names))
 
 
 @dataclass(frozen=True, order=True)
@@ -61,3 +129,5 @@ class ShardResult:
     sha256: str
     class_counts: tuple[tuple[str, int], ...] = ()
     dead_letters_by_reason: tuple[tuple[str, int], ...] = ()
+    object_counts: tuple[tuple[str, int], ...] = ()  # annotated: objects stored per class
+    objects_cut: int = 0  # annotated: objects the crop cut away whole

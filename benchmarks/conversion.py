@@ -177,7 +177,7 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from PIL import Image, ImageOps  # pylint: disable=import-outside-toplevel
 
-    from beam_jobs.imaging.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
     from beam_jobs.imaging.resample import ARRAY_METHODS, RESAMPLE_METHODS  # pylint: disable=import-outside-toplevel
     from beam_jobs.records import InputFile  # pylint: disable=import-outside-toplevel
     from beam_jobs.writing.convert_shards import convert_image  # pylint: disable=import-outside-toplevel

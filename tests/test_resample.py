@@ -129,7 +129,7 @@ def _decoded_output(config: ImageConfig, data: bytes) -> Image.Image:
 def test_the_default_and_antialias_are_closer_to_lanczos_than_the_usual_bilinear_script(method):
     """The quality bar: the PSNR against a full decode resized with Lanczos (the same crop) is at
     least that of `draft` + ImageOps.fit(BILINEAR), at the same JPEG quality, on real photos."""
-    from beam_jobs.imaging.preprocess import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
 
     default, script = [], []
     for name in ("astronaut", "chelsea", "coffee", "rocket", "china", "flower"):

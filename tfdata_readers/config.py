@@ -126,6 +126,8 @@ class ReadConfig:
       decode_placement: decode each element in a parallel map ("element"), or each batch with
         `map_fn` ("batch"). "auto" uses the placement measured faster: per batch for
         evaluation (for RAW one vectorised op), per element for training (crops differ in size).
+      max_boxes: a detection dataset's boxes and classes are padded (classes with -1) to this
+        many per image; an image with more has the rest cut, and a line on stderr says so.
       image_size: (height, width) of the output images, or one int for a square (as the
         converter's `--image_size`). None: the size stored in the manifest.
       scale: factor applied to the float32 pixels; 1/255 gives [0, 1]. None keeps [0, 255].
@@ -224,6 +226,7 @@ class ReadConfig:
     data_service_sharding: ServiceSharding = "auto"
     data_service_timeout_s: float = 10.0
     class_weights: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
+    max_boxes: int = 100
 
     def __post_init__(self) -> None:
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
@@ -231,7 +234,7 @@ class ReadConfig:
             raise ValueError("ReadConfig.cycle_length must be a positive int or None (got AUTOTUNE)")
         for name in ("num_parallel_reads", "num_parallel_calls", "prefetch"):
             _check_positive_or_autotune(name, getattr(self, name))
-        for name in ("block_length", "read_buffer_size", "shuffle_buffer_size"):
+        for name in ("block_length", "read_buffer_size", "shuffle_buffer_size", "max_boxes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ReadConfig.{name} must be a positive int (got {value!r})")

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tfdata_readers._command_parser import CommandParser
 from tfdata_readers._quiet_start import import_tensorflow_for_command
@@ -101,7 +101,9 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
     os.makedirs(out_dir, exist_ok=True)
     info = report.info
-    image_size = (info.image.height, info.image.width)
+    from tfdata_readers.inspection.gather import SHEET_SIZE  # pylint: disable=import-outside-toplevel
+
+    image_size = cast("tuple[int, int]", SHEET_SIZE if info.image.keeps_size else (info.image.height, info.image.width))
     sheets, written = {}, []  # sheets: split -> JPEG for the page; the PNG files keep every pixel
     for split, sample in report.samples.items():
         if not sample.examples:

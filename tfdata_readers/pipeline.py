@@ -13,7 +13,9 @@ import tensorflow as tf
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decoding import augment
 from tfdata_readers.decoding.decode import to_output
-from tfdata_readers.decoding.parse import METADATA_KEYS, feature_spec, parse_batch
+from tfdata_readers.decoding.parse import METADATA_KEYS, feature_spec, list_feature_spec, parse_batch
+from tfdata_readers.decoding.targets import TARGET_NAMES, annotation_targets
+from tfdata_readers.decoding.targets import list_keys as _list_keys
 from tfdata_readers.service import reading as service_reading
 from tfdata_readers.sources.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
 from tfdata_readers.sources.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
@@ -37,6 +39,7 @@ _AUTO_PLACEMENT = {
 _MAX_AUTO_CYCLE_LENGTH = 16
 # The feature that seeds each training example's augmentation.
 _AUGMENT_KEY = "image/key/sha256"
+_HEIGHT, _WIDTH = "image/height", "image/width"
 
 
 def _global_batch(batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
@@ -315,13 +318,20 @@ def make_dataset(
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
     # ReadConfig normalises a mapping of weights to sorted pairs when it is made.
     weights = class_weight_table(cast("tuple[tuple[int, float], ...] | None", config.class_weights), info)
-    keys = ["image/encoded", "image/class/label"]
+    task = info.task
+    annotated = task != "classification"
+    keys = ["image/encoded"] if annotated else ["image/encoded", "image/class/label"]
     if with_metadata:
-        keys += list(METADATA_KEYS.values())
+        # An annotated example's class names are a list: its ids are in the targets.
+        keys += [key for name, key in METADATA_KEYS.items() if not (annotated and name == "label_text")]
     elif training:
         keys.append(_AUGMENT_KEY)  # each example's crop and flip are seeded from its key
+    if info.image.keeps_size:
+        keys += [_HEIGHT, _WIDTH]  # each example's own size: RAW bytes do not say it
     # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
-    spec = feature_spec(keys, info.features, where=info.manifest_path)
+    spec: dict[str, Any] = feature_spec(keys, info.features, where=info.manifest_path)
+    if annotated:
+        spec.update(list_feature_spec(_list_keys(task), info.features, where=info.manifest_path))
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
     # Only an older version's manifest (read from versions/) can list files the writer has since deleted.
@@ -338,6 +348,11 @@ def make_dataset(
         service_reading.check_workers_see(service, [p.path for p in share.pieces], config.data_service_timeout_s)
 
     image = info.image
+    if image.keeps_size and config.image_size is None:
+        raise ValueError(
+            f"{info.manifest_path}: the images of this dataset keep their own sizes (converted with "
+            f"--resize_mode keep), so a batch needs an output size: give image_size=(height, width)"
+        )
     # ReadConfig normalises one int to a (height, width) pair when it is made.
     out_size = cast("tuple[int, int]", config.image_size or (image.height, image.width))
     drop_remainder = training if config.drop_remainder is None else config.drop_remainder
@@ -356,6 +371,10 @@ def make_dataset(
     # Augmentation uses `base_seed` itself: it depends on the example, not the pipeline.
     local_seed = (base_seed + 7919 * pipeline_id) % MAX_SEED
     placement = _placement(config, image, training)
+    if annotated or image.keeps_size:
+        # Per example: images of varying sizes, and lists of varying lengths, form a batch only
+        # once each is resized and padded.
+        placement = "element"
 
     # (path, records in the shard, records to skip, records to take, shard bytes) per shard piece
     # this pipeline reads.
@@ -423,12 +442,42 @@ def make_dataset(
             if training:
                 return augment.train_batch(encoded, features["seed"], image, out_size=out_size, **crop)
             return augment.eval_batch(encoded, image, out_size=out_size)
+        size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
         if training:
-            return augment.train_element(encoded, features["seed"], image, out_size=out_size, **crop)
-        return augment.eval_element(encoded, image, out_size=out_size)
+            return augment.train_element(encoded, features["seed"], image, out_size=out_size, size=size, **crop)
+        return augment.eval_element(encoded, image, out_size=out_size, size=size)
+
+    def element(features: dict[str, Any]) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        """One parsed example -> (its fixed-shape features, its pixels): an annotated example's
+        lists become its targets (annotation_targets), the boxes moved with the pixels."""
+        if not annotated:
+            return features, images(features, False)
+        if task == "detection":
+            size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
+            boxes = tf.stack([features[f"image/object/bbox/{side}"] for side in ("ymin", "xmin", "ymax", "xmax")], 1)
+            pixels, boxes = augment.detection_element(
+                features["image/encoded"],
+                features["seed"],
+                image,
+                boxes,
+                out_size=out_size,
+                training=training,
+                size=size,
+            )
+        else:
+            pixels, boxes = images(features, False), None
+        fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
+        fixed.update(annotation_targets(features, boxes, num_classes=info.num_classes, max_boxes=config.max_boxes))
+        return fixed, pixels
 
     def finish(features: dict[str, tf.Tensor], pixels: tf.Tensor) -> tuple[Any, ...]:
         pixels = to_output(pixels, config.dtype, config.scale)
+        if annotated:
+            targets = {name: features[name] for name in TARGET_NAMES[task]}
+            annotated_out: tuple[Any, ...] = (pixels, targets if task == "detection" else targets["labels"])
+            if with_metadata:
+                annotated_out += ({name: features[key] for name, key in METADATA_KEYS.items() if key in features},)
+            return annotated_out
         labels = features["image/class/label"]
         out: tuple[Any, ...] = (pixels, labels)
         if weights is not None:
@@ -449,7 +498,7 @@ def make_dataset(
             )
         else:
             parsed = batches.map(to_features, **parallel).unbatch()  # {key: scalar}
-            elements = parsed.map(lambda f: (f, images(f, False)), **parallel)  # ({key: scalar}, [H,W,C])
+            elements = parsed.map(element, **parallel)  # ({key: scalar, target: fixed shape}, [H,W,C])
             # Re-batching what was just unbatched gives the same batch boundaries.
             decoded = elements.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
         if batches_per_epoch is not None and not service:

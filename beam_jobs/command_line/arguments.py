@@ -251,6 +251,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
             max_file_bytes=max(1, int(flags.max_file_mb * 2**20)),
             isolation=flags.isolation,
             decode_timeout_s=flags.decode_timeout_s,
+            max_side=flags.max_side,
         )
         split_fractions = parse_splits(flags.splits) if flags.splits else None
     except ValueError as error:

@@ -97,9 +97,18 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--resize_mode",
         default=_DEFAULTS.resize_mode,
-        choices=("crop", "pad", "stretch"),
+        choices=("crop", "pad", "stretch", "keep"),
         help="crop: shorter side then centre crop; pad: fit then letterbox; "
-        "stretch: ignore the aspect ratio (default: %(default)s)",
+        "stretch: ignore the aspect ratio; keep: each image at its own size (a JPEG that needs no "
+        "rotation or colour conversion is stored byte for byte), for detection and segmentation "
+        "models that resize on the fly (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max_side",
+        type=int,
+        default=None,
+        help="with --resize_mode keep: shrink images whose longer side is larger to this many "
+        "pixels, keeping the aspect ratio (default: keep every size)",
     )
     group.add_argument(
         "--resample",

@@ -46,6 +46,8 @@ class DecodedImage:
     source_format: str
     source_size: tuple[int, int]
     events: list[str] = field(default_factory=list)
+    orientation: int = 1  # the EXIF orientation applied (1: none)
+    source_mode: str = ""  # the file's own colour mode ("RGB", "L", "CMYK", "P", ...)
 
 
 @dataclass
@@ -56,6 +58,8 @@ class DecodedPixels:
     source_format: str
     source_size: tuple[int, int]
     events: list[str] = field(default_factory=list)
+    orientation: int = 1  # the EXIF orientation applied (1: none)
+    source_mode: str = ""  # the file's own colour mode ("RGB", "L", "CMYK", "P", ...)
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -234,7 +238,12 @@ def decode_rgb_pixels(
         events = _with_exif_warning(list(opened.events), exif_warned)
         pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
     return DecodedPixels(
-        pixels=pixels, source_format=opened.source_format, source_size=opened.source_size, events=events
+        pixels=pixels,
+        source_format=opened.source_format,
+        source_size=opened.source_size,
+        events=events,
+        orientation=opened.orientation,
+        source_mode=opened.mode,
     )
 
 
@@ -245,6 +254,7 @@ class _Opened:
     source_size: tuple[int, int]
     orientation: int
     events: list[str]
+    mode: str  # the file's colour mode, before any conversion
 
 
 def _open_for_decode(
@@ -260,7 +270,7 @@ def _open_for_decode(
         upright = (source_size[1], source_size[0]) if swap else source_size
         need_w, need_h = draft_size_for(upright)
         image.draft(image.mode, (need_h, need_w) if swap else (need_w, need_h))
-    return _Opened(image, source_format, source_size, orientation, events)
+    return _Opened(image, source_format, source_size, orientation, events, image.mode)
 
 
 def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
@@ -279,7 +289,14 @@ def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
             image = ImageOps.exif_transpose(image)
         except Exception:
             events.append("exif_malformed")
-    return DecodedImage(image=image, source_format=opened.source_format, source_size=opened.source_size, events=events)
+    return DecodedImage(
+        image=image,
+        source_format=opened.source_format,
+        source_size=opened.source_size,
+        events=events,
+        orientation=opened.orientation,
+        source_mode=opened.mode,
+    )
 
 
 def _libjpeg_pixels(data: bytes, opened: _Opened) -> np.ndarray | None:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simplejpeg
 from PIL import Image
 
+from beam_jobs.imaging.annotate import StoredObjects
 from beam_jobs.imaging.example_proto import Example
 
 __all__ = [
     "ENCODINGS",
     "FEATURE_DTYPES",
     "FORMAT_NAMES",
+    "LIST_FEATURE_DTYPES",
     "ExampleFields",
     "encode_array",
     "encode_pixels",
@@ -40,6 +44,21 @@ FEATURE_DTYPES: dict[str, str] = {
     "image/key/sha256": "string",
     "image/source_id": "string",
 }
+# What an annotated example holds instead of, or beside, the keys above (lists of any length),
+# spelled as TensorFlow Model Garden's decoders read them (tf_example_decoder.py and
+# classification_input.py with is_multilabel).
+LIST_FEATURE_DTYPES: dict[str, str] = {
+    "image/class/label": "int64",
+    "image/class/text": "string",
+    "image/object/bbox/xmin": "float32",
+    "image/object/bbox/ymin": "float32",
+    "image/object/bbox/xmax": "float32",
+    "image/object/bbox/ymax": "float32",
+    "image/object/class/label": "int64",
+    "image/object/class/text": "string",
+    "image/object/area": "float32",
+    "image/object/is_crowd": "int64",
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +75,11 @@ class ExampleFields:
     filename: str
     sha256: str
     source_id: str
+    # Annotated examples: every class of the image (``label`` and ``label_text`` are then unused)
+    # and its objects (annotate.StoredObjects). None: a one-label example, as before.
+    labels: tuple[int, ...] | None = None
+    label_texts: tuple[str, ...] = ()
+    objects: StoredObjects | None = None
 
 
 def encode_pixels(image: Image.Image, *, encoding: str, jpeg_quality: int) -> bytes:
@@ -108,9 +132,33 @@ def serialize_example(fields: ExampleFields) -> bytes:
     put_int("image/height", fields.height)
     put_int("image/width", fields.width)
     put_int("image/channels", fields.channels)
-    put_int("image/class/label", fields.label)
-    put_bytes("image/class/text", fields.label_text.encode("utf-8"))
+    if fields.labels is None:
+        put_int("image/class/label", fields.label)
+        put_bytes("image/class/text", fields.label_text.encode("utf-8"))
+    else:
+        _put_list(feature, "image/class/label", "int64_list", fields.labels)
+        _put_list(feature, "image/class/text", "bytes_list", [text.encode("utf-8") for text in fields.label_texts])
+    if fields.objects is not None:
+        _put_objects(feature, fields.objects)
     put_bytes("image/filename", fields.filename.encode("utf-8"))
     put_bytes("image/key/sha256", fields.sha256.encode("ascii"))
     put_bytes("image/source_id", fields.source_id.encode("ascii"))
     return example.SerializeToString(deterministic=True)
+
+
+def _put_list(feature: Any, key: str, kind: str, values: Iterable[Any]) -> None:
+    """One list feature, present with its kind even when empty: a reader then sees an empty list
+    of the right type, where a missing key would fail a parse that expects it."""
+    held = getattr(feature[key], kind)
+    held.SetInParent()
+    held.value.extend(values)
+
+
+def _put_objects(feature: Any, objects: StoredObjects) -> None:
+    """The object lists, every key present even for an image with no object."""
+    for index, side in enumerate(("xmin", "ymin", "xmax", "ymax")):
+        _put_list(feature, f"image/object/bbox/{side}", "float_list", [box[index] for box in objects.boxes])
+    _put_list(feature, "image/object/class/label", "int64_list", objects.label_ids)
+    _put_list(feature, "image/object/class/text", "bytes_list", [text.encode("utf-8") for text in objects.label_texts])
+    _put_list(feature, "image/object/area", "float_list", objects.areas)
+    _put_list(feature, "image/object/is_crowd", "int64_list", objects.is_crowd)

@@ -1,4 +1,4 @@
-"""Pure pixel preprocessing: colour-mode normalisation and the three resize modes."""
+"""Pure pixel preprocessing: colour-mode normalisation and resizing by a Placement (geometry.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image
 
 from beam_jobs.errors import BadInputError, Reason, Stage
+from beam_jobs.imaging.geometry import KEEP, Placement, kept_size, place
 from beam_jobs.imaging.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, resample_array, resample_image
 
 __all__ = [
@@ -17,14 +18,16 @@ __all__ = [
     "normalize_mode",
     "required_source_size",
     "resize_image",
+    "resize_image_by",
     "resize_pixels",
+    "resize_pixels_by",
 ]
 
 # Transparent pixels are composited on white, as browsers and image viewers show them.
 ALPHA_BACKGROUND = (255, 255, 255)
 # Letterbox bars of the pad mode are black, as in most detection and video pipelines.
 PAD_FILL = (0, 0, 0)
-RESIZE_MODES = ("crop", "pad", "stretch")
+RESIZE_MODES = ("crop", "pad", "stretch", KEEP)
 
 _SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 
@@ -89,7 +92,12 @@ def normalize_mode(image: Image.Image, *, channels: int) -> Image.Image:
     return image if image.mode == target else image.convert(target)
 
 
-def _scale_for(source: tuple[int, int], target: tuple[int, int], resize_mode: str) -> tuple[float, float]:
+def _scale_for(
+    source: tuple[int, int], target: tuple[int, int], resize_mode: str, max_side: int | None = None
+) -> tuple[float, float]:
+    if resize_mode == KEEP:
+        out = kept_size(source, max_side)
+        return out[0] / source[0], out[1] / source[1]
     (src_w, src_h), (dst_w, dst_h) = source, target
     if resize_mode == "crop":
         scale = max(dst_w / src_w, dst_h / src_h)
@@ -102,12 +110,14 @@ def _scale_for(source: tuple[int, int], target: tuple[int, int], resize_mode: st
     raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")
 
 
-def required_source_size(source: tuple[int, int], target: tuple[int, int], resize_mode: str) -> tuple[int, int]:
+def required_source_size(
+    source: tuple[int, int], target: tuple[int, int], resize_mode: str, max_side: int | None = None
+) -> tuple[int, int]:
     """The smallest (width, height) the source may be reduced to before resizing loses nothing.
 
     JPEG draft decoding may shrink the source to this size or larger, never smaller.
     """
-    scale_w, scale_h = _scale_for(source, target, resize_mode)
+    scale_w, scale_h = _scale_for(source, target, resize_mode, max_side)
     # The epsilon keeps float noise (3000 * (224 / 3000) = 224.00000000000003) from adding a pixel.
     return (
         min(source[0], max(1, math.ceil(source[0] * scale_w - 1e-9))),
@@ -115,79 +125,77 @@ def required_source_size(source: tuple[int, int], target: tuple[int, int], resiz
     )
 
 
-def _centre_box(
-    source: tuple[int, int], target: tuple[int, int], *, whole_pixels: bool
-) -> tuple[float, float, float, float]:
-    """The centred box of the source with the target's aspect ratio (the crop mode's), with
-    fractional edges, or rounded to whole pixels (at most half a source pixel off-centre)."""
-    (src_w, src_h), (dst_w, dst_h) = source, target
-    scale = max(dst_w / src_w, dst_h / src_h)
-    box_w, box_h = dst_w / scale, dst_h / scale
-    if whole_pixels:
-        box_w, box_h = min(src_w, max(1, round(box_w))), min(src_h, max(1, round(box_h)))
-        left, top = (src_w - box_w) // 2, (src_h - box_h) // 2
-        return left, top, left + box_w, top + box_h
-    # Clamped: float noise can otherwise put the box a hair outside the image, which Pillow refuses.
-    x0, y0 = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
-    return x0, y0, min(float(src_w), x0 + box_w), min(float(src_h), y0 + box_h)
-
-
-def resize_image(
-    image: Image.Image, target: tuple[int, int], resize_mode: str, resample_method: str = DEFAULT_RESAMPLE
-) -> Image.Image:
-    """Resizes ``image`` to exactly ``target`` (width, height) with antialiasing (resample.py).
+def resize_image_by(image: Image.Image, placement: Placement, resample_method: str = DEFAULT_RESAMPLE) -> Image.Image:
+    """Resizes the upright ``image`` by ``placement`` (geometry.py) with antialiasing (resample.py):
+    its source box scaled onto its target box, any rest of the output PAD_FILL.
 
     - crop: scale so the shorter side fits, then take the centre (no distortion, edges lost);
     - pad: scale so the longer side fits, then centre on PAD_FILL (no distortion, nothing lost);
-    - stretch: scale each axis independently (distortion, nothing lost).
+    - stretch: scale each axis independently (distortion, nothing lost);
+    - keep: the image as it is, or shrunk to --max_side.
     """
     if resample_method in ARRAY_METHODS:
-        return Image.fromarray(resize_pixels(np.asarray(image), target, resize_mode, resample_method), mode=image.mode)
-    dst_w, dst_h = target
-    src_w, src_h = image.size
-    if resize_mode == "crop":
-        # Resize only the centre box, in one step: the box has the target's aspect ratio.
-        box = _centre_box(image.size, target, whole_pixels=False)
-        return resample_image(image, target, resample_method, box=box)
-    if resize_mode == "stretch":
-        return resample_image(image, target, resample_method)
-    if resize_mode == "pad":
-        inner = _padded_size(image.size, target)
-        fill = PAD_FILL if image.mode == "RGB" else PAD_FILL[0]
-        canvas = Image.new(image.mode, target, fill)
-        canvas.paste(resample_image(image, inner, resample_method), ((dst_w - inner[0]) // 2, (dst_h - inner[1]) // 2))
-        return canvas
-    raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")
+        return Image.fromarray(resize_pixels_by(np.asarray(image), placement, resample_method), mode=image.mode)
+    if placement.is_identity and image.size == placement.output_size:
+        return image
+    tx0, ty0, tx1, ty1 = placement.target_box
+    box = placement.source_box
+    whole = box == (0, 0, *image.size)
+    inner = resample_image(image, (tx1 - tx0, ty1 - ty0), resample_method, box=None if whole else box)
+    if (tx0, ty0, tx1, ty1) == (0, 0, *placement.output_size):
+        return inner
+    fill = PAD_FILL if image.mode == "RGB" else PAD_FILL[0]
+    canvas = Image.new(image.mode, placement.output_size, fill)
+    canvas.paste(inner, (tx0, ty0))
+    return canvas
 
 
-def _padded_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
-    scale = min(target[0] / source[0], target[1] / source[1])
-    return max(1, round(source[0] * scale)), max(1, round(source[1] * scale))
+def resize_pixels_by(pixels: np.ndarray, placement: Placement, resample_method: str = DEFAULT_RESAMPLE) -> np.ndarray:
+    """resize_image_by for an H x W (x C) uint8 array and an array method ("antialias", "area").
+
+    The placement's source box must have whole-pixel edges here (an array slice):
+    ``place(..., whole_pixels=True)``.
+    """
+    left, top, right, bottom = (int(edge) for edge in placement.source_box)
+    tx0, ty0, tx1, ty1 = placement.target_box
+    inner = resample_array(
+        np.ascontiguousarray(pixels[top:bottom, left:right]), (tx1 - tx0, ty1 - ty0), resample_method
+    )
+    if (tx0, ty0, tx1, ty1) == (0, 0, *placement.output_size):
+        return inner
+    dst_w, dst_h = placement.output_size
+    fill = PAD_FILL if pixels.ndim == 3 else PAD_FILL[0]
+    canvas = np.empty((dst_h, dst_w, *pixels.shape[2:]), dtype=np.uint8)
+    canvas[...] = fill
+    canvas[ty0:ty1, tx0:tx1] = inner
+    return canvas
+
+
+def resize_image(
+    image: Image.Image,
+    target: tuple[int, int],
+    resize_mode: str,
+    resample_method: str = DEFAULT_RESAMPLE,
+    *,
+    max_side: int | None = None,
+) -> Image.Image:
+    """Resizes the upright ``image`` to ``target`` (width, height) by a resize mode: resize_image_by
+    with the mode's Placement."""
+    whole = resample_method in ARRAY_METHODS
+    placement = place(image.size, target, resize_mode, whole_pixels=whole, max_side=max_side)
+    return resize_image_by(image, placement, resample_method)
 
 
 def resize_pixels(
-    pixels: np.ndarray, target: tuple[int, int], resize_mode: str, resample_method: str = DEFAULT_RESAMPLE
+    pixels: np.ndarray,
+    target: tuple[int, int],
+    resize_mode: str,
+    resample_method: str = DEFAULT_RESAMPLE,
+    *,
+    max_side: int | None = None,
 ) -> np.ndarray:
-    """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area").
-
-    The crop mode's centre box has whole-pixel edges here (an array slice), at most half a
-    source pixel off the exact centre.
-    """
-    height, width = pixels.shape[:2]
-    dst_w, dst_h = target
-    if resize_mode == "crop":
-        left, top, right, bottom = (int(edge) for edge in _centre_box((width, height), target, whole_pixels=True))
-        return resample_array(np.ascontiguousarray(pixels[top:bottom, left:right]), target, resample_method)
-    if resize_mode == "stretch":
-        return resample_array(np.ascontiguousarray(pixels), target, resample_method)
-    if resize_mode == "pad":
-        inner_w, inner_h = _padded_size((width, height), target)
-        fill = PAD_FILL if pixels.ndim == 3 else PAD_FILL[0]
-        canvas = np.empty((dst_h, dst_w, *pixels.shape[2:]), dtype=np.uint8)
-        canvas[...] = fill
-        left, top = (dst_w - inner_w) // 2, (dst_h - inner_h) // 2
-        canvas[top : top + inner_h, left : left + inner_w] = resample_array(
-            np.ascontiguousarray(pixels), (inner_w, inner_h), resample_method
-        )
-        return canvas
-    raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {resize_mode!r})")
+    """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area"). The
+    crop mode's centre box has whole-pixel edges here (an array slice), at most half a source
+    pixel off the exact centre."""
+    placement = place((pixels.shape[1], pixels.shape[0]), target, resize_mode, whole_pixels=True, max_side=max_side)
+    return resize_pixels_by(pixels, placement, resample_method)

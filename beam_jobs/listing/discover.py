@@ -16,6 +16,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
+from beam_jobs.listing.annotations import ANNOTATION_COLUMNS, annotations_from_row
 from beam_jobs.listing.names import clean_label, clean_split_name, is_hidden_name
 from beam_jobs.listing.policy import (
     IMAGE_EXTENSIONS,
@@ -180,14 +181,18 @@ def _json_value_not_text(row: dict) -> str | None:
 
 
 def _row_to_input(
-    row: dict, *, root: str, where: str, allow_outside_root: bool, base: str | None = None
+    row: dict, *, root: str, where: str, allow_outside_root: bool, base: str | None = None, from_csv: bool = False
 ) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
         return _bad_row(where, "the row is not valid UTF-8")
+    try:
+        annotations = annotations_from_row(row, where=where, from_csv=from_csv)
+    except BadInputError as error:
+        return DeadLetter(where, error.stage, error.reason, error.detail)
+    # An annotated row (labels, objects) needs no one label.
+    required = ("uri",) if annotations is not None else _REQUIRED_COLUMNS
     missing = [
-        column
-        for column in _REQUIRED_COLUMNS
-        if row.get(column) is None or (column == "uri" and not str(row[column]).strip())
+        column for column in required if row.get(column) is None or (column == "uri" and not str(row[column]).strip())
     ]
     if missing:
         return _bad_row(where, f"missing {', '.join(missing)}")
@@ -205,7 +210,11 @@ def _row_to_input(
     try:
         uri, filename = resolve_inside_root(located, root, allow_outside=allow_outside_root)
         # The one naming policy of tree folders too: "café" (NFC or NFD) and "cat " name one class.
-        label = clean_label(row["label"], where=where)
+        label = (
+            None
+            if annotations is not None and row.get("label") in (None, "")
+            else clean_label(row["label"], where=where)
+        )
         raw_split = str(row.get("split") or "").strip()
         split = clean_split_name(raw_split, where=where) if raw_split else None
     except BadInputError as error:
@@ -216,7 +225,7 @@ def _row_to_input(
         refused = check_listed_file(uri)  # a FIFO, a folder, a dangling symlink: never opened
         if refused is not None:
             return DeadLetter(where, refused.stage, refused.reason, f"{entry!r}: {refused.detail}")
-    return InputFile(filename=filename, uri=uri, label=label, split=split, origin=where)
+    return InputFile(filename=filename, uri=uri, label=label, split=split, origin=where, annotations=annotations)
 
 
 def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:
@@ -277,9 +286,10 @@ def parse_input_list(
         raise JobError(f"the input list {redact(list_uri)} has an unreadable header row: {error}") from None
     if columns is None:
         return  # An empty part: sharded exporters write them; it lists nothing.
-    if not all(column in columns for column in _REQUIRED_COLUMNS):
+    if "uri" not in columns or not any(column in columns for column in ("label", *ANNOTATION_COLUMNS)):
         raise JobError(
-            f"the input list {redact(list_uri)} must have a header row naming uri and label (got {columns!r})"
+            f"the input list {redact(list_uri)} must have a header row naming uri and label "
+            f"(or labels or objects) (got {columns!r})"
         )
     while True:
         try:
@@ -294,7 +304,7 @@ def parse_input_list(
         if None in row or any(value is None for value in row.values()):
             yield _bad_row(where, "wrong number of columns")
             continue
-        yield convert(row, where=where)
+        yield convert(row, where=where, from_csv=True)
 
 
 def _read_input_list(

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 from beam_jobs.listing.names import clean_label, clean_split_name, is_valid_split_name  # noqa: F401 (discover imports it from here)
-from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.records import DeadLetter, InputFile, class_names
 
 __all__ = [
     "DEDUP_POLICIES",
@@ -133,6 +133,7 @@ def input_order(f: InputFile) -> tuple:
         f.label_id,
         -1.0 if f.mtime is None else f.mtime,
         f.origin or "",
+        repr(f.annotations),
     )
 
 
@@ -516,7 +517,8 @@ def resolve_same_path(filename: str, rows: Iterable[InputFile]) -> tuple[InputFi
     rows = sorted(rows, key=input_order)
     if len(rows) == 1:
         return rows[0], []
-    labels = {f.label or "" for f in rows}
+    # Labels and annotations: two rows that annotate one image differently conflict as two labels do.
+    labels = {(f.label or "", f.annotations.content() if f.annotations else None) for f in rows}
     splits = {f.split for f in rows if f.split}
     if len(labels) > 1 or len(splits) > 1:
         shown = ", ".join(
@@ -663,16 +665,20 @@ def plan_dataset(
     files, duplicates = _drop_duplicates(list(files), dedup)
     num_unsplit = sum(1 for f in files if f.split is None)
     files = assign_splits(files, split_fractions or {DEFAULT_SPLIT: 1.0}, rule=split_rule)
-    label_names = tuple(sorted({f.label for f in files if f.label is not None}))
+    label_names = tuple(sorted({name for f in files for name in class_names(f)}))
     class_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in files:
-        assert f.split is not None and f.label is not None  # assign_splits gave each input a split
-        class_counts[f.split][f.label] += 1
+        assert f.split is not None  # assign_splits gave each input a split
+        for name in class_names(f):
+            class_counts[f.split][name] += 1
     label_ids = {name: index for index, name in enumerate(label_names)}
     by_split: dict[str, list[InputFile]] = defaultdict(list)
     for f in files:
-        assert f.split is not None and f.label is not None
-        by_split[f.split].append(replace(f, label_id=label_ids[f.label]))
+        split = f.split
+        assert split is not None
+        if f.annotations is not None:
+            f = replace(f, annotations=f.annotations.with_ids(label_ids))
+        by_split[split].append(replace(f, label_id=label_ids[f.label] if f.label is not None else -1))
     shards = []
     for split in sorted(by_split):
         members = sorted(by_split[split], key=lambda f: shard_digest(f.filename))

@@ -46,7 +46,7 @@ from beam_jobs.planning.rules import (
     tree_facts,
     tree_reads_splits,
 )
-from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.records import Annotations, DeadLetter, InputFile, class_names
 
 __all__ = ["PLAN_CHANGES", "PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards", "SourceChangesFn", "compare_with_held"]
 
@@ -305,17 +305,25 @@ def _layout(
 
 
 def _rank_bucket(
-    group: tuple[tuple[str, int], Iterable[InputFile]], layout: dict, label_names: tuple[str, ...]
+    group: tuple[tuple[str, int], Iterable[InputFile]],
+    layout: dict,
+    label_names: tuple[str, ...],
+    annotated: bool = False,
 ) -> Iterator[tuple[tuple[str, int], tuple[int, InputFile]]]:
-    """Places one bucket's inputs: global rank = bucket offset + rank by digest inside the bucket."""
+    """Places one bucket's inputs: global rank = bucket offset + rank by digest inside the bucket.
+
+    In an ``annotated`` dataset (any input has labels or objects) every input is annotated, a
+    one-label row as an image of that class with no object: one layout for all its examples."""
     (split, bucket), members = group
     split_layout = layout[split]
     label_ids = {name: index for index, name in enumerate(label_names)}
     ordered = sorted(members, key=lambda f: shard_digest(f.filename))
     for index, f in enumerate(ordered):
-        assert f.label is not None, "every planned input has its label"
+        assert f.label is not None or f.annotations is not None, "every planned input has its label or annotations"
         shard, position = place_in_shard(split_layout["offsets"][bucket] + index, split_layout["num_shards"])
-        yield (split, shard), (position, replace(f, label_id=label_ids[f.label]))
+        if annotated:
+            f = replace(f, annotations=(f.annotations or Annotations()).with_ids(label_ids))
+        yield (split, shard), (position, replace(f, label_id=label_ids[f.label] if f.label is not None else -1))
 
 
 def _to_shard_plan(group: tuple[tuple[str, int], Iterable[tuple[int, InputFile]]], layout: dict) -> ShardPlan:
@@ -331,6 +339,7 @@ def _summary(
     class_counts: list,
     num_unsplit: int,
     merged_folders: dict,
+    annotated: bool = False,
     *,
     source: str,
     requested: Mapping[str, float] | None,
@@ -358,6 +367,7 @@ def _summary(
             for split, facts in sorted(layout.items())
         },
         "split_rule": split_rule,
+        "annotated": annotated,
         "splits_ignored": bool(requested) and num_unsplit == 0,
         "warnings": plan_warnings(
             per_class, label_names, requested=requested, num_unsplit=num_unsplit, merged_folders=merged_folders
@@ -472,12 +482,18 @@ class PlanShards(beam.PTransform):
         # InputFile(split, label): one per kept input
         label_names = (
             inputs
-            | "Labels" >> beam.Map(lambda f: f.label)
+            | "Labels" >> beam.FlatMap(class_names)
             | "DistinctLabels" >> beam.Distinct()
             | "LabelList" >> beam.combiners.ToList()
             | "SortLabels" >> beam.Map(_label_order, known=self._known_labels)
         )
         # (label, ...): one small element
+        annotated = (
+            inputs
+            | "IsAnnotated" >> beam.Map(lambda f: f.annotations is not None)
+            | "AnyAnnotated" >> beam.CombineGlobally(any)
+        )
+        # True when any input has labels or objects: one small element
         layout = (
             inputs
             | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
@@ -495,7 +511,7 @@ class PlanShards(beam.PTransform):
         # {split: {count, num_shards, offsets}}: one small element
         class_counts = (
             inputs
-            | "KeyByClass" >> beam.Map(lambda f: ((f.split, f.label), 1))
+            | "KeyByClass" >> beam.FlatMap(lambda f: [((f.split, name), 1) for name in class_names(f)])
             | "CountPerClass" >> beam.CombinePerKey(sum)
             | "ClassCounts" >> beam.combiners.ToList()
         )
@@ -506,6 +522,7 @@ class PlanShards(beam.PTransform):
             beam.pvalue.AsSingleton(class_counts),
             beam.pvalue.AsSingleton(num_unsplit),
             beam.pvalue.AsSingleton(merged),
+            beam.pvalue.AsSingleton(annotated),
             source=self._source,
             requested=self._requested,
             split_rule=self._split_rule,
@@ -516,7 +533,12 @@ class PlanShards(beam.PTransform):
             | "GroupByBucket" >> beam.GroupByKey()
             # ((split, bucket), [InputFile, ...]): about 1/4096 of a split each
             | "RankInBucket"
-            >> beam.FlatMap(_rank_bucket, beam.pvalue.AsSingleton(layout), beam.pvalue.AsSingleton(label_names))
+            >> beam.FlatMap(
+                _rank_bucket,
+                beam.pvalue.AsSingleton(layout),
+                beam.pvalue.AsSingleton(label_names),
+                beam.pvalue.AsSingleton(annotated),
+            )
             # ((split, shard), (position, InputFile with label_id))
             | "GroupByShard" >> beam.GroupByKey()
             | "ShardPlan" >> beam.Map(_to_shard_plan, beam.pvalue.AsSingleton(layout))

@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import BinaryIO
 
@@ -19,14 +20,16 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
-from beam_jobs.imaging.decode import decode_image, decode_rgb_pixels
+from beam_jobs.imaging.annotate import StoredObjects, stored_objects
+from beam_jobs.imaging.decode import DecodedImage, DecodedPixels, decode_image, decode_rgb_pixels
 from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
+from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.isolation import IsolatedRunner, needs_isolation
-from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
+from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
 from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
-from beam_jobs.records import DeadLetter, InputFile, ShardResult
+from beam_jobs.records import DeadLetter, InputFile, ShardResult, class_names
 from beam_jobs.storage import temp_name, write_atomically
 from beam_jobs.writing.tfrecord_framing import frame_record
 
@@ -51,14 +54,19 @@ _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_l
 CONVERT_THREADS = 2
 
 
-def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tuple[bytes, list[str], str]:
+def convert_image(
+    data: bytes, input_file: InputFile, config: ImageConfig
+) -> tuple[bytes, list[str], str, ExampleClasses | None]:
     """The whole per-image transformation, pure: source bytes to serialized Example bytes.
 
-    Returns (serialized example, events worth counting, sha256 of the source bytes). Raises
-    BadInputError for unusable input.
+    Returns (serialized example, events worth counting, sha256 of the source bytes, and for an
+    annotated input the classes and objects the example holds). Raises BadInputError for
+    unusable input.
     """
     sha256 = hashlib.sha256(data).hexdigest()
-    draft_size_for = partial(required_source_size, target=config.size, resize_mode=config.resize_mode)
+    draft_size_for = partial(
+        required_source_size, target=config.size, resize_mode=config.resize_mode, max_side=config.max_side
+    )
     if config.resample in ARRAY_METHODS and config.channels == 3:
         # The fast path: numpy arrays from decode to encode (decode.py, resample.py).
         fast = decode_rgb_pixels(
@@ -67,37 +75,103 @@ def convert_image(data: bytes, input_file: InputFile, config: ImageConfig) -> tu
             draft_size_for=draft_size_for,
             normalize=partial(normalize_mode, channels=3),
         )
-        pixels = resize_pixels(fast.pixels, config.size, config.resize_mode, config.resample)
-        encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
-        events = fast.events
+        decoded_size = (fast.pixels.shape[1], fast.pixels.shape[0])
+        placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=True, max_side=config.max_side)
+        decoded: DecodedImage | DecodedPixels = fast
+        if _stored_as_is(decoded, decoded_size, placement, config):
+            encoded = data
+        else:
+            pixels = resize_pixels_by(fast.pixels, placement, config.resample)
+            encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
     else:
-        decoded = decode_image(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for)
-        image = normalize_mode(decoded.image, channels=config.channels)
-        image = resize_image(image, config.size, config.resize_mode, config.resample)
-        encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
-        events = decoded.events
-    assert input_file.label is not None, "a planned input has its label"
-    example = serialize_example(
-        ExampleFields(
-            encoded=encoded,
-            format=config.format_name,
-            height=config.height,
-            width=config.width,
-            channels=config.channels,
-            label=input_file.label_id,
-            label_text=input_file.label,
-            filename=input_file.filename,
-            sha256=sha256,
-            source_id=source_id_for(input_file.filename),
-        )
+        decoded_image = decode_image(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for)
+        image = normalize_mode(decoded_image.image, channels=config.channels)
+        decoded_size = image.size
+        placement = place(decoded_size, config.size, config.resize_mode, max_side=config.max_side)
+        decoded = decoded_image
+        if _stored_as_is(decoded, decoded_size, placement, config):
+            encoded = data
+        else:
+            image = resize_image_by(image, placement, config.resample)
+            encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
+    events = list(decoded.events)
+    width, height = placement.output_size
+    fields = ExampleFields(
+        encoded=encoded,
+        format=config.format_name,
+        height=height,
+        width=width,
+        channels=config.channels,
+        label=input_file.label_id,
+        label_text=input_file.label or "",
+        filename=input_file.filename,
+        sha256=sha256,
+        source_id=source_id_for(input_file.filename),
     )
-    return example, events, sha256
+    classes = None
+    if input_file.annotations is not None:
+        objects = stored_objects(
+            input_file.annotations,
+            file_size=decoded.source_size,
+            orientation=decoded.orientation,
+            decoded_size=decoded_size,
+            placement=placement,
+        )
+        events += ["object_cut_by_crop"] * objects.dropped
+        ids = _image_classes(input_file, objects)
+        fields = replace(fields, labels=tuple(ids), label_texts=tuple(ids.values()), objects=objects)
+        classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped)
+    else:
+        assert input_file.label is not None, "a planned input has its label or its annotations"
+    return serialize_example(fields), events, sha256, classes
+
+
+@dataclass(frozen=True)
+class ExampleClasses:
+    """What an annotated example holds, for the manifest's counts: its classes (image level),
+    the class of each object it keeps, and how many objects the crop cut away."""
+
+    classes: tuple[str, ...]
+    objects: tuple[str, ...]
+    dropped: int
+
+
+def _image_classes(input_file: InputFile, objects: StoredObjects) -> dict[int, str]:
+    """The image-level classes of an annotated example, id -> name in id order: its label, its
+    listed labels, and the class of each object the stored image still shows."""
+    annotations = input_file.annotations
+    assert annotations is not None
+    ids = dict(zip(annotations.label_ids, annotations.labels, strict=True))
+    ids.update(zip(objects.label_ids, objects.label_texts, strict=True))
+    if input_file.label is not None:
+        ids[input_file.label_id] = input_file.label
+    return dict(sorted(ids.items()))
+
+
+def _stored_as_is(
+    decoded: DecodedImage | DecodedPixels, decoded_size: tuple[int, int], placement: Placement, config: ImageConfig
+) -> bool:
+    """True when the keep mode may store the source file's own bytes: a JPEG, to be stored as JPEG,
+    already upright, in the colour mode asked for, decoded and kept at full size. Anything else is
+    re-encoded from the pixels (a reader would otherwise see it sideways, or in CMYK)."""
+    return (
+        config.keeps_size
+        and config.encoding == "jpeg"
+        and decoded.source_format == "JPEG"
+        and decoded.orientation == 1
+        and decoded.source_mode == ("RGB" if config.channels == 3 else "L")
+        and decoded_size == decoded.source_size
+        and placement.is_identity
+    )
 
 
 def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
     """Identifies what a shard must contain: the run's settings and the shard's inputs (names and
     labels; their contents are checked separately, see ``source_state``)."""
     listing = [[f.filename, f.uri, f.label, f.label_id] for f in shard.inputs]
+    if any(f.annotations is not None for f in shard.inputs):
+        # Only for annotated inputs, so that the shards of earlier releases keep their fingerprints.
+        listing.append([repr(f.annotations) for f in shard.inputs])
     text = json.dumps([run_fingerprint, shard.split, shard.index, shard.num_shards, listing])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -211,7 +285,9 @@ class ConvertShardFn(beam.DoFn):
         assert self._pool is not None, "setup() makes the threads"
         return list(self._pool.map(state_of, inputs))
 
-    def _convert(self, data: bytes, input_file: InputFile, *, isolated: bool) -> tuple[bytes, list[str], str]:
+    def _convert(
+        self, data: bytes, input_file: InputFile, *, isolated: bool
+    ) -> tuple[bytes, list[str], str, ExampleClasses | None]:
         """convert_image, in the isolated child if ``isolated``. Runs on a converter thread."""
         if isolated:
             assert self._isolated is not None, "setup() makes the isolated runner"
@@ -275,6 +351,8 @@ class ConvertShardFn(beam.DoFn):
                 return
         temp_path = FileSystems.join(self._output_dir, temp_name(shard.file_name))
         content_keys: list[tuple[str, str, str]] = []
+        # Annotated examples: [image-level classes, object classes, objects cut by the crop] each
+        annotated: list[list] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
         handle = FileSystems.create(
@@ -294,7 +372,7 @@ class ConvertShardFn(beam.DoFn):
                         # Here, not on the converter thread: Beam's metrics belong to this thread.
                         Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
                     try:
-                        record, events, sha256 = conversion.result()
+                        record, events, sha256, classes = conversion.result()
                     except (BadInputError, WorkerShutdownError):
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.
@@ -310,7 +388,9 @@ class ConvertShardFn(beam.DoFn):
                     Metrics.counter(METRICS_NAMESPACE, f"event_{event}").inc()
                 writer.write(frame_record(record))
                 num_examples += 1
-                content_keys.append((sha256, input_file.filename, input_file.label))
+                content_keys.append((sha256, input_file.filename, _key_label(input_file)))
+                if classes is not None:
+                    annotated.append([list(classes.classes), list(classes.objects), classes.dropped])
             handle.close()
         except BaseException:
             handle.close()
@@ -342,6 +422,8 @@ class ConvertShardFn(beam.DoFn):
             "dead_letters": [[d.uri, d.stage, d.reason, d.detail] for d in dead_letters],
             "content_keys": content_keys,
         }
+        if annotated:
+            done["annotated"] = annotated
         if self._run_id is not None:
             done["run_id"] = self._run_id
         if self._run_fingerprint:
@@ -381,7 +463,14 @@ class ConvertShardFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
         # From the sidecar, so a shard kept by --resume (even one staged by an older version)
         # reports the same counts as a freshly converted one.
-        classes = collections.Counter(label for _, _, label in done["content_keys"])
+        objects: collections.Counter[str] = collections.Counter()
+        dropped = 0
+        if "annotated" in done:
+            classes = collections.Counter(name for names, _, _ in done["annotated"] for name in names)
+            objects.update(name for _, names, _ in done["annotated"] for name in names)
+            dropped = sum(cut for _, _, cut in done["annotated"])
+        else:
+            classes = collections.Counter(label for _, _, label in done["content_keys"])
         reasons = collections.Counter(reason for _, _, reason, _ in done["dead_letters"])
         yield ShardResult(
             split=shard.split,
@@ -393,7 +482,17 @@ class ConvertShardFn(beam.DoFn):
             sha256=done["sha256"],
             class_counts=tuple(sorted(classes.items())),
             dead_letters_by_reason=tuple(sorted(reasons.items())),
+            object_counts=tuple(sorted(objects.items())),
+            objects_cut=dropped,
         )
+
+
+def _key_label(input_file: InputFile) -> str:
+    """The label a content key records (the duplicate report names it): an annotated input's
+    classes, joined, where it has no one label."""
+    if input_file.label is not None:
+        return input_file.label
+    return "+".join(class_names(input_file))
 
 
 def _file_sha256(path: str) -> tuple[int, str]:

@@ -17,7 +17,7 @@ import beam_jobs
 from beam_jobs.command_line.progress import progress_file_name
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import Reason
-from beam_jobs.imaging.example import FEATURE_DTYPES
+from beam_jobs.imaging.example import FEATURE_DTYPES, LIST_FEATURE_DTYPES
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.records import DeadLetter, ShardResult
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
@@ -30,7 +30,9 @@ __all__ = [
     "DEAD_LETTERS_FILE",
     "DROPPED_REASONS",
     "REFUSED_DEAD_LETTERS_FILE",
+    "ANNOTATED_SCHEMA_VERSION",
     "SCHEMA_VERSION",
+    "feature_declarations",
     "TooManyBadInputsError",
     "build_dataset_info",
     "check_bad_fraction",
@@ -72,7 +74,12 @@ def is_dataset_file(name: str) -> bool:
     )
 
 
+# The manifest's format: 1 for one-label datasets of one image size, as every release wrote them;
+# 2 where each image keeps its own size (image height and width null) or examples hold lists
+# (annotated). A dataset is written with the lowest version that describes it, so the readers of
+# earlier releases still read what they can, and refuse what they would misread.
 SCHEMA_VERSION = 1
+ANNOTATED_SCHEMA_VERSION = 2
 PRODUCER = "images-to-tfrecords"
 
 
@@ -88,6 +95,8 @@ def run_fingerprint(config: ImageConfig, settings: dict) -> str:
         # The only resampling before --resample existed, byte for byte: a dataset made then has the
         # fingerprint of --resample bicubic now, so it can be resumed or appended to with it.
         del config_json["resample"]
+    # Schema 1 always: the settings (resize_mode keep) and the shards' inputs (annotations) already
+    # tell a version-2 dataset apart, and the fingerprints of earlier runs must not change.
     text = json.dumps({"config": config_json, "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
@@ -128,7 +137,8 @@ def build_dataset_info(
     datasets wrote them. The commit adds the version keys (commit.py)."""
     prefix = "" if run is None else run_prefix(run) + "/"
     by_split: dict[str, list[ShardResult]] = {}
-    for result in sorted(results):
+    results_list = sorted(results)
+    for result in results_list:
         by_split.setdefault(result.split, []).append(result)
     label_names = list(summary["label_names"])
     splits = {}
@@ -152,18 +162,26 @@ def build_dataset_info(
                 for s in shards
             ],
         }
-    return {
-        "schema_version": SCHEMA_VERSION,
+    annotated = bool(summary.get("annotated"))
+    if annotated:
+        for split, shards in sorted(by_split.items()):
+            objects: collections.Counter[str] = collections.Counter({name: 0 for name in label_names})
+            for s in shards:
+                objects.update(dict(s.object_counts))
+            splits[split]["object_counts"] = {name: objects[name] for name in label_names}
+            splits[split]["objects_cut_by_crop"] = sum(s.objects_cut for s in shards)
+    info = {
+        "schema_version": ANNOTATED_SCHEMA_VERSION if annotated or config.keeps_size else SCHEMA_VERSION,
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
         "label_names": label_names,
         "num_classes": len(summary["label_names"]),
         "image": {
-            "height": config.height,
-            "width": config.width,
+            "height": None if config.keeps_size else config.height,
+            "width": None if config.keeps_size else config.width,
             "channels": config.channels,
             "format": config.format_name,
         },
-        "features": {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()},
+        "features": feature_declarations(annotated),
         "preprocessing": {**config.to_json(), **_applied(settings, summary)},
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
@@ -182,6 +200,19 @@ def build_dataset_info(
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
     }
+    if annotated:
+        # "multi_label" when no example holds a box, else "detection" (boxes, and image-level classes).
+        has_objects = any(s.object_counts or s.objects_cut for s in results_list)
+        info["task"] = "detection" if has_objects else "multi_label"
+    return info
+
+
+def feature_declarations(annotated: bool) -> dict:
+    """The manifest's `features`: each key's dtype and shape, [] for one value, [null] for a list."""
+    features: dict[str, dict[str, Any]] = {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()}
+    if annotated:
+        features.update({key: {"dtype": dtype, "shape": [None]} for key, dtype in LIST_FEATURE_DTYPES.items()})
+    return features
 
 
 def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:

@@ -14,6 +14,8 @@ __all__ = [
     "train_batch",
     "eval_element",
     "eval_batch",
+    "centre_window",
+    "detection_element",
 ]
 
 
@@ -35,10 +37,17 @@ def sample_crop_window(
     *,
     area_range: tuple[float, float],
     aspect_ratio_range: tuple[float, float],
+    size: tf.Tensor | None = None,
 ) -> tf.Tensor:
-    """[y, x, h, w] int32 of an Inception-style random crop, a pure function of `seed`."""
+    """[y, x, h, w] int32 of an Inception-style random crop, a pure function of `seed` (and of the
+    example's [height, width] `size` where images keep their own sizes)."""
+    if image.keeps_size:
+        assert size is not None, "a dataset of varying sizes is cropped by each example's size"
+        full = tf.concat([tf.cast(size, tf.int32), [image.channels]], axis=0)
+    else:
+        full = tf.constant([image.height, image.width, image.channels], tf.int32)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        [image.height, image.width, image.channels],
+        full,
         bounding_boxes=tf.zeros([1, 0, 4], tf.float32),
         seed=seed,
         min_object_covered=0.1,
@@ -58,11 +67,14 @@ def train_element(
     out_size: tuple[int, int],
     area_range: tuple[float, float],
     aspect_ratio_range: tuple[float, float],
+    size: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """One training image: random resized crop then random flip -> float32 [h, w, C] in [0, 255]."""
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    window = sample_crop_window(crop_seed, image, area_range=area_range, aspect_ratio_range=aspect_ratio_range)
-    crop = decode_and_crop(encoded, window, image)
+    window = sample_crop_window(
+        crop_seed, image, area_range=area_range, aspect_ratio_range=aspect_ratio_range, size=size
+    )
+    crop = decode_and_crop(encoded, window, image, size)
     # Flip the uint8 crop, not the float32 output: a quarter of the bytes to move.
     flipped = tf.image.stateless_random_flip_left_right(crop, seed=flip_seed)
     resized = tf.image.resize(flipped, out_size, method="bilinear")
@@ -93,6 +105,7 @@ def train_batch(
             fn_output_signature=tf.TensorSpec([4], tf.int32),
         )
         w = tf.cast(windows, tf.float32)
+        assert image.height is not None and image.width is not None, "images of varying sizes are decoded per element"
         h_max, w_max = float(max(image.height - 1, 1)), float(max(image.width - 1, 1))
         boxes = tf.stack(
             [w[:, 0] / h_max, w[:, 1] / w_max, (w[:, 0] + w[:, 2] - 1) / h_max, (w[:, 1] + w[:, 3] - 1) / w_max],
@@ -115,11 +128,30 @@ def train_batch(
     )
 
 
-def eval_element(encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int]) -> tf.Tensor:
+def centre_window(size: tf.Tensor, out_size: tuple[int, int]) -> tf.Tensor:
+    """[y, x, h, w] int32 of the largest centred window of an image of [height, width] `size` with
+    the aspect ratio of `out_size`: the converter's crop mode, for images kept at their own size."""
+    height, width = tf.unstack(tf.cast(size, tf.float32))
+    scale = tf.maximum(out_size[0] / height, out_size[1] / width)
+    crop_h = tf.clip_by_value(tf.round(out_size[0] / scale), 1.0, height)
+    crop_w = tf.clip_by_value(tf.round(out_size[1] / scale), 1.0, width)
+    window = tf.stack([tf.floor((height - crop_h) / 2), tf.floor((width - crop_w) / 2), crop_h, crop_w])
+    return tf.cast(window, tf.int32)
+
+
+def eval_element(
+    encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int], size: tf.Tensor | None = None
+) -> tf.Tensor:
     """One evaluation image, no randomness: uint8 pixels, or float32 if resized to another size.
 
-    Staying uint8 until the batch is formed makes batching copy 4x fewer bytes.
+    Staying uint8 until the batch is formed makes batching copy 4x fewer bytes. Images kept at
+    their own size (`size`: the example's [height, width]) are centre-cropped to the aspect ratio
+    of `out_size`, then resized: no distortion, as the converter's crop mode.
     """
+    if image.keeps_size:
+        assert size is not None, "a dataset of varying sizes is decoded with each example's size"
+        crop = decode_and_crop(encoded, centre_window(size, out_size), image, size)
+        return tf.ensure_shape(tf.image.resize(crop, out_size, method="bilinear"), (*out_size, image.channels))
     pixels = decode_image(encoded, image)
     if out_size != (image.height, image.width):
         pixels = tf.image.resize(pixels, out_size, method="bilinear")
@@ -132,3 +164,31 @@ def eval_batch(encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int
     if out_size != (image.height, image.width):
         pixels = tf.image.resize(pixels, out_size, method="bilinear")
     return pixels
+
+
+def detection_element(
+    encoded: tf.Tensor,
+    seed: tf.Tensor,
+    image: ImageInfo,
+    boxes: tf.Tensor,
+    *,
+    out_size: tuple[int, int],
+    training: bool,
+    size: tf.Tensor | None = None,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """One detection example: float32 pixels [h, w, C] in [0, 255] and its boxes [N, 4]
+    (ymin, xmin, ymax, xmax, normalised), the image resized whole to `out_size`, and in training
+    flipped left-right half the time (a pure function of `seed`), the boxes with it.
+
+    The whole image, resized to the model's size, keeps every box: normalised boxes are unchanged
+    by a resize of the whole image, whatever its aspect ratio, so no box is cut or dropped here.
+    """
+    pixels = tf.image.resize(decode_image(encoded, image, size), out_size, method="bilinear")
+    if training:
+        _, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        flip = tf.random.stateless_uniform([], seed=flip_seed) < 0.5
+        pixels = tf.cond(flip, lambda: tf.reverse(pixels, axis=[1]), lambda: pixels)
+        ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
+        flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
+        boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
+    return tf.ensure_shape(pixels, (*out_size, image.channels)), boxes

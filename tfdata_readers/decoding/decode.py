@@ -9,9 +9,19 @@ from tfdata_readers.sources.manifest import ImageInfo
 __all__ = ["decode_image", "decode_batch", "decode_and_crop", "to_float", "to_uint8", "to_output"]
 
 
-def decode_image(encoded: tf.Tensor, image: ImageInfo) -> tf.Tensor:
-    """One image's bytes -> uint8 [H, W, C]; fails if the decoded shape differs from the manifest."""
+def decode_image(encoded: tf.Tensor, image: ImageInfo, size: tf.Tensor | None = None) -> tf.Tensor:
+    """One image's bytes -> uint8 [H, W, C]; fails if the decoded shape differs from the manifest.
+
+    ``size`` is the example's own [height, width] (its image/height and image/width) where the
+    images keep their own sizes: a RAW image's bytes do not say it."""
     shape = (image.height, image.width, image.channels)
+    if image.keeps_size:
+        assert size is not None, "a dataset of varying sizes is decoded with each example's size"
+        if image.format == "RAW":
+            raw_shape = tf.concat([tf.cast(size, tf.int32), [image.channels]], axis=0)
+            return tf.reshape(tf.io.decode_raw(encoded, tf.uint8), raw_shape)
+        decode = tf.io.decode_jpeg if image.format == "JPEG" else tf.io.decode_png
+        return tf.ensure_shape(decode(encoded, channels=image.channels), (None, None, image.channels))
     if image.format == "RAW":
         pixels = tf.reshape(tf.io.decode_raw(encoded, tf.uint8), shape)
     elif image.format == "JPEG":
@@ -35,12 +45,14 @@ def decode_batch(encoded: tf.Tensor, image: ImageInfo) -> tf.Tensor:
     )
 
 
-def decode_and_crop(encoded: tf.Tensor, window: tf.Tensor, image: ImageInfo) -> tf.Tensor:
+def decode_and_crop(
+    encoded: tf.Tensor, window: tf.Tensor, image: ImageInfo, size: tf.Tensor | None = None
+) -> tf.Tensor:
     """Decodes only `window` = [y, x, h, w] where the codec can (JPEG), else decodes then slices."""
     if image.format == "JPEG":
         # Skips the IDCT of blocks outside the window: cheaper than decoding the whole image.
         return tf.io.decode_and_crop_jpeg(encoded, window, channels=image.channels)
-    pixels = decode_image(encoded, image)
+    pixels = decode_image(encoded, image, size)
     return tf.slice(pixels, [window[0], window[1], 0], [window[2], window[3], image.channels])
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "METADATA_KEYS",
     "check_declared_features",
     "feature_spec",
+    "list_feature_spec",
     "parse_batch",
     "record_problem",
 ]
@@ -34,6 +35,16 @@ _MANIFEST_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float3
 _DTYPE_NAMES = {dtype: name for name, dtype in _MANIFEST_DTYPES.items()}
 # The tf.train.Feature list that holds each dtype.
 _KINDS = {tf.string: "bytes_list", tf.int64: "int64_list", tf.float32: "float_list"}
+# The lists of an annotated dataset (its manifest's `task`: "multi_label" or "detection"),
+# declared with shape [null]: the keys TensorFlow Model Garden's decoders read.
+LIST_DTYPES: dict[str, tf.DType] = {
+    "image/class/label": tf.int64,
+    "image/object/bbox/xmin": tf.float32,
+    "image/object/bbox/ymin": tf.float32,
+    "image/object/bbox/xmax": tf.float32,
+    "image/object/bbox/ymax": tf.float32,
+    "image/object/class/label": tf.int64,
+}
 # Output name -> feature key, for `with_metadata=True`.
 METADATA_KEYS: dict[str, str] = {
     "filename": "image/filename",
@@ -79,6 +90,22 @@ def feature_spec(
     if problems:
         raise ValueError(f"{where} " + "; it ".join(problems))
     return {key: tf.io.FixedLenFeature([], FEATURE_DTYPES[key]) for key in keys}
+
+
+def list_feature_spec(
+    keys: list[str], declared: Mapping[str, Any], *, where: str = "the manifest"
+) -> dict[str, tf.io.RaggedFeature]:
+    """RaggedFeature for each list key; fails naming the key if the manifest does not declare it
+    as a list ([null]) of the expected dtype."""
+    problems = []
+    for key in keys:
+        entry = declared.get(key)
+        expected = _DTYPE_NAMES[LIST_DTYPES[key]]
+        if not isinstance(entry, Mapping) or entry.get("dtype") != expected or entry.get("shape") != [None]:
+            problems.append(f"declares feature {key!r} as {entry!r}; this reader needs a list of {expected!r}")
+    if problems:
+        raise ValueError(f"{where} " + "; it ".join(problems))
+    return {key: tf.io.RaggedFeature(LIST_DTYPES[key], row_splits_dtype=tf.int64) for key in keys}
 
 
 def parse_batch(

@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 _BATCH = 64
+# The (height, width) that images kept at their own sizes are shown at on the contact sheet.
+SHEET_SIZE = (256, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,8 @@ def _read_sample(
     common: dict[str, Any] = dict(
         with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
     )
+    if info.image.keeps_size:
+        common["image_size"] = SHEET_SIZE  # images of their own sizes: shown at one size, centre-cropped
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
     scanned = 0
     error = None
@@ -252,8 +256,7 @@ def _read_sample(
                 entry = (
                     rank,
                     SampleExample(
-                        label_id=int(labels[i]),
-                        label=meta["label_text"][i].numpy().decode(),
+                        **_label_of(labels, meta, i, info),
                         filename=filename,
                         key=key,
                         image=images[i].numpy(),
@@ -270,6 +273,16 @@ def _read_sample(
         error = f"{type(failure).__name__}: {tensorflow_reason(getattr(failure, 'message', None) or str(failure))}"
     examples = sorted((entry[1] for entry in chosen), key=lambda e: (e.label_id, e.filename))
     return SplitSample(split=split, examples=tuple(examples), scanned=scanned, error=error)
+
+
+def _label_of(labels: Any, meta: dict, i: int, info: DatasetInfo) -> dict[str, Any]:
+    """The label_id and label text a tile shows: an annotated example's classes joined with "+"
+    (its first class's id; -1 for none)."""
+    if info.task == "classification":
+        return {"label_id": int(labels[i]), "label": meta["label_text"][i].numpy().decode()}
+    hot = (labels["labels"] if isinstance(labels, dict) else labels)[i].numpy()
+    ids = [index for index, value in enumerate(hot) if value > 0]
+    return {"label_id": ids[0] if ids else -1, "label": "+".join(info.label_names[j] for j in ids) or "(none)"}
 
 
 def _negate(score: bytes) -> bytes:

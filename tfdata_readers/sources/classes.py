@@ -43,7 +43,8 @@ def class_counts(data_dir: str | os.PathLike[str], split: str, *, version: int |
             f"{path}: split {split!r} class_counts must give a count >= 0 for each of label_names "
             f"{list(info.label_names)} (got {raw!r})"
         )
-    if sum(raw.values()) != split_info.num_examples:
+    # A one-label example counts for one class; an annotated one for each class it shows.
+    if info.task == "classification" and sum(raw.values()) != split_info.num_examples:
         raise ValueError(
             f"{path}: split {split!r} class_counts add up to {sum(raw.values())} but num_examples is "
             f"{split_info.num_examples}"

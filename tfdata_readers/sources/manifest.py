@@ -38,7 +38,10 @@ __all__ = [
 
 MANIFEST_NAME = "dataset_info.json"
 # The newest manifest schema this reader understands; newer manifests are refused.
-SCHEMA_VERSION = 1
+# 2: images may keep their own size (image height and width null), and examples may hold lists
+# (an annotated dataset's `task`: "multi_label" or "detection"). Version 1 manifests read as before.
+SCHEMA_VERSION = 2
+TASKS = ("classification", "multi_label", "detection")
 IMAGE_FORMATS = ("JPEG", "PNG", "RAW")
 # docs/FORMAT.md: every committed version's manifest is kept as versions/<8-digit version>.json.
 VERSIONS_DIR = "versions"
@@ -73,12 +76,18 @@ class SplitInfo:
 
 @dataclasses.dataclass(frozen=True)
 class ImageInfo:
-    """Size and encoding shared by every image of the dataset."""
+    """Size and encoding shared by every image of the dataset. ``height`` and ``width`` are None
+    when each image keeps its own size (the converter's ``--resize_mode keep``)."""
 
-    height: int
-    width: int
+    height: int | None
+    width: int | None
     channels: int
     format: str
+
+    @property
+    def keeps_size(self) -> bool:
+        """True when the images are of varying sizes: the reader needs an output size to batch them."""
+        return self.height is None or self.width is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +114,11 @@ class DatasetInfo:
     def __post_init__(self) -> None:
         if not self.manifest_path:  # frozen: set through object.__setattr__
             object.__setattr__(self, "manifest_path", os.path.join(self.data_dir, MANIFEST_NAME))
+
+    @property
+    def task(self) -> str:
+        """ "classification" (one label an example), "multi_label" or "detection" (lists of classes, and boxes)."""
+        return str(self.raw.get("task", "classification"))
 
     def split(self, name: str) -> SplitInfo:
         """The split called ``name``; a ValueError naming the splits there are, rather than a bare KeyError."""
@@ -278,9 +292,15 @@ def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) 
         raise ValueError(f"{path} has schema_version {schema!r}; this reader knows versions up to {SCHEMA_VERSION}")
     dataset_version, parent_version = _versions_of(raw, path)
     image = _require(raw, "image", path)
+    height, width = _require(image, "height", f"{path} image"), _require(image, "width", f"{path} image")
+    if (height is None) != (width is None) or (height is None and schema < 2):
+        raise ValueError(f"{path}: image height {height!r} and width {width!r} must both be sizes, or both null")
+    task = raw.get("task", "classification")
+    if task not in TASKS:
+        raise ValueError(f"{path}: task {task!r}; this reader knows {TASKS}")
     image_info = ImageInfo(
-        height=int(_require(image, "height", f"{path} image")),
-        width=int(_require(image, "width", f"{path} image")),
+        height=None if height is None else int(height),
+        width=None if width is None else int(width),
         channels=int(_require(image, "channels", f"{path} image")),
         format=str(_require(image, "format", f"{path} image")).upper(),
     )

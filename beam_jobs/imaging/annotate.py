@@ -1,0 +1,93 @@
+"""Carrying an image's boxes to the stored image, through the same map as its pixels (geometry.py).
+
+Pure: the converter calls ``stored_objects`` with what the decode found (the file's size, its EXIF
+orientation, the size it was decoded at) and the Placement it resized the pixels by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from beam_jobs.errors import BadInputError, Stage
+from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_size
+from beam_jobs.records import Annotations, BoxObject
+
+__all__ = ["BAD_ANNOTATION", "EDGE_TOLERANCE_PX", "StoredObjects", "check_boxes_inside", "stored_objects"]
+
+BAD_ANNOTATION = "bad_annotation"
+# Labelling tools round: a box that overshoots the image by up to one pixel is clipped to it (COCO
+# itself holds boxes whose x + width is the image width plus a fraction). Beyond that the box
+# belongs to another image size, and the image is refused rather than its box silently moved.
+EDGE_TOLERANCE_PX = 1.0
+
+
+@dataclass(frozen=True)
+class StoredObjects:
+    """The objects as the Example stores them: boxes normalised to [0, 1] of the stored image
+    (xmin, ymin, xmax, ymax), their class ids and names, crowd flags and areas in stored pixels.
+    ``dropped`` counts the boxes that the crop cut away whole."""
+
+    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    label_ids: tuple[int, ...] = ()
+    label_texts: tuple[str, ...] = ()
+    is_crowd: tuple[int, ...] = ()
+    areas: tuple[float, ...] = ()
+    dropped: int = 0
+
+
+def _describe(obj: BoxObject) -> str:
+    return f"object {obj.ref or obj.label!r} ({obj.label}: {obj.xmin:g},{obj.ymin:g} to {obj.xmax:g},{obj.ymax:g})"
+
+
+def check_boxes_inside(annotations: Annotations, frame_size: tuple[int, int]) -> None:
+    """Refuses (BadInputError ``bad_annotation``) an image with a box beyond its edges by more
+    than EDGE_TOLERANCE_PX; ``frame_size`` is the (width, height) the boxes are given in."""
+    width, height = frame_size
+    for obj in annotations.objects:
+        tol = EDGE_TOLERANCE_PX
+        if obj.xmin < -tol or obj.ymin < -tol or obj.xmax > width + tol or obj.ymax > height + tol:
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"{_describe(obj)} is outside the image, which is {width}x{height} pixels"
+                f"{' upright' if annotations.upright else ' as stored'}",
+            )
+
+
+def stored_objects(
+    annotations: Annotations,
+    *,
+    file_size: tuple[int, int],
+    orientation: int,
+    decoded_size: tuple[int, int],
+    placement: Placement,
+) -> StoredObjects:
+    """The objects of ``annotations`` in the stored image.
+
+    ``file_size`` is the file's (width, height) as stored, ``orientation`` its EXIF orientation,
+    ``decoded_size`` the upright size the pixels were decoded at (a JPEG may be decoded at 1/2,
+    1/4 or 1/8 scale), and ``placement`` the map the pixels were resized by. A box goes through
+    the same steps: turned upright, scaled to the decoded size, then mapped and clipped.
+    """
+    upright = upright_size(file_size, orientation)
+    check_boxes_inside(annotations, upright if annotations.upright else file_size)
+    scale_x, scale_y = decoded_size[0] / upright[0], decoded_size[1] / upright[1]
+    out_w, out_h = placement.output_size
+    boxes, ids, texts, crowd, areas = [], [], [], [], []
+    dropped = 0
+    for obj, label_id in zip(annotations.objects, annotations.object_ids, strict=True):
+        box = (obj.xmin, obj.ymin, obj.xmax, obj.ymax)
+        if not annotations.upright:
+            box = orient_box(box, file_size, orientation)
+        box = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+        mapped = map_box(box, placement)
+        if mapped is None:
+            dropped += 1
+            continue
+        x0, y0, x1, y1 = mapped
+        boxes.append((x0 / out_w, y0 / out_h, x1 / out_w, y1 / out_h))
+        ids.append(label_id)
+        texts.append(obj.label)
+        crowd.append(int(obj.is_crowd))
+        areas.append((x1 - x0) * (y1 - y0))
+    return StoredObjects(tuple(boxes), tuple(ids), tuple(texts), tuple(crowd), tuple(areas), dropped)

@@ -1,0 +1,68 @@
+"""An annotated example's lists as fixed-shape training targets, in Keras's conventions.
+
+- multi_label: `labels`, a multi-hot float32 [num_classes] vector (a sigmoid output and binary
+  cross-entropy take it as it is);
+- detection: also `boxes`, float32 [max_boxes, 4] as (ymin, xmin, ymax, xmax) normalised to
+  [0, 1] (TensorFlow's image ops' order), and `classes`, int64 [max_boxes], padded with -1 (as
+  KerasCV and KerasHub pad). An image with more than `max_boxes` objects keeps the first
+  `max_boxes`, and a line on stderr says how many were cut: never silently.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+
+__all__ = ["TARGET_NAMES", "annotation_targets", "list_keys"]
+
+TARGET_NAMES = {"multi_label": ("labels",), "detection": ("boxes", "classes", "labels")}
+_BOX_KEYS = tuple(f"image/object/bbox/{side}" for side in ("xmin", "ymin", "xmax", "ymax"))
+
+
+def list_keys(task: str) -> list[str]:
+    """The list features a task's targets are made from."""
+    if task == "detection":
+        return ["image/class/label", *_BOX_KEYS, "image/object/class/label"]
+    return ["image/class/label"]
+
+
+def _multi_hot(ids: tf.Tensor, num_classes: int) -> tf.Tensor:
+    return tf.reduce_max(tf.one_hot(ids, num_classes, dtype=tf.float32), axis=0) if num_classes else tf.zeros([0])
+
+
+def annotation_targets(
+    features: dict[str, tf.Tensor], boxes: tf.Tensor | None, *, num_classes: int, max_boxes: int
+) -> dict[str, tf.Tensor]:
+    """The targets of one example from its parsed lists (`boxes`: its [N, 4] ymin, xmin, ymax,
+    xmax boxes after augmentation, for detection)."""
+    ids = features["image/class/label"]
+    labels = tf.ensure_shape(
+        tf.cond(tf.size(ids) > 0, lambda: _multi_hot(ids, num_classes), lambda: tf.zeros([num_classes])),
+        [num_classes],
+    )
+    if boxes is None:
+        return {"labels": labels}
+    classes = features["image/object/class/label"]
+    count = tf.shape(classes)[0]
+
+    def report_cut() -> tf.Tensor:
+        tf.print(
+            "tfdata_readers: an image has",
+            count,
+            f"objects; only max_boxes={max_boxes} are kept (ReadConfig.max_boxes); key",
+            features.get("image/key/sha256", "?"),
+            output_stream=sys.stderr,
+        )
+        return tf.constant(0)
+
+    tf.cond(count > max_boxes, report_cut, lambda: tf.constant(0))
+    kept = tf.minimum(count, max_boxes)
+    padding = max_boxes - kept
+    boxes = tf.pad(boxes[:kept], [[0, padding], [0, 0]])
+    classes = tf.pad(classes[:kept], [[0, padding]], constant_values=-1)
+    return {
+        "boxes": tf.ensure_shape(boxes, [max_boxes, 4]),
+        "classes": tf.ensure_shape(classes, [max_boxes]),
+        "labels": labels,
+    }
