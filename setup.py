@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
     "google-crc32c>=1.7,<2",
     "tqdm>=4.66,<5",  # the job's progress bar
     "psutil>=6,<8",  # ending the local runner's workers after Ctrl-C or SIGTERM
+    "ijson>=3.3,<4",  # streams COCO annotation files, which reach gigabytes (listing/coco.py)
 ]
 READ_REQUIRE = ["tensorflow>=2.21.0,<3"]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]

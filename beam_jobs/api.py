@@ -19,6 +19,8 @@ def convert(
     *,
     output_dir: str,
     manifest: str | None = None,
+    coco_annotations: str | None = None,
+    unannotated: str = "keep",
     image_size: int | str | tuple[int, int] = 224,
     resize_mode: str = "crop",
     max_side: int | None = None,

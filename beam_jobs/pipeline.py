@@ -49,6 +49,7 @@ from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_state
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
+from beam_jobs.listing.coco import ListCoco
 from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.local_runner import QUIET_LOGGERS, local_runner
@@ -171,8 +172,13 @@ class ConvertImages(beam.PTransform):
         keep_versions: int = 2,
         changed_sources: str = "refuse",
         convert_threads: int = CONVERT_THREADS,
+        coco_files: list[tuple[str | None, str]] | None = None,
+        keep_unannotated: bool = True,
     ) -> None:
         super().__init__()
+        # COCO annotation files (with their splits): the images are named there, under input_root.
+        self._coco_files = coco_files
+        self._keep_unannotated = keep_unannotated
         if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
             raise ValueError(
                 "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
@@ -226,7 +232,20 @@ class ConvertImages(beam.PTransform):
         output_dir = self._output_dir
         # Everything the conversion writes goes into the run's own folder (run_folders.py).
         folder = output_dir if self._run_id is None else run_dir(output_dir, self._run_id)
-        if self._input_root is not None:
+        if self._coco_files:
+            assert self._input_root is not None, "COCO files name their images under input_root"
+            listed = {
+                LISTING: pipeline
+                | "ListCoco"
+                >> ListCoco(
+                    self._coco_files,
+                    root=self._input_root,
+                    keep_empty=self._keep_unannotated,
+                    allow_outside_root=self._allow_outside_root,
+                ),
+                IGNORED: pipeline | "NothingIgnored" >> beam.Create([]),
+            }
+        elif self._input_root is not None:
             listed = pipeline | "ListTree" >> ListTree(
                 self._input_root, allow_outside_root=self._allow_outside_root, with_ignored=True
             )
@@ -262,7 +281,7 @@ class ConvertImages(beam.PTransform):
             held=held,
             known_labels=tuple(base["label_names"]) if base else (),
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
-            from_tree=self._input_root is not None,
+            from_tree=self._input_root is not None and not self._coco_files,
             tree_layout=self._tree_layout,
             source=self._input_root or self._input_list or f"the rows under {self._rows_root}",
             split_fractions=self._split_fractions,
@@ -446,6 +465,9 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
         if not input_list_files(path):
             raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
         return
+    for _, coco in arguments.coco_files or ():
+        if not FileSystems.exists(coco):
+            raise UsageError(f"--coco_annotations {redact(coco)} does not exist")
     root = arguments.input_root
     assert root is not None  # The parser takes exactly one of --input and --manifest.
     if "://" not in root:
@@ -464,8 +486,8 @@ def _check_inputs_exist(arguments: JobArguments) -> None:
 def _check_output_outside_input(arguments: JobArguments) -> None:
     """Refuses an --output_dir equal to or inside the --input tree: the dataset would be written
     among the images, and a later run would list the output folder as one more class. An input
-    list names its images one by one, so its output may be anywhere."""
-    if arguments.input_list is not None:
+    list (or a COCO file) names its images one by one, so its output may be anywhere."""
+    if arguments.input_list is not None or arguments.coco_files:
         return
     given_root = arguments.input_root
     assert given_root is not None  # The parser takes exactly one of --input and --manifest.
@@ -796,6 +818,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         _ = pipeline | "ConvertImages" >> ConvertImages(
             input_root=arguments.input_root,
             input_list=arguments.input_list,
+            coco_files=arguments.coco_files,
+            keep_unannotated=arguments.unannotated == "keep",
             output_dir=output_dir,
             image_config=config,
             split_fractions=arguments.split_fractions,

@@ -40,13 +40,16 @@ class Annotations:
     labels: tuple[str, ...] = ()
     objects: tuple[BoxObject, ...] = ()
     upright: bool = False
+    # (width, height) the annotation file gives the image (COCO's): the converter checks it against
+    # the file, and reads the boxes as upright when it is the size of the image as shown.
+    declared_size: tuple[int, int] | None = None
     label_ids: tuple[int, ...] = ()
     object_ids: tuple[int, ...] = ()
 
     def content(self) -> tuple:
         """What the annotations say, without where they were said (each object's ``ref``): two
         rows that list one image with equal content agree."""
-        return self.labels, tuple(replace(o, ref="") for o in self.objects), self.upright
+        return self.labels, tuple(replace(o, ref="") for o in self.objects), self.upright, self.declared_size
 
     def names(self) -> tuple[str, ...]:
         """Every class name the image carries, sorted and distinct."""

@@ -23,6 +23,7 @@ from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
 from beam_jobs.command_line.options import ConversionOptions
 from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
+from beam_jobs.listing.coco import parse_coco_split_files
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE
 
@@ -147,6 +148,8 @@ class JobArguments:
     append: bool = False
     keep_versions: int = 2
     changed_sources: str = "refuse"
+    coco_files: list[tuple[str | None, str]] | None = None
+    unannotated: str = "keep"
 
     @property
     def source(self) -> str:
@@ -254,6 +257,11 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
             max_side=flags.max_side,
         )
         split_fractions = parse_splits(flags.splits) if flags.splits else None
+        coco_files = None
+        if flags.coco_annotations:
+            if not flags.input:
+                raise ValueError("--coco_annotations names images under --input (the image root): give --input too")
+            coco_files = [(split, absolute_uri(path)) for split, path in parse_coco_split_files(flags.coco_annotations)]
     except ValueError as error:
         raise UsageError(str(error)) from None
     arguments = JobArguments(
@@ -276,6 +284,8 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         append=flags.append,
         keep_versions=flags.keep_versions,
         changed_sources=flags.changed_sources,
+        coco_files=coco_files,
+        unannotated=flags.unannotated,
     )
     return arguments, options
 

@@ -88,6 +88,19 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="approximate shard size when --num_shards is 0; there are always enough "
         "shards to keep many workers busy (default: %(default)s)",
     )
+    group = parser.add_argument_group("annotations", "boxes and several labels per image (docs/annotations.md)")
+    group.add_argument(
+        "--coco_annotations",
+        default=None,
+        help="a COCO annotation file (or train=FILE,validation=FILE), naming images under --input: "
+        "each example holds its boxes and classes",
+    )
+    group.add_argument(
+        "--unannotated",
+        default="keep",
+        choices=("keep", "drop"),
+        help="what to do with a COCO file's images that have no annotation (default: %(default)s)",
+    )
     group = parser.add_argument_group("image", "what each example holds")
     group.add_argument(
         "--image_size",

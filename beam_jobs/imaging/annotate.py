@@ -6,7 +6,7 @@ orientation, the size it was decoded at) and the Placement it resized the pixels
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from beam_jobs.errors import BadInputError, Stage
 from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_size
@@ -70,6 +70,22 @@ def stored_objects(
     the same steps: turned upright, scaled to the decoded size, then mapped and clipped.
     """
     upright = upright_size(file_size, orientation)
+    as_upright = annotations.upright
+    if annotations.declared_size is not None:
+        if annotations.declared_size == file_size:
+            as_upright = orientation == 1  # the stored frame (the same frame when nothing turns)
+        elif annotations.declared_size == upright:
+            as_upright = True
+        else:
+            width, height = annotations.declared_size
+            turned = "" if upright == file_size else f" ({upright[0]}x{upright[1]} upright)"
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"the annotations give the image as {width}x{height}, but the file is {file_size[0]}x{file_size[1]}"
+                f"{turned}: are they of another image?",
+            )
+    annotations = replace(annotations, upright=as_upright)
     check_boxes_inside(annotations, upright if annotations.upright else file_size)
     scale_x, scale_y = decoded_size[0] / upright[0], decoded_size[1] / upright[1]
     out_w, out_h = placement.output_size

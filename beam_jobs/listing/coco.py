@@ -1,0 +1,204 @@
+"""A COCO annotation file as the job's inputs: images with their boxes, joined by image id in Beam.
+
+COCO files reach hundreds of MB (LVIS's train file is over 1 GB), so the file is never loaded
+whole: ijson streams its ``images`` and ``annotations`` arrays one item at a time, and the join
+of annotations to their image is a CoGroupByKey, spread over the workers like any other
+grouping. Only ``categories`` (a few hundred items at most) becomes a side input.
+
+Every annotation that cannot be used is a dead letter naming its id and the file, never fixed
+silently: one without a usable ``bbox`` (missing, not four numbers, no area), one whose
+``category_id`` is not in ``categories``, or whose ``image_id`` names no image. An image that one
+of its annotations cannot describe is refused with it (its other boxes alone would teach a
+detector that the object is background). Boxes outside the image are found once the image's size
+is known, by the converter (annotate.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.errors import BadInputError, JobError, Reason, Stage
+from beam_jobs.listing.discover import resolve_inside_root
+from beam_jobs.listing.names import clean_label
+from beam_jobs.paths import redact
+from beam_jobs.records import Annotations, BoxObject, DeadLetter, InputFile
+
+__all__ = ["ListCoco", "coco_image_input", "parse_coco_split_files"]
+
+
+def parse_coco_split_files(text: str) -> list[tuple[str | None, str]]:
+    """``FILE`` or ``train=FILE,validation=FILE`` as [(split or None, file)]."""
+    items = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not items:
+        raise ValueError("--coco_annotations needs a file (or train=FILE,validation=FILE)")
+    pairs: list[tuple[str | None, str]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if sep and "/" not in name and name.strip():
+            pairs.append((name.strip().lower(), path.strip()))
+        else:
+            pairs.append((None, item))
+    if len(pairs) > 1 and any(split is None for split, _ in pairs):
+        raise ValueError(f"--coco_annotations: name each file's split (train=FILE,validation=FILE) (got {text!r})")
+    return pairs
+
+
+def _stream(uri: str, prefix: str) -> Iterator[Any]:
+    import ijson  # pylint: disable=import-outside-toplevel  # only COCO runs need it
+
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            yield from ijson.items(handle, prefix, use_float=True)
+    except ijson.JSONError as error:
+        raise JobError(f"the COCO file {redact(uri)} is not valid JSON: {error}") from None
+
+
+def _keyed_images(uri: str) -> Iterator[tuple[int, dict]]:
+    for image in _stream(uri, "images.item"):
+        yield (
+            image.get("id"),
+            {"file_name": image.get("file_name"), "width": image.get("width"), "height": image.get("height")},
+        )
+
+
+def _keyed_annotations(uri: str) -> Iterator[tuple[int, dict]]:
+    for annotation in _stream(uri, "annotations.item"):
+        annotation.pop("segmentation", None)  # masks: not converted yet; never held in memory
+        yield annotation.get("image_id"), annotation
+
+
+def _categories(uri: str) -> dict:
+    found: dict = {}
+    for category in _stream(uri, "categories.item"):
+        found[category.get("id")] = category.get("name")
+    if not found:
+        raise JobError(f"the COCO file {redact(uri)} has no categories")
+    return found
+
+
+def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
+    ref = f"annotation {annotation.get('id')!r} of {where}"
+    name = categories.get(annotation.get("category_id"))
+    if name is None:
+        raise BadInputError(
+            Stage.LIST,
+            Reason.BAD_MANIFEST_ROW,
+            f"{ref}: category_id {annotation.get('category_id')!r} is not in categories",
+        )
+    bbox = annotation.get("bbox")
+    if (
+        not isinstance(bbox, list)
+        or len(bbox) != 4
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox)
+    ):
+        raise BadInputError(
+            Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: bbox must be [x, y, width, height] (got {bbox!r})"
+        )
+    x, y, w, h = (float(v) for v in bbox)
+    if w <= 0 or h <= 0:
+        raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: bbox {bbox!r} has no area")
+    label = clean_label(str(name), where=ref)
+    return BoxObject(label, x, y, x + w, y + h, is_crowd=bool(annotation.get("iscrowd", 0)), ref=ref)
+
+
+def coco_image_input(
+    joined: tuple[Any, dict[str, list]],
+    categories: dict,
+    *,
+    root: str,
+    where: str,
+    split: str | None,
+    keep_empty: bool,
+    allow_outside_root: bool = False,
+) -> Iterable[InputFile | DeadLetter]:
+    """One image of the COCO file with its annotations (a CoGroupByKey's element) as an input, or
+    dead letters. Pure."""
+    image_id, groups = joined
+    images, annotations = groups["images"], groups["annotations"]
+    if not images:
+        for annotation in annotations:
+            yield DeadLetter(
+                f"{where}: annotation {annotation.get('id')!r}",
+                Stage.LIST,
+                Reason.BAD_MANIFEST_ROW,
+                f"image_id {image_id!r} names no image of the file",
+            )
+        return
+    if len(images) > 1:
+        yield DeadLetter(
+            f"{where}: image {image_id!r}",
+            Stage.LIST,
+            Reason.BAD_MANIFEST_ROW,
+            f"image id {image_id!r} is listed {len(images)} times",
+        )
+        return
+    image = images[0]
+    name = image.get("file_name")
+    if not isinstance(name, str) or not name:
+        yield DeadLetter(
+            f"{where}: image {image_id!r}", Stage.LIST, Reason.BAD_MANIFEST_ROW, f"no file_name (got {name!r})"
+        )
+        return
+    if not annotations and not keep_empty:
+        return
+    try:
+        uri, filename = resolve_inside_root(root + name, root, allow_outside=allow_outside_root)
+        objects = tuple(_box(a, categories, where) for a in sorted(annotations, key=lambda a: str(a.get("id"))))
+    except BadInputError as error:
+        yield DeadLetter(root + name, error.stage, error.reason, error.detail)
+        return
+    width, height = image.get("width"), image.get("height")
+    # COCO's width and height are those of the image as shown; a file whose EXIF turns it has them
+    # swapped against its stored pixels: the converter tells the two apart (annotate.py).
+    size = (int(width), int(height)) if isinstance(width, int) and isinstance(height, int) else None
+    annotations_record = Annotations(objects=objects, declared_size=size)
+    yield InputFile(
+        filename=filename, uri=uri, split=split, origin=f"{where}: image {image_id!r}", annotations=annotations_record
+    )
+
+
+class ListCoco(beam.PTransform):
+    """COCO annotation files -> InputFile | DeadLetter, streamed and joined in the pipeline."""
+
+    def __init__(
+        self, files: list[tuple[str | None, str]], *, root: str, keep_empty: bool, allow_outside_root: bool = False
+    ) -> None:
+        super().__init__()
+        self._files = files
+        self._root = root.rstrip("/") + "/"
+        self._keep_empty = keep_empty
+        self._allow_outside_root = allow_outside_root
+
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection:
+        """Streams each file's images and annotations, joins them by image id, and makes the inputs."""
+        parts = []
+        for index, (split, uri) in enumerate(self._files):
+            files = pipeline | f"CocoFile{index}" >> beam.Create([uri])
+            categories = files | f"Categories{index}" >> beam.Map(_categories)
+            images = files | f"StreamImages{index}" >> beam.FlatMap(_keyed_images)
+            annotations = (
+                files
+                | f"StreamAnnotations{index}" >> beam.FlatMap(_keyed_annotations)
+                | f"SpreadAnnotations{index}" >> beam.Reshuffle()
+            )
+            parts.append(
+                {"images": images, "annotations": annotations}
+                | f"JoinByImageId{index}" >> beam.CoGroupByKey()
+                | f"CocoInputs{index}"
+                >> beam.FlatMap(
+                    coco_image_input,
+                    beam.pvalue.AsSingleton(categories),
+                    root=self._root,
+                    where=redact(uri),
+                    split=split,
+                    keep_empty=self._keep_empty,
+                    allow_outside_root=self._allow_outside_root,
+                )
+            )
+        return tuple(parts) | "CocoListing" >> beam.Flatten()
