@@ -107,6 +107,13 @@ def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     return BoxObject(label, x, y, x + w, y + h, is_crowd=bool(annotation.get("iscrowd", 0)), ref=ref)
 
 
+def _id_order(annotation: dict) -> tuple:
+    ident = annotation.get("id")
+    if isinstance(ident, int) and not isinstance(ident, bool):
+        return (0, ident, "")
+    return (1, 0, str(ident))
+
+
 def coco_image_input(
     joined: tuple[Any, dict[str, list]],
     categories: dict,
@@ -149,7 +156,9 @@ def coco_image_input(
         return
     try:
         uri, filename = resolve_inside_root(root + name, root, allow_outside=allow_outside_root)
-        objects = tuple(_box(a, categories, where) for a in sorted(annotations, key=lambda a: str(a.get("id"))))
+        # In id order (the join's order is the runner's): numbers by value, any other ids after them.
+        ordered = sorted(annotations, key=_id_order)
+        objects = tuple(_box(a, categories, where) for a in ordered)
     except BadInputError as error:
         yield DeadLetter(root + name, error.stage, error.reason, error.detail)
         return

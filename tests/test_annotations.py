@@ -1,0 +1,248 @@
+"""Boxes and several labels per image: the job moves boxes with the pixels, in every resize mode.
+
+The inputs are real-photo crops pasted onto real photos (tests/pasted_photos.py), some turned by
+EXIF, so every box's truth is known: the stored image, cut at the stored box, must show the crop.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import beam_jobs
+from beam_jobs.imaging.annotate import stored_objects
+from beam_jobs.imaging.geometry import map_box, orient_box, place
+from beam_jobs.imaging.preprocess import resize_image_by
+from beam_jobs.records import Annotations, BoxObject
+from tests.dataset_files import dead_letters
+from tests.pasted_photos import OBJECTS, PastedImage, make_pasted_images, object_view, write_coco, write_jsonl
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _records(out: pathlib.Path) -> list[dict]:
+    """Every example of the dataset as {key: list of values}, by the plain protobuf reader."""
+    from tensorflow.core.example import example_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.lib.io import tf_record  # pylint: disable=import-outside-toplevel
+
+    found = []
+    for path in sorted(glob.glob(str(out / "shards" / "*" / "*.tfrecord"))):
+        for record in tf_record.tf_record_iterator(path):
+            features = example_pb2.Example.FromString(record).features.feature
+            found.append(
+                {
+                    key: list(getattr(f, f.WhichOneof("kind")).value) if f.WhichOneof("kind") else []
+                    for key, f in features.items()
+                }
+            )
+    return found
+
+
+def _mad(a: Image.Image, b: Image.Image) -> float:
+    return float(np.abs(np.asarray(a, float) - np.asarray(b.resize(a.size), float)).mean())
+
+
+def _boxes(record: dict) -> list[tuple[str, tuple[float, float, float, float]]]:
+    sides = [record[f"image/object/bbox/{s}"] for s in ("xmin", "ymin", "xmax", "ymax")]
+    return [
+        (t.decode(), box) for t, box in zip(record["image/object/class/text"], zip(*sides, strict=True), strict=True)
+    ]
+
+
+@pytest.fixture(scope="module")
+def pasted(tmp_path_factory) -> tuple[pathlib.Path, list[PastedImage]]:
+    root = tmp_path_factory.mktemp("pasted")
+    return root, make_pasted_images(root)
+
+
+def _check_boxes_frame_objects(out: pathlib.Path, images: list[PastedImage], *, cut_allowed: bool) -> int:
+    """Checks that each stored box shows its pasted crop, turned as the image is; returns how many
+    were checked. Boxes at the output's edge may have been cut by a crop (``cut_allowed``)."""
+    by_name = {image.name: image for image in images}
+    checked = 0
+    for record in _records(out):
+        image = by_name[record["image/filename"][0].decode()]
+        stored = Image.open(io.BytesIO(record["image/encoded"][0])).convert("RGB")
+        width, height = stored.size
+        assert (record["image/width"][0], record["image/height"][0]) == (width, height)
+        labels = {o.label: o for o in image.objects}
+        for label, (x0, y0, x1, y1) in _boxes(record):
+            assert 0 <= x0 < x1 <= 1 and 0 <= y0 < y1 <= 1, (image.name, label)
+            if cut_allowed and (x0 < 1e-6 or y0 < 1e-6 or x1 > 1 - 1e-6 or y1 > 1 - 1e-6):
+                continue  # maybe cut by the crop: it is clipped to the image, not checked by pixels
+            region = stored.crop((round(x0 * width), round(y0 * height), round(x1 * width), round(y1 * height)))
+            truth = object_view(labels[label], image.orientation)
+            unturned = object_view(labels[label], 1)
+            assert _mad(region, truth) < 14, (image.name, label, _mad(region, truth))
+            if image.orientation != 1:  # the orientation is what made it match
+                assert _mad(region, unturned) > _mad(region, truth) + 10, (image.name, label)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("resize_mode", ["crop", "pad", "stretch", "keep"])
+def test_every_box_frames_its_pasted_object_in_each_resize_mode(pasted, tmp_path, resize_mode):
+    root, images = pasted
+    out = tmp_path / "out"
+    size = {} if resize_mode == "keep" else {"image_size": "160x120"}
+    info = beam_jobs.convert(
+        manifest=str(write_jsonl(root, images)), output_dir=str(out), resize_mode=resize_mode, **size
+    )
+    assert info["task"] == "detection" and info["schema_version"] == 2
+    assert info["label_names"] == sorted(OBJECTS)
+    split = info["splits"]["train"]
+    kept = sum(split["object_counts"].values())
+    assert kept + split["objects_cut_by_crop"] == 2 * len(images)
+    if resize_mode != "crop":
+        assert split["objects_cut_by_crop"] == 0
+    checked = _check_boxes_frame_objects(out, images, cut_allowed=resize_mode == "crop")
+    assert checked >= (len(images) // 2 if resize_mode == "crop" else 2 * len(images))
+
+
+def test_keep_mode_stores_an_upright_jpeg_byte_for_byte_and_turns_the_others(pasted, tmp_path):
+    root, images = pasted
+    out = tmp_path / "out"
+    beam_jobs.convert(manifest=str(write_jsonl(root, images)), output_dir=str(out), resize_mode="keep")
+    for record in _records(out):
+        name = record["image/filename"][0].decode()
+        image = next(i for i in images if i.name == name)
+        source = (root / name).read_bytes()
+        assert (record["image/encoded"][0] == source) == (image.orientation == 1), name
+        assert (record["image/width"][0], record["image/height"][0]) == image.upright_size
+
+
+def test_max_side_shrinks_only_larger_images_and_keeps_their_aspect(pasted, tmp_path):
+    root, images = pasted
+    out = tmp_path / "out"
+    info = beam_jobs.convert(
+        manifest=str(write_jsonl(root, images)), output_dir=str(out), resize_mode="keep", max_side=320
+    )
+    assert info["image"]["height"] is None and info["preprocessing"]["max_side"] == 320
+    for record in _records(out):
+        image = next(i for i in images if i.name == record["image/filename"][0].decode())
+        w, h = image.upright_size
+        got = (record["image/width"][0], record["image/height"][0])
+        if max(w, h) <= 320:
+            assert got == (w, h)
+        else:
+            assert max(got) == 320 and abs(got[0] / got[1] - w / h) < 0.02
+    _check_boxes_frame_objects(out, images, cut_allowed=False)
+
+
+def test_multi_label_rows_store_their_classes_as_lists(pasted, tmp_path):
+    root, images = pasted
+    rows = [{"uri": image.name, "labels": sorted({o.label for o in image.objects})} for image in images]
+    rows[0]["labels"] = []  # an image of none of the classes
+    listing = root / "labels.jsonl"
+    listing.write_text("\n".join(map(json.dumps, rows)))
+    info = beam_jobs.convert(manifest=str(listing), output_dir=str(tmp_path / "out"), image_size=64)
+    assert info["task"] == "multi_label"
+    by_name = {row["uri"]: row["labels"] for row in rows}
+    counts = dict.fromkeys(info["label_names"], 0)
+    for record in _records(tmp_path / "out"):
+        expected = by_name[record["image/filename"][0].decode()]
+        assert [t.decode() for t in record["image/class/text"]] == expected
+        assert [info["label_names"][i] for i in record["image/class/label"]] == expected
+        for name in expected:
+            counts[name] += 1
+    assert info["splits"]["train"]["class_counts"] == counts
+
+
+def test_bad_annotations_are_dead_letters_naming_the_annotation(pasted, tmp_path):
+    root, images = pasted
+    extra = {
+        "annotations": [
+            {"id": 901, "image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5], "iscrowd": 0},  # unknown category
+            {"id": 902, "image_id": 2, "category_id": 1, "bbox": [10, 10, 0, 5], "iscrowd": 0},  # no area
+            {"id": 903, "image_id": 3, "category_id": 1, "bbox": [5000, 10, 20, 20], "iscrowd": 0},  # outside
+            {"id": 904, "image_id": 555, "category_id": 1, "bbox": [1, 1, 5, 5], "iscrowd": 0},  # no such image
+        ],
+        "images": [{"id": 4, "file_name": images[4].name, "width": 1, "height": 1}],  # id 4 listed twice
+    }
+    coco = write_coco(root, images, extra=extra)
+    out = tmp_path / "out"
+    info = beam_jobs.convert(
+        str(root), coco_annotations=str(coco), output_dir=str(out), image_size=96, max_bad_fraction=0.9
+    )
+    letters = dead_letters(out)
+    text = json.dumps(letters)
+    for needle in (
+        "annotation 901",
+        "category_id 99",
+        "annotation 902",
+        "has no area",
+        "annotation 904",
+        "image id 4 is listed 2 times",
+    ):
+        assert needle in text, needle
+    outside = [d for d in letters if d["reason"] == "bad_annotation"]
+    assert (
+        len(outside) == 1 and "annotation 903" in outside[0]["detail"] and "outside the image" in outside[0]["detail"]
+    )
+    # Images 1, 2, 3 (refused with their bad annotation) and 4 (listed twice) are not in the dataset.
+    assert info["splits"]["train"]["num_examples"] == len(images) - 4
+
+
+def test_a_coco_file_converts_to_the_same_boxes_as_the_input_list(pasted, tmp_path):
+    root, images = pasted
+    from_list = beam_jobs.convert(
+        manifest=str(write_jsonl(root, images)), output_dir=str(tmp_path / "a"), image_size=96
+    )
+    from_coco = beam_jobs.convert(
+        str(root), coco_annotations=str(write_coco(root, images)), output_dir=str(tmp_path / "b"), image_size=96
+    )
+    assert from_list["splits"]["train"]["object_counts"] == from_coco["splits"]["train"]["object_counts"]
+
+    def boxes(out: pathlib.Path) -> dict:
+        return {r["image/filename"][0]: _boxes(r) for r in _records(out)}
+
+    a, b = boxes(tmp_path / "a"), boxes(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert [label for label, _ in a[name]] == [label for label, _ in b[name]]
+        np.testing.assert_allclose([box for _, box in a[name]], [box for _, box in b[name]], atol=1e-6)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orient_box_turns_a_box_as_pillow_turns_the_pixels(orientation):
+    from PIL import ImageOps  # pylint: disable=import-outside-toplevel
+
+    mask = Image.new("L", (50, 30))
+    mask.paste(255, (7, 4, 20, 11))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    mask.save(buffer, "PNG", exif=exif.tobytes())
+    turned = ImageOps.exif_transpose(Image.open(buffer))
+    assert orient_box((7, 4, 20, 11), (50, 30), orientation) == turned.getbbox()
+
+
+@pytest.mark.parametrize("mode", ["crop", "pad", "stretch"])
+def test_map_box_agrees_with_the_resized_pixels(mode):
+    """A white box on black, resized by a placement, lands where map_box says (within a pixel)."""
+    source = Image.new("L", (300, 200))
+    source.paste(255, (100, 50, 200, 150))
+    placement = place(source.size, (90, 120), mode)
+    resized = np.asarray(resize_image_by(source, placement, "bilinear"))
+    rows, cols = np.nonzero(resized > 127)
+    x0, y0, x1, y1 = map_box((100, 50, 200, 150), placement)
+    assert abs(cols.min() - x0) <= 1 and abs(cols.max() + 1 - x1) <= 1
+    assert abs(rows.min() - y0) <= 1 and abs(rows.max() + 1 - y1) <= 1
+
+
+def test_a_box_cut_away_by_the_crop_is_dropped_and_counted():
+    annotations = Annotations(
+        objects=(BoxObject("a", 0, 0, 20, 20), BoxObject("b", 140, 40, 160, 60)), object_ids=(0, 1)
+    )
+    placement = place((300, 100), (100, 100), "crop")  # keeps x 100..200
+    objects = stored_objects(
+        annotations, file_size=(300, 100), orientation=1, decoded_size=(300, 100), placement=placement
+    )
+    assert objects.dropped == 1 and objects.label_texts == ("b",)
+    assert objects.boxes == ((0.4, 0.4, 0.6, 0.6),)
