@@ -57,8 +57,8 @@ def _copy_with_manifest(src: pathlib.Path, dst: pathlib.Path, edit) -> pathlib.P
 
 
 def test_newer_schema_is_refused(jpeg_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    d = _copy_with_manifest(jpeg_dir, tmp_path / "d", lambda m: m.update(schema_version=2))
-    with pytest.raises(ValueError, match="schema_version 2"):
+    d = _copy_with_manifest(jpeg_dir, tmp_path / "d", lambda m: m.update(schema_version=3))
+    with pytest.raises(ValueError, match="schema_version 3"):
         tfdata_readers.load_manifest(d)
 
 

@@ -169,8 +169,8 @@ def _add_stale_shard(data_dir: pathlib.Path) -> str:
 
 
 def _newer_schema(data_dir: pathlib.Path) -> str:
-    shard_faults.edit_manifest(data_dir, lambda m: m.update(schema_version=2))
-    return r"dataset_info\.json has schema_version 2; this reader knows versions up to 1"
+    shard_faults.edit_manifest(data_dir, lambda m: m.update(schema_version=3))
+    return r"dataset_info\.json has schema_version 3; this reader knows versions up to 2"
 
 
 @pytest.mark.parametrize(
