@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",  # the job's progress bar
     "psutil>=6,<8",  # ending the local runner's workers after Ctrl-C or SIGTERM
     "ijson>=3.3,<4",  # streams COCO annotation files, which reach gigabytes (listing/coco.py)
+    "pycocotools>=2.0.8,<3",  # rasterises COCO polygons and RLE into instance masks, as COCO's own tools do
 ]
 READ_REQUIRE = ["tensorflow>=2.21.0,<3"]
 SAMPLES_REQUIRE = ["scikit-image>=0.25", "scikit-learn>=1.6"]

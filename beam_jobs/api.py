@@ -21,6 +21,7 @@ def convert(
     manifest: str | None = None,
     coco_annotations: str | None = None,
     unannotated: str = "keep",
+    coco_masks: bool = False,
     image_size: int | str | tuple[int, int] = 224,
     resize_mode: str = "crop",
     max_side: int | None = None,

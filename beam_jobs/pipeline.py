@@ -174,11 +174,13 @@ class ConvertImages(beam.PTransform):
         convert_threads: int = CONVERT_THREADS,
         coco_files: list[tuple[str | None, str]] | None = None,
         keep_unannotated: bool = True,
+        coco_masks: bool = False,
     ) -> None:
         super().__init__()
         # COCO annotation files (with their splits): the images are named there, under input_root.
         self._coco_files = coco_files
         self._keep_unannotated = keep_unannotated
+        self._coco_masks = coco_masks
         if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
             raise ValueError(
                 "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
@@ -242,6 +244,7 @@ class ConvertImages(beam.PTransform):
                     root=self._input_root,
                     keep_empty=self._keep_unannotated,
                     allow_outside_root=self._allow_outside_root,
+                    masks=self._coco_masks,
                 ),
                 IGNORED: pipeline | "NothingIgnored" >> beam.Create([]),
             }
@@ -820,6 +823,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             input_list=arguments.input_list,
             coco_files=arguments.coco_files,
             keep_unannotated=arguments.unannotated == "keep",
+            coco_masks=arguments.coco_masks,
             output_dir=output_dir,
             image_config=config,
             split_fractions=arguments.split_fractions,

@@ -25,6 +25,7 @@ class BoxObject:
     ymax: float
     is_crowd: bool = False
     ref: str = ""
+    segmentation: str | None = None  # COCO polygons or RLE, as JSON text, in the boxes' frame
 
 
 @dataclass(frozen=True, order=True)
@@ -43,13 +44,35 @@ class Annotations:
     # (width, height) the annotation file gives the image (COCO's): the converter checks it against
     # the file, and reads the boxes as upright when it is the size of the image as shown.
     declared_size: tuple[int, int] | None = None
+    mask_uri: str | None = None  # a semantic mask: a PNG of class ids the size of the image
+    # What the dataset's annotated inputs hold ("labels", "objects", "mask", "instance_masks"),
+    # set by the plan: every example of a dataset then has the same keys, and an input that lacks
+    # what its dataset holds (a mask) is refused rather than written without it.
+    kinds: tuple[str, ...] = ()
     label_ids: tuple[int, ...] = ()
     object_ids: tuple[int, ...] = ()
 
     def content(self) -> tuple:
         """What the annotations say, without where they were said (each object's ``ref``): two
         rows that list one image with equal content agree."""
-        return self.labels, tuple(replace(o, ref="") for o in self.objects), self.upright, self.declared_size
+        return (
+            self.labels,
+            tuple(replace(o, ref="") for o in self.objects),
+            self.upright,
+            self.declared_size,
+            self.mask_uri,
+        )
+
+    def own_kinds(self) -> tuple[str, ...]:
+        """What this input's annotations hold (the plan's ``kinds`` is the union over the dataset)."""
+        kinds = {"labels"} if self.labels else set()
+        if self.objects:
+            kinds.add("objects")
+        if any(o.segmentation is not None for o in self.objects):
+            kinds.add("instance_masks")
+        if self.mask_uri is not None:
+            kinds.add("mask")
+        return tuple(sorted(kinds))
 
     def names(self) -> tuple[str, ...]:
         """Every class name the image carries, sorted and distinct."""

@@ -150,6 +150,7 @@ class JobArguments:
     changed_sources: str = "refuse"
     coco_files: list[tuple[str | None, str]] | None = None
     unannotated: str = "keep"
+    coco_masks: bool = False
 
     @property
     def source(self) -> str:
@@ -286,6 +287,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         changed_sources=flags.changed_sources,
         coco_files=coco_files,
         unannotated=flags.unannotated,
+        coco_masks=flags.coco_masks,
     )
     return arguments, options
 

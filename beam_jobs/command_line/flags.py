@@ -101,6 +101,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         choices=("keep", "drop"),
         help="what to do with a COCO file's images that have no annotation (default: %(default)s)",
     )
+    group.add_argument(
+        "--coco_masks",
+        action="store_true",
+        help="also store each COCO object's mask (its polygons or RLE) as image/object/mask, a PNG per object",
+    )
     group = parser.add_argument_group("image", "what each example holds")
     group.add_argument(
         "--image_size",

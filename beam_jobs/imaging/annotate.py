@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from beam_jobs.errors import BadInputError, Stage
 from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_size
+from beam_jobs.imaging.masks import encode_mask_png, instance_mask
 from beam_jobs.records import Annotations, BoxObject
 
 __all__ = ["BAD_ANNOTATION", "EDGE_TOLERANCE_PX", "StoredObjects", "check_boxes_inside", "stored_objects"]
@@ -33,6 +34,7 @@ class StoredObjects:
     is_crowd: tuple[int, ...] = ()
     areas: tuple[float, ...] = ()
     dropped: int = 0
+    masks: tuple[bytes, ...] | None = None  # a 0/1 PNG per object, when the dataset holds instance masks
 
 
 def _describe(obj: BoxObject) -> str:
@@ -90,6 +92,9 @@ def stored_objects(
     scale_x, scale_y = decoded_size[0] / upright[0], decoded_size[1] / upright[1]
     out_w, out_h = placement.output_size
     boxes, ids, texts, crowd, areas = [], [], [], [], []
+    with_masks = "instance_masks" in annotations.kinds
+    masks: list[bytes] = []
+    frame = upright if annotations.upright else file_size
     dropped = 0
     for obj, label_id in zip(annotations.objects, annotations.object_ids, strict=True):
         box = (obj.xmin, obj.ymin, obj.xmax, obj.ymax)
@@ -101,9 +106,35 @@ def stored_objects(
             dropped += 1
             continue
         x0, y0, x1, y1 = mapped
+        if with_masks:
+            if obj.segmentation is None:
+                raise BadInputError(
+                    Stage.PREPROCESS,
+                    BAD_ANNOTATION,
+                    f"{_describe(obj)} has no segmentation, and the dataset holds masks",
+                )
+            placed = instance_mask(
+                obj.segmentation,
+                frame,
+                upright=annotations.upright,
+                file_size=file_size,
+                orientation=orientation,
+                decoded_size=decoded_size,
+                placement=placement,
+                ref=obj.ref,
+            )
+            masks.append(encode_mask_png(placed))
         boxes.append((x0 / out_w, y0 / out_h, x1 / out_w, y1 / out_h))
         ids.append(label_id)
         texts.append(obj.label)
         crowd.append(int(obj.is_crowd))
         areas.append((x1 - x0) * (y1 - y0))
-    return StoredObjects(tuple(boxes), tuple(ids), tuple(texts), tuple(crowd), tuple(areas), dropped)
+    return StoredObjects(
+        tuple(boxes),
+        tuple(ids),
+        tuple(texts),
+        tuple(crowd),
+        tuple(areas),
+        dropped,
+        tuple(masks) if with_masks else None,
+    )

@@ -19,7 +19,9 @@ __all__ = [
     "ENCODINGS",
     "FEATURE_DTYPES",
     "FORMAT_NAMES",
+    "INSTANCE_MASK_DTYPES",
     "LIST_FEATURE_DTYPES",
+    "SEMANTIC_MASK_DTYPES",
     "ExampleFields",
     "encode_array",
     "encode_pixels",
@@ -59,6 +61,13 @@ LIST_FEATURE_DTYPES: dict[str, str] = {
     "image/object/area": "float32",
     "image/object/is_crowd": "int64",
 }
+# A dataset with instance masks (the "instance_masks" kind) adds a PNG per object; one with
+# semantic masks (the "mask" kind) a PNG per image, with its format.
+INSTANCE_MASK_DTYPES: dict[str, str] = {"image/object/mask": "string"}
+SEMANTIC_MASK_DTYPES: dict[str, str] = {
+    "image/segmentation/class/encoded": "string",
+    "image/segmentation/class/format": "string",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,7 @@ class ExampleFields:
     labels: tuple[int, ...] | None = None
     label_texts: tuple[str, ...] = ()
     objects: StoredObjects | None = None
+    segmentation_png: bytes | None = None  # the semantic mask, a PNG of class ids
 
 
 def encode_pixels(image: Image.Image, *, encoding: str, jpeg_quality: int) -> bytes:
@@ -140,6 +150,9 @@ def serialize_example(fields: ExampleFields) -> bytes:
         _put_list(feature, "image/class/text", "bytes_list", [text.encode("utf-8") for text in fields.label_texts])
     if fields.objects is not None:
         _put_objects(feature, fields.objects)
+    if fields.segmentation_png is not None:
+        put_bytes("image/segmentation/class/encoded", fields.segmentation_png)
+        put_bytes("image/segmentation/class/format", b"png")
     put_bytes("image/filename", fields.filename.encode("utf-8"))
     put_bytes("image/key/sha256", fields.sha256.encode("ascii"))
     put_bytes("image/source_id", fields.source_id.encode("ascii"))
@@ -162,3 +175,5 @@ def _put_objects(feature: Any, objects: StoredObjects) -> None:
     _put_list(feature, "image/object/class/text", "bytes_list", [text.encode("utf-8") for text in objects.label_texts])
     _put_list(feature, "image/object/area", "float_list", objects.areas)
     _put_list(feature, "image/object/is_crowd", "int64_list", objects.is_crowd)
+    if objects.masks is not None:
+        _put_list(feature, "image/object/mask", "bytes_list", objects.masks)

@@ -3,8 +3,10 @@
 The schema (docs/annotations.md): ``labels``, the image's classes (a JSON list of text; in CSV,
 names separated by ``|``), and ``objects``, its boxes (a JSON list of objects with ``label``,
 ``xmin``, ``ymin``, ``xmax``, ``ymax`` in pixels of the file as stored, and optionally
-``is_crowd``; in CSV, that list as JSON text). Every name goes through the one label policy
-(names.clean_label), as a tree's folders and the ``label`` column do.
+``is_crowd``; in CSV, that list as JSON text), and ``mask``, the path of a PNG of class ids the
+size of the image (semantic segmentation), relative to the list as the image's is. Every name
+goes through the one label policy (names.clean_label), as a tree's folders and the ``label``
+column do.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from beam_jobs.records import Annotations, BoxObject
 
 __all__ = ["ANNOTATION_COLUMNS", "annotations_from_row"]
 
-ANNOTATION_COLUMNS = ("labels", "objects")
+ANNOTATION_COLUMNS = ("labels", "objects", "mask")
 _SIDES = ("xmin", "ymin", "xmax", "ymax")
 _OBJECT_KEYS = frozenset({*_SIDES, "label", "is_crowd"})
 
@@ -88,4 +90,4 @@ def annotations_from_row(row: Mapping, *, where: str, from_csv: bool = False) ->
         if not isinstance(value, list):
             raise _bad(where, f"objects must be a list (got {value!r})"[:300])
         objects = tuple(_box_object(obj, index, where=where) for index, obj in enumerate(value))
-    return Annotations(labels=labels, objects=objects)
+    return Annotations(labels=labels, objects=objects)  # a mask's path is resolved with the image's (discover.py)

@@ -15,6 +15,7 @@ is known, by the converter (annotate.py).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -67,9 +68,11 @@ def _keyed_images(uri: str) -> Iterator[tuple[int, dict]]:
         )
 
 
-def _keyed_annotations(uri: str) -> Iterator[tuple[int, dict]]:
+def _keyed_annotations(uri: str, *, masks: bool) -> Iterator[tuple[int, dict]]:
     for annotation in _stream(uri, "annotations.item"):
-        annotation.pop("segmentation", None)  # masks: not converted yet; never held in memory
+        segmentation = annotation.pop("segmentation", None)  # never carried when masks are not asked for
+        if masks and segmentation is not None:
+            annotation["segmentation"] = json.dumps(segmentation, separators=(",", ":"))
         yield annotation.get("image_id"), annotation
 
 
@@ -104,7 +107,8 @@ def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     if w <= 0 or h <= 0:
         raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: bbox {bbox!r} has no area")
     label = clean_label(str(name), where=ref)
-    return BoxObject(label, x, y, x + w, y + h, is_crowd=bool(annotation.get("iscrowd", 0)), ref=ref)
+    crowd = bool(annotation.get("iscrowd", 0))
+    return BoxObject(label, x, y, x + w, y + h, is_crowd=crowd, ref=ref, segmentation=annotation.get("segmentation"))
 
 
 def _id_order(annotation: dict) -> tuple:
@@ -176,9 +180,16 @@ class ListCoco(beam.PTransform):
     """COCO annotation files -> InputFile | DeadLetter, streamed and joined in the pipeline."""
 
     def __init__(
-        self, files: list[tuple[str | None, str]], *, root: str, keep_empty: bool, allow_outside_root: bool = False
+        self,
+        files: list[tuple[str | None, str]],
+        *,
+        root: str,
+        keep_empty: bool,
+        allow_outside_root: bool = False,
+        masks: bool = False,
     ) -> None:
         super().__init__()
+        self._masks = masks  # keep each annotation's segmentation, for its instance mask
         self._files = files
         self._root = root.rstrip("/") + "/"
         self._keep_empty = keep_empty
@@ -193,7 +204,7 @@ class ListCoco(beam.PTransform):
             images = files | f"StreamImages{index}" >> beam.FlatMap(_keyed_images)
             annotations = (
                 files
-                | f"StreamAnnotations{index}" >> beam.FlatMap(_keyed_annotations)
+                | f"StreamAnnotations{index}" >> beam.FlatMap(_keyed_annotations, masks=self._masks)
                 | f"SpreadAnnotations{index}" >> beam.Reshuffle()
             )
             parts.append(

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from functools import partial
 
 import apache_beam as beam
@@ -202,13 +203,21 @@ def _row_to_input(
     # Taken literally, as a tree's names are: "cat .jpg" and " cat.jpg" are file names a disk may
     # hold, and stripping them made such a listed file a read_error dead letter.
     entry = str(row["uri"])
-    # A relative uri is relative to its own list file's folder (``base``); the relative name of
-    # the input is taken against ``root``, common to every part of a pattern.
-    located = entry
-    if base and base != root and "://" not in entry and not entry.startswith("/") and "\x00" not in entry:
-        located = base + entry
+
+    def located(entry: str) -> str:
+        # A relative uri is relative to its own list file's folder (``base``); the relative name of
+        # the input is taken against ``root``, common to every part of a pattern.
+        if base and base != root and "://" not in entry and not entry.startswith("/") and "\x00" not in entry:
+            return base + entry
+        return entry
+
     try:
-        uri, filename = resolve_inside_root(located, root, allow_outside=allow_outside_root)
+        uri, filename = resolve_inside_root(located(entry), root, allow_outside=allow_outside_root)
+        if annotations is not None and row.get("mask") not in (None, ""):
+            if not isinstance(row["mask"], str):
+                return _bad_row(where, f"mask must be the path of a PNG file (got {row['mask']!r})")
+            mask_uri, _ = resolve_inside_root(located(row["mask"]), root, allow_outside=allow_outside_root)
+            annotations = replace(annotations, mask_uri=mask_uri)
         # The one naming policy of tree folders too: "café" (NFC or NFD) and "cat " name one class.
         label = (
             None

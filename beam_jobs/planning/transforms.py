@@ -308,7 +308,7 @@ def _rank_bucket(
     group: tuple[tuple[str, int], Iterable[InputFile]],
     layout: dict,
     label_names: tuple[str, ...],
-    annotated: bool = False,
+    annotated: tuple[str, ...] = (),
 ) -> Iterator[tuple[tuple[str, int], tuple[int, InputFile]]]:
     """Places one bucket's inputs: global rank = bucket offset + rank by digest inside the bucket.
 
@@ -322,7 +322,8 @@ def _rank_bucket(
         assert f.label is not None or f.annotations is not None, "every planned input has its label or annotations"
         shard, position = place_in_shard(split_layout["offsets"][bucket] + index, split_layout["num_shards"])
         if annotated:
-            f = replace(f, annotations=(f.annotations or Annotations()).with_ids(label_ids))
+            kinds = tuple(kind for kind in annotated if kind != "annotated")
+            f = replace(f, annotations=replace(f.annotations or Annotations(), kinds=kinds).with_ids(label_ids))
         yield (split, shard), (position, replace(f, label_id=label_ids[f.label] if f.label is not None else -1))
 
 
@@ -339,7 +340,7 @@ def _summary(
     class_counts: list,
     num_unsplit: int,
     merged_folders: dict,
-    annotated: bool = False,
+    annotated: tuple[str, ...] = (),
     *,
     source: str,
     requested: Mapping[str, float] | None,
@@ -367,7 +368,8 @@ def _summary(
             for split, facts in sorted(layout.items())
         },
         "split_rule": split_rule,
-        "annotated": annotated,
+        # Only for annotated datasets: a one-label dataset's plan is as every release wrote it.
+        **({"annotated": True, "annotation_kinds": [k for k in annotated if k != "annotated"]} if annotated else {}),
         "splits_ignored": bool(requested) and num_unsplit == 0,
         "warnings": plan_warnings(
             per_class, label_names, requested=requested, num_unsplit=num_unsplit, merged_folders=merged_folders
@@ -490,10 +492,10 @@ class PlanShards(beam.PTransform):
         # (label, ...): one small element
         annotated = (
             inputs
-            | "IsAnnotated" >> beam.Map(lambda f: f.annotations is not None)
-            | "AnyAnnotated" >> beam.CombineGlobally(any)
+            | "AnnotationKinds" >> beam.Map(_annotation_kinds)
+            | "AllAnnotationKinds" >> beam.CombineGlobally(_union)
         )
-        # True when any input has labels or objects: one small element
+        # What the annotated inputs hold, ("annotated", "labels", "objects", ...), () if none: one small element
         layout = (
             inputs
             | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
@@ -549,6 +551,15 @@ class PlanShards(beam.PTransform):
         if changes is not None:
             outputs[PLAN_CHANGES] = changes
         return outputs
+
+
+def _annotation_kinds(f: InputFile) -> tuple[str, ...]:
+    return ("annotated", *f.annotations.own_kinds()) if f.annotations is not None else ()
+
+
+def _union(kinds: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
+    """The sorted union of kinds (associative: Beam may combine partial unions)."""
+    return tuple(sorted({kind for group in kinds for kind in group}))
 
 
 def _label_order(labels: Iterable[str], *, known: tuple[str, ...] = ()) -> tuple[str, ...]:

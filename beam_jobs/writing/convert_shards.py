@@ -20,11 +20,12 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
-from beam_jobs.imaging.annotate import StoredObjects, stored_objects
+from beam_jobs.imaging.annotate import BAD_ANNOTATION, StoredObjects, stored_objects
 from beam_jobs.imaging.decode import DecodedImage, DecodedPixels, decode_image, decode_rgb_pixels
 from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
 from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.isolation import IsolatedRunner, needs_isolation
+from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
 from beam_jobs.imaging.resample import ARRAY_METHODS
@@ -55,9 +56,10 @@ CONVERT_THREADS = 2
 
 
 def convert_image(
-    data: bytes, input_file: InputFile, config: ImageConfig
+    data: bytes, input_file: InputFile, config: ImageConfig, mask: bytes | None = None
 ) -> tuple[bytes, list[str], str, ExampleClasses | None]:
-    """The whole per-image transformation, pure: source bytes to serialized Example bytes.
+    """The whole per-image transformation, pure: source bytes (and its semantic mask's, when it
+    has one) to serialized Example bytes.
 
     Returns (serialized example, events worth counting, sha256 of the source bytes, and for an
     annotated input the classes and objects the example holds). Raises BadInputError for
@@ -120,10 +122,37 @@ def convert_image(
         events += ["object_cut_by_crop"] * objects.dropped
         ids = _image_classes(input_file, objects)
         fields = replace(fields, labels=tuple(ids), label_texts=tuple(ids.values()), objects=objects)
+        if "mask" in input_file.annotations.kinds:
+            fields = replace(
+                fields, segmentation_png=_semantic_mask(mask, input_file, decoded, decoded_size, placement)
+            )
         classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped)
     else:
         assert input_file.label is not None, "a planned input has its label or its annotations"
     return serialize_example(fields), events, sha256, classes
+
+
+def _semantic_mask(
+    mask: bytes | None,
+    input_file: InputFile,
+    decoded: DecodedImage | DecodedPixels,
+    decoded_size: tuple[int, int],
+    placement: Placement,
+) -> bytes:
+    """The stored image's semantic mask, as a PNG; an input of a dataset with masks that has none
+    is refused (its example would be trained as all background)."""
+    if mask is None:
+        raise BadInputError(
+            Stage.PREPROCESS, BAD_ANNOTATION, "no mask: the other inputs of this dataset have one (the mask column)"
+        )
+    placed = semantic_mask(
+        mask,
+        file_size=decoded.source_size,
+        orientation=decoded.orientation,
+        decoded_size=decoded_size,
+        placement=placement,
+    )
+    return encode_mask_png(placed)
 
 
 @dataclass(frozen=True)
@@ -272,28 +301,28 @@ class ConvertShardFn(beam.DoFn):
     def _sources(self, inputs: tuple[InputFile, ...]):
         """(input, bytes or BadInputError) in order, read a few ahead on the converter's reader
         threads, each read with the converter's read timeout (reading.py)."""
-        read = partial(read_source, max_file_bytes=self._config.max_file_bytes, timeout_s=None)
+        read = partial(_read_with_mask, max_file_bytes=self._config.max_file_bytes)
         assert self._readers is not None, "setup() makes the threads"
         return self._readers.read_ahead(inputs, read, window=2 * self._read_threads)
 
     def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
         """source_state of each input: from the listing where it knows size and time (a tree's
         does), else one metadata request each, on threads (an input list's entries)."""
-        state_of = partial(source_state, timeout_s=self._read_timeout_s)
-        if all(f.size is not None and f.mtime is not None for f in inputs):
+        state_of = partial(_state_with_mask, timeout_s=self._read_timeout_s)
+        if all(f.size is not None and f.mtime is not None and f.annotations is None for f in inputs):
             return [state_of(f) for f in inputs]  # no I/O: not worth a thread hand-off each
         assert self._pool is not None, "setup() makes the threads"
         return list(self._pool.map(state_of, inputs))
 
     def _convert(
-        self, data: bytes, input_file: InputFile, *, isolated: bool
+        self, data: bytes, input_file: InputFile, *, isolated: bool, mask: bytes | None = None
     ) -> tuple[bytes, list[str], str, ExampleClasses | None]:
         """convert_image, in the isolated child if ``isolated``. Runs on a converter thread."""
         if isolated:
             assert self._isolated is not None, "setup() makes the isolated runner"
             with self._isolated_lock:
-                return self._isolated(convert_image, data, input_file, self._config)
-        return convert_image(data, input_file, self._config)
+                return self._isolated(convert_image, data, input_file, self._config, mask)
+        return convert_image(data, input_file, self._config, mask)
 
     def _conversions(self, inputs: tuple[InputFile, ...]):
         """(input, bytes or BadInputError, whether it is decoded in isolation, future of its
@@ -311,12 +340,13 @@ class ConvertShardFn(beam.DoFn):
         converters = self._converters
         assert converters is not None, "setup() makes the threads"
         try:
-            for input_file, data in self._sources(inputs):
+            for input_file, read in self._sources(inputs):
+                data, mask = read if isinstance(read, tuple) else (read, None)
                 if isinstance(data, BadInputError):
                     isolated, conversion = False, None
                 else:
                     isolated = needs_isolation(data, self._config.isolation)
-                    conversion = converters.submit(self._convert, data, input_file, isolated=isolated)
+                    conversion = converters.submit(self._convert, data, input_file, isolated=isolated, mask=mask)
                 pending.append((input_file, data, isolated, conversion))
                 if len(pending) > window:
                     yield pending.popleft()
@@ -485,6 +515,30 @@ class ConvertShardFn(beam.DoFn):
             object_counts=tuple(sorted(objects.items())),
             objects_cut=dropped,
         )
+
+
+def _state_with_mask(input_file: InputFile, *, timeout_s: float | None) -> list:
+    """source_state of the input, followed by its mask's when it has one: a mask repaired since
+    makes --resume convert the image again, as a changed image does."""
+    state = source_state(input_file, timeout_s=timeout_s)
+    annotations = input_file.annotations
+    if annotations is not None and annotations.mask_uri is not None:
+        state += source_state(replace(input_file, uri=annotations.mask_uri, size=None, mtime=None), timeout_s=timeout_s)
+    return state
+
+
+def _read_with_mask(input_file: InputFile, max_file_bytes: int) -> bytes | tuple[bytes, bytes]:
+    """The input's bytes, and its semantic mask's when it has one, read on one reader thread: the
+    two are one input, refused together (a mask that cannot be read names the mask)."""
+    data = read_source(input_file, max_file_bytes, timeout_s=None)
+    annotations = input_file.annotations
+    if annotations is None or annotations.mask_uri is None:
+        return data
+    try:
+        mask = read_source(replace(input_file, uri=annotations.mask_uri, size=None), max_file_bytes, timeout_s=None)
+    except BadInputError as error:
+        raise BadInputError(error.stage, error.reason, f"its mask {annotations.mask_uri}: {error.detail}") from None
+    return data, mask
 
 
 def _key_label(input_file: InputFile) -> str:

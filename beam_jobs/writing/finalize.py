@@ -17,7 +17,8 @@ import beam_jobs
 from beam_jobs.command_line.progress import progress_file_name
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import Reason
-from beam_jobs.imaging.example import FEATURE_DTYPES, LIST_FEATURE_DTYPES
+from beam_jobs.imaging.example import FEATURE_DTYPES, INSTANCE_MASK_DTYPES, LIST_FEATURE_DTYPES, SEMANTIC_MASK_DTYPES
+from beam_jobs.imaging.masks import PAD_CLASS
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.records import DeadLetter, ShardResult
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
@@ -181,7 +182,7 @@ def build_dataset_info(
             "channels": config.channels,
             "format": config.format_name,
         },
-        "features": feature_declarations(annotated),
+        "features": feature_declarations(annotated, summary.get("annotation_kinds", ())),
         "preprocessing": {**config.to_json(), **_applied(settings, summary)},
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
@@ -202,16 +203,27 @@ def build_dataset_info(
     }
     if annotated:
         # "multi_label" when no example holds a box, else "detection" (boxes, and image-level classes).
-        has_objects = any(s.object_counts or s.objects_cut for s in results_list)
-        info["task"] = "detection" if has_objects else "multi_label"
+        kinds = summary.get("annotation_kinds", [])
+        has_objects = "objects" in kinds
+        info["task"] = "detection" if has_objects else "segmentation" if "mask" in kinds else "multi_label"
+        info["annotations"] = {
+            "instance_masks": "instance_masks" in kinds,
+            "semantic_masks": "mask" in kinds,
+            # Pixels outside the image in the pad mode's semantic masks (never a class of the data).
+            **({"mask_pad_class": PAD_CLASS} if "mask" in kinds else {}),
+        }
     return info
 
 
-def feature_declarations(annotated: bool) -> dict:
+def feature_declarations(annotated: bool, kinds: Sequence[str] = ()) -> dict:
     """The manifest's `features`: each key's dtype and shape, [] for one value, [null] for a list."""
     features: dict[str, dict[str, Any]] = {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()}
     if annotated:
         features.update({key: {"dtype": dtype, "shape": [None]} for key, dtype in LIST_FEATURE_DTYPES.items()})
+    if "instance_masks" in kinds:
+        features.update({key: {"dtype": dtype, "shape": [None]} for key, dtype in INSTANCE_MASK_DTYPES.items()})
+    if "mask" in kinds:
+        features.update({key: {"dtype": dtype, "shape": []} for key, dtype in SEMANTIC_MASK_DTYPES.items()})
     return features
 
 

@@ -1,0 +1,142 @@
+"""Masks through the same map as the pixels (geometry.py), resized nearest-neighbour. Pure.
+
+Two kinds, as TensorFlow Model Garden stores them:
+- a semantic mask: one PNG of class ids the size of the image (``image/segmentation/class/encoded``),
+  from an input list's ``mask`` file;
+- instance masks: one PNG of 0 and 1 per object (``image/object/mask``), from a COCO file's
+  polygons or RLE, rasterised by pycocotools as COCO's own tools do.
+
+Nearest-neighbour, so that no class id appears that the source did not hold; the pad mode's
+bars are PAD_CLASS (255, the "ignore" id of VOC and Model Garden), never a real class.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+from PIL import Image
+
+from beam_jobs.errors import BadInputError, Stage
+from beam_jobs.imaging.geometry import Placement, upright_size
+
+__all__ = ["PAD_CLASS", "encode_mask_png", "instance_mask", "place_mask", "semantic_mask"]
+
+PAD_CLASS = 255
+BAD_ANNOTATION = "bad_annotation"
+
+# The eight EXIF orientations on an H x W array (as decode.py turns the pixels).
+_TURNS = {
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.T,
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: a.T[::-1, ::-1],
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+def _upright(array: np.ndarray, file_size: tuple[int, int], orientation: int, what: str) -> np.ndarray:
+    """A mask given in the file's stored frame, or already upright, as an upright array; a mask of
+    neither size is refused (it belongs to another image)."""
+    shape = (array.shape[1], array.shape[0])
+    upright = upright_size(file_size, orientation)
+    if shape == file_size:
+        return np.ascontiguousarray(_TURNS.get(orientation, lambda a: a)(array))
+    if shape == upright:
+        return array
+    raise BadInputError(
+        Stage.PREPROCESS,
+        BAD_ANNOTATION,
+        f"{what} is {shape[0]}x{shape[1]} but its image is {file_size[0]}x{file_size[1]}"
+        + (f" ({upright[0]}x{upright[1]} upright)" if upright != file_size else ""),
+    )
+
+
+def place_mask(
+    mask: np.ndarray, placement: Placement, decoded_size: tuple[int, int], *, fill: int = PAD_CLASS
+) -> np.ndarray:
+    """An upright full-size mask (H x W uint8) mapped as the pixels were: the placement's source box
+    (in the decoded image's pixels, scaled here to the mask's) onto its target box, nearest-neighbour,
+    the rest ``fill``."""
+    height, width = mask.shape
+    scale_x, scale_y = width / decoded_size[0], height / decoded_size[1]
+    sx0, sy0, sx1, sy1 = placement.source_box
+    box = (sx0 * scale_x, sy0 * scale_y, sx1 * scale_x, sy1 * scale_y)
+    tx0, ty0, tx1, ty1 = placement.target_box
+    inner = Image.fromarray(mask).resize((tx1 - tx0, ty1 - ty0), Image.Resampling.NEAREST, box=box)
+    out_w, out_h = placement.output_size
+    if (tx0, ty0, tx1, ty1) == (0, 0, out_w, out_h):
+        return np.asarray(inner)
+    canvas = np.full((out_h, out_w), fill, np.uint8)
+    canvas[ty0:ty1, tx0:tx1] = np.asarray(inner)
+    return canvas
+
+
+def encode_mask_png(mask: np.ndarray) -> bytes:
+    """A uint8 mask as a single-channel PNG (the same settings as every PNG the job writes)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(mask, dtype=np.uint8), mode="L").save(buffer, "PNG", compress_level=6)
+    return buffer.getvalue()
+
+
+def semantic_mask(
+    data: bytes, *, file_size: tuple[int, int], orientation: int, decoded_size: tuple[int, int], placement: Placement
+) -> np.ndarray:
+    """A semantic mask file (PNG of class ids: mode L, or P whose palette indices are the ids, as
+    Pascal VOC's) as the stored image's mask."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=("PNG",))
+        image.load()
+    except Exception as error:
+        raise BadInputError(Stage.PREPROCESS, BAD_ANNOTATION, f"the mask is not a readable PNG ({error})") from None
+    if image.mode not in ("L", "P"):
+        raise BadInputError(
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"the mask's mode is {image.mode}; a mask is an 8-bit PNG of class ids (mode L, or P as VOC's)",
+        )
+    array = np.asarray(image, dtype=np.uint8)  # P: the palette indices themselves, never colours
+    return place_mask(_upright(array, file_size, orientation, "the mask"), placement, decoded_size)
+
+
+def instance_mask(
+    segmentation: str,
+    frame_size: tuple[int, int],
+    *,
+    upright: bool,
+    file_size: tuple[int, int],
+    orientation: int,
+    decoded_size: tuple[int, int],
+    placement: Placement,
+    ref: str,
+) -> np.ndarray:
+    """A COCO segmentation (JSON text of polygons or RLE) in a frame of ``frame_size``, as a 0/1
+    mask of the stored image."""
+    from pycocotools import mask as coco_mask  # pylint: disable=import-outside-toplevel  # only masks need it
+
+    width, height = frame_size
+    value = json.loads(segmentation)
+    try:
+        if isinstance(value, list):  # polygons
+            rles = coco_mask.frPyObjects([p for p in value if len(p) >= 6], height, width)
+            rle = coco_mask.merge(rles) if rles else None
+        elif isinstance(value.get("counts"), list):  # uncompressed RLE
+            rle = coco_mask.frPyObjects(value, height, width)
+        else:
+            rle = dict(value, counts=value["counts"].encode("ascii"))
+        array = np.zeros((height, width), np.uint8) if rle is None else coco_mask.decode(rle).astype(np.uint8)
+    except Exception as error:
+        raise BadInputError(Stage.PREPROCESS, BAD_ANNOTATION, f"{ref}: unreadable segmentation ({error})") from None
+    if array.shape != (height, width):
+        raise BadInputError(
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"{ref}: its RLE is {array.shape[1]}x{array.shape[0]}, the image {width}x{height}",
+        )
+    if not upright:
+        array = np.ascontiguousarray(_TURNS.get(orientation, lambda a: a)(array))
+    del file_size
+    return place_mask(array, placement, decoded_size, fill=0)
