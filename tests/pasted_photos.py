@@ -132,3 +132,26 @@ def write_coco(folder: pathlib.Path, images: list[PastedImage], *, extra: dict |
     path = folder / "coco.json"
     path.write_text(json.dumps(coco))
     return path
+
+
+def write_masks(folder: pathlib.Path, images: list[PastedImage]) -> dict[str, str]:
+    """A semantic mask per image (class id = 1 + the class's place in sorted OBJECTS, 0 elsewhere),
+    in the stored frame as the boxes are; returns {image name: mask name}."""
+    (folder / "masks").mkdir(exist_ok=True)
+    ids = {name: index + 1 for index, name in enumerate(sorted(OBJECTS))}
+    names = {}
+    for image in images:
+        mask = np.zeros((image.size[1], image.size[0]), np.uint8)
+        for o in image.objects:
+            x0, y0, x1, y1 = o.box
+            mask[y0:y1, x0:x1] = ids[o.label]
+        name = image.name.replace("images/", "masks/").replace(".jpg", ".png")
+        Image.fromarray(mask).save(folder / name)
+        names[image.name] = name
+    return names
+
+
+def polygon_of(box: tuple[int, int, int, int]) -> list[list[int]]:
+    """A box as a COCO polygon (its four corners)."""
+    x0, y0, x1, y1 = box
+    return [[x0, y0, x1, y0, x1, y1, x0, y1]]

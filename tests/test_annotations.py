@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import math
 import pathlib
 
 import numpy as np
@@ -297,3 +298,98 @@ def test_the_reader_flips_boxes_with_the_pixels_and_pads_to_max_boxes(pasted, tm
             else:
                 np.testing.assert_allclose(train_boxes, boxes[: len(want)], atol=1e-6)
     assert 0 < flips < len(stored)
+
+
+def _png(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("resize_mode", ["crop", "pad", "keep"])
+def test_semantic_masks_follow_the_pixels_and_hold_only_their_class_ids(pasted, tmp_path, resize_mode):
+    from tests.pasted_photos import write_masks  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    masks = write_masks(root, images)
+    rows = [json.loads(line) for line in write_jsonl(root, images).read_text().splitlines()]
+    for row in rows:
+        row["mask"] = masks[row["uri"]]
+    listing = root / "seg.jsonl"
+    listing.write_text("\n".join(map(json.dumps, rows)))
+    size = {} if resize_mode == "keep" else {"image_size": "128x96"}
+    out = tmp_path / "out"
+    info = beam_jobs.convert(manifest=str(listing), output_dir=str(out), resize_mode=resize_mode, **size)
+    assert info["annotations"]["semantic_masks"] and info["features"]["image/segmentation/class/encoded"]
+    ids = {name: index + 1 for index, name in enumerate(sorted(OBJECTS))}
+    for record in _records(out):
+        mask = _png(record["image/segmentation/class/encoded"][0])
+        assert record["image/segmentation/class/format"] == [b"png"]
+        assert mask.shape == (record["image/height"][0], record["image/width"][0])
+        allowed = {0, *ids.values()} | ({255} if resize_mode == "pad" else set())
+        assert set(np.unique(mask)) <= allowed
+        height, width = mask.shape
+        for label, (x0, y0, x1, y1) in _boxes(record):
+            # Inside the box, a pixel away from its edges (where rounding may fall either way): all its class.
+            top, left = math.ceil(y0 * height) + 1, math.ceil(x0 * width) + 1
+            inside = mask[top : math.floor(y1 * height) - 1, left : math.floor(x1 * width) - 1]
+            assert (inside == ids[label]).all(), (label, (inside == ids[label]).mean())
+        if resize_mode == "keep":  # nearest-neighbour at full size: the mask's pixels exactly where the box is
+            assert (mask > 0).sum() == pytest.approx(
+                sum((x1 - x0) * width * (y1 - y0) * height for _, (x0, y0, x1, y1) in _boxes(record)), abs=1
+            )
+
+
+def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp_path):
+    from pycocotools import mask as coco_mask  # pylint: disable=import-outside-toplevel
+
+    from tests.pasted_photos import polygon_of  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    coco_path = write_coco(root, images)
+    coco = json.loads(coco_path.read_text())
+    for index, annotation in enumerate(coco["annotations"]):
+        x, y, w, h = annotation["bbox"]
+        image = images[annotation["image_id"] - 1]
+        if index % 2:  # every other one as compressed RLE
+            bitmap = np.zeros((image.size[1], image.size[0]), np.uint8, order="F")
+            bitmap[y : y + h, x : x + w] = 1
+            rle = coco_mask.encode(bitmap)
+            annotation["segmentation"] = {"size": rle["size"], "counts": rle["counts"].decode()}
+        else:
+            annotation["segmentation"] = polygon_of((x, y, x + w, y + h))
+    coco_path.write_text(json.dumps(coco))
+    out = tmp_path / "out"
+    info = beam_jobs.convert(
+        str(root), coco_annotations=str(coco_path), coco_masks=True, output_dir=str(out), image_size=112
+    )
+    assert info["annotations"]["instance_masks"]
+    checked = 0
+    for record in _records(out):
+        masks = record["image/object/mask"]
+        assert len(masks) == len(record["image/object/class/label"])
+        for png, (_, (x0, y0, x1, y1)) in zip(masks, _boxes(record), strict=True):
+            mask = _png(png)
+            assert set(np.unique(mask)) <= {0, 1}
+            rows, cols = np.nonzero(mask)
+            assert abs(cols.min() - x0 * 112) <= 1 and abs(cols.max() + 1 - x1 * 112) <= 1
+            assert abs(rows.min() - y0 * 112) <= 1 and abs(rows.max() + 1 - y1 * 112) <= 1
+            checked += 1
+    assert checked >= len(images)
+
+
+def test_an_input_without_its_mask_or_with_another_images_mask_is_refused(pasted, tmp_path):
+    from tests.pasted_photos import write_masks  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    masks = write_masks(root, images)
+    rows = [{"uri": image.name, "mask": masks[image.name], "labels": [image.objects[0].label]} for image in images]
+    del rows[0]["mask"]  # no mask, in a dataset of masks
+    rows[1]["mask"] = masks[images[2].name]  # another image's (of another size)
+    listing = root / "badseg.jsonl"
+    listing.write_text("\n".join(map(json.dumps, rows)))
+    out = tmp_path / "out"
+    info = beam_jobs.convert(manifest=str(listing), output_dir=str(out), image_size=64, max_bad_fraction=0.5)
+    letters = {d["uri"]: d for d in dead_letters(out)}
+    assert "no mask" in letters[str(root / images[0].name)]["detail"]
+    assert "the mask is" in letters[str(root / images[1].name)]["detail"]
+    assert info["task"] == "segmentation" and info["splits"]["train"]["num_examples"] == len(images) - 2
+    assert len(letters) == 2
