@@ -47,4 +47,14 @@ if [ ! -f "$stamp" ]; then
   find "$venv" -maxdepth 1 -name '.installed-*' ! -name ".installed-$setup_hash-*" -delete
   touch "$stamp"
 fi
+if [ "$extras" = test ]; then
+  # Model Garden's decoders, for the tests that read the records with them (see the file).
+  garden_hash="$(sha256sum < "$repo/tests/modelgarden-requirements.txt" | cut -c1-16)"
+  if [ ! -f "$venv/modelgarden/.installed-$garden_hash" ]; then
+    echo "installing TensorFlow Model Garden's decoders into $venv/modelgarden" >&2
+    rm -rf "$venv/modelgarden"
+    "$venv/bin/python" -m pip install --quiet --no-deps --target "$venv/modelgarden" -r "$repo/tests/modelgarden-requirements.txt" >&2
+    touch "$venv/modelgarden/.installed-$garden_hash"
+  fi
+fi
 echo "$venv/bin/python"

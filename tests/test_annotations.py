@@ -393,3 +393,71 @@ def test_an_input_without_its_mask_or_with_another_images_mask_is_refused(pasted
     assert "the mask is" in letters[str(root / images[1].name)]["detail"]
     assert info["task"] == "segmentation" and info["splits"]["train"]["num_examples"] == len(images) - 2
     assert len(letters) == 2
+
+
+def test_model_gardens_own_decoders_read_every_record_unchanged(pasted, tmp_path):
+    """Model Garden's TfExampleDecoder (with masks), segmentation decoder and parser, and
+    multi-label classification decoder read our records, and return the values we stored."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from tests.pasted_photos import polygon_of, write_masks  # pylint: disable=import-outside-toplevel
+
+    garden = pathlib.Path(sys.prefix) / "modelgarden"
+    assert (garden / "official").is_dir(), "launch/ensure_venv.sh test installs Model Garden there"
+    root, images = pasted
+    coco_path = write_coco(root, images)
+    coco = json.loads(coco_path.read_text())
+    for annotation in coco["annotations"]:
+        x, y, w, h = annotation["bbox"]
+        annotation["segmentation"] = polygon_of((x, y, x + w, y + h))
+    coco["annotations"][0]["iscrowd"] = 1
+    coco_path.write_text(json.dumps(coco))
+    detection, segmentation, multilabel = tmp_path / "det", tmp_path / "seg", tmp_path / "ml"
+    beam_jobs.convert(
+        str(root), coco_annotations=str(coco_path), coco_masks=True, output_dir=str(detection), resize_mode="keep"
+    )
+    masks = write_masks(root, images)
+    listing = root / "mg-seg.jsonl"
+    listing.write_text("\n".join(json.dumps({"uri": i.name, "mask": masks[i.name]}) for i in images))
+    beam_jobs.convert(manifest=str(listing), output_dir=str(segmentation), image_size=80, resize_mode="pad")
+    ml_info = beam_jobs.convert(
+        manifest=str(write_jsonl(root, images, labels=True)), output_dir=str(multilabel), image_size=48
+    )
+    out = tmp_path / "decoded.json"
+    check = pathlib.Path(__file__).parent / "readers" / "modelgarden_check.py"
+    proc = subprocess.run(
+        [sys.executable, str(check), str(out), str(garden), str(detection), str(segmentation), str(multilabel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    decoded = json.loads(out.read_text())
+
+    ours = _records(detection)
+    assert len(decoded["detection"]) == len(ours) == len(images)
+    for mine, theirs in zip(ours, decoded["detection"], strict=True):
+        height, width = mine["image/height"][0], mine["image/width"][0]
+        assert theirs["source_id"] == mine["image/source_id"][0].decode()
+        assert theirs["image_shape"] == [height, width, 3] and (theirs["height"], theirs["width"]) == (height, width)
+        boxes = [[b[1], b[0], b[3], b[2]] for _, b in _boxes(mine)]  # theirs: ymin, xmin, ymax, xmax
+        np.testing.assert_allclose(theirs["boxes"], boxes, atol=1e-6)
+        assert theirs["classes"] == mine["image/object/class/label"]
+        assert theirs["is_crowd"] == [bool(c) for c in mine["image/object/is_crowd"]]
+        np.testing.assert_allclose(theirs["area"], mine["image/object/area"], rtol=1e-6)
+        assert theirs["mask_shapes"] == [len(boxes), height, width]
+        # Each instance mask holds its box's pixels (the pasted rectangles), as 0/1.
+        expected = [(b[2] - b[0]) * width * (b[3] - b[1]) * height for _, b in _boxes(mine)]
+        np.testing.assert_allclose(theirs["mask_pixels"], expected, rtol=0.02)
+    assert any(any(t["is_crowd"]) for t in decoded["detection"])
+
+    ids = {0, *range(1, len(OBJECTS) + 1)}
+    assert len(decoded["segmentation"]) == len(images)
+    for seg in decoded["segmentation"]:
+        assert seg["image_shape"] == [64, 64, 3]
+        assert set(seg["ids"]) <= ids | {255} and set(seg["ids"]) & (ids - {0})
+
+    names = ml_info["label_names"]
+    by_key = {tuple(sorted({o.label for o in i.objects})) for i in images}
+    assert {tuple(names[j] for j in ml["labels"]) for ml in decoded["multilabel"]} == by_key
