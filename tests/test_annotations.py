@@ -461,3 +461,90 @@ def test_model_gardens_own_decoders_read_every_record_unchanged(pasted, tmp_path
     names = ml_info["label_names"]
     by_key = {tuple(sorted({o.label for o in i.objects})) for i in images}
     assert {tuple(names[j] for j in ml["labels"]) for ml in decoded["multilabel"]} == by_key
+
+
+def _segmented_detection_set(root: pathlib.Path, images: list[PastedImage], out: pathlib.Path, **options) -> dict:
+    from tests.pasted_photos import write_masks  # pylint: disable=import-outside-toplevel
+
+    masks = write_masks(root, images)
+    rows = [json.loads(line) for line in write_jsonl(root, images).read_text().splitlines()]
+    for row in rows:
+        row["mask"] = masks[row["uri"]]
+    listing = root / "segdet.jsonl"
+    listing.write_text("\n".join(map(json.dumps, rows)))
+    return beam_jobs.convert(manifest=str(listing), output_dir=str(out), **options)
+
+
+def test_training_crops_move_boxes_and_masks_together_and_count_what_they_drop(pasted, tmp_path):
+    """In every training view the mask's class region is where its box says: one window, one flip."""
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    out = tmp_path / "out"
+    _segmented_detection_set(root, images, out, resize_mode="keep")
+    ids = {name: index + 1 for index, name in enumerate(sorted(OBJECTS))}
+    names = tfr.load_manifest(out).label_names
+    dropped = boxes_seen = 0
+    for seed in range(3):
+        dataset = tfr.make_dataset(out, "train", 4, image_size=96, training=True, seed=seed, with_metadata=True)
+        for _, targets, meta in dataset:
+            dropped += int(meta["boxes_dropped"].numpy().sum())
+            for i in range(targets["mask"].shape[0]):
+                mask = targets["mask"][i, :, :, 0].numpy()
+                for box, cls in zip(targets["boxes"][i].numpy(), targets["classes"][i].numpy(), strict=True):
+                    if cls < 0:
+                        continue
+                    top, left, bottom, right = box * 96
+                    region = mask[
+                        math.ceil(top) + 1 : math.floor(bottom) - 1, math.ceil(left) + 1 : math.floor(right) - 1
+                    ]
+                    if region.size:
+                        assert (region == ids[names[cls]]).mean() > 0.95
+                    boxes_seen += 1
+    assert boxes_seen > 0
+    assert dropped + boxes_seen == 3 * 2 * len(images)  # every stored box is either kept or counted
+
+
+def test_a_segmentation_dataset_reads_as_image_and_mask_pairs(pasted, tmp_path):
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+    from tests.pasted_photos import write_masks  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    masks = write_masks(root, images)
+    listing = root / "seg-only.jsonl"
+    listing.write_text("\n".join(json.dumps({"uri": i.name, "mask": masks[i.name]}) for i in images))
+    out = tmp_path / "out"
+    info = beam_jobs.convert(manifest=str(listing), output_dir=str(out), resize_mode="keep")
+    assert info["task"] == "segmentation"
+    pixels, mask = next(iter(tfr.make_dataset(out, "train", 2, image_size=(48, 64))))
+    assert pixels.shape == (2, 48, 64, 3) and mask.shape == (2, 48, 64, 1) and mask.dtype.name == "uint8"
+    assert set(np.unique(mask.numpy())) <= {0, 1, 2, 3}
+
+
+def test_verify_names_a_box_outside_the_image_and_a_mask_of_another_size(pasted, tmp_path):
+    from tensorflow.core.example import example_pb2  # pylint: disable=import-outside-toplevel
+
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.checking.verification import content_problem  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    out = tmp_path / "out"
+    _segmented_detection_set(root, images, out, image_size=64)
+    assert tfr.verify(out) == []
+    info = tfr.load_manifest(out)
+    path = sorted(glob.glob(str(out / "shards" / "*" / "*.tfrecord")))[0]
+    from tensorflow.python.lib.io import tf_record  # pylint: disable=import-outside-toplevel
+
+    record = next(iter(tf_record.tf_record_iterator(path)))
+    assert content_problem(record, info) == ""
+    example = example_pb2.Example.FromString(record)
+    example.features.feature["image/object/bbox/xmax"].float_list.value[0] = 1.5
+    assert "not inside [0, 1]" in content_problem(example.SerializeToString(), info)
+    example = example_pb2.Example.FromString(record)
+    small = io.BytesIO()
+    Image.new("L", (8, 8)).save(small, "PNG")
+    example.features.feature["image/segmentation/class/encoded"].bytes_list.value[0] = small.getvalue()
+    assert "the semantic mask is (8, 8), the image 64x64" in content_problem(example.SerializeToString(), info)
+    example = example_pb2.Example.FromString(record)
+    example.features.feature["image/object/class/label"].int64_list.value[0] = 7
+    assert "objects: id 7, not in [0, num_classes=3)" in content_problem(example.SerializeToString(), info)

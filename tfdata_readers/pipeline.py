@@ -12,9 +12,10 @@ import tensorflow as tf
 
 from tfdata_readers.config import MAX_SEED, ReadConfig, check_batch_size, check_seed
 from tfdata_readers.decoding import augment
+from tfdata_readers.decoding.annotated import annotated_element
 from tfdata_readers.decoding.decode import to_output
 from tfdata_readers.decoding.parse import METADATA_KEYS, feature_spec, list_feature_spec, parse_batch
-from tfdata_readers.decoding.targets import TARGET_NAMES, annotation_targets
+from tfdata_readers.decoding.targets import TARGET_NAMES, annotation_targets, stored_boxes
 from tfdata_readers.decoding.targets import list_keys as _list_keys
 from tfdata_readers.service import reading as service_reading
 from tfdata_readers.sources.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
@@ -40,6 +41,7 @@ _MAX_AUTO_CYCLE_LENGTH = 16
 # The feature that seeds each training example's augmentation.
 _AUGMENT_KEY = "image/key/sha256"
 _HEIGHT, _WIDTH = "image/height", "image/width"
+_MASK_KEY = "image/segmentation/class/encoded"
 
 
 def _global_batch(batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
@@ -330,8 +332,11 @@ def make_dataset(
         keys += [_HEIGHT, _WIDTH]  # each example's own size: RAW bytes do not say it
     # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
     spec: dict[str, Any] = feature_spec(keys, info.features, where=info.manifest_path)
+    semantic = bool(info.raw.get("annotations", {}).get("semantic_masks"))
     if annotated:
         spec.update(list_feature_spec(_list_keys(task), info.features, where=info.manifest_path))
+    if semantic:
+        spec[_MASK_KEY] = tf.io.FixedLenFeature([], tf.string)  # declared with the annotations (verify checks it)
     check_no_unlisted_shards(info, split)
     share = share_for_pipeline(split_info, input_context)
     # Only an older version's manifest (read from versions/) can list files the writer has since deleted.
@@ -449,34 +454,53 @@ def make_dataset(
 
     def element(features: dict[str, Any]) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """One parsed example -> (its fixed-shape features, its pixels): an annotated example's
-        lists become its targets (annotation_targets), the boxes moved with the pixels."""
+        lists become its targets (annotation_targets), its boxes and mask moved with the pixels."""
         if not annotated:
             return features, images(features, False)
-        if task == "detection":
-            size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
-            boxes = tf.stack([features[f"image/object/bbox/{side}"] for side in ("ymin", "xmin", "ymax", "xmax")], 1)
-            pixels, boxes = augment.detection_element(
-                features["image/encoded"],
-                features["seed"],
-                image,
-                boxes,
-                out_size=out_size,
-                training=training,
-                size=size,
-            )
-        else:
-            pixels, boxes = images(features, False), None
+        if task == "multi_label" and not semantic:
+            pixels = images(features, False)  # the classification crop: no box or mask to move
+            fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
+            fixed.update(annotation_targets(features, None, num_classes=info.num_classes, max_boxes=config.max_boxes))
+            return fixed, pixels
+        size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
+        view = annotated_element(
+            features["image/encoded"],
+            features["seed"],
+            image,
+            stored_boxes(features) if task == "detection" else tf.zeros([0, 4]),
+            out_size=out_size,
+            training=training,
+            mask_png=features[_MASK_KEY] if semantic else None,
+            size=size,
+        )
         fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
-        fixed.update(annotation_targets(features, boxes, num_classes=info.num_classes, max_boxes=config.max_boxes))
-        return fixed, pixels
+        fixed.pop(_MASK_KEY, None)
+        fixed.update(
+            annotation_targets(
+                features,
+                view["boxes"] if task == "detection" else None,
+                kept=view["kept"],
+                num_classes=info.num_classes,
+                max_boxes=config.max_boxes,
+            )
+        )
+        if semantic:
+            fixed["mask"] = tf.ensure_shape(view["mask"], (*out_size, 1))
+        fixed["boxes_dropped"] = view["dropped"]
+        return fixed, view["pixels"]
 
     def finish(features: dict[str, tf.Tensor], pixels: tf.Tensor) -> tuple[Any, ...]:
         pixels = to_output(pixels, config.dtype, config.scale)
         if annotated:
-            targets = {name: features[name] for name in TARGET_NAMES[task]}
-            annotated_out: tuple[Any, ...] = (pixels, targets if task == "detection" else targets["labels"])
+            names = TARGET_NAMES[task] + (("mask",) if semantic and task == "detection" else ())
+            targets = {name: features[name] for name in names}
+            # Keras's conventions: (image, multi-hot labels), (image, mask), or (image, {targets}).
+            annotated_out: tuple[Any, ...] = (pixels, targets if len(targets) > 1 else targets[names[0]])
             if with_metadata:
-                annotated_out += ({name: features[key] for name, key in METADATA_KEYS.items() if key in features},)
+                meta = {name: features[key] for name, key in METADATA_KEYS.items() if key in features}
+                if "boxes_dropped" in features:
+                    meta["boxes_dropped"] = features["boxes_dropped"]
+                annotated_out += (meta,)
             return annotated_out
         labels = features["image/class/label"]
         out: tuple[Any, ...] = (pixels, labels)

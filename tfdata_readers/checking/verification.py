@@ -13,7 +13,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdata_readers.decoding.parse import FEATURE_DTYPES, check_declared_features, feature_spec, record_problem
+from tfdata_readers.checking.annotations import annotation_problems
+from tfdata_readers.decoding.parse import (
+    FEATURE_DTYPES,
+    check_declared_features,
+    feature_spec,
+    list_feature_spec,
+    record_problem,
+)
+from tfdata_readers.decoding.targets import list_keys
 from tfdata_readers.sources.files import unlisted_shards
 from tfdata_readers.sources.manifest import (
     MANIFEST_NAME,
@@ -65,11 +73,17 @@ def content_problem(record: bytes, info: DatasetInfo) -> str:
     image = info.image
     found = []
     for key, expected in (("height", image.height), ("width", image.width), ("channels", image.channels)):
-        if value(f"image/{key}") != expected:
+        if expected is None:  # each image its own size: any size, but a size
+            if value(f"image/{key}") < 1:
+                found.append(f"image/{key} {value(f'image/{key}')}, not a size")
+        elif value(f"image/{key}") != expected:
             found.append(f"image/{key} {value(f'image/{key}')}, manifest image.{key} says {expected}")
     fmt = value("image/format").decode(errors="replace")
     if fmt.upper() != image.format:
         found.append(f"image/format {fmt!r}, manifest image.format says {image.format!r}")
+    if info.task != "classification":
+        found += annotation_problems(features, info, (value("image/width"), value("image/height")))
+        return "; ".join(found)
     label, text = value("image/class/label"), value("image/class/text").decode(errors="replace")
     if not 0 <= label < min(info.num_classes, len(info.label_names)):
         found.append(f"label {label}, not in [0, num_classes={info.num_classes})")
@@ -198,8 +212,15 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
     manifest_path = info.manifest_path
     names = list(splits) if splits else sorted(info.splits)
     keys = list(FEATURE_DTYPES)
+    if info.task != "classification":  # the class id and name are lists: annotation_problems checks them
+        keys = [key for key in keys if key not in ("image/class/label", "image/class/text")]
     problems = [ShardProblem(manifest_path, p) for p in manifest_problems]
     problems += [ShardProblem(manifest_path, p) for p in check_declared_features(keys, info.features)]
+    if info.task != "classification":
+        try:
+            list_feature_spec(list_keys(info.task), info.features)
+        except ValueError as error:
+            problems.append(ShardProblem(manifest_path, str(error)))
     spec = feature_spec(keys)
     problems.extend(_check_dead_letters(info.data_dir, info.raw, manifest_path))
     for path in unlisted_shards(info, splits or None):

@@ -15,7 +15,6 @@ __all__ = [
     "eval_element",
     "eval_batch",
     "centre_window",
-    "detection_element",
 ]
 
 
@@ -164,31 +163,3 @@ def eval_batch(encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int
     if out_size != (image.height, image.width):
         pixels = tf.image.resize(pixels, out_size, method="bilinear")
     return pixels
-
-
-def detection_element(
-    encoded: tf.Tensor,
-    seed: tf.Tensor,
-    image: ImageInfo,
-    boxes: tf.Tensor,
-    *,
-    out_size: tuple[int, int],
-    training: bool,
-    size: tf.Tensor | None = None,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """One detection example: float32 pixels [h, w, C] in [0, 255] and its boxes [N, 4]
-    (ymin, xmin, ymax, xmax, normalised), the image resized whole to `out_size`, and in training
-    flipped left-right half the time (a pure function of `seed`), the boxes with it.
-
-    The whole image, resized to the model's size, keeps every box: normalised boxes are unchanged
-    by a resize of the whole image, whatever its aspect ratio, so no box is cut or dropped here.
-    """
-    pixels = tf.image.resize(decode_image(encoded, image, size), out_size, method="bilinear")
-    if training:
-        _, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        flip = tf.random.stateless_uniform([], seed=flip_seed) < 0.5
-        pixels = tf.cond(flip, lambda: tf.reverse(pixels, axis=[1]), lambda: pixels)
-        ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
-        flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
-        boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
-    return tf.ensure_shape(pixels, (*out_size, image.channels)), boxes

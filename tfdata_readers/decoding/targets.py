@@ -14,17 +14,26 @@ import sys
 
 import tensorflow as tf
 
-__all__ = ["TARGET_NAMES", "annotation_targets", "list_keys"]
+__all__ = ["TARGET_NAMES", "annotation_targets", "list_keys", "stored_boxes"]
 
-TARGET_NAMES = {"multi_label": ("labels",), "detection": ("boxes", "classes", "labels")}
+TARGET_NAMES = {
+    "multi_label": ("labels",),
+    "detection": ("boxes", "classes", "labels"),
+    "segmentation": ("mask",),
+}
 _BOX_KEYS = tuple(f"image/object/bbox/{side}" for side in ("xmin", "ymin", "xmax", "ymax"))
 
 
 def list_keys(task: str) -> list[str]:
-    """The list features a task's targets are made from."""
+    """The list features a task's targets are made from (a semantic mask is one string, not a list)."""
     if task == "detection":
         return ["image/class/label", *_BOX_KEYS, "image/object/class/label"]
     return ["image/class/label"]
+
+
+def stored_boxes(features: dict[str, tf.Tensor]) -> tf.Tensor:
+    """An example's boxes as [N, 4] (ymin, xmin, ymax, xmax), the order of TensorFlow's image ops."""
+    return tf.stack([features[f"image/object/bbox/{side}"] for side in ("ymin", "xmin", "ymax", "xmax")], axis=1)
 
 
 def _multi_hot(ids: tf.Tensor, num_classes: int) -> tf.Tensor:
@@ -32,10 +41,15 @@ def _multi_hot(ids: tf.Tensor, num_classes: int) -> tf.Tensor:
 
 
 def annotation_targets(
-    features: dict[str, tf.Tensor], boxes: tf.Tensor | None, *, num_classes: int, max_boxes: int
+    features: dict[str, tf.Tensor],
+    boxes: tf.Tensor | None,
+    *,
+    num_classes: int,
+    max_boxes: int,
+    kept: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
-    """The targets of one example from its parsed lists (`boxes`: its [N, 4] ymin, xmin, ymax,
-    xmax boxes after augmentation, for detection)."""
+    """The targets of one example from its parsed lists (`boxes`: its [K, 4] ymin, xmin, ymax,
+    xmax boxes after augmentation, for detection, and `kept` which of the stored ones they are)."""
     ids = features["image/class/label"]
     labels = tf.ensure_shape(
         tf.cond(tf.size(ids) > 0, lambda: _multi_hot(ids, num_classes), lambda: tf.zeros([num_classes])),
@@ -44,6 +58,8 @@ def annotation_targets(
     if boxes is None:
         return {"labels": labels}
     classes = features["image/object/class/label"]
+    if kept is not None:
+        classes = tf.gather(classes, kept)
     count = tf.shape(classes)[0]
 
     def report_cut() -> tf.Tensor:

@@ -41,7 +41,7 @@ MANIFEST_NAME = "dataset_info.json"
 # 2: images may keep their own size (image height and width null), and examples may hold lists
 # (an annotated dataset's `task`: "multi_label" or "detection"). Version 1 manifests read as before.
 SCHEMA_VERSION = 2
-TASKS = ("classification", "multi_label", "detection")
+TASKS = ("classification", "multi_label", "detection", "segmentation")
 IMAGE_FORMATS = ("JPEG", "PNG", "RAW")
 # docs/FORMAT.md: every committed version's manifest is kept as versions/<8-digit version>.json.
 VERSIONS_DIR = "versions"

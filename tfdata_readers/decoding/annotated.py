@@ -1,0 +1,97 @@
+"""Decoding and augmenting an annotated example: pixels, boxes and mask moved by one window and one flip.
+
+As in the converter (geometry.py), one map per example is computed once and applied to
+everything: a random crop window (training), then a resize of that window to the model's size,
+then a flip. Boxes are normalised (ymin, xmin, ymax, xmax), so the resize does not change them;
+the window re-clips them, and a box left with no area is dropped (and counted). The semantic mask
+is cropped by the same window and resized nearest-neighbour, so no class id appears that the
+stored mask did not hold. Every random choice is a stateless function of the example's seed.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdata_readers.decoding.decode import decode_image
+from tfdata_readers.sources.manifest import ImageInfo
+
+__all__ = ["annotated_element", "crop_boxes"]
+
+
+def crop_boxes(boxes: tf.Tensor, window: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Boxes [N, 4] (normalised to the image) in the crop `window` ([ymin, xmin, ymax, xmax],
+    normalised), clipped to it; returns (the boxes with area left, their indices)."""
+    top, left, bottom, right = tf.unstack(window)
+    height, width = bottom - top, right - left
+    ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
+    moved = tf.stack(
+        [(ymin - top) / height, (xmin - left) / width, (ymax - top) / height, (xmax - left) / width], axis=1
+    )
+    clipped = tf.clip_by_value(moved, 0.0, 1.0)
+    keep = tf.logical_and(clipped[:, 2] > clipped[:, 0], clipped[:, 3] > clipped[:, 1])
+    indices = tf.cast(tf.reshape(tf.where(keep), [-1]), tf.int32)
+    return tf.gather(clipped, indices), indices
+
+
+def annotated_element(
+    encoded: tf.Tensor,
+    seed: tf.Tensor,
+    image: ImageInfo,
+    boxes: tf.Tensor,
+    *,
+    out_size: tuple[int, int],
+    training: bool,
+    mask_png: tf.Tensor | None = None,
+    size: tf.Tensor | None = None,
+    area_range: tuple[float, float] = (0.3, 1.0),
+    aspect_ratio_range: tuple[float, float] = (0.5, 2.0),
+    min_object_covered: float = 0.3,
+) -> dict[str, tf.Tensor]:
+    """One annotated example at `out_size`: in evaluation the whole image; in training a random crop
+    that covers at least `min_object_covered` of one of its objects (the whole image when it has
+    none that fits), then a left-right flip half the time.
+
+    Returns `pixels` (float32 [h, w, C]), `boxes` (the kept ones, [K, 4]), `kept` (int32 [K]: which
+    of the stored boxes they are), `dropped` (int32: how many the crop cut away) and `mask` (uint8
+    [h, w, 1], or [0, 0, 1] without one)."""
+    pixels = decode_image(encoded, image, size)
+    shape = tf.shape(pixels)
+    mask = tf.zeros([0, 0, 1], tf.uint8)
+    if mask_png is not None:
+        mask = tf.io.decode_png(mask_png, channels=1)
+    count = tf.shape(boxes)[0]
+    kept = tf.range(count, dtype=tf.int32)
+    if training:
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        begin, window_size, window = tf.image.stateless_sample_distorted_bounding_box(
+            shape,
+            bounding_boxes=tf.reshape(boxes, [1, -1, 4]),
+            seed=crop_seed,
+            min_object_covered=min_object_covered,
+            aspect_ratio_range=aspect_ratio_range,
+            area_range=area_range,
+            max_attempts=20,
+            use_image_if_no_bounding_boxes=True,
+        )
+        pixels = tf.slice(pixels, begin, window_size)
+        if mask_png is not None:
+            mask = tf.slice(mask, begin, [window_size[0], window_size[1], 1])
+        boxes, kept = crop_boxes(boxes, tf.reshape(window, [4]))
+    resized = tf.image.resize(pixels, out_size, method="bilinear")
+    if mask_png is not None:
+        mask = tf.cast(tf.image.resize(mask, out_size, method="nearest"), tf.uint8)
+    if training:
+        flip = tf.random.stateless_uniform([], seed=flip_seed) < 0.5
+        resized = tf.cond(flip, lambda: tf.reverse(resized, axis=[1]), lambda: resized)
+        if mask_png is not None:
+            mask = tf.cond(flip, lambda: tf.reverse(mask, axis=[1]), lambda: mask)
+        ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
+        flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
+        boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
+    return {
+        "pixels": tf.ensure_shape(resized, (*out_size, image.channels)),
+        "boxes": boxes,
+        "kept": kept,
+        "dropped": count - tf.shape(kept)[0],
+        "mask": mask,
+    }
