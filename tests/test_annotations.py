@@ -548,3 +548,45 @@ def test_verify_names_a_box_outside_the_image_and_a_mask_of_another_size(pasted,
     example = example_pb2.Example.FromString(record)
     example.features.feature["image/object/class/label"].int64_list.value[0] = 7
     assert "objects: id 7, not in [0, num_classes=3)" in content_problem(example.SerializeToString(), info)
+
+
+def test_inspect_draws_boxes_and_masks_and_reports_objects_per_class(pasted, tmp_path):
+    """The contact sheet's tile list names each drawn box, the boxes' pixels are drawn in a box
+    colour, and the summary gives the objects per class and the boxes cut."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from tfdata_readers.inspection.sheet import TILES_CHUNK  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    out = tmp_path / "out"
+    info = _segmented_detection_set(root, images, out, image_size=96)
+    report = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.inspect", str(out), "--out", str(report), "--augmented"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = ", ".join(f"{name} {n}" for name, n in info["splits"]["train"]["object_counts"].items())
+    cut = info["splits"]["train"]["objects_cut_by_crop"]
+    assert f"train: objects per class: {counts}; boxes the crop cut away: {cut}" in proc.stdout
+    sheet = Image.open(report / "contact_sheet-train.png")
+    tiles = json.loads(sheet.text[TILES_CHUNK])
+    stored = {r["image/filename"][0].decode(): _boxes(r) for r in _records(out)}
+    for tile in tiles:
+        drawn = sorted((name, round(xmin, 4)) for name, _, xmin, _, _ in tile["objects"])
+        assert drawn == sorted((name, round(box[0], 4)) for name, box in stored[tile["filename"]])
+    # A box's outline is drawn in one of the palette's colours at its left edge.
+    tile = tiles[0]
+    left, top, right, bottom = tile["box"]
+    picture_w = (right - left - 5) // 2
+    name, ymin, xmin, ymax, xmax = tile["objects"][0]
+    x = left + round(xmin * picture_w)
+    y = top + round((ymin + ymax) / 2 * (bottom - top))
+    pixels = np.asarray(sheet.convert("RGB"))
+    from tfdata_readers.inspection.sheet import _PALETTE  # pylint: disable=import-outside-toplevel,protected-access
+
+    near = pixels[y, max(x - 1, left) : x + 2]
+    assert any(min(np.abs(near.astype(int) - np.array(c)).sum(axis=1)) < 40 for c in _PALETTE)

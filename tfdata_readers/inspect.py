@@ -81,6 +81,12 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
         )
     if report.class_counts_source != "dataset_info.json":
         lines.append(f"  class counts {report.class_counts_source}")
+    for split in report.splits:
+        facts = info.raw["splits"].get(split, {})
+        if "object_counts" in facts:
+            counts = ", ".join(f"{name} {n}" for name, n in facts["object_counts"].items())
+            cut = facts.get("objects_cut_by_crop", 0)
+            lines.append(f"  {split}: objects per class: {counts}; boxes the crop cut away: {cut}")
     dead = sum(g.count for g in report.dead_letters)
     reasons = ", ".join(f"{g.reason}: {g.count}" for g in report.dead_letters)
     lines.append(f"dead letters: {dead}" + (f" ({reasons})" if reasons else ""))

@@ -66,6 +66,12 @@ class SampleExample:
     key: str
     image: np.ndarray
     augmented: np.ndarray | None = None
+    # Annotated datasets: each box as (class name, ymin, xmin, ymax, xmax) normalised, and the
+    # semantic mask (uint8 H x W of class ids), as the reader yields them for evaluation.
+    boxes: tuple[tuple[str, float, float, float, float], ...] = ()
+    mask: np.ndarray | None = None
+    augmented_boxes: tuple[tuple[str, float, float, float, float], ...] = ()  # ... of the training view
+    augmented_mask: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +263,12 @@ def _read_sample(
                     rank,
                     SampleExample(
                         **_label_of(labels, meta, i, info),
+                        **_annotations_of(labels, i, info),
+                        **(
+                            {}
+                            if train is None
+                            else {f"augmented_{k}": v for k, v in _annotations_of(train[1], i, info).items()}
+                        ),
                         filename=filename,
                         key=key,
                         image=images[i].numpy(),
@@ -283,6 +295,21 @@ def _label_of(labels: Any, meta: dict, i: int, info: DatasetInfo) -> dict[str, A
     hot = (labels["labels"] if isinstance(labels, dict) else labels)[i].numpy()
     ids = [index for index, value in enumerate(hot) if value > 0]
     return {"label_id": ids[0] if ids else -1, "label": "+".join(info.label_names[j] for j in ids) or "(none)"}
+
+
+def _annotations_of(targets: Any, i: int, info: DatasetInfo) -> dict[str, Any]:
+    """The boxes and mask a tile draws over an annotated example (none for other datasets)."""
+    if not isinstance(targets, dict) and info.task != "segmentation":
+        return {}
+    if info.task == "segmentation":
+        return {"mask": targets[i].numpy()[..., 0]}
+    boxes = tuple(
+        (info.label_names[int(cls)], *map(float, box))
+        for box, cls in zip(targets["boxes"][i].numpy(), targets["classes"][i].numpy(), strict=True)
+        if cls >= 0
+    )
+    mask = targets["mask"][i].numpy()[..., 0] if "mask" in targets else None
+    return {"boxes": boxes, "mask": mask}
 
 
 def _negate(score: bytes) -> bytes:

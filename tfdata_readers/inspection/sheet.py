@@ -153,9 +153,12 @@ def draw_contact_sheet(
     tiles = []
     for example, box in zip(examples, layout.tiles, strict=True):
         left, top, right, bottom = box
-        sheet.paste(_picture(example.image, layout.picture), (left, top))
+        sheet.paste(_annotated(_picture(example.image, layout.picture), example.boxes, example.mask), (left, top))
         if augmented and example.augmented is not None:
-            sheet.paste(_picture(example.augmented, layout.picture), (right - layout.picture[0], top))
+            view = _annotated(
+                _picture(example.augmented, layout.picture), example.augmented_boxes, example.augmented_mask
+            )
+            sheet.paste(view, (right - layout.picture[0], top))
         width = right - left
         draw.text(
             (left, bottom + 3),
@@ -164,7 +167,10 @@ def draw_contact_sheet(
             font=label_font,
         )
         draw.text((left, bottom + 20), _fit(draw, example.filename, name_font, width), fill=_FAINT, font=name_font)
-        tiles.append({"box": list(box), "label": example.label, "filename": example.filename})
+        tile_entry = {"box": list(box), "label": example.label, "filename": example.filename}
+        if example.boxes:
+            tile_entry["objects"] = [list(b) for b in example.boxes]
+        tiles.append(tile_entry)
     return sheet, tiles
 
 
@@ -183,3 +189,41 @@ def sheet_jpeg(sheet: Image.Image, quality: int = 85) -> bytes:
     buffer = io.BytesIO()
     sheet.save(buffer, format="JPEG", quality=quality, optimize=True)
     return buffer.getvalue()
+
+
+# Colours of class ids (cycled), for mask overlays and boxes: distinct at a glance.
+_PALETTE = ((230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240))
+
+
+def _colour(index: int) -> tuple[int, int, int]:
+    return _PALETTE[index % len(_PALETTE)]
+
+
+def _annotated(
+    picture: Image.Image, boxes: tuple[tuple[str, float, float, float, float], ...], mask: np.ndarray | None
+) -> Image.Image:
+    """The picture with its mask's classes tinted (padding, id 255, left as it is) and its boxes
+    drawn, each with its class name: what a detection or segmentation model is taught."""
+    if mask is not None:
+        mask = np.asarray(Image.fromarray(mask).resize(picture.size, Image.Resampling.NEAREST))
+        tint = np.asarray(picture, np.float32).copy()
+        for class_id in (int(v) for v in np.unique(mask) if 0 < v < 255):
+            where = mask == class_id
+            tint[where] = 0.55 * tint[where] + 0.45 * np.array(_colour(class_id), np.float32)
+        picture = Image.fromarray(tint.astype(np.uint8))
+    if boxes:
+        draw = ImageDraw.Draw(picture)
+        font = _font(11)
+        width, height = picture.size
+        names = sorted({name for name, *_ in boxes})
+        for name, ymin, xmin, ymax, xmax in boxes:
+            colour = _colour(names.index(name))
+            corners = (
+                xmin * width,
+                ymin * height,
+                max(xmin * width, xmax * width - 1),
+                max(ymin * height, ymax * height - 1),
+            )
+            draw.rectangle(corners, outline=colour, width=2)
+            draw.text((corners[0] + 2, corners[1] + 1), displayable(name, font), fill=colour, font=font)
+    return picture
