@@ -5,20 +5,23 @@ one class, and each sample image is a random crop of it (random scale, position 
 resized to the requested size and saved as a JPEG, so the tree looks like a small photo
 collection: varied content, real textures, real JPEG statistics.
 
-Run ``python -m beam_jobs.sample_data OUT_DIR --num_images 200`` to make one.
+Run ``python -m beam_jobs.sample_data OUT_DIR --num_images 200`` to make one. With ``--coco FILE``
+each photo also gets objects: crops of the other source photographs pasted onto it, whose boxes
+(and masks) are written as a COCO annotation file, so that detection examples are known exactly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import pathlib
 import random
 from collections.abc import Sequence
 
 from PIL import Image, ImageOps
 
-__all__ = ["SOURCE_PHOTOS", "source_photo_paths", "make_photo_tree", "main"]
+__all__ = ["SOURCE_PHOTOS", "source_photo_paths", "make_photo_tree", "paste_objects", "main"]
 
 # (package, file inside the package's data folder) for each colour photograph used as a class.
 SOURCE_PHOTOS: tuple[tuple[str, str], ...] = (
@@ -96,6 +99,58 @@ def make_photo_tree(
     return paths
 
 
+def paste_objects(
+    root: str | pathlib.Path,
+    paths: Sequence[pathlib.Path],
+    coco_file: str | pathlib.Path,
+    *,
+    per_image: int = 2,
+    seed: int = 0,
+) -> dict:
+    """Pastes ``per_image`` crops of the other source photographs onto each photo of ``paths`` (in
+    place) and writes their boxes and masks (each crop's rectangle, as a polygon) to ``coco_file``,
+    a COCO annotation file whose ``file_name``s are relative to ``root``. Returns the COCO dict.
+
+    The categories are the source photographs' names: a crop of chelsea's photo is a "chelsea".
+    """
+    root = pathlib.Path(root)
+    rng = random.Random(seed)
+    photos = {name: Image.open(path).convert("RGB") for name, path in source_photo_paths().items()}
+    names = sorted(photos)
+    categories = {name: index + 1 for index, name in enumerate(names)}
+    coco: dict = {
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": i, "name": n, "supercategory": "photo"} for n, i in categories.items()],
+    }
+    for image_id, path in enumerate(paths, start=1):
+        image = Image.open(path).convert("RGB")
+        width, height = image.size
+        for _ in range(per_image):
+            name = names[rng.randrange(len(names))]
+            w = rng.randint(max(8, width // 8), max(9, width // 3))
+            h = rng.randint(max(8, height // 8), max(9, height // 3))
+            x, y = rng.randint(0, width - w), rng.randint(0, height - h)
+            image.paste(_random_crop(photos[name], (w, h), rng), (x, y))
+            coco["annotations"].append(
+                {
+                    "id": len(coco["annotations"]) + 1,
+                    "image_id": image_id,
+                    "category_id": categories[name],
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                    "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]],
+                }
+            )
+        image.save(path, "JPEG", quality=90)
+        coco["images"].append(
+            {"id": image_id, "file_name": path.relative_to(root).as_posix(), "width": width, "height": height}
+        )
+    pathlib.Path(coco_file).write_text(json.dumps(coco))
+    return coco
+
+
 def _parse_size(text: str) -> tuple[int, int]:
     width, _, height = text.lower().partition("x")
     return int(width), int(height or width)
@@ -108,9 +163,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--num_images", type=int, default=200)
     parser.add_argument("--size", type=_parse_size, default=(500, 375), help="WIDTHxHEIGHT, e.g. 500x375")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--coco", default=None, help="also paste objects onto each photo and write their COCO annotation file here"
+    )
     args = parser.parse_args(argv)
     paths = make_photo_tree(args.output_dir, num_images=args.num_images, size=args.size, seed=args.seed)
     print(f"wrote {len(paths)} photos to {args.output_dir}")
+    if args.coco:
+        coco = paste_objects(args.output_dir, paths, args.coco, seed=args.seed)
+        print(f"wrote {len(coco['annotations'])} objects of {len(coco['categories'])} categories to {args.coco}")
 
 
 if __name__ == "__main__":

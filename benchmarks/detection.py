@@ -1,9 +1,9 @@
 """Detection benchmark: a COCO set converted with `--resize_mode keep`, against Model Garden's converter.
 
-The inputs: N real photos (500x375, the sample tree's), each with two crops of other real photos
-pasted on it, and a COCO annotation file giving their boxes. Both converters write every image
-at its own size with its boxes, and are timed as whole processes (imports and start-up
-included), interleaved over the repeats, on the same cores:
+The inputs: N real photos (500x375, the sample tree's), each with two crops of real photos pasted
+on it, and a COCO annotation file giving their boxes (`python -m beam_jobs.sample_data --coco`).
+Both converters write every image at its own size with its boxes, and are timed as whole
+processes (imports and start-up included), interleaved over the repeats, on the same cores:
 
 - this job: `--input ROOT --coco_annotations FILE --resize_mode keep` on the local runner (every core);
 - TensorFlow Model Garden's `official/vision/data/create_coco_tf_record.py` (tf-models-official
@@ -30,13 +30,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-from PIL import Image
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from beam_jobs.sample_data import make_photo_tree  # noqa: E402
+from beam_jobs.sample_data import make_photo_tree, paste_objects  # noqa: E402
 
 SHARDS = 8
 # Runs Model Garden's converter with the three package __init__s that import every Vision task
@@ -57,38 +54,8 @@ runpy.run_path(os.path.join(garden, "official/vision/data/create_coco_tf_record.
 def make_detection_set(root: pathlib.Path, num_images: int) -> pathlib.Path:
     """Photos with two pasted real-photo crops each, and their COCO file (boxes in pixels)."""
     photos = root / "photos"
-    make_photo_tree(photos, num_images=num_images, seed=3)
-    paths = sorted(p for p in photos.rglob("*.jpg"))
-    rng = np.random.default_rng(0)
-    coco: dict = {
-        "images": [],
-        "annotations": [],
-        "categories": [{"id": 1, "name": "thing"}, {"id": 2, "name": "other"}],
-    }
-    for image_id, path in enumerate(paths, start=1):
-        image = Image.open(path).convert("RGB")
-        width, height = image.size
-        for k in range(2):
-            donor = Image.open(paths[int(rng.integers(len(paths)))]).convert("RGB")
-            w, h = int(rng.integers(60, 140)), int(rng.integers(60, 140))
-            x, y = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
-            image.paste(donor.resize((w, h)), (x, y))
-            coco["annotations"].append(
-                {
-                    "id": len(coco["annotations"]) + 1,
-                    "image_id": image_id,
-                    "category_id": 1 + k,
-                    "bbox": [x, y, w, h],
-                    "area": w * h,
-                    "iscrowd": 0,
-                }
-            )
-        image.save(path, quality=90)
-        coco["images"].append(
-            {"id": image_id, "file_name": str(path.relative_to(photos)), "width": width, "height": height}
-        )
     annotations = root / "instances.json"
-    annotations.write_text(json.dumps(coco))
+    paste_objects(photos, make_photo_tree(photos, num_images=num_images, seed=3), annotations, seed=3)
     return annotations
 
 

@@ -63,7 +63,7 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
     lines = [
         f"{report.data_dir}: {plural(total, 'example')} in {plural(len(info.splits), 'split')}, "
         f"{plural(info.num_classes, 'class', 'classes')}, "
-        f"{info.image.width}x{info.image.height} {info.image.format} "
+        f"{info.image.size_text} {info.image.format} "
         f"({producer.get('name', '?')} {producer.get('version', '?')}), dataset version {info.version}"
     ]
     width = max((len(s) for s in report.splits), default=5)
@@ -117,7 +117,7 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
         else:
             title = (
                 f"{split}: {len(sample.examples)} of {info.splits[split].num_examples} examples, seed "
-                f"{report.seed}, {info.image.width}x{info.image.height} {info.image.format}"
+                f"{report.seed}, {info.image.size_text} {info.image.format}"
                 + (" (left: stored, right: training view)" if augmented else "")
             )
         sheet, tiles = draw_contact_sheet(

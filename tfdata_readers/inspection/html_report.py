@@ -56,7 +56,7 @@ def _card(report: Inspection) -> str:
         ["splits", _e(", ".join(f"{s} ({info.splits[s].num_examples})" for s in report.splits))],
         ["examples", _e(sum(s.num_examples for s in info.splits.values()))],
         ["classes", _e(info.num_classes)],
-        ["image", _e(f"{info.image.width}x{info.image.height}, {info.image.channels} channel(s), {info.image.format}")],
+        ["image", _e(f"{info.image.size_text}, {info.image.channels} channel(s), {info.image.format}")],
         ["preprocessing", f"<code>{_e(json.dumps(raw.get('preprocessing', {}), sort_keys=True))}</code>"],
         ["dead letters", _e(raw.get("num_dead_letters", "?"))],
         ["fingerprint", f"<code>{_e(raw.get('fingerprint', '?'))}</code>"],

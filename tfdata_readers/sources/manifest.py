@@ -89,6 +89,11 @@ class ImageInfo:
         """True when the images are of varying sizes: the reader needs an output size to batch them."""
         return self.height is None or self.width is None
 
+    @property
+    def size_text(self) -> str:
+        """The size as WIDTHxHEIGHT, or "own sizes" when each image keeps its own."""
+        return "own sizes" if self.keeps_size else f"{self.width}x{self.height}"
+
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
