@@ -590,3 +590,43 @@ def test_inspect_draws_boxes_and_masks_and_reports_objects_per_class(pasted, tmp
 
     near = pixels[y, max(x - 1, left) : x + 2]
     assert any(min(np.abs(near.astype(int) - np.array(c)).sum(axis=1)) < 40 for c in _PALETTE)
+
+
+@pytest.mark.slow
+def test_a_100_mb_coco_file_is_streamed_not_loaded(pasted, tmp_path):
+    """COCO files are mostly segmentation numbers: a 100 MB one is read as a stream (the parse of
+    its annotations holds well under a megabyte at any time), and the job converts it."""
+    import tracemalloc  # pylint: disable=import-outside-toplevel
+
+    from beam_jobs.listing.coco import _keyed_annotations  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    coco = json.loads(write_coco(root, images).read_text())
+    polygon = json.dumps([[round(i * 0.37 % 50 + 10, 2) for i in range(5000)]])  # about 37 kB of numbers
+    path = tmp_path / "big.json"
+    with path.open("w") as handle:
+        handle.write(json.dumps({"images": coco["images"], "categories": coco["categories"]})[:-1])
+        handle.write(', "annotations": [')
+        for index in range(3000):
+            image = images[index % len(images)]
+            x0, y0, x1, y1 = image.objects[0].box
+            if index:
+                handle.write(",")
+            handle.write(
+                f'{{"id": {index + 1}, "image_id": {index % len(images) + 1}, "category_id": 1, '
+                f'"bbox": [{x0}, {y0}, {x1 - x0}, {y1 - y0}], "iscrowd": 0, "segmentation": {polygon}}}'
+            )
+        handle.write("]}")
+    size = path.stat().st_size
+    assert size > 100e6
+    tracemalloc.start()
+    try:
+        assert sum(1 for _ in _keyed_annotations(str(path), masks=False)) == 3000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 100, peak
+    info = beam_jobs.convert(str(root), coco_annotations=str(path), output_dir=str(tmp_path / "out"), image_size=64)
+    assert info["splits"]["train"]["num_examples"] == len(images)
+    split = info["splits"]["train"]
+    assert sum(split["object_counts"].values()) + split["objects_cut_by_crop"] == 3000
