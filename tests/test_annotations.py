@@ -630,3 +630,35 @@ def test_a_100_mb_coco_file_is_streamed_not_loaded(pasted, tmp_path):
     assert info["splits"]["train"]["num_examples"] == len(images)
     split = info["splits"]["train"]
     assert sum(split["object_counts"].values()) + split["objects_cut_by_crop"] == 3000
+
+
+def test_append_adds_annotated_rows_and_refuses_rows_of_another_kind(pasted, tmp_path):
+    root, images = pasted
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in write_jsonl(root, images).read_text().splitlines()]
+    listing = root / "growing.jsonl"
+    listing.write_text("\n".join(map(json.dumps, rows[:5])))
+    first = beam_jobs.convert(manifest=str(listing), output_dir=str(out), image_size=64, resize_mode="pad")
+    listing.write_text("\n".join(map(json.dumps, rows)))
+    second = beam_jobs.convert(
+        manifest=str(listing), output_dir=str(out), image_size=64, resize_mode="pad", append=True
+    )
+    assert second["version"] == first["version"] + 1
+    assert second["splits"]["train"]["num_examples"] == len(images)
+    assert sum(second["splits"]["train"]["object_counts"].values()) == 2 * len(images)
+    assert second["task"] == "detection" and len(_records(out)) >= len(images)
+    # One-label rows would be examples of another layout (a scalar label, no boxes): refused.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    Image.open(root / images[0].name).save(plain / "extra.jpg")
+    listing.write_text(listing.read_text() + "\n" + json.dumps({"uri": str(plain / "extra.jpg"), "label": "cup"}))
+    with pytest.raises(Exception, match="an append must write examples laid out as the version it appends to"):
+        beam_jobs.convert(
+            manifest=str(listing),
+            output_dir=str(out),
+            image_size=64,
+            resize_mode="pad",
+            append=True,
+            allow_outside_root=True,
+        )
+    assert json.loads((out / "dataset_info.json").read_text())["version"] == second["version"]

@@ -125,6 +125,31 @@ def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[st
     return list(dict.fromkeys(kept))
 
 
+def _layout(info: dict) -> dict:
+    """What every record of a version shares: an append whose records differ in any of it would
+    make a version that no one reader reads whole (scalar labels beside lists, boxes beside none,
+    one size beside its own sizes)."""
+    return {
+        "task": info.get("task", "classification"),
+        "annotations": info.get("annotations"),
+        "own sizes": info.get("image", {}).get("height") is None,
+    }
+
+
+def check_same_layout(base: dict, added: dict) -> None:
+    """Refuses an append whose examples are not laid out as the version's: the new rows must
+    carry the same kind of annotations (labels, boxes, masks) and sizes as the rows before."""
+    before, now = _layout(base), _layout(added)
+    differ = [key for key in before if before[key] != now[key]]
+    if differ:
+        shown = "; ".join(f"{key}: {before[key]!r} before, {now[key]!r} now" for key in differ)[:600]
+        raise JobError(
+            f"an append must write examples laid out as the version it appends to, and these differ: {shown}. "
+            "Give the new inputs the same kind of annotations (labels, objects, masks) and the same "
+            "--resize_mode, or convert them into a dataset of their own"
+        )
+
+
 def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -> dict:
     """The manifest of base + added: ``added`` is the manifest of the append run's own shards
     (build_dataset_info), whose label_names extend base's. Pure.
@@ -136,6 +161,7 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
     label_names = list(added["label_names"])
     if label_names[: len(base["label_names"])] != list(base["label_names"]):
         raise ValueError("an append must keep the label ids of the version it appends to")
+    check_same_layout(base, added)
     splits = {}
     for name in sorted(set(base["splits"]) | set(added["splits"])):
         old, new = base["splits"].get(name), added["splits"].get(name)
@@ -150,6 +176,12 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
             "dead_letters_by_reason": dict((new or {}).get("dead_letters_by_reason", {})),
             "shards": [shard for part in parts for shard in part["shards"]],
         }
+        if any("object_counts" in part for part in parts):
+            objects: collections.Counter[str] = collections.Counter()
+            for part in parts:
+                objects.update(part.get("object_counts", {}))
+            splits[name]["object_counts"] = {label: objects[label] for label in label_names}
+            splits[name]["objects_cut_by_crop"] = sum(part.get("objects_cut_by_crop", 0) for part in parts)
     held = sum(split["num_examples"] for split in base["splits"].values())
     warnings = _merged_warnings(base, added, splits, label_names)
     if changes and (changes.get("changed") or changes.get("removed")):
