@@ -280,7 +280,10 @@ def test_the_reader_flips_boxes_with_the_pixels_and_pads_to_max_boxes(pasted, tm
     beam_jobs.convert(manifest=str(write_jsonl(root, images)), output_dir=str(out), image_size="96x64")
     stored = {r["image/key/sha256"][0].decode(): _boxes(r) for r in _records(out)}
     evaluation = tfr.make_dataset(out, "train", 8, with_metadata=True, max_boxes=3)
-    training = tfr.make_dataset(out, "train", 8, with_metadata=True, max_boxes=3, training=True, seed=5)
+    # The whole image as the training crop, so that the flip is the only change to the boxes.
+    training = tfr.make_dataset(
+        out, "train", 8, with_metadata=True, max_boxes=3, training=True, seed=5, object_crop_area_range=(1.0, 1.0)
+    )
     flips = 0
     for (_, eval_targets, eval_meta), (_, train_targets, train_meta) in zip(evaluation, training, strict=True):
         train_by_key = {k.decode(): i for i, k in enumerate(train_meta["key"].numpy())}

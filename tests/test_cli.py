@@ -35,6 +35,7 @@ def test_help_groups_the_jobs_flags_with_examples_and_imports_neither_beam_nor_t
         "options:",
         "inputs:",
         "output:",
+        "annotations:",
         "image:",
         "splits:",
         "robustness:",

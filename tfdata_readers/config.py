@@ -139,6 +139,9 @@ class ReadConfig:
         (which the pixel values then imply).
       crop_area_range: fraction of the image area the training random-resized crop keeps.
       crop_aspect_ratio_range: width/height range of the training random-resized crop.
+      object_crop_area_range: for a detection or segmentation dataset, the fraction of the image
+        area its training crop keeps (the crop also covers at least 30% of one of its objects,
+        and boxes and mask move with it). (1.0, 1.0) turns the crop off, leaving the flip.
       skip_corrupt: when False (default), a corrupt or truncated shard fails with an error naming it
         and the byte offset of its first unreadable record. When True, reading that shard stops at
         the corrupt record, the records lost are counted per shard (see `skipped_records()`:
@@ -221,6 +224,7 @@ class ReadConfig:
     dtype: OutputDtype = "float32"
     crop_area_range: tuple[float, float] = (0.08, 1.0)
     crop_aspect_ratio_range: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    object_crop_area_range: tuple[float, float] = (0.3, 1.0)
     skip_corrupt: bool = False
     data_service: str | None = None
     data_service_sharding: ServiceSharding = "auto"
@@ -260,14 +264,12 @@ class ReadConfig:
                 f"ReadConfig.dtype='uint8' hands on unscaled pixel values 0-255, so it cannot apply "
                 f"scale={self.scale!r}; scale the pixels on the device instead"
             )
-        if (
-            not _is_pair_of_reals(self.crop_area_range)
-            or not 0 < self.crop_area_range[0] <= self.crop_area_range[1] <= 1
-        ):
-            raise ValueError(
-                "ReadConfig.crop_area_range must be finite numbers with 0 < low <= high <= 1 (got "
-                f"{self.crop_area_range!r})"
-            )
+        for name in ("crop_area_range", "object_crop_area_range"):
+            area = getattr(self, name)
+            if not _is_pair_of_reals(area) or not 0 < area[0] <= area[1] <= 1:
+                raise ValueError(
+                    f"ReadConfig.{name} must be finite numbers with 0 < low <= high <= 1 (got {area!r})"
+                )
         ratio = self.crop_aspect_ratio_range
         if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(

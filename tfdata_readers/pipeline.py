@@ -472,6 +472,7 @@ def make_dataset(
             training=training,
             mask_png=features[_MASK_KEY] if semantic else None,
             size=size,
+            area_range=config.object_crop_area_range,
         )
         fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
         fixed.pop(_MASK_KEY, None)

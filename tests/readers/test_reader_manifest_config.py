@@ -98,6 +98,7 @@ def test_declared_dtype_must_match(jpeg_dir: pathlib.Path, tmp_path: pathlib.Pat
         ("crop_area_range", (0.0, 1.0), "crop_area_range"),
         ("crop_area_range", (0.5, 0.2), "crop_area_range"),
         ("crop_aspect_ratio_range", (2.0, 1.0), "crop_aspect_ratio_range"),
+        ("object_crop_area_range", (0.5, 1.5), "object_crop_area_range"),
         ("num_epochs", 0, "num_epochs"),
         ("drop_remainder", "yes", "drop_remainder"),
         # Values of the wrong type: a named ValueError, never a TypeError from deep inside.

@@ -187,7 +187,7 @@ def _newer_schema(data_dir: pathlib.Path) -> str:
             tfdata_readers.ShardError,
             r"MISMATCH \S*train-00004-of-00006\.tfrecord: named like a shard but not listed",
         ),
-        (_newer_schema, ValueError, r"ERROR \S*dataset_info\.json has schema_version 2"),
+        (_newer_schema, ValueError, r"ERROR \S*dataset_info\.json has schema_version 3"),
     ],
     ids=["missing", "unknown", "stale", "newer-schema"],
 )
