@@ -22,7 +22,7 @@ def convert(
     coco_annotations: str | None = None,
     unannotated: str = "keep",
     coco_masks: bool = False,
-    image_size: int | str | tuple[int, int] = 224,
+    image_size: int | str | tuple[int, int] | None = None,
     resize_mode: str = "crop",
     max_side: int | None = None,
     resample: str = "bicubic",

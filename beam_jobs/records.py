@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, replace
 
 from beam_jobs.paths import redact
 
-__all__ = ["Annotations", "BoxObject", "DeadLetter", "InputFile", "ShardResult", "class_names"]
+__all__ = ["Annotations", "BoxObject", "DeadLetter", "InputFile", "ShardResult", "annotation_digest", "class_names"]
 
 
 @dataclass(frozen=True, order=True)
@@ -63,6 +64,10 @@ class Annotations:
             self.mask_uri,
         )
 
+    def digest(self) -> str:
+        """A short hash of ``content()``, as a shard's sidecar records it for --append to compare."""
+        return hashlib.sha256(repr(self.content()).encode("utf-8")).hexdigest()[:32]
+
     def own_kinds(self) -> tuple[str, ...]:
         """What this input's annotations hold (the plan's ``kinds`` is the union over the dataset)."""
         kinds = {"labels"} if self.labels else set()
@@ -107,6 +112,12 @@ class InputFile:
     mtime: float | None = None
     origin: str | None = None  # where an input list named it ("list.csv:12"), for messages
     annotations: Annotations | None = None  # multi-label or boxes, from an input list or a COCO file
+
+
+def annotation_digest(f: InputFile) -> str | None:
+    """What an input's annotations say, as a short hash (None without annotations): --append
+    compares it with the one recorded when the input was converted."""
+    return None if f.annotations is None else f.annotations.digest()
 
 
 def class_names(f: InputFile) -> tuple[str, ...]:

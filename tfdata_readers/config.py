@@ -267,9 +267,7 @@ class ReadConfig:
         for name in ("crop_area_range", "object_crop_area_range"):
             area = getattr(self, name)
             if not _is_pair_of_reals(area) or not 0 < area[0] <= area[1] <= 1:
-                raise ValueError(
-                    f"ReadConfig.{name} must be finite numbers with 0 < low <= high <= 1 (got {area!r})"
-                )
+                raise ValueError(f"ReadConfig.{name} must be finite numbers with 0 < low <= high <= 1 (got {area!r})")
         ratio = self.crop_aspect_ratio_range
         if not _is_pair_of_reals(ratio) or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(

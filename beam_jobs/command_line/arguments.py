@@ -242,7 +242,12 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
     _finite("--max_file_mb", flags.max_file_mb, low=0.0, high=2**20)
     _finite("--decode_timeout_s", flags.decode_timeout_s, low=0.0, high=86400.0)
     try:
-        width, height = parse_image_size(flags.image_size)
+        if flags.image_size is not None and flags.resize_mode == "keep":
+            raise ValueError(
+                "--image_size does not apply with --resize_mode keep: each image keeps its own size "
+                "(--max_side caps its longer side)"
+            )
+        width, height = parse_image_size(flags.image_size or str(ImageConfig().width))
         config = ImageConfig(
             width=width,
             height=height,

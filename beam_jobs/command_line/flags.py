@@ -109,8 +109,9 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("image", "what each example holds")
     group.add_argument(
         "--image_size",
-        default=str(_DEFAULTS.width),
-        help="output size: 224 or WIDTHxHEIGHT such as 256x192 (default: %(default)s)",
+        default=None,
+        help=f"output size: 224 or WIDTHxHEIGHT such as 256x192 (default: {_DEFAULTS.width}; not with "
+        "--resize_mode keep)",
     )
     group.add_argument(
         "--resize_mode",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import numpy as np
 from PIL import Image
@@ -102,6 +103,23 @@ def semantic_mask(
     return place_mask(_upright(array, file_size, orientation, "the mask"), placement, decoded_size)
 
 
+def _check_polygons(polygons: list, ref: str) -> None:
+    """Each polygon is a flat list of x, y numbers: an odd count or a non-number is refused (pycocotools
+    would drop the last number silently, or fail with an IndexError)."""
+    for index, polygon in enumerate(polygons):
+        if (
+            not isinstance(polygon, list)
+            or len(polygon) % 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in polygon)
+        ):
+            shown = f"{len(polygon)} values" if isinstance(polygon, list) else repr(polygon)[:80]
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"{ref}: segmentation polygon #{index} ({shown}) must be a flat list of x, y numbers",
+            )
+
+
 def instance_mask(
     segmentation: str,
     frame_size: tuple[int, int],
@@ -119,9 +137,14 @@ def instance_mask(
 
     width, height = frame_size
     value = json.loads(segmentation)
+    if isinstance(value, list):
+        _check_polygons(value, ref)
     try:
         if isinstance(value, list):  # polygons
-            rles = coco_mask.frPyObjects([p for p in value if len(p) >= 6], height, width)
+            # One of fewer than 3 points has no area (COCO holds a few): it adds no pixel, as in
+            # COCO's own tools, which fail on it instead.
+            areas = [polygon for polygon in value if len(polygon) >= 6]
+            rles = coco_mask.frPyObjects(areas, height, width) if areas else []
             rle = coco_mask.merge(rles) if rles else None
         elif isinstance(value.get("counts"), list):  # uncompressed RLE
             rle = coco_mask.frPyObjects(value, height, width)

@@ -42,19 +42,28 @@ def _timed_out(timeout_s: float) -> BadInputError:
 
 
 def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list:
-    """[size, modification time] of an input's source, or [None, None] if it cannot be read (or
-    gives no answer within ``timeout_s``: a hung mount hangs a stat as it hangs a read).
+    """[size, modification time] of an input's source, followed by its mask's when it has one, with
+    None for what cannot be read (or gives no answer within ``timeout_s``: a hung mount hangs a
+    stat as it hangs a read).
 
-    A staged shard is reused by --resume only if every one of its sources still has the state
-    recorded when it was converted: a replaced or repaired file changes size or time, and its
-    shard is converted again. The listing of a tree already knows both; an input list's entries
-    cost one metadata request each (on object stores the time is that of the object's current
-    generation or version).
+    A staged shard is reused by --resume, and an input held by the current version is skipped by
+    --append, only if every one of its sources still has the state recorded when it was
+    converted: a replaced or repaired file (or mask) changes size or time, and is converted again.
+    The listing of a tree already knows both; an input list's entries cost one metadata request
+    each (on object stores the time is that of the object's current generation or version).
     """
-    if input_file.size is not None and input_file.mtime is not None:
-        return [input_file.size, input_file.mtime]
+    state = _file_state(input_file.uri, input_file.size, input_file.mtime, timeout_s)
+    annotations = input_file.annotations
+    if annotations is not None and annotations.mask_uri is not None:
+        state += _file_state(annotations.mask_uri, None, None, timeout_s)
+    return state
+
+
+def _file_state(uri: str, size: int | None, mtime: float | None, timeout_s: float | None) -> list:
+    if size is not None and mtime is not None:
+        return [size, mtime]
     try:
-        meta = _within(timeout_s, partial(FileSystems.get_filesystem(input_file.uri).metadata, input_file.uri))
+        meta = _within(timeout_s, partial(FileSystems.get_filesystem(uri).metadata, uri))
         return [meta.size_in_bytes, meta.last_updated_in_seconds]
     except Exception:  # Missing or unreadable: the read will dead-letter it; None records that.
         return [None, None]

@@ -72,7 +72,11 @@ def annotations_from_row(row: Mapping, *, where: str, from_csv: bool = False) ->
     is not of the schema, a degenerate box (xmin >= xmax or ymin >= ymax), or a bad name. A box
     outside the image is found later, when the image's size is known (annotate.py).
     """
-    # An empty CSV cell is no value; a JSON [] is one (an image with no class, or no object).
+    # An empty CSV cell is no value; a JSON [] is one (an image with no class, or no object). A
+    # JSON null is refused: it reads as "none" to one person and "unknown" to another.
+    nulls = [c for c in ANNOTATION_COLUMNS if c in row and row[c] is None and not from_csv]
+    if nulls:
+        raise _bad(where, f"{', '.join(nulls)} is null; write [] for none, or leave the key out")
     present = [c for c in ANNOTATION_COLUMNS if row.get(c) is not None and not (from_csv and row[c] == "")]
     if not present:
         return None

@@ -60,26 +60,65 @@ def _stream(uri: str, prefix: str) -> Iterator[Any]:
         raise JobError(f"the COCO file {redact(uri)} is not valid JSON: {error}") from None
 
 
-def _keyed_images(uri: str) -> Iterator[tuple[int, dict]]:
+def _id_key(value: object) -> object:
+    """The join key of an image id: COCO's ids are integers, and an exporter that writes one as
+    text ("77") or as 77.0 in one array and as 77 in the other still names the same image. Any
+    other id (text that is no number) is its own key, so that it joins only to itself."""
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+def _keyed_images(uri: str) -> Iterator[tuple[object, dict]]:
     for image in _stream(uri, "images.item"):
         yield (
-            image.get("id"),
+            _id_key(image.get("id")),
             {"file_name": image.get("file_name"), "width": image.get("width"), "height": image.get("height")},
         )
 
 
-def _keyed_annotations(uri: str, *, masks: bool) -> Iterator[tuple[int, dict]]:
+def _keyed_annotations(uri: str, *, masks: bool) -> Iterator[tuple[object, dict]]:
+    count = 0
     for annotation in _stream(uri, "annotations.item"):
+        count += 1
         segmentation = annotation.pop("segmentation", None)  # never carried when masks are not asked for
         if masks and segmentation is not None:
             annotation["segmentation"] = json.dumps(segmentation, separators=(",", ":"))
-        yield annotation.get("image_id"), annotation
+        yield _id_key(annotation.get("image_id")), annotation
+    if not count:
+        # A misspelt "annotation" key reads as no array at all: refused, never a dataset of no boxes.
+        raise JobError(
+            f"the COCO file {redact(uri)} has no annotations (its top-level 'annotations' array is missing "
+            "or empty); to convert images without boxes, list them as a folder tree or an input list"
+        )
 
 
 def _categories(uri: str) -> dict:
+    """id -> name. Two categories with one id, or one name, would merge two classes (or let the
+    last win), so either refuses the file."""
     found: dict = {}
+    names: dict = {}
     for category in _stream(uri, "categories.item"):
-        found[category.get("id")] = category.get("name")
+        ident, name = category.get("id"), category.get("name")
+        if not isinstance(ident, int) or isinstance(ident, bool):
+            raise JobError(f"the COCO file {redact(uri)}: category id {ident!r} ({name!r}) is not an integer")
+        if not isinstance(name, str) or not name.strip():
+            raise JobError(f"the COCO file {redact(uri)}: category {ident} has no name (got {name!r})")
+        if ident in found:
+            raise JobError(
+                f"the COCO file {redact(uri)}: category id {ident} is listed twice ({found[ident]!r}, {name!r})"
+            )
+        key = clean_label(name, where=f"{redact(uri)} category {ident}")
+        if key in names:
+            raise JobError(
+                f"the COCO file {redact(uri)}: categories {names[key]} and {ident} have one name {name!r}; "
+                "a class is its name, so they would merge"
+            )
+        found[ident], names[key] = name, ident
     if not found:
         raise JobError(f"the COCO file {redact(uri)} has no categories")
     return found
@@ -107,8 +146,18 @@ def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     if w <= 0 or h <= 0:
         raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: bbox {bbox!r} has no area")
     label = clean_label(str(name), where=ref)
-    crowd = bool(annotation.get("iscrowd", 0))
-    return BoxObject(label, x, y, x + w, y + h, is_crowd=crowd, ref=ref, segmentation=annotation.get("segmentation"))
+    crowd = annotation.get("iscrowd", 0)
+    if crowd not in (0, 1):  # the text "0" is refused: bool("0") is True
+        raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: iscrowd must be 0 or 1 (got {crowd!r})")
+    segmentation = annotation.get("segmentation")
+    return BoxObject(label, x, y, x + w, y + h, is_crowd=bool(crowd), ref=ref, segmentation=segmentation)
+
+
+def _integral(value: object) -> int | None:
+    """A positive whole number of pixels (640 or 640.0) as an int, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value == int(value) and value > 0 else None
 
 
 def _id_order(annotation: dict) -> tuple:
@@ -159,17 +208,20 @@ def coco_image_input(
     if not annotations and not keep_empty:
         return
     try:
-        uri, filename = resolve_inside_root(root + name, root, allow_outside=allow_outside_root)
+        # An absolute path or URL is taken as it is (and refused outside the root unless allowed),
+        # never glued onto the root.
+        entry = name if name.startswith("/") or "://" in name else root + name
+        uri, filename = resolve_inside_root(entry, root, allow_outside=allow_outside_root)
         # In id order (the join's order is the runner's): numbers by value, any other ids after them.
         ordered = sorted(annotations, key=_id_order)
         objects = tuple(_box(a, categories, where) for a in ordered)
     except BadInputError as error:
-        yield DeadLetter(root + name, error.stage, error.reason, error.detail)
+        yield DeadLetter(entry, error.stage, error.reason, error.detail)
         return
-    width, height = image.get("width"), image.get("height")
+    width, height = _integral(image.get("width")), _integral(image.get("height"))
     # COCO's width and height are those of the image as shown; a file whose EXIF turns it has them
     # swapped against its stored pixels: the converter tells the two apart (annotate.py).
-    size = (int(width), int(height)) if isinstance(width, int) and isinstance(height, int) else None
+    size = (width, height) if width and height else None
     annotations_record = Annotations(objects=objects, declared_size=size)
     yield InputFile(
         filename=filename, uri=uri, split=split, origin=f"{where}: image {image_id!r}", annotations=annotations_record

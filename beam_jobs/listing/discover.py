@@ -140,6 +140,21 @@ def _sort_entry(
 csv.field_size_limit(16 << 20)
 # The input list: a CSV or JSONL file naming each image and its label (the --manifest flag).
 _REQUIRED_COLUMNS = ("uri", "label")
+# Every column the job reads. Any other is refused, not ignored: a misspelt "object" or "boxes"
+# would otherwise give an image stored with no boxes, and a dataset that looks whole.
+LIST_COLUMNS = ("uri", "label", "split", *ANNOTATION_COLUMNS)
+
+
+def _unknown_columns(columns: Iterable[object]) -> str | None:
+    unknown = sorted(str(column) for column in columns if column not in LIST_COLUMNS)
+    if not unknown:
+        return None
+    return (
+        f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; a list's columns are "
+        f"{', '.join(LIST_COLUMNS)} (another column is refused, since a misspelt one would be lost silently)"
+    )
+
+
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
@@ -186,6 +201,9 @@ def _row_to_input(
 ) -> InputFile | DeadLetter:
     if _has_undecodable(row.values()):
         return _bad_row(where, "the row is not valid UTF-8")
+    unknown = _unknown_columns(row)
+    if unknown:
+        return _bad_row(where, unknown)
     try:
         annotations = annotations_from_row(row, where=where, from_csv=from_csv)
     except BadInputError as error:
@@ -300,6 +318,9 @@ def parse_input_list(
             f"the input list {redact(list_uri)} must have a header row naming uri and label "
             f"(or labels or objects) (got {columns!r})"
         )
+    unknown = _unknown_columns(columns)
+    if unknown:
+        raise JobError(f"the input list {redact(list_uri)} has an {unknown}")
     while True:
         try:
             row = next(reader)

@@ -46,7 +46,7 @@ from beam_jobs.planning.rules import (
     tree_facts,
     tree_reads_splits,
 )
-from beam_jobs.records import Annotations, DeadLetter, InputFile, class_names
+from beam_jobs.records import Annotations, DeadLetter, InputFile, annotation_digest, class_names
 
 __all__ = ["PLAN_CHANGES", "PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards", "SourceChangesFn", "compare_with_held"]
 
@@ -62,8 +62,8 @@ def compare_with_held(group: tuple[str, Mapping[str, Iterable]], *, state_of: Ca
     """(uri, {"listed": [InputFile], "held": [state]}) -> the new inputs (main output) and the
     changes (PLAN_CHANGES): --append converts only what the current version does not hold.
 
-    An input held with the state (size, modification time), label and split its shard's sidecar
-    recorded is skipped; one that differs in any is "changed", one held but no longer listed "removed":
+    An input held with the state (size, modification time), label, annotations and split its
+    shard's sidecar recorded is skipped; one that differs in any is "changed", one held but no longer listed "removed":
     both are reported, never silently kept or dropped (the caller decides). ``state_of`` gives a
     listed input's state (convert.source_state). Pure but for ``state_of``.
     """
@@ -83,9 +83,12 @@ def compare_with_held(group: tuple[str, Mapping[str, Iterable]], *, state_of: Ca
 
 def _differs(listed: InputFile, held: dict, state_of: Callable[[InputFile], list]) -> bool:
     """Whether a listed input is not what the version holds of it: another source state (size,
-    modification time), another label, or another split where the listing names one (a split
-    the plan would assign is the one it was assigned: old inputs never move)."""
+    modification time, and its mask's), another label, other annotations (boxes, labels, mask
+    path), or another split where the listing names one (a split the plan would assign is the
+    one it was assigned: old inputs never move)."""
     if list(state_of(listed)) != list(held["state"]) or listed.label != held["label"]:
+        return True
+    if annotation_digest(listed) != held.get("annotations"):
         return True
     return listed.split is not None and listed.split != held["split"]
 

@@ -50,8 +50,8 @@ def held_sidecars(manifest: dict) -> list[str]:
 
 
 def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, dict]]:
-    """(uri, {state of its source when converted, label, split}) for each input one shard holds,
-    from its sidecar."""
+    """(uri, {state of its source when converted, label, split, digest of its annotations}) for each
+    input one shard holds, from its sidecar."""
     path = FileSystems.join(output_dir, relative)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
@@ -70,8 +70,15 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
             f"{len(inputs)} inputs but {len(sources)} source states and {len(labels)} labels; it was changed "
             "after the run that wrote it: rebuild once with --overwrite, then append"
         )
-    for uri, state, label in zip(inputs, sources, labels, strict=True):
-        yield uri, {"state": state, "label": label, "split": split}
+    # Sidecars of inputs without annotations record none (and those of earlier releases neither).
+    digests = sidecar.get("input_annotations") or [None] * len(inputs)
+    if len(digests) != len(inputs):
+        raise JobError(
+            f"--append: {path} lists {len(inputs)} inputs but {len(digests)} annotation records; it was "
+            "changed after the run that wrote it: rebuild once with --overwrite, then append"
+        )
+    for uri, state, label, digest in zip(inputs, sources, labels, digests, strict=True):
+        yield uri, {"state": state, "label": label, "split": split, "annotations": digest}
 
 
 def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict:
@@ -83,8 +90,9 @@ def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict
     parts = []
     if changed:
         parts.append(
-            f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label or "
-            f"split) since {'they were' if changed != 1 else 'it was'} converted ({_shown(changes, 'changed')})"
+            f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label, "
+            f"annotations or split) since {'they were' if changed != 1 else 'it was'} converted "
+            f"({_shown(changes, 'changed')})"
         )
     if removed:
         parts.append(f"{removed} {'are' if removed != 1 else 'is'} no longer listed ({_shown(changes, 'removed')})")

@@ -30,7 +30,7 @@ from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, r
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
 from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
-from beam_jobs.records import DeadLetter, InputFile, ShardResult, class_names
+from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, class_names
 from beam_jobs.storage import temp_name, write_atomically
 from beam_jobs.writing.tfrecord_framing import frame_record
 
@@ -308,7 +308,7 @@ class ConvertShardFn(beam.DoFn):
     def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
         """source_state of each input: from the listing where it knows size and time (a tree's
         does), else one metadata request each, on threads (an input list's entries)."""
-        state_of = partial(_state_with_mask, timeout_s=self._read_timeout_s)
+        state_of = partial(source_state, timeout_s=self._read_timeout_s)
         if all(f.size is not None and f.mtime is not None and f.annotations is None for f in inputs):
             return [state_of(f) for f in inputs]  # no I/O: not worth a thread hand-off each
         assert self._pool is not None, "setup() makes the threads"
@@ -454,6 +454,9 @@ class ConvertShardFn(beam.DoFn):
         }
         if annotated:
             done["annotated"] = annotated
+        if any(input_file.annotations is not None for input_file in shard.inputs):
+            # ... and what each input's annotations said: boxes redrawn since make it a changed input.
+            done["input_annotations"] = [annotation_digest(input_file) for input_file in shard.inputs]
         if self._run_id is not None:
             done["run_id"] = self._run_id
         if self._run_fingerprint:
@@ -515,16 +518,6 @@ class ConvertShardFn(beam.DoFn):
             object_counts=tuple(sorted(objects.items())),
             objects_cut=dropped,
         )
-
-
-def _state_with_mask(input_file: InputFile, *, timeout_s: float | None) -> list:
-    """source_state of the input, followed by its mask's when it has one: a mask repaired since
-    makes --resume convert the image again, as a changed image does."""
-    state = source_state(input_file, timeout_s=timeout_s)
-    annotations = input_file.annotations
-    if annotations is not None and annotations.mask_uri is not None:
-        state += source_state(replace(input_file, uri=annotations.mask_uri, size=None, mtime=None), timeout_s=timeout_s)
-    return state
 
 
 def _read_with_mask(input_file: InputFile, max_file_bytes: int) -> bytes | tuple[bytes, bytes]:

@@ -63,11 +63,17 @@ def annotation_targets(
     count = tf.shape(classes)[0]
 
     def report_cut() -> tf.Tensor:
+        # The key is parsed only when the caller asks for it (or for a training crop's seed).
+        which = (
+            ["key", features["image/key/sha256"]]
+            if "image/key/sha256" in features
+            else ["(with_metadata=True names it)"]
+        )
         tf.print(
             "tfdata_readers: an image has",
             count,
-            f"objects; only max_boxes={max_boxes} are kept (ReadConfig.max_boxes); key",
-            features.get("image/key/sha256", "?"),
+            f"objects; only max_boxes={max_boxes} are kept (ReadConfig.max_boxes);",
+            *which,
             output_stream=sys.stderr,
         )
         return tf.constant(0)
