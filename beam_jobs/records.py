@@ -27,6 +27,7 @@ class BoxObject:
     is_crowd: bool = False
     ref: str = ""
     segmentation: str | None = None  # COCO polygons or RLE, as JSON text, in the boxes' frame
+    category_id: int | None = None  # a COCO file's own id of the class (the manifest maps names to them)
 
 
 @dataclass(frozen=True, order=True)
@@ -168,3 +169,4 @@ class ShardResult:
     dead_letters_by_reason: tuple[tuple[str, int], ...] = ()
     object_counts: tuple[tuple[str, int], ...] = ()  # annotated: objects stored per class
     objects_cut: int = 0  # annotated: objects the crop cut away whole
+    mask_ids: tuple[int, ...] = ()  # semantic masks: the class ids they hold

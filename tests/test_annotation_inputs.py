@@ -186,3 +186,19 @@ def test_append_sees_redrawn_boxes_and_holds_unchanged_masks(pasted, tmp_path):
     with pytest.raises(Exception, match=r"1 input of version 2 changed \(content, label, annotations or split\)"):
         beam_jobs.convert(**options, append=True)
     assert json.loads((out / "dataset_info.json").read_text())["version"] == second["version"]
+
+
+def test_one_class_with_two_coco_ids_is_refused_in_a_run_and_across_an_append():
+    from beam_jobs.planning.transforms import _category_ids  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.append import _merged_category_ids  # pylint: disable=import-outside-toplevel
+
+    assert _category_ids([("dog", 18), ("cat", 17), ("cat", 17)]) == {"cat": 17, "dog": 18}
+    with pytest.raises(JobError, match="'cat': ids \\[1, 17\\]"):
+        _category_ids([("cat", 17), ("cat", 1)])
+    base = {"label_names": ["cat"], "category_ids": {"cat": 17}}
+    assert _merged_category_ids(base, {"label_names": ["cat", "dog"], "category_ids": {"dog": 18}}) == {
+        "cat": 17,
+        "dog": 18,
+    }
+    with pytest.raises(JobError, match="COCO category id: 'cat'"):
+        _merged_category_ids(base, {"label_names": ["cat"], "category_ids": {"cat": 3}})

@@ -199,6 +199,15 @@ def test_a_coco_file_converts_to_the_same_boxes_as_the_input_list(pasted, tmp_pa
         str(root), coco_annotations=str(write_coco(root, images)), output_dir=str(tmp_path / "b"), image_size=96
     )
     assert from_list["splits"]["train"]["object_counts"] == from_coco["splits"]["train"]["object_counts"]
+    # Each class keeps its COCO id, for COCO's own evaluation; a list has none to keep.
+    coco = json.loads(write_coco(root, images).read_text())
+    assert (
+        from_coco["category_ids"] == {c["name"]: c["id"] for c in coco["categories"]}
+        and "category_ids" not in from_list
+    )
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+
+    assert tfr.load_manifest(tmp_path / "b").category_ids == from_coco["category_ids"]
 
     def boxes(out: pathlib.Path) -> dict:
         return {r["image/filename"][0]: _boxes(r) for r in _records(out)}
@@ -323,8 +332,10 @@ def test_semantic_masks_follow_the_pixels_and_hold_only_their_class_ids(pasted, 
     info = beam_jobs.convert(manifest=str(listing), output_dir=str(out), resize_mode=resize_mode, **size)
     assert info["annotations"]["semantic_masks"] and info["features"]["image/segmentation/class/encoded"]
     ids = {name: index + 1 for index, name in enumerate(sorted(OBJECTS))}
+    seen: set[int] = set()
     for record in _records(out):
         mask = _png(record["image/segmentation/class/encoded"][0])
+        seen.update(int(i) for i in np.unique(mask))
         assert record["image/segmentation/class/format"] == [b"png"]
         assert mask.shape == (record["image/height"][0], record["image/width"][0])
         allowed = {0, *ids.values()} | ({255} if resize_mode == "pad" else set())
@@ -339,6 +350,9 @@ def test_semantic_masks_follow_the_pixels_and_hold_only_their_class_ids(pasted, 
             assert (mask > 0).sum() == pytest.approx(
                 sum((x1 - x0) * width * (y1 - y0) * height for _, (x0, y0, x1, y1) in _boxes(record)), abs=1
             )
+    # A mask's ids are the user's own numbers: the manifest records those its masks hold.
+    assert info["splits"]["train"]["mask_class_ids"] == sorted(seen)
+    assert {0, *ids.values()} <= seen
 
 
 def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp_path):

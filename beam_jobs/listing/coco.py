@@ -150,7 +150,10 @@ def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     if crowd not in (0, 1):  # the text "0" is refused: bool("0") is True
         raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: iscrowd must be 0 or 1 (got {crowd!r})")
     segmentation = annotation.get("segmentation")
-    return BoxObject(label, x, y, x + w, y + h, is_crowd=bool(crowd), ref=ref, segmentation=segmentation)
+    category = annotation["category_id"]
+    return BoxObject(
+        label, x, y, x + w, y + h, is_crowd=bool(crowd), ref=ref, segmentation=segmentation, category_id=category
+    )
 
 
 def _integral(value: object) -> int | None:

@@ -344,6 +344,7 @@ def _summary(
     num_unsplit: int,
     merged_folders: dict,
     annotated: tuple[str, ...] = (),
+    category_ids: Iterable[tuple[str, int]] = (),
     *,
     source: str,
     requested: Mapping[str, float] | None,
@@ -373,6 +374,7 @@ def _summary(
         "split_rule": split_rule,
         # Only for annotated datasets: a one-label dataset's plan is as every release wrote it.
         **({"annotated": True, "annotation_kinds": [k for k in annotated if k != "annotated"]} if annotated else {}),
+        **({"category_ids": _category_ids(category_ids)} if category_ids else {}),
         "splits_ignored": bool(requested) and num_unsplit == 0,
         "warnings": plan_warnings(
             per_class, label_names, requested=requested, num_unsplit=num_unsplit, merged_folders=merged_folders
@@ -499,6 +501,13 @@ class PlanShards(beam.PTransform):
             | "AllAnnotationKinds" >> beam.CombineGlobally(_union)
         )
         # What the annotated inputs hold, ("annotated", "labels", "objects", ...), () if none: one small element
+        category_ids = (
+            inputs
+            | "CocoCategoryIds" >> beam.FlatMap(_coco_category_ids)
+            | "DistinctCategoryIds" >> beam.Distinct()
+            | "CategoryIdList" >> beam.combiners.ToList()
+        )
+        # [(class name, its COCO category id)]: at most a few per class
         layout = (
             inputs
             | "KeyByBucket" >> beam.Map(lambda f: (_bucket_key(f), 1))
@@ -528,6 +537,7 @@ class PlanShards(beam.PTransform):
             beam.pvalue.AsSingleton(num_unsplit),
             beam.pvalue.AsSingleton(merged),
             beam.pvalue.AsSingleton(annotated),
+            beam.pvalue.AsSingleton(category_ids),
             source=self._source,
             requested=self._requested,
             split_rule=self._split_rule,
@@ -558,6 +568,24 @@ class PlanShards(beam.PTransform):
 
 def _annotation_kinds(f: InputFile) -> tuple[str, ...]:
     return ("annotated", *f.annotations.own_kinds()) if f.annotations is not None else ()
+
+
+def _coco_category_ids(f: InputFile) -> Iterable[tuple[str, int]]:
+    objects = f.annotations.objects if f.annotations is not None else ()
+    return [(o.label, o.category_id) for o in objects if o.category_id is not None]
+
+
+def _category_ids(pairs: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """{class name: its COCO category id}, for evaluating with COCO's own tools; a name with two
+    ids (two COCO files that disagree) is refused, since either mapping would be wrong for one."""
+    found: dict[str, set[int]] = collections.defaultdict(set)
+    for name, ident in pairs:
+        found[name].add(ident)
+    clashes = {name: sorted(ids) for name, ids in found.items() if len(ids) > 1}
+    if clashes:
+        shown = "; ".join(f"{name!r}: ids {ids}" for name, ids in sorted(clashes.items()))[:400]
+        raise JobError(f"the COCO files give one category several ids ({shown}); give each name one id")
+    return {name: next(iter(ids)) for name, ids in sorted(found.items())}
 
 
 def _union(kinds: Iterable[tuple[str, ...]]) -> tuple[str, ...]:

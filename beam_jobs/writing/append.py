@@ -158,6 +158,20 @@ def check_same_layout(base: dict, added: dict) -> None:
         )
 
 
+def _merged_category_ids(base: dict, added: dict) -> dict[str, int]:
+    """The COCO category ids of both versions' classes; one class given another id is refused."""
+    before, now = base.get("category_ids", {}), added.get("category_ids", {})
+    clashes = sorted(name for name in set(before) & set(now) if before[name] != now[name])
+    if clashes:
+        raise JobError(
+            f"an append must keep each class's COCO category id: {', '.join(repr(n) for n in clashes[:5])} "
+            f"had {[before[n] for n in clashes[:5]]} and now {[now[n] for n in clashes[:5]]}"
+        )
+    names = list(added["label_names"])
+    merged = {**before, **now}
+    return {name: merged[name] for name in names if name in merged}
+
+
 def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -> dict:
     """The manifest of base + added: ``added`` is the manifest of the append run's own shards
     (build_dataset_info), whose label_names extend base's. Pure.
@@ -190,6 +204,8 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
                 objects.update(part.get("object_counts", {}))
             splits[name]["object_counts"] = {label: objects[label] for label in label_names}
             splits[name]["objects_cut_by_crop"] = sum(part.get("objects_cut_by_crop", 0) for part in parts)
+        if any("mask_class_ids" in part for part in parts):
+            splits[name]["mask_class_ids"] = sorted({i for part in parts for i in part.get("mask_class_ids", [])})
     held = sum(split["num_examples"] for split in base["splits"].values())
     warnings = _merged_warnings(base, added, splits, label_names)
     if changes and (changes.get("changed") or changes.get("removed")):
@@ -198,8 +214,10 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
             f"removed source(s) keep the examples version {base.get('version', 1)} made of them "
             f"(e.g. {', '.join([*changes.get('changed_examples', []), *changes.get('removed_examples', [])][:3])})"
         )
+    category_ids = _merged_category_ids(base, added)
     return {
         **added,
+        **({"category_ids": category_ids} if category_ids else {}),
         "label_names": label_names,
         "num_classes": len(label_names),
         "splits": splits,

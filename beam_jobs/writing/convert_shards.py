@@ -14,6 +14,7 @@ from functools import partial
 from typing import BinaryIO
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -122,11 +123,12 @@ def convert_image(
         events += ["object_cut_by_crop"] * objects.dropped
         ids = _image_classes(input_file, objects)
         fields = replace(fields, labels=tuple(ids), label_texts=tuple(ids.values()), objects=objects)
+        mask_ids: tuple[int, ...] = ()
         if "mask" in input_file.annotations.kinds:
-            fields = replace(
-                fields, segmentation_png=_semantic_mask(mask, input_file, decoded, decoded_size, placement)
-            )
-        classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped)
+            placed = _semantic_mask(mask, input_file, decoded, decoded_size, placement)
+            mask_ids = tuple(int(i) for i in np.unique(placed))
+            fields = replace(fields, segmentation_png=encode_mask_png(placed))
+        classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped, mask_ids)
     else:
         assert input_file.label is not None, "a planned input has its label or its annotations"
     return serialize_example(fields), events, sha256, classes
@@ -138,31 +140,32 @@ def _semantic_mask(
     decoded: DecodedImage | DecodedPixels,
     decoded_size: tuple[int, int],
     placement: Placement,
-) -> bytes:
-    """The stored image's semantic mask, as a PNG; an input of a dataset with masks that has none
-    is refused (its example would be trained as all background)."""
+) -> np.ndarray:
+    """The stored image's semantic mask (class ids, the stored image's size); an input of a
+    dataset with masks that has none is refused (its example would be trained as all background)."""
     if mask is None:
         raise BadInputError(
             Stage.PREPROCESS, BAD_ANNOTATION, "no mask: the other inputs of this dataset have one (the mask column)"
         )
-    placed = semantic_mask(
+    return semantic_mask(
         mask,
         file_size=decoded.source_size,
         orientation=decoded.orientation,
         decoded_size=decoded_size,
         placement=placement,
     )
-    return encode_mask_png(placed)
 
 
 @dataclass(frozen=True)
 class ExampleClasses:
     """What an annotated example holds, for the manifest's counts: its classes (image level),
-    the class of each object it keeps, and how many objects the crop cut away."""
+    the class of each object it keeps, how many objects the crop cut away, and the ids its mask
+    holds (a mask's ids are the user's own numbers, so the manifest records the ones seen)."""
 
     classes: tuple[str, ...]
     objects: tuple[str, ...]
     dropped: int
+    mask_ids: tuple[int, ...] = ()  # the class ids its semantic mask holds
 
 
 def _image_classes(input_file: InputFile, objects: StoredObjects) -> dict[int, str]:
@@ -420,7 +423,8 @@ class ConvertShardFn(beam.DoFn):
                 num_examples += 1
                 content_keys.append((sha256, input_file.filename, _key_label(input_file)))
                 if classes is not None:
-                    annotated.append([list(classes.classes), list(classes.objects), classes.dropped])
+                    held = [list(classes.classes), list(classes.objects), classes.dropped]
+                    annotated.append([*held, list(classes.mask_ids)] if classes.mask_ids else held)
             handle.close()
         except BaseException:
             handle.close()
@@ -498,10 +502,13 @@ class ConvertShardFn(beam.DoFn):
         # reports the same counts as a freshly converted one.
         objects: collections.Counter[str] = collections.Counter()
         dropped = 0
+        mask_ids: set[int] = set()
         if "annotated" in done:
-            classes = collections.Counter(name for names, _, _ in done["annotated"] for name in names)
-            objects.update(name for _, names, _ in done["annotated"] for name in names)
-            dropped = sum(cut for _, _, cut in done["annotated"])
+            # [classes, objects, cut] and, with a semantic mask, its ids.
+            classes = collections.Counter(name for names, *_ in done["annotated"] for name in names)
+            objects.update(name for _, names, *_ in done["annotated"] for name in names)
+            dropped = sum(cut for _, _, cut, *_ in done["annotated"])
+            mask_ids.update(i for _, _, _, *ids in done["annotated"] for i in (ids[0] if ids else ()))
         else:
             classes = collections.Counter(label for _, _, label in done["content_keys"])
         reasons = collections.Counter(reason for _, _, reason, _ in done["dead_letters"])
@@ -516,6 +523,7 @@ class ConvertShardFn(beam.DoFn):
             class_counts=tuple(sorted(classes.items())),
             dead_letters_by_reason=tuple(sorted(reasons.items())),
             object_counts=tuple(sorted(objects.items())),
+            mask_ids=tuple(sorted(mask_ids)),
             objects_cut=dropped,
         )
 

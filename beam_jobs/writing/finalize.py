@@ -171,6 +171,9 @@ def build_dataset_info(
                 objects.update(dict(s.object_counts))
             splits[split]["object_counts"] = {name: objects[name] for name in label_names}
             splits[split]["objects_cut_by_crop"] = sum(s.objects_cut for s in shards)
+            if "mask" in summary.get("annotation_kinds", ()):
+                # A mask's ids are the user's numbers, not label_names' places: the ones seen.
+                splits[split]["mask_class_ids"] = sorted({i for s in shards for i in s.mask_ids})
     info = {
         "schema_version": ANNOTATED_SCHEMA_VERSION if annotated or config.keeps_size else SCHEMA_VERSION,
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
@@ -206,6 +209,11 @@ def build_dataset_info(
         kinds = summary.get("annotation_kinds", [])
         has_objects = "objects" in kinds
         info["task"] = "detection" if has_objects else "segmentation" if "mask" in kinds else "multi_label"
+        if summary.get("category_ids"):
+            # Each class's COCO category id: predictions mapped back through it evaluate with COCO's tools.
+            info["category_ids"] = {
+                name: summary["category_ids"][name] for name in label_names if name in summary["category_ids"]
+            }
         info["annotations"] = {
             "instance_masks": "instance_masks" in kinds,
             "semantic_masks": "mask" in kinds,

@@ -122,8 +122,15 @@ class DatasetInfo:
 
     @property
     def task(self) -> str:
-        """ "classification" (one label an example), "multi_label" or "detection" (lists of classes, and boxes)."""
+        """ "classification" (one label an example), "multi_label", "detection" (lists of classes, and
+        boxes) or "segmentation" (a mask of class ids)."""
         return str(self.raw.get("task", "classification"))
+
+    @property
+    def category_ids(self) -> dict[str, int]:
+        """{class name: its COCO category id} for a dataset made from COCO files, else {}: a
+        prediction's class id `i` is COCO's `category_ids[label_names[i]]`, as COCO's evaluation expects."""
+        return {str(name): int(ident) for name, ident in self.raw.get("category_ids", {}).items()}
 
     def split(self, name: str) -> SplitInfo:
         """The split called ``name``; a ValueError naming the splits there are, rather than a bare KeyError."""
