@@ -391,6 +391,22 @@ def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp
             assert abs(rows.min() - y0 * 112) <= 1 and abs(rows.max() + 1 - y1 * 112) <= 1
             checked += 1
     assert checked >= len(images)
+    # The reader's training crop and flip move each object's mask as they move its box.
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+
+    moved = 0
+    for _, targets in tfr.make_dataset(out, "train", 4, max_boxes=3, training=True, seed=3, image_size=96):
+        assert targets["masks"].shape[1:] == (3, 96, 96) and targets["masks"].dtype == np.uint8
+        for boxes, classes, masks in zip(*(targets[k].numpy() for k in ("boxes", "classes", "masks")), strict=True):
+            for (y0, x0, y1, x1), cls, mask in zip(boxes, classes, masks, strict=True):
+                if cls < 0:
+                    assert not mask.any()  # padding
+                    continue
+                rows, cols = np.nonzero(mask)
+                assert abs(cols.min() - x0 * 96) <= 1.5 and abs(cols.max() + 1 - x1 * 96) <= 1.5, (cols, x0, x1)
+                assert abs(rows.min() - y0 * 96) <= 1.5 and abs(rows.max() + 1 - y1 * 96) <= 1.5, (rows, y0, y1)
+                moved += 1
+    assert moved >= len(images)
 
 
 def test_an_input_without_its_mask_or_with_another_images_mask_is_refused(pasted, tmp_path):

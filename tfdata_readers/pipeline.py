@@ -42,6 +42,7 @@ _MAX_AUTO_CYCLE_LENGTH = 16
 _AUGMENT_KEY = "image/key/sha256"
 _HEIGHT, _WIDTH = "image/height", "image/width"
 _MASK_KEY = "image/segmentation/class/encoded"
+_INSTANCE_KEY = "image/object/mask"
 
 
 def _global_batch(batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
@@ -333,8 +334,10 @@ def make_dataset(
     # Fail at start-up, naming the feature or the shard, rather than in the middle of an epoch.
     spec: dict[str, Any] = feature_spec(keys, info.features, where=info.manifest_path)
     semantic = bool(info.raw.get("annotations", {}).get("semantic_masks"))
+    instance = task == "detection" and bool(info.raw.get("annotations", {}).get("instance_masks"))
     if annotated:
-        spec.update(list_feature_spec(_list_keys(task), info.features, where=info.manifest_path))
+        list_keys = _list_keys(task, instance_masks=instance)
+        spec.update(list_feature_spec(list_keys, info.features, where=info.manifest_path))
     if semantic:
         spec[_MASK_KEY] = tf.io.FixedLenFeature([], tf.string)  # declared with the annotations (verify checks it)
     check_no_unlisted_shards(info, split)
@@ -471,16 +474,19 @@ def make_dataset(
             out_size=out_size,
             training=training,
             mask_png=features[_MASK_KEY] if semantic else None,
+            instance_pngs=features[_INSTANCE_KEY] if instance else None,
             size=size,
             area_range=config.object_crop_area_range,
         )
         fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
         fixed.pop(_MASK_KEY, None)
+        fixed.pop(_INSTANCE_KEY, None)
         fixed.update(
             annotation_targets(
                 features,
                 view["boxes"] if task == "detection" else None,
                 kept=view["kept"],
+                instance_masks=view.get("instance_masks"),
                 num_classes=info.num_classes,
                 max_boxes=config.max_boxes,
             )
@@ -494,6 +500,7 @@ def make_dataset(
         pixels = to_output(pixels, config.dtype, config.scale)
         if annotated:
             names = TARGET_NAMES[task] + (("mask",) if semantic and task == "detection" else ())
+            names += ("masks",) if instance else ()
             targets = {name: features[name] for name in names}
             # Keras's conventions: (image, multi-hot labels), (image, mask), or (image, {targets}).
             annotated_out: tuple[Any, ...] = (pixels, targets if len(targets) > 1 else targets[names[0]])

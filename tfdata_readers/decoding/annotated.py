@@ -42,6 +42,7 @@ def annotated_element(
     out_size: tuple[int, int],
     training: bool,
     mask_png: tf.Tensor | None = None,
+    instance_pngs: tf.Tensor | None = None,
     size: tf.Tensor | None = None,
     area_range: tuple[float, float] = (0.3, 1.0),
     aspect_ratio_range: tuple[float, float] = (0.5, 2.0),
@@ -53,7 +54,8 @@ def annotated_element(
 
     Returns `pixels` (float32 [h, w, C]), `boxes` (the kept ones, [K, 4]), `kept` (int32 [K]: which
     of the stored boxes they are), `dropped` (int32: how many the crop cut away) and `mask` (uint8
-    [h, w, 1], or [0, 0, 1] without one)."""
+    [h, w, 1], or [0, 0, 1] without one), and with `instance_pngs` (a PNG per stored object)
+    `instance_masks` (uint8 [K, h, w], the kept objects' masks, moved as their boxes are)."""
     pixels = decode_image(encoded, image, size)
     shape = tf.shape(pixels)
     mask = tf.zeros([0, 0, 1], tf.uint8)
@@ -61,6 +63,15 @@ def annotated_element(
         mask = tf.io.decode_png(mask_png, channels=1)
     count = tf.shape(boxes)[0]
     kept = tf.range(count, dtype=tf.int32)
+    instances = None
+    if instance_pngs is not None:
+        # Each object's PNG is the stored image's size: [N, H, W, 1], an empty [0, H, W, 1] for none.
+        instances = tf.map_fn(
+            lambda png: tf.io.decode_png(png, channels=1),
+            instance_pngs,
+            fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
+        )
+        instances = tf.reshape(instances, [tf.shape(instance_pngs)[0], shape[0], shape[1], 1])
     if training:
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         begin, window_size, window = tf.image.stateless_sample_distorted_bounding_box(
@@ -76,15 +87,21 @@ def annotated_element(
         pixels = tf.slice(pixels, begin, window_size)
         if mask_png is not None:
             mask = tf.slice(mask, begin, [window_size[0], window_size[1], 1])
+        if instances is not None:
+            instances = instances[:, begin[0] : begin[0] + window_size[0], begin[1] : begin[1] + window_size[1], :]
         boxes, kept = crop_boxes(boxes, tf.reshape(window, [4]))
     resized = tf.image.resize(pixels, out_size, method="bilinear")
     if mask_png is not None:
         mask = tf.cast(tf.image.resize(mask, out_size, method="nearest"), tf.uint8)
+    if instances is not None:
+        instances = tf.gather(tf.cast(tf.image.resize(instances, out_size, method="nearest"), tf.uint8), kept)
     if training:
         flip = tf.random.stateless_uniform([], seed=flip_seed) < 0.5
         resized = tf.cond(flip, lambda: tf.reverse(resized, axis=[1]), lambda: resized)
         if mask_png is not None:
             mask = tf.cond(flip, lambda: tf.reverse(mask, axis=[1]), lambda: mask)
+        if instances is not None:
+            instances = tf.cond(flip, lambda: tf.reverse(instances, axis=[2]), lambda: instances)
         ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
         flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
         boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
@@ -94,4 +111,5 @@ def annotated_element(
         "kept": kept,
         "dropped": count - tf.shape(kept)[0],
         "mask": mask,
+        **({"instance_masks": instances[..., 0]} if instances is not None else {}),
     }

@@ -5,7 +5,8 @@
 - detection: also `boxes`, float32 [max_boxes, 4] as (ymin, xmin, ymax, xmax) normalised to
   [0, 1] (TensorFlow's image ops' order), and `classes`, int64 [max_boxes], padded with -1 (as
   KerasCV and KerasHub pad). An image with more than `max_boxes` objects keeps the first
-  `max_boxes`, and a line on stderr says how many were cut: never silently.
+  `max_boxes`, and a line on stderr says how many were cut: never silently. With instance
+  masks, also `masks`, uint8 [max_boxes, H, W], each object's 0/1 mask (zeros as padding).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ TARGET_NAMES = {
 _BOX_KEYS = tuple(f"image/object/bbox/{side}" for side in ("xmin", "ymin", "xmax", "ymax"))
 
 
-def list_keys(task: str) -> list[str]:
+def list_keys(task: str, *, instance_masks: bool = False) -> list[str]:
     """The list features a task's targets are made from (a semantic mask is one string, not a list)."""
     if task == "detection":
-        return ["image/class/label", *_BOX_KEYS, "image/object/class/label"]
+        return ["image/class/label", *_BOX_KEYS, "image/object/class/label"] + (
+            ["image/object/mask"] if instance_masks else []
+        )
     return ["image/class/label"]
 
 
@@ -47,6 +50,7 @@ def annotation_targets(
     num_classes: int,
     max_boxes: int,
     kept: tf.Tensor | None = None,
+    instance_masks: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """The targets of one example from its parsed lists (`boxes`: its [K, 4] ymin, xmin, ymax,
     xmax boxes after augmentation, for detection, and `kept` which of the stored ones they are)."""
@@ -83,8 +87,13 @@ def annotation_targets(
     padding = max_boxes - kept
     boxes = tf.pad(boxes[:kept], [[0, padding], [0, 0]])
     classes = tf.pad(classes[:kept], [[0, padding]], constant_values=-1)
-    return {
+    targets = {
         "boxes": tf.ensure_shape(boxes, [max_boxes, 4]),
         "classes": tf.ensure_shape(classes, [max_boxes]),
         "labels": labels,
     }
+    if instance_masks is not None:  # [K, H, W] of the kept objects, in the boxes' order
+        height, width = instance_masks.shape[1], instance_masks.shape[2]
+        masks = tf.pad(instance_masks[:kept], [[0, padding], [0, 0], [0, 0]])
+        targets["masks"] = tf.ensure_shape(masks, [max_boxes, height, width])
+    return targets
