@@ -22,6 +22,7 @@ def convert(
     coco_annotations: str | None = None,
     unannotated: str = "keep",
     coco_masks: bool = False,
+    annotation_frame: str = "auto",
     image_size: int | str | tuple[int, int] | None = None,
     resize_mode: str = "crop",
     max_side: int | None = None,

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from beam_jobs.errors import BadInputError
+from beam_jobs.imaging.annotate import ANNOTATION_FRAMES
 from beam_jobs.imaging.example import ENCODINGS, FORMAT_NAMES
 from beam_jobs.imaging.geometry import KEEP
 from beam_jobs.imaging.isolation import ISOLATION_POLICIES
@@ -36,6 +37,9 @@ class ImageConfig:
       isolation: which decodes run in a child process with a timeout: "none", "risky" (all but
         JPEG and PNG, the default) or "all".
       decode_timeout_s: how long an isolated decode may take before its process is killed.
+      annotation_frame: the frame boxes and masks are drawn in, for an image that EXIF turns:
+        "auto" (a COCO file's width and height tell, an input list's are as stored, and an image
+        whose turn keeps its size, so that neither tells, is refused), "stored" or "upright".
     """
 
     width: int = 224
@@ -50,6 +54,7 @@ class ImageConfig:
     isolation: str = "risky"
     decode_timeout_s: float = 60.0
     max_side: int | None = None
+    annotation_frame: str = "auto"
 
     def __post_init__(self) -> None:
         if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
@@ -77,6 +82,8 @@ class ImageConfig:
                 f"max_side applies to resize_mode keep only; resize_mode {self.resize_mode!r} makes every "
                 f"image {self.width}x{self.height}"
             )
+        if self.annotation_frame not in ANNOTATION_FRAMES:
+            raise ValueError(f"annotation_frame must be one of {ANNOTATION_FRAMES} (got {self.annotation_frame!r})")
         if self.max_file_bytes < 1:
             raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
 
@@ -98,8 +105,11 @@ class ImageConfig:
     def to_json(self) -> dict:
         """The settings as dataset_info.json records them and the run fingerprint hashes them."""
         settings = asdict(self)
+        # So that runs made before these settings existed keep their fingerprint:
         if self.max_side is None:
-            del settings["max_side"]  # so that runs made before the setting existed keep their fingerprint
+            del settings["max_side"]
+        if self.annotation_frame == "auto":
+            del settings["annotation_frame"]
         if self.keeps_size:
             # No one size: --image_size has no effect, so it must not change the fingerprint either.
             for key in ("width", "height"):

@@ -61,6 +61,7 @@ from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
     SourceChangesError,
+    annotation_kinds_of,
     check_source_changes,
     held_sidecars,
     read_held_inputs,
@@ -283,6 +284,7 @@ class ConvertImages(beam.PTransform):
         planned = listing | "PlanShards" >> PlanShards(
             held=held,
             known_labels=tuple(base["label_names"]) if base else (),
+            known_kinds=annotation_kinds_of(base) if base else (),
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
             from_tree=self._input_root is not None and not self._coco_files,
             tree_layout=self._tree_layout,

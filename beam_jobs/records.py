@@ -117,8 +117,12 @@ class InputFile:
 
 def annotation_digest(f: InputFile) -> str | None:
     """What an input's annotations say, as a short hash (None without annotations): --append
-    compares it with the one recorded when the input was converted."""
-    return None if f.annotations is None else f.annotations.digest()
+    compares it with the one recorded when the input was converted. A one-label row of an
+    annotated dataset is planned with empty annotations, and says nothing more than a row without
+    any: both are None, so that the row is held, not "changed", by the next append."""
+    if f.annotations is None or f.annotations.content() == Annotations().content():
+        return None
+    return f.annotations.digest()
 
 
 def class_names(f: InputFile) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 import beam_jobs
@@ -15,6 +16,7 @@ from beam_jobs.imaging.geometry import place
 from beam_jobs.imaging.masks import instance_mask
 from beam_jobs.listing.coco import _categories, coco_image_input
 from beam_jobs.listing.discover import parse_input_list
+from tests.dataset_files import dead_letters, shard_paths
 from tests.pasted_photos import PastedImage, make_pasted_images, write_coco, write_jsonl, write_masks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -141,7 +143,13 @@ def test_coco_ids_written_as_text_still_join_their_image(pasted, tmp_path):
         annotation["image_id"] = str(annotation["image_id"])  # "1" against the image's 1
     path = tmp_path / "text_ids.json"
     path.write_text(json.dumps(coco))
-    info = beam_jobs.convert(str(root), coco_annotations=str(path), output_dir=str(tmp_path / "out"), image_size=64)
+    info = beam_jobs.convert(
+        str(root),
+        coco_annotations=str(path),
+        annotation_frame="stored",
+        output_dir=str(tmp_path / "out"),
+        image_size=64,
+    )
     split = info["splits"]["train"]
     assert sum(split["object_counts"].values()) + split["objects_cut_by_crop"] == len(coco["annotations"])
 
@@ -153,7 +161,13 @@ def test_a_coco_file_without_an_annotations_array_is_refused(pasted, tmp_path):
     path = tmp_path / "misspelt.json"
     path.write_text(json.dumps(coco))
     with pytest.raises(Exception, match="has no annotations"):  # the runner's error, holding the job's
-        beam_jobs.convert(str(root), coco_annotations=str(path), output_dir=str(tmp_path / "out"), image_size=64)
+        beam_jobs.convert(
+            str(root),
+            coco_annotations=str(path),
+            annotation_frame="stored",
+            output_dir=str(tmp_path / "out"),
+            image_size=64,
+        )
     assert not (tmp_path / "out" / "dataset_info.json").exists()
 
 
@@ -202,3 +216,248 @@ def test_one_class_with_two_coco_ids_is_refused_in_a_run_and_across_an_append():
     }
     with pytest.raises(JobError, match="COCO category id: 'cat'"):
         _merged_category_ids(base, {"label_names": ["cat"], "category_ids": {"cat": 3}})
+
+
+@pytest.mark.parametrize(
+    "declared, file_size, orientation, frame, upright",
+    [
+        ((300, 400), (400, 300), 6, "auto", True),  # the upright size: drawn as shown
+        ((400, 300), (400, 300), 6, "auto", False),  # the stored size: drawn as stored
+        ((400, 300), (400, 300), 1, "auto", False),  # nothing turns: one frame
+        ((400, 300), (400, 300), 3, "upright", True),
+        ((400, 300), (400, 300), 3, "stored", False),
+        (None, (400, 300), 6, "auto", False),  # an input list's boxes: as stored
+        (None, (400, 300), 6, "upright", True),
+    ],
+)
+def test_the_frame_of_a_turned_images_boxes_is_told_by_its_size_or_by_the_flag(
+    declared, file_size, orientation, frame, upright
+):
+    from beam_jobs.imaging.annotate import drawn_upright  # pylint: disable=import-outside-toplevel
+
+    assert drawn_upright(declared, file_size=file_size, orientation=orientation, frame=frame) is upright
+
+
+@pytest.mark.parametrize(
+    "declared, file_size, orientation, frame, message",
+    [
+        ((400, 300), (400, 300), 3, "auto", "EXIF orientation 3 turns it within its own size"),
+        ((320, 320), (320, 320), 8, "auto", "--annotation_frame upright"),
+        ((300, 400), (400, 300), 6, "stored", "--annotation_frame stored reads them"),
+        ((10, 10), (400, 300), 1, "auto", "are they of another image"),
+    ],
+    ids=["mirror-or-180", "square-90", "forced-frame-misfits", "another-size"],
+)
+def test_a_frame_that_the_sizes_cannot_tell_or_that_misfits_refuses_the_image(
+    declared, file_size, orientation, frame, message
+):
+    from beam_jobs.imaging.annotate import drawn_upright  # pylint: disable=import-outside-toplevel
+
+    with pytest.raises(BadInputError, match=message):
+        drawn_upright(declared, file_size=file_size, orientation=orientation, frame=frame)
+
+
+def _upright_box(image: PastedImage, box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """A stored-frame box as drawn on the image as shown, found by Pillow turning a mask of it
+    (independent of the job's own geometry)."""
+    from PIL import Image, ImageOps  # pylint: disable=import-outside-toplevel
+
+    mask = Image.new("L", image.size, 0)
+    mask.paste(255, box)
+    exif = Image.Exif()
+    exif[0x0112] = image.orientation
+    mask.info["exif"] = exif.tobytes()
+    mask.getexif()[0x0112] = image.orientation
+    return ImageOps.exif_transpose(mask).getbbox()
+
+
+def test_boxes_drawn_on_the_image_as_shown_store_what_boxes_drawn_as_stored_store(pasted, tmp_path):
+    """Orientations 3 (a 180-degree turn) and 8 on a square image keep the file's size: by default
+    such an image is refused naming the flag, never read in a guessed frame; with the flag, the
+    same objects drawn in either frame give the same records."""
+    root, images = pasted
+    assert {3, 8} <= {i.orientation for i in images}
+    stored_path = write_coco(root, images)
+    coco = json.loads(stored_path.read_text())
+    ambiguous = {
+        n for n, i in enumerate(images, start=1) if i.orientation != 1 and i.upright_size == i.size and i.objects
+    }
+    assert ambiguous, "the pasted images hold an orientation 3 image or a turned square one"
+    out = tmp_path / "auto"
+    info = beam_jobs.convert(str(root), coco_annotations=str(stored_path), output_dir=str(out), max_bad_fraction=0.9)
+    letters = dead_letters(out)
+    assert len(letters) == len(ambiguous) and all("--annotation_frame" in d["detail"] for d in letters), letters
+    assert info["splits"]["train"]["num_examples"] == len(images) - len(ambiguous)
+    # The same objects drawn on the images as shown, their sizes as shown.
+    for image_entry, image in zip(coco["images"], images, strict=True):
+        image_entry["width"], image_entry["height"] = image.upright_size
+    for annotation in coco["annotations"]:
+        image = images[annotation["image_id"] - 1]
+        x, y, w, h = annotation["bbox"]
+        x0, y0, x1, y1 = _upright_box(image, (x, y, x + w, y + h))
+        annotation["bbox"] = [x0, y0, x1 - x0, y1 - y0]
+    upright_path = tmp_path / "upright.json"
+    upright_path.write_text(json.dumps(coco))
+    options = dict(input=str(root), image_size=96)
+    beam_jobs.convert(
+        coco_annotations=str(stored_path), annotation_frame="stored", output_dir=str(tmp_path / "s"), **options
+    )
+    beam_jobs.convert(
+        coco_annotations=str(upright_path), annotation_frame="upright", output_dir=str(tmp_path / "u"), **options
+    )
+    assert _shard_bytes(tmp_path / "s") == _shard_bytes(tmp_path / "u")
+
+
+def _shard_bytes(out: pathlib.Path) -> dict[str, bytes]:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    records = {}
+    for path in shard_paths(out):
+        for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+            example = tf.train.Example.FromString(record)
+            features = example.features.feature
+            boxes = [
+                list(features[f"image/object/bbox/{s}"].float_list.value) for s in ("xmin", "ymin", "xmax", "ymax")
+            ]
+            records[features["image/filename"].bytes_list.value[0].decode()] = (
+                features["image/encoded"].bytes_list.value[0],
+                [[round(v, 4) for v in side] for side in boxes],
+            )
+    assert records
+    return records
+
+
+def _rle_mask(rle: dict) -> None:
+    instance_mask(
+        json.dumps(rle),
+        (4, 3),
+        upright=True,
+        file_size=(4, 3),
+        orientation=1,
+        decoded_size=(4, 3),
+        placement=place((4, 3), (4, 3), "stretch"),
+        ref="annotation 7",
+    )
+
+
+@pytest.mark.parametrize(
+    "rle, message",
+    [
+        ({"size": [3, 4], "counts": [2, 3]}, "runs adding up to 5 pixels, not the 12"),
+        ({"size": [3, 4], "counts": [2, 30]}, "runs adding up to 32 pixels"),
+        ({"size": [3, 4], "counts": [14, -2]}, "runs adding up to 12"),  # a negative run
+        ({"size": [3, 4], "counts": "2"}, "runs adding up to 2 pixels"),  # compressed, too short
+        ({"size": [3, 4], "counts": "~~~~~~~~"}, "unreadable"),  # not COCO's alphabet
+        ({"size": [3, 4], "counts": "\x7f"}, "unreadable"),
+        ({"size": [4, 3], "counts": [12]}, "its RLE is 3x4, the image 4x3"),
+        ({"counts": [12]}, "needs its size"),
+    ],
+    ids=["short", "long", "negative", "compressed-short", "garbage", "control", "other-size", "no-size"],
+)
+def test_an_rle_that_does_not_cover_its_image_exactly_is_refused_before_it_is_decoded(rle, message):
+    with pytest.raises(BadInputError, match=message):
+        _rle_mask(rle)
+
+
+def test_a_well_formed_rle_decodes_to_its_pixels():
+    from pycocotools import mask as coco_mask  # pylint: disable=import-outside-toplevel
+
+    bitmap = np.asfortranarray(np.array([[0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]], np.uint8))
+    encoded = coco_mask.encode(bitmap)
+    for counts in (encoded["counts"].decode(), [1, 1, 1, 2, 1, 1, 4, 1]):
+        placed = instance_mask(
+            json.dumps({"size": [3, 4], "counts": counts}),
+            (4, 3),
+            upright=True,
+            file_size=(4, 3),
+            orientation=1,
+            decoded_size=(4, 3),
+            placement=place((4, 3), (4, 3), "stretch"),
+            ref="annotation 7",
+        )
+        assert (placed == bitmap).all(), (counts, placed)
+
+
+def test_a_boolean_category_id_is_not_taken_for_category_1():
+    (letter,) = _inputs([{"id": 5, "image_id": 1, "category_id": True, "bbox": [1, 1, 5, 5], "iscrowd": 0}])
+    assert "category_id True is not in categories" in letter.detail
+
+
+def test_annotations_sharing_an_id_are_stored_in_one_order_whatever_the_join_gave():
+    first = {"id": 5, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "iscrowd": 0}
+    second = {"id": 5, "image_id": 1, "category_id": 1, "bbox": [20, 20, 5, 5], "iscrowd": 0}
+    unnamed = {"image_id": 1, "category_id": 1, "bbox": [9, 9, 5, 5], "iscrowd": 0}
+    one = _inputs([first, second, unnamed, dict(unnamed, bbox=[3, 3, 2, 2])])[0].annotations.objects
+    other = _inputs([dict(unnamed, bbox=[3, 3, 2, 2]), unnamed, second, first])[0].annotations.objects
+    assert one == other and len(one) == 4
+
+
+def test_the_reader_yields_each_boxs_crowd_flag(pasted, tmp_path):
+    import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+
+    root, images = pasted
+    coco_path = write_coco(root, images)
+    coco = json.loads(coco_path.read_text())
+    crowd_ids = {a["id"] for a in coco["annotations"][::2]}
+    for annotation in coco["annotations"]:
+        annotation["iscrowd"] = int(annotation["id"] in crowd_ids)
+    coco_path.write_text(json.dumps(coco))
+    out = tmp_path / "out"
+    beam_jobs.convert(
+        str(root), coco_annotations=str(coco_path), annotation_frame="stored", output_dir=str(out), resize_mode="keep"
+    )
+    want = {}
+    for record in _records_of(out):
+        want[record["image/filename"]] = record["image/object/is_crowd"]
+    seen = 0
+    dataset = tfr.make_dataset(out, "train", 2, image_size=64, max_boxes=4, with_metadata=True)
+    for _, targets, metadata in dataset:
+        assert targets["is_crowd"].dtype == bool and targets["is_crowd"].shape[1] == 4
+        for name, crowd, classes in zip(
+            metadata["filename"].numpy(), targets["is_crowd"].numpy(), targets["classes"].numpy(), strict=True
+        ):
+            stored = want[name.decode()]
+            assert list(crowd[: len(stored)]) == [bool(v) for v in stored[:4]] and not crowd[len(stored) :].any()
+            assert (classes[len(stored) :] == -1).all()
+            seen += 1
+    assert seen == len(images) and any(any(v) for v in want.values())
+
+
+def _records_of(out: pathlib.Path) -> list[dict]:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    found = []
+    for path in shard_paths(out):
+        for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+            features = tf.train.Example.FromString(record).features.feature
+            found.append(
+                {
+                    "image/filename": features["image/filename"].bytes_list.value[0].decode(),
+                    "image/object/is_crowd": list(features["image/object/is_crowd"].int64_list.value),
+                }
+            )
+    return found
+
+
+def test_a_box_wholly_past_the_edge_is_refused_not_counted_as_cut_by_a_crop():
+    from beam_jobs.imaging.annotate import check_boxes_inside  # pylint: disable=import-outside-toplevel
+    from beam_jobs.records import Annotations, BoxObject  # pylint: disable=import-outside-toplevel
+
+    past = Annotations(objects=(BoxObject("cat", 100.2, 5, 100.8, 9, ref="annotation 3"),))
+    with pytest.raises(BadInputError, match="annotation 3.* lies beyond the edge of the image, which is 100x80"):
+        check_boxes_inside(past, (100, 80))
+    check_boxes_inside(Annotations(objects=(BoxObject("cat", 99.2, 5, 100.8, 9),)), (100, 80))  # overshoots: clipped
+
+
+def test_coco_masks_asked_of_a_file_without_segmentations_refuses_it(tmp_path):
+    from beam_jobs.listing.coco import _keyed_annotations  # pylint: disable=import-outside-toplevel
+
+    path = _coco_file(tmp_path, annotations=[{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 2, 2]}])
+    assert len(list(_keyed_annotations(path, masks=False))) == 1
+    with pytest.raises(JobError, match="--coco_masks: none of the 1 annotations .* has a segmentation"):
+        list(_keyed_annotations(path, masks=True))
+
+
+def test_a_category_name_no_dataset_can_hold_refuses_the_file_naming_it(tmp_path):
+    with pytest.raises(JobError, match="category 3: the label .* contains control characters"):
+        _categories(_coco_file(tmp_path, categories=[{"id": 3, "name": "cat\x07"}]))

@@ -22,7 +22,15 @@ from beam_jobs.imaging.geometry import map_box, orient_box, place
 from beam_jobs.imaging.preprocess import resize_image_by
 from beam_jobs.records import Annotations, BoxObject
 from tests.dataset_files import dead_letters
-from tests.pasted_photos import OBJECTS, PastedImage, make_pasted_images, object_view, write_coco, write_jsonl
+from tests.pasted_photos import (
+    OBJECTS,
+    PastedImage,
+    make_pasted_images,
+    object_view,
+    write_coco,
+    write_jsonl,
+    write_masks,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -169,7 +177,12 @@ def test_bad_annotations_are_dead_letters_naming_the_annotation(pasted, tmp_path
     coco = write_coco(root, images, extra=extra)
     out = tmp_path / "out"
     info = beam_jobs.convert(
-        str(root), coco_annotations=str(coco), output_dir=str(out), image_size=96, max_bad_fraction=0.9
+        str(root),
+        coco_annotations=str(coco),
+        annotation_frame="stored",
+        output_dir=str(out),
+        image_size=96,
+        max_bad_fraction=0.9,
     )
     letters = dead_letters(out)
     text = json.dumps(letters)
@@ -196,7 +209,11 @@ def test_a_coco_file_converts_to_the_same_boxes_as_the_input_list(pasted, tmp_pa
         manifest=str(write_jsonl(root, images)), output_dir=str(tmp_path / "a"), image_size=96
     )
     from_coco = beam_jobs.convert(
-        str(root), coco_annotations=str(write_coco(root, images)), output_dir=str(tmp_path / "b"), image_size=96
+        str(root),
+        coco_annotations=str(write_coco(root, images)),
+        annotation_frame="stored",
+        output_dir=str(tmp_path / "b"),
+        image_size=96,
     )
     assert from_list["splits"]["train"]["object_counts"] == from_coco["splits"]["train"]["object_counts"]
     # Each class keeps its COCO id, for COCO's own evaluation; a list has none to keep.
@@ -376,7 +393,12 @@ def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp
     coco_path.write_text(json.dumps(coco))
     out = tmp_path / "out"
     info = beam_jobs.convert(
-        str(root), coco_annotations=str(coco_path), coco_masks=True, output_dir=str(out), image_size=112
+        str(root),
+        coco_annotations=str(coco_path),
+        annotation_frame="stored",
+        coco_masks=True,
+        output_dir=str(out),
+        image_size=112,
     )
     assert info["annotations"]["instance_masks"]
     checked = 0
@@ -391,8 +413,23 @@ def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp
             assert abs(rows.min() - y0 * 112) <= 1 and abs(rows.max() + 1 - y1 * 112) <= 1
             checked += 1
     assert checked >= len(images)
-    # The reader's training crop and flip move each object's mask as they move its box.
+    # verify knows an instance mask is 0/1: one holding other values is named.
+    from tensorflow.core.example import example_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.lib.io import tf_record  # pylint: disable=import-outside-toplevel
+
     import tfdata_readers as tfr  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.checking.verification import content_problem  # pylint: disable=import-outside-toplevel
+
+    manifest = tfr.load_manifest(out)
+    record = next(iter(tf_record.tf_record_iterator(sorted(glob.glob(str(out / "shards" / "*" / "*.tfrecord")))[0])))
+    assert content_problem(record, manifest) == ""
+    example = example_pb2.Example.FromString(record)
+    first = _png(example.features.feature["image/object/mask"].bytes_list.value[0])
+    spoiled = io.BytesIO()
+    Image.fromarray((first * 7).astype(np.uint8)).save(spoiled, "PNG")
+    example.features.feature["image/object/mask"].bytes_list.value[0] = spoiled.getvalue()
+    assert "instance mask 0 holds [7], not only 0 and 1" in content_problem(example.SerializeToString(), manifest)
+    # The reader's training crop and flip move each object's mask as they move its box.
 
     moved = 0
     for _, targets in tfr.make_dataset(out, "train", 4, max_boxes=3, training=True, seed=3, image_size=96):
@@ -448,7 +485,12 @@ def test_model_gardens_own_decoders_read_every_record_unchanged(pasted, tmp_path
     coco_path.write_text(json.dumps(coco))
     detection, segmentation, multilabel = tmp_path / "det", tmp_path / "seg", tmp_path / "ml"
     beam_jobs.convert(
-        str(root), coco_annotations=str(coco_path), coco_masks=True, output_dir=str(detection), resize_mode="keep"
+        str(root),
+        coco_annotations=str(coco_path),
+        annotation_frame="stored",
+        coco_masks=True,
+        output_dir=str(detection),
+        resize_mode="keep",
     )
     masks = write_masks(root, images)
     listing = root / "mg-seg.jsonl"
@@ -552,6 +594,13 @@ def test_a_segmentation_dataset_reads_as_image_and_mask_pairs(pasted, tmp_path):
     pixels, mask = next(iter(tfr.make_dataset(out, "train", 2, image_size=(48, 64))))
     assert pixels.shape == (2, 48, 64, 3) and mask.shape == (2, 48, 64, 1) and mask.dtype.name == "uint8"
     assert set(np.unique(mask.numpy())) <= {0, 1, 2, 3}
+    # inspect draws it, each tile named by the ids its mask holds.
+    from tfdata_readers.inspect import main as inspect_main  # pylint: disable=import-outside-toplevel
+    from tfdata_readers.inspection.sheet import TILES_CHUNK  # pylint: disable=import-outside-toplevel
+
+    assert inspect_main([str(out), "--out", str(tmp_path / "report")]) == 0
+    tiles = json.loads(Image.open(tmp_path / "report" / "contact_sheet-train.png").text[TILES_CHUNK])
+    assert len(tiles) == len(images) and all(t["label"].startswith("mask ids 0+") for t in tiles), tiles
 
 
 def test_verify_names_a_box_outside_the_image_and_a_mask_of_another_size(pasted, tmp_path):
@@ -659,7 +708,13 @@ def test_a_100_mb_coco_file_is_streamed_not_loaded(pasted, tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < size / 100, peak
-    info = beam_jobs.convert(str(root), coco_annotations=str(path), output_dir=str(tmp_path / "out"), image_size=64)
+    info = beam_jobs.convert(
+        str(root),
+        coco_annotations=str(path),
+        annotation_frame="stored",
+        output_dir=str(tmp_path / "out"),
+        image_size=64,
+    )
     assert info["splits"]["train"]["num_examples"] == len(images)
     split = info["splits"]["train"]
     assert sum(split["object_counts"].values()) + split["objects_cut_by_crop"] == 3000
@@ -680,18 +735,24 @@ def test_append_adds_annotated_rows_and_refuses_rows_of_another_kind(pasted, tmp
     assert second["splits"]["train"]["num_examples"] == len(images)
     assert sum(second["splits"]["train"]["object_counts"].values()) == 2 * len(images)
     assert second["task"] == "detection" and len(_records(out)) >= len(images)
-    # One-label rows would be examples of another layout (a scalar label, no boxes): refused.
+    # A one-label row appended to a detection set is an image of its class with no object, as it
+    # would be in the run that made the set.
     plain = tmp_path / "plain"
     plain.mkdir()
     Image.open(root / images[0].name).save(plain / "extra.jpg")
     listing.write_text(listing.read_text() + "\n" + json.dumps({"uri": str(plain / "extra.jpg"), "label": "cup"}))
+    options = dict(manifest=str(listing), output_dir=str(out), image_size=64, resize_mode="pad", append=True)
+    third = beam_jobs.convert(**options, allow_outside_root=True)
+    assert third["task"] == "detection" and third["splits"]["train"]["num_examples"] == len(images) + 1
+    (extra,) = [r for r in _records(out) if r["image/filename"][0].endswith(b"extra.jpg")]
+    assert extra["image/class/text"] == [b"cup"] and extra["image/object/bbox/xmin"] == []
+    # Rows with a mask would be examples of another layout (a mask the others lack): refused.
+    masks = write_masks(root, images)
+    Image.open(root / masks[images[0].name]).save(plain / "extra2.png")
+    Image.open(root / images[0].name).save(plain / "extra2.jpg")
+    row = {"uri": str(plain / "extra2.jpg"), "label": "cup", "mask": str(plain / "extra2.png")}
+    listing.write_text(listing.read_text() + "\n" + json.dumps(row))
     with pytest.raises(Exception, match="an append must write examples laid out as the version it appends to"):
-        beam_jobs.convert(
-            manifest=str(listing),
-            output_dir=str(out),
-            image_size=64,
-            resize_mode="pad",
-            append=True,
-            allow_outside_root=True,
-        )
+        beam_jobs.convert(**options, allow_outside_root=True)
+    second = third
     assert json.loads((out / "dataset_info.json").read_text())["version"] == second["version"]

@@ -261,6 +261,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
             isolation=flags.isolation,
             decode_timeout_s=flags.decode_timeout_s,
             max_side=flags.max_side,
+            annotation_frame=flags.annotation_frame,
         )
         split_fractions = parse_splits(flags.splits) if flags.splits else None
         coco_files = None

@@ -106,6 +106,15 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also store each COCO object's mask (its polygons or RLE) as image/object/mask, a PNG per object",
     )
+    group.add_argument(
+        "--annotation_frame",
+        default="auto",
+        choices=("auto", "stored", "upright"),
+        help="the frame boxes and masks are drawn in, for images that EXIF turns: auto (a COCO "
+        "file's width and height tell; an input list's are as stored; an image whose turn keeps "
+        "its size is refused, since neither tells), stored (the file's pixels as stored) or "
+        "upright (the image as shown) (default: %(default)s)",
+    )
     group = parser.add_argument_group("image", "what each example holds")
     group.add_argument(
         "--image_size",

@@ -13,13 +13,24 @@ from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_s
 from beam_jobs.imaging.masks import encode_mask_png, instance_mask
 from beam_jobs.records import Annotations, BoxObject
 
-__all__ = ["BAD_ANNOTATION", "EDGE_TOLERANCE_PX", "StoredObjects", "check_boxes_inside", "stored_objects"]
+__all__ = [
+    "ANNOTATION_FRAMES",
+    "BAD_ANNOTATION",
+    "EDGE_TOLERANCE_PX",
+    "StoredObjects",
+    "check_boxes_inside",
+    "drawn_upright",
+    "stored_objects",
+]
 
 BAD_ANNOTATION = "bad_annotation"
 # Labelling tools round: a box that overshoots the image by up to one pixel is clipped to it (COCO
 # itself holds boxes whose x + width is the image width plus a fraction). Beyond that the box
 # belongs to another image size, and the image is refused rather than its box silently moved.
 EDGE_TOLERANCE_PX = 1.0
+# The frames annotations may be drawn in (--annotation_frame): AUTO tells by the sizes given.
+AUTO, STORED, UPRIGHT = "auto", "stored", "upright"
+ANNOTATION_FRAMES = (AUTO, STORED, UPRIGHT)
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,61 @@ def check_boxes_inside(annotations: Annotations, frame_size: tuple[int, int]) ->
                 f"{_describe(obj)} is outside the image, which is {width}x{height} pixels"
                 f"{' upright' if annotations.upright else ' as stored'}",
             )
+        # Within the tolerance yet wholly past an edge: clipping would leave no area, and the box
+        # would vanish as if a crop had cut it.
+        if min(obj.xmax, width) <= max(obj.xmin, 0) or min(obj.ymax, height) <= max(obj.ymin, 0):
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"{_describe(obj)} lies beyond the edge of the image, which is {width}x{height} pixels"
+                f"{' upright' if annotations.upright else ' as stored'}",
+            )
+
+
+def drawn_upright(
+    declared_size: tuple[int, int] | None, *, file_size: tuple[int, int], orientation: int, frame: str = AUTO
+) -> bool:
+    """Whether an image's annotations are drawn on it as shown (upright) rather than as stored.
+
+    ``frame`` is the user's word (ANNOTATION_FRAMES). With AUTO, a COCO file's ``declared_size``
+    tells: the stored size means the stored frame, the upright size the upright one. EXIF
+    orientations 2 to 4 (and 5 to 8 on a square image) turn an image within its own size, so that
+    the size cannot tell; reading the boxes in either frame would be a guess that mirrors or turns
+    them silently, so the image is refused, naming the flag that says which. An input list gives no
+    size: its boxes are as stored (docs/annotations.md), unless the flag says otherwise.
+    """
+    upright = upright_size(file_size, orientation)
+    if declared_size is not None:
+        fits = {STORED: declared_size == file_size, UPRIGHT: declared_size == upright}
+        if not any(fits.values()) or (frame != AUTO and not fits[frame]):
+            width, height = declared_size
+            turned = "" if upright == file_size else f" ({upright[0]}x{upright[1]} upright)"
+            wanted = "" if frame == AUTO else f", and --annotation_frame {frame} reads them on the file as {frame}"
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"the annotations give the image as {width}x{height}, but the file is {file_size[0]}x{file_size[1]}"
+                f"{turned}{wanted}: are they of another image?",
+            )
+        if frame == AUTO and orientation != 1 and all(fits.values()):
+            raise BadInputError(
+                Stage.PREPROCESS,
+                BAD_ANNOTATION,
+                f"the file's EXIF orientation {orientation} turns it within its own size "
+                f"({width_height(file_size)}), so the annotations' width and height cannot tell whether "
+                "its boxes are drawn on the image as shown or as stored: say which with "
+                "--annotation_frame upright (most labelling tools) or stored",
+            )
+        if frame == AUTO:
+            return fits[UPRIGHT] and not fits[STORED]
+    if frame == AUTO:
+        return False
+    return frame == UPRIGHT
+
+
+def width_height(size: tuple[int, int]) -> str:
+    """(640, 480) as "640x480", as messages name a size."""
+    return f"{size[0]}x{size[1]}"
 
 
 def stored_objects(
@@ -63,6 +129,7 @@ def stored_objects(
     orientation: int,
     decoded_size: tuple[int, int],
     placement: Placement,
+    frame: str = AUTO,
 ) -> StoredObjects:
     """The objects of ``annotations`` in the stored image.
 
@@ -70,23 +137,13 @@ def stored_objects(
     ``decoded_size`` the upright size the pixels were decoded at (a JPEG may be decoded at 1/2,
     1/4 or 1/8 scale), and ``placement`` the map the pixels were resized by. A box goes through
     the same steps: turned upright, scaled to the decoded size, then mapped and clipped.
+    ``frame`` is the frame the boxes are drawn in (drawn_upright).
     """
     upright = upright_size(file_size, orientation)
-    as_upright = annotations.upright
-    if annotations.declared_size is not None:
-        if annotations.declared_size == file_size:
-            as_upright = orientation == 1  # the stored frame (the same frame when nothing turns)
-        elif annotations.declared_size == upright:
-            as_upright = True
-        else:
-            width, height = annotations.declared_size
-            turned = "" if upright == file_size else f" ({upright[0]}x{upright[1]} upright)"
-            raise BadInputError(
-                Stage.PREPROCESS,
-                BAD_ANNOTATION,
-                f"the annotations give the image as {width}x{height}, but the file is {file_size[0]}x{file_size[1]}"
-                f"{turned}: are they of another image?",
-            )
+    # An image without boxes has nothing a frame could misplace (a kept unannotated COCO image).
+    as_upright = bool(annotations.objects) and drawn_upright(
+        annotations.declared_size, file_size=file_size, orientation=orientation, frame=frame
+    )
     annotations = replace(annotations, upright=as_upright)
     check_boxes_inside(annotations, upright if annotations.upright else file_size)
     scale_x, scale_y = decoded_size[0] / upright[0], decoded_size[1] / upright[1]
@@ -94,7 +151,7 @@ def stored_objects(
     boxes, ids, texts, crowd, areas = [], [], [], [], []
     with_masks = "instance_masks" in annotations.kinds
     masks: list[bytes] = []
-    frame = upright if annotations.upright else file_size
+    frame_size = upright if annotations.upright else file_size
     dropped = 0
     for obj, label_id in zip(annotations.objects, annotations.object_ids, strict=True):
         box = (obj.xmin, obj.ymin, obj.xmax, obj.ymax)
@@ -115,7 +172,7 @@ def stored_objects(
                 )
             placed = instance_mask(
                 obj.segmentation,
-                frame,
+                frame_size,
                 upright=annotations.upright,
                 file_size=file_size,
                 orientation=orientation,

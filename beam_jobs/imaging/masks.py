@@ -39,20 +39,25 @@ _TURNS = {
 }
 
 
-def _upright(array: np.ndarray, file_size: tuple[int, int], orientation: int, what: str) -> np.ndarray:
+def _upright(
+    array: np.ndarray, file_size: tuple[int, int], orientation: int, what: str, frame: str = "auto"
+) -> np.ndarray:
     """A mask given in the file's stored frame, or already upright, as an upright array; a mask of
-    neither size is refused (it belongs to another image)."""
+    neither size is refused (it belongs to another image). ``frame`` (--annotation_frame) "auto"
+    tells the two by the mask's size, and takes the stored frame when both fit (an input list's
+    convention); "stored" or "upright" says which, and a mask not of that frame's size is refused."""
     shape = (array.shape[1], array.shape[0])
     upright = upright_size(file_size, orientation)
-    if shape == file_size:
+    if shape == file_size and frame in ("auto", "stored"):
         return np.ascontiguousarray(_TURNS.get(orientation, lambda a: a)(array))
-    if shape == upright:
+    if shape == upright and frame in ("auto", "upright"):
         return array
     raise BadInputError(
         Stage.PREPROCESS,
         BAD_ANNOTATION,
         f"{what} is {shape[0]}x{shape[1]} but its image is {file_size[0]}x{file_size[1]}"
-        + (f" ({upright[0]}x{upright[1]} upright)" if upright != file_size else ""),
+        + (f" ({upright[0]}x{upright[1]} upright)" if upright != file_size else "")
+        + ("" if frame == "auto" else f", and --annotation_frame {frame} reads it on the file as {frame}"),
     )
 
 
@@ -84,7 +89,13 @@ def encode_mask_png(mask: np.ndarray) -> bytes:
 
 
 def semantic_mask(
-    data: bytes, *, file_size: tuple[int, int], orientation: int, decoded_size: tuple[int, int], placement: Placement
+    data: bytes,
+    *,
+    file_size: tuple[int, int],
+    orientation: int,
+    decoded_size: tuple[int, int],
+    placement: Placement,
+    frame: str = "auto",
 ) -> np.ndarray:
     """A semantic mask file (PNG of class ids: mode L, or P whose palette indices are the ids, as
     Pascal VOC's) as the stored image's mask."""
@@ -100,7 +111,72 @@ def semantic_mask(
             f"the mask's mode is {image.mode}; a mask is an 8-bit PNG of class ids (mode L, or P as VOC's)",
         )
     array = np.asarray(image, dtype=np.uint8)  # P: the palette indices themselves, never colours
-    return place_mask(_upright(array, file_size, orientation, "the mask"), placement, decoded_size)
+    return place_mask(_upright(array, file_size, orientation, "the mask", frame), placement, decoded_size)
+
+
+def _compressed_counts(text: str) -> list[int] | None:
+    """The run lengths of COCO's compressed RLE string, or None when it is malformed.
+
+    Written here because pycocotools decodes the string only into its C buffer and checks
+    nothing: runs that do not add up to the image leave the buffer's tail uninitialised (or write
+    past it). This is its format (maskApi.c's rleFrString): each run a little-endian sequence of
+    5-bit groups, 48 added to each character, bit 0x20 continuing it and bit 0x10 of the last
+    group its sign; from the third run on, each is a difference from the run two before.
+    """
+    counts: list[int] = []
+    position = 0
+    while position < len(text):
+        value, shift, more = 0, 0, True
+        while more:
+            if position >= len(text):
+                return None
+            group = ord(text[position]) - 48
+            if not 0 <= group < 64:
+                return None
+            value |= (group & 0x1F) << shift
+            more = bool(group & 0x20)
+            position += 1
+            shift += 5
+            if not more and group & 0x10:
+                value |= -1 << shift
+        if len(counts) > 2:
+            value += counts[-2]
+        counts.append(value)
+    return counts
+
+
+def _check_rle(value: object, frame_size: tuple[int, int], ref: str) -> None:
+    """An RLE whose size is not its image's, or whose runs are not whole non-negative numbers that
+    add up to exactly its pixels, is refused before pycocotools decodes it (its decode would read
+    or write memory it does not own, and store whatever was there)."""
+    width, height = frame_size
+    size = value.get("size") if isinstance(value, dict) else None
+    counts = value.get("counts") if isinstance(value, dict) else None
+    if (
+        not isinstance(size, list)
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+    ):
+        raise BadInputError(
+            Stage.PREPROCESS, BAD_ANNOTATION, f"{ref}: an RLE needs its size as [height, width] (got {size!r})"
+        )
+    if size != [height, width]:
+        raise BadInputError(
+            Stage.PREPROCESS, BAD_ANNOTATION, f"{ref}: its RLE is {size[1]}x{size[0]}, the image {width}x{height}"
+        )
+    if isinstance(counts, str):
+        runs = _compressed_counts(counts)
+    elif isinstance(counts, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+        runs = counts
+    else:
+        runs = None
+    if runs is None or any(run < 0 for run in runs) or sum(runs) != width * height:
+        shown = "unreadable" if runs is None else f"runs adding up to {sum(runs)} pixels"
+        raise BadInputError(
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"{ref}: its RLE counts are {shown}, not the {width * height} pixels of a {width}x{height} image",
+        )
 
 
 def _check_polygons(polygons: list, ref: str) -> None:
@@ -139,6 +215,8 @@ def instance_mask(
     value = json.loads(segmentation)
     if isinstance(value, list):
         _check_polygons(value, ref)
+    else:
+        _check_rle(value, (width, height), ref)
     try:
         if isinstance(value, list):  # polygons
             # One of fewer than 3 points has no area (COCO holds a few): it adds no pixel, as in
@@ -146,7 +224,7 @@ def instance_mask(
             areas = [polygon for polygon in value if len(polygon) >= 6]
             rles = coco_mask.frPyObjects(areas, height, width) if areas else []
             rle = coco_mask.merge(rles) if rles else None
-        elif isinstance(value.get("counts"), list):  # uncompressed RLE
+        elif isinstance(value["counts"], list):  # uncompressed RLE
             rle = coco_mask.frPyObjects(value, height, width)
         else:
             rle = dict(value, counts=value["counts"].encode("ascii"))

@@ -82,13 +82,20 @@ def _keyed_images(uri: str) -> Iterator[tuple[object, dict]]:
 
 
 def _keyed_annotations(uri: str, *, masks: bool) -> Iterator[tuple[object, dict]]:
-    count = 0
+    count = segmented = 0
     for annotation in _stream(uri, "annotations.item"):
         count += 1
         segmentation = annotation.pop("segmentation", None)  # never carried when masks are not asked for
         if masks and segmentation is not None:
+            segmented += 1
             annotation["segmentation"] = json.dumps(segmentation, separators=(",", ":"))
         yield _id_key(annotation.get("image_id")), annotation
+    if masks and count and not segmented:
+        # Asked for masks, a file with none would give a dataset without them, and no word of it.
+        raise JobError(
+            f"--coco_masks: none of the {count} annotations of the COCO file {redact(uri)} has a "
+            "segmentation; leave --coco_masks out to convert its boxes alone"
+        )
     if not count:
         # A misspelt "annotation" key reads as no array at all: refused, never a dataset of no boxes.
         raise JobError(
@@ -112,7 +119,10 @@ def _categories(uri: str) -> dict:
             raise JobError(
                 f"the COCO file {redact(uri)}: category id {ident} is listed twice ({found[ident]!r}, {name!r})"
             )
-        key = clean_label(name, where=f"{redact(uri)} category {ident}")
+        try:
+            key = clean_label(name, where=f"{redact(uri)} category {ident}")
+        except BadInputError as error:  # a class name no dataset can hold refuses the file, as above
+            raise JobError(f"the COCO file {redact(uri)}: {error.detail}") from None
         if key in names:
             raise JobError(
                 f"the COCO file {redact(uri)}: categories {names[key]} and {ident} have one name {name!r}; "
@@ -126,7 +136,11 @@ def _categories(uri: str) -> dict:
 
 def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     ref = f"annotation {annotation.get('id')!r} of {where}"
-    name = categories.get(annotation.get("category_id"))
+    category = annotation.get("category_id")
+    if isinstance(category, float) and category.is_integer():
+        category = int(category)
+    # true == 1 in Python: a boolean would find category 1 and be stored as its class.
+    name = None if isinstance(category, bool) or not isinstance(category, int) else categories.get(category)
     if name is None:
         raise BadInputError(
             Stage.LIST,
@@ -150,7 +164,6 @@ def _box(annotation: dict, categories: dict, where: str) -> BoxObject:
     if crowd not in (0, 1):  # the text "0" is refused: bool("0") is True
         raise BadInputError(Stage.LIST, Reason.BAD_MANIFEST_ROW, f"{ref}: iscrowd must be 0 or 1 (got {crowd!r})")
     segmentation = annotation.get("segmentation")
-    category = annotation["category_id"]
     return BoxObject(
         label, x, y, x + w, y + h, is_crowd=bool(crowd), ref=ref, segmentation=segmentation, category_id=category
     )
@@ -164,10 +177,13 @@ def _integral(value: object) -> int | None:
 
 
 def _id_order(annotation: dict) -> tuple:
+    """An image's annotations in id order, numbers by value and any other ids after them; two with
+    one id (or none) by their content, so that the order never depends on the runner's."""
     ident = annotation.get("id")
+    content = json.dumps(annotation, sort_keys=True, default=str)
     if isinstance(ident, int) and not isinstance(ident, bool):
-        return (0, ident, "")
-    return (1, 0, str(ident))
+        return (0, ident, "", content)
+    return (1, 0, str(ident), content)
 
 
 def coco_image_input(
@@ -215,17 +231,25 @@ def coco_image_input(
         # never glued onto the root.
         entry = name if name.startswith("/") or "://" in name else root + name
         uri, filename = resolve_inside_root(entry, root, allow_outside=allow_outside_root)
-        # In id order (the join's order is the runner's): numbers by value, any other ids after them.
+        # In id order (the join's order is the runner's).
         ordered = sorted(annotations, key=_id_order)
         objects = tuple(_box(a, categories, where) for a in ordered)
     except BadInputError as error:
         yield DeadLetter(entry, error.stage, error.reason, error.detail)
         return
     width, height = _integral(image.get("width")), _integral(image.get("height"))
-    # COCO's width and height are those of the image as shown; a file whose EXIF turns it has them
-    # swapped against its stored pixels: the converter tells the two apart (annotate.py).
-    size = (width, height) if width and height else None
-    annotations_record = Annotations(objects=objects, declared_size=size)
+    if not (width and height):
+        # COCO requires them, and they tell the frame the boxes are drawn in (annotate.py): without
+        # them a turned image's boxes would be read in a guessed frame.
+        yield DeadLetter(
+            entry,
+            Stage.LIST,
+            Reason.BAD_MANIFEST_ROW,
+            f"image {image_id!r}: width and height must be positive whole numbers of pixels "
+            f"(got {image.get('width')!r}, {image.get('height')!r})",
+        )
+        return
+    annotations_record = Annotations(objects=objects, declared_size=(width, height))
     yield InputFile(
         filename=filename, uri=uri, split=split, origin=f"{where}: image {image_id!r}", annotations=annotations_record
     )

@@ -518,9 +518,15 @@ def resolve_same_path(filename: str, rows: Iterable[InputFile]) -> tuple[InputFi
     if len(rows) == 1:
         return rows[0], []
     # Labels and annotations: two rows that annotate one image differently conflict as two labels do.
-    labels = {(f.label or "", f.annotations.content() if f.annotations else None) for f in rows}
+    labels = {f.label or "" for f in rows}
+    annotations = {f.annotations.content() if f.annotations else None for f in rows}
     splits = {f.split for f in rows if f.split}
-    if len(labels) > 1 or len(splits) > 1:
+    if len(labels) > 1 or len(annotations) > 1 or len(splits) > 1:
+        differ = [
+            what
+            for what, values in (("labels", labels), ("annotations", annotations), ("splits", splits))
+            if len(values) > 1
+        ]
         shown = ", ".join(
             f"label {f.label!r} split {f.split or '(none)'!r}" + (f" at {f.origin}" if f.origin else "") for f in rows
         )
@@ -529,7 +535,7 @@ def resolve_same_path(filename: str, rows: Iterable[InputFile]) -> tuple[InputFi
                 f.uri,
                 Stage.LIST,
                 Reason.CONFLICTING_LABELS,
-                f"{filename!r} is listed {len(rows)} times with different labels or splits: "
+                f"{filename!r} is listed {len(rows)} times with different {' and '.join(differ)}: "
                 f"{shown}" + (f" (this row: {f.origin})" if f.origin else ""),
             )
             for f in rows

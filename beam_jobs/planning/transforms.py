@@ -404,6 +404,7 @@ class PlanShards(beam.PTransform):
         split_rule: str = DEFAULT_SPLIT_RULE,
         held: beam.PCollection | None = None,
         known_labels: tuple[str, ...] = (),
+        known_kinds: tuple[str, ...] = (),
         state_of: Callable[[InputFile], list] | None = None,
     ) -> None:
         super().__init__()
@@ -411,6 +412,9 @@ class PlanShards(beam.PTransform):
         # names, whose ids never change (new labels get the next ids, in sorted order).
         self._held = held
         self._known_labels = tuple(known_labels)
+        # ... and what its examples hold ("annotated", "objects", ...): a row with only a label,
+        # appended to a detection set, is then an image with no object, as in a run that made it.
+        self._known_kinds = tuple(known_kinds)
         self._state_of = state_of
         self._from_tree = from_tree
         self._tree_layout = tree_layout
@@ -499,6 +503,7 @@ class PlanShards(beam.PTransform):
             inputs
             | "AnnotationKinds" >> beam.Map(_annotation_kinds)
             | "AllAnnotationKinds" >> beam.CombineGlobally(_union)
+            | "WithHeldKinds" >> beam.Map(lambda kinds, known: _union([kinds, known]), known=self._known_kinds)
         )
         # What the annotated inputs hold, ("annotated", "labels", "objects", ...), () if none: one small element
         category_ids = (

@@ -26,6 +26,7 @@ __all__ = [
     "CHANGED_SOURCE_POLICIES",
     "WHOLE_DATASET_WARNING",
     "SourceChangesError",
+    "annotation_kinds_of",
     "check_source_changes",
     "held_sidecars",
     "merge_appended",
@@ -142,6 +143,22 @@ def _layout(info: dict) -> dict:
         "annotations": info.get("annotations"),
         "own sizes": info.get("image", {}).get("height") is None,
     }
+
+
+def annotation_kinds_of(info: dict) -> tuple[str, ...]:
+    """What a version's examples hold, as the plan names it (() for a one-label dataset), read
+    back from its manifest: an append plans its rows with it."""
+    if info.get("task", "classification") == "classification":
+        return ()
+    annotations = info.get("annotations") or {}
+    kinds = {"annotated", "labels"}
+    if info["task"] == "detection":
+        kinds.add("objects")
+    if annotations.get("semantic_masks"):
+        kinds.add("mask")
+    if annotations.get("instance_masks"):
+        kinds.add("instance_masks")
+    return tuple(sorted(kinds))
 
 
 def check_same_layout(base: dict, added: dict) -> None:

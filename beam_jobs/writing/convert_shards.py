@@ -119,13 +119,14 @@ def convert_image(
             orientation=decoded.orientation,
             decoded_size=decoded_size,
             placement=placement,
+            frame=config.annotation_frame,
         )
         events += ["object_cut_by_crop"] * objects.dropped
         ids = _image_classes(input_file, objects)
         fields = replace(fields, labels=tuple(ids), label_texts=tuple(ids.values()), objects=objects)
         mask_ids: tuple[int, ...] = ()
         if "mask" in input_file.annotations.kinds:
-            placed = _semantic_mask(mask, input_file, decoded, decoded_size, placement)
+            placed = _semantic_mask(mask, input_file, decoded, decoded_size, placement, config.annotation_frame)
             mask_ids = tuple(int(i) for i in np.unique(placed))
             fields = replace(fields, segmentation_png=encode_mask_png(placed))
         classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped, mask_ids)
@@ -140,6 +141,7 @@ def _semantic_mask(
     decoded: DecodedImage | DecodedPixels,
     decoded_size: tuple[int, int],
     placement: Placement,
+    frame: str,
 ) -> np.ndarray:
     """The stored image's semantic mask (class ids, the stored image's size); an input of a
     dataset with masks that has none is refused (its example would be trained as all background)."""
@@ -153,6 +155,7 @@ def _semantic_mask(
         orientation=decoded.orientation,
         decoded_size=decoded_size,
         placement=placement,
+        frame=frame,
     )
 
 

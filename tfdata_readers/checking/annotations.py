@@ -39,11 +39,20 @@ def _png_size(data: bytes) -> tuple[int, int] | str:
         return f"not a readable PNG ({error})"
 
 
+def _values_beyond(data: bytes, allowed: set[int]) -> list[int]:
+    """The pixel values of a (readable) mask PNG that are not in ``allowed``, a few at most."""
+    with Image.open(io.BytesIO(data), formats=("PNG",)) as image:
+        colours = image.getcolors(256) if image.mode in ("L", "P", "1") else None
+    # -1 stands for a mask that is not one band of at most 256 values.
+    held = {int(value) for _, value in colours if isinstance(value, int)} if colours else {-1}
+    return sorted(held - allowed)[:5]
+
+
 def annotation_problems(features: Any, info: DatasetInfo, size: tuple[int, int]) -> list[str]:
     """How an annotated record (its `features` map, its image `size` (width, height)) disagrees
     with the manifest: class ids out of range or naming another class than the record's text,
-    lists of different lengths, boxes outside [0, 1] or with no area, and masks of another size
-    than the image (or as many instance masks as objects)."""
+    lists of different lengths, boxes outside [0, 1] or with no area, masks of another size
+    than the image (or as many instance masks as objects), and instance masks that are not 0/1."""
     found = []
     problem = _names_problem(
         _values(features, "image/class/label"), _values(features, "image/class/text"), info, "image classes"
@@ -76,6 +85,9 @@ def annotation_problems(features: Any, info: DatasetInfo, size: tuple[int, int])
                 got = _png_size(png)
                 if got != size:
                     found.append(f"instance mask {index} is {got}, the image {size[0]}x{size[1]}")
+                    break
+                if values := _values_beyond(png, {0, 1}):
+                    found.append(f"instance mask {index} holds {values}, not only 0 and 1")
                     break
     if info.raw.get("annotations", {}).get("semantic_masks"):
         masks = _values(features, "image/segmentation/class/encoded")

@@ -44,6 +44,7 @@ LIST_DTYPES: dict[str, tf.DType] = {
     "image/object/bbox/xmax": tf.float32,
     "image/object/bbox/ymax": tf.float32,
     "image/object/class/label": tf.int64,
+    "image/object/is_crowd": tf.int64,
     "image/object/mask": tf.string,  # a PNG per object, with instance masks
 }
 # Output name -> feature key, for `with_metadata=True`.

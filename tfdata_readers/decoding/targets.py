@@ -4,8 +4,10 @@
   cross-entropy take it as it is);
 - detection: also `boxes`, float32 [max_boxes, 4] as (ymin, xmin, ymax, xmax) normalised to
   [0, 1] (TensorFlow's image ops' order), and `classes`, int64 [max_boxes], padded with -1 (as
-  KerasCV and KerasHub pad). An image with more than `max_boxes` objects keeps the first
-  `max_boxes`, and a line on stderr says how many were cut: never silently. With instance
+  KerasCV and KerasHub pad), and `is_crowd`, bool [max_boxes] (COCO's crowd regions, which
+  COCO's evaluation and most detectors' losses ignore; False as padding). An image with more
+  than `max_boxes` objects keeps the first `max_boxes`, and a line on stderr says how many were
+  cut: never silently. With instance
   masks, also `masks`, uint8 [max_boxes, H, W], each object's 0/1 mask (zeros as padding).
 """
 
@@ -19,7 +21,7 @@ __all__ = ["TARGET_NAMES", "annotation_targets", "list_keys", "stored_boxes"]
 
 TARGET_NAMES = {
     "multi_label": ("labels",),
-    "detection": ("boxes", "classes", "labels"),
+    "detection": ("boxes", "classes", "is_crowd", "labels"),
     "segmentation": ("mask",),
 }
 _BOX_KEYS = tuple(f"image/object/bbox/{side}" for side in ("xmin", "ymin", "xmax", "ymax"))
@@ -28,7 +30,7 @@ _BOX_KEYS = tuple(f"image/object/bbox/{side}" for side in ("xmin", "ymin", "xmax
 def list_keys(task: str, *, instance_masks: bool = False) -> list[str]:
     """The list features a task's targets are made from (a semantic mask is one string, not a list)."""
     if task == "detection":
-        return ["image/class/label", *_BOX_KEYS, "image/object/class/label"] + (
+        return ["image/class/label", *_BOX_KEYS, "image/object/class/label", "image/object/is_crowd"] + (
             ["image/object/mask"] if instance_masks else []
         )
     return ["image/class/label"]
@@ -62,8 +64,10 @@ def annotation_targets(
     if boxes is None:
         return {"labels": labels}
     classes = features["image/object/class/label"]
+    crowd = features["image/object/is_crowd"]
     if kept is not None:
         classes = tf.gather(classes, kept)
+        crowd = tf.gather(crowd, kept)
     count = tf.shape(classes)[0]
 
     def report_cut() -> tf.Tensor:
@@ -87,9 +91,11 @@ def annotation_targets(
     padding = max_boxes - kept
     boxes = tf.pad(boxes[:kept], [[0, padding], [0, 0]])
     classes = tf.pad(classes[:kept], [[0, padding]], constant_values=-1)
+    crowd = tf.pad(crowd[:kept], [[0, padding]]) > 0
     targets = {
         "boxes": tf.ensure_shape(boxes, [max_boxes, 4]),
         "classes": tf.ensure_shape(classes, [max_boxes]),
+        "is_crowd": tf.ensure_shape(crowd, [max_boxes]),
         "labels": labels,
     }
     if instance_masks is not None:  # [K, H, W] of the kept objects, in the boxes' order

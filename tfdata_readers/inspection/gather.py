@@ -24,6 +24,9 @@ from tfdata_readers.sources.classes import class_counts
 from tfdata_readers.sources.manifest import DatasetInfo, read_manifest
 from tfdata_readers.sources.records import tensorflow_reason
 
+# The mask id of the converter's letterbox bars (--resize_mode pad): "ignore", not a class.
+PAD_CLASS_ID = 255
+
 __all__ = [
     "DeadLetterGroup",
     "Inspection",
@@ -292,6 +295,11 @@ def _label_of(labels: Any, meta: dict, i: int, info: DatasetInfo) -> dict[str, A
     (its first class's id; -1 for none)."""
     if info.task == "classification":
         return {"label_id": int(labels[i]), "label": meta["label_text"][i].numpy().decode()}
+    if info.task == "segmentation":
+        # Its labels are its mask, whose ids are the user's own numbers: the tile names the ids it
+        # holds (255 is the padding's "ignore").
+        ids = [int(v) for v in np.unique(labels[i].numpy()) if v != PAD_CLASS_ID]
+        return {"label_id": ids[0] if ids else -1, "label": "mask ids " + "+".join(map(str, ids)) if ids else "(none)"}
     hot = (labels["labels"] if isinstance(labels, dict) else labels)[i].numpy()
     ids = [index for index, value in enumerate(hot) if value > 0]
     return {"label_id": ids[0] if ids else -1, "label": "+".join(info.label_names[j] for j in ids) or "(none)"}
