@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any, Literal, TypeGuard
 
@@ -128,6 +129,16 @@ class ReadConfig:
         evaluation (for RAW one vectorised op), per element for training (crops differ in size).
       max_boxes: a detection dataset's boxes and classes are padded (classes with -1) to this
         many per image; an image with more has the rest cut, and a line on stderr says so.
+      cache_dir: a local folder through which an s3:// dataset's shards are read (required for
+        s3://; optional for gs://). Each shard is downloaded there (parallel ranged GETs, with
+        retries), checked against the manifest's sha256 before it is read, and shared with every
+        reader on the host that uses the same folder. Credentials, region and endpoint come from
+        the AWS default chain (`AWS_ENDPOINT_URL` for MinIO, R2 and other S3-compatible stores).
+      cache_limit_bytes: the most the cache folder holds; the least recently used shards that no
+        reader has open are removed to make room. It must hold the shards read at once
+        (`cycle_length` of them per reader) plus `cache_lookahead`.
+      cache_lookahead: how many shards beyond those being read are downloaded ahead, in the
+        order the reader will read them.
       image_size: (height, width) of the output images, or one int for a square (as the
         converter's `--image_size`). None: the size stored in the manifest.
       scale: factor applied to the float32 pixels; 1/255 gives [0, 1]. None keeps [0, 255].
@@ -231,6 +242,9 @@ class ReadConfig:
     data_service_timeout_s: float = 10.0
     class_weights: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
     max_boxes: int = 100
+    cache_dir: str | None = None
+    cache_limit_bytes: int = 16 * 2**30
+    cache_lookahead: int = 2
 
     def __post_init__(self) -> None:
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
@@ -238,7 +252,7 @@ class ReadConfig:
             raise ValueError("ReadConfig.cycle_length must be a positive int or None (got AUTOTUNE)")
         for name in ("num_parallel_reads", "num_parallel_calls", "prefetch"):
             _check_positive_or_autotune(name, getattr(self, name))
-        for name in ("block_length", "read_buffer_size", "shuffle_buffer_size", "max_boxes"):
+        for name in ("block_length", "read_buffer_size", "shuffle_buffer_size", "max_boxes", "cache_limit_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ReadConfig.{name} must be a positive int (got {value!r})")
@@ -293,6 +307,21 @@ class ReadConfig:
                 f"ReadConfig.data_service_timeout_s must be a finite number > 0 (got {self.data_service_timeout_s!r})"
             )
         object.__setattr__(self, "class_weights", _class_weights(self.class_weights))
+        if (
+            not isinstance(self.cache_lookahead, int)
+            or isinstance(self.cache_lookahead, bool)
+            or self.cache_lookahead < 0
+        ):
+            raise ValueError(f"ReadConfig.cache_lookahead must be an int >= 0 (got {self.cache_lookahead!r})")
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)) or "://" in os.fspath(self.cache_dir):
+                raise ValueError(f"ReadConfig.cache_dir must be a local folder (got {self.cache_dir!r})")
+            object.__setattr__(self, "cache_dir", os.path.abspath(os.fspath(self.cache_dir)))
+            if self.data_service is not None:
+                raise ValueError(
+                    "ReadConfig.cache_dir cannot be used with data_service: the service's workers read the shards, "
+                    "and this process's cache is not theirs"
+                )
         if not _is_optional_bool(self.drop_remainder):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
 

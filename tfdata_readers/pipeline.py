@@ -18,6 +18,8 @@ from tfdata_readers.decoding.parse import METADATA_KEYS, feature_spec, list_feat
 from tfdata_readers.decoding.targets import TARGET_NAMES, annotation_targets, stored_boxes
 from tfdata_readers.decoding.targets import list_keys as _list_keys
 from tfdata_readers.service import reading as service_reading
+from tfdata_readers.sources import storage
+from tfdata_readers.sources.cached_reading import CachedShards, shared_cache
 from tfdata_readers.sources.files import check_no_unlisted_shards, check_shards, old_version_note, share_for_pipeline
 from tfdata_readers.sources.manifest import MANIFEST_NAME, DatasetInfo, ImageInfo, current_version, load_manifest
 from tfdata_readers.sources.records import read_shard
@@ -314,11 +316,22 @@ def make_dataset(
     check_initial_epoch(initial_epoch)
     # The manifest resolves a local data_dir to an absolute path, once: the service's workers open
     # the shard paths in their own working directory, and this process may chdir between passes.
+    if storage.is_s3(os.fspath(data_dir)) and config.cache_dir is None:
+        raise ValueError(
+            f"cannot read {os.fspath(data_dir)} without a cache: TensorFlow has no s3:// filesystem, so its shards "
+            "are read through a local cache; give ReadConfig(cache_dir=..., cache_limit_bytes=...)"
+        )
     info = load_manifest(data_dir, version)
     data_dir = info.data_dir
     split_info = info.split(split)
     if not split_info.shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    # With a cache, each shard piece is read from a verified local copy (cached_reading.py).
+    through_cache = (
+        CachedShards(shared_cache(config.cache_dir, config.cache_limit_bytes), split_info.shards)
+        if config.cache_dir is not None
+        else None
+    )
     # ReadConfig normalises a mapping of weights to sorted pairs when it is made.
     weights = class_weight_table(cast("tuple[tuple[int, float], ...] | None", config.class_weights), info)
     task = info.task
@@ -399,10 +412,20 @@ def make_dataset(
     )
     shuffle_pieces = training and config.shuffle_files and len(pieces) > 1
 
-    def read_pieces(pieces_ds: tf.data.Dataset) -> tf.data.Dataset:
-        records = pieces_ds.interleave(
-            lambda path, count, skip, take, size: read_shard(
-                path,
+    cycle_length = config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH))
+    if through_cache is not None:
+        largest = max(s.bytes for s in split_info.shards)
+        if config.cache_limit_bytes < cycle_length * largest:
+            raise ValueError(
+                f"ReadConfig.cache_limit_bytes={config.cache_limit_bytes} cannot hold the {cycle_length} shards this "
+                f"reader has open at once (cycle_length; the largest shard of split {split!r} is {largest} bytes): "
+                f"raise it to at least {cycle_length * largest}, or lower cycle_length"
+            )
+
+    def read_piece(path: tf.Tensor, count: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, size: tf.Tensor):
+        def read(local: tf.Tensor) -> tf.data.Dataset:
+            return read_shard(
+                local,
                 count,
                 skip,
                 take,
@@ -412,10 +435,27 @@ def make_dataset(
                 # A service worker cannot call back into this process's Python to re-read the shard for
                 # TensorFlow's reason; the error still names the shard and the byte offset.
                 describe_errors=not service,
-            ),
-            cycle_length=config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH)),
+            )
+
+        if through_cache is None:
+            return read(path)
+        return through_cache.read_through(path, read)
+
+    def read_pieces(pieces_ds: tf.data.Dataset) -> tf.data.Dataset:
+        if through_cache is not None and config.cache_lookahead:
+            # The prefetch pulls the next pieces, in this pass's order, ahead of the interleave: their
+            # downloads start while the pieces before them are read.
+            pieces_ds = pieces_ds.map(lambda path, *rest: (through_cache.announce(path), *rest)).prefetch(
+                config.cache_lookahead
+            )
+        records = pieces_ds.interleave(
+            read_piece,
+            cycle_length=cycle_length,
             block_length=config.block_length,
-            num_parallel_calls=config.num_parallel_reads,
+            # Through the cache, the pieces open are exactly `cycle_length`: a parallel interleave also
+            # opens pieces ahead, whose leases could fill a small cache while the piece it waits for
+            # waits for room. Reading local copies one record at a time is not what limits speed.
+            num_parallel_calls=config.num_parallel_reads if through_cache is None else None,
             deterministic=deterministic,
         )  # (serialized, name)
         if config.skip_corrupt and batches_per_epoch is not None:

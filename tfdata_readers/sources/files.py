@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
+from tfdata_readers.sources import storage
 from tfdata_readers.sources.manifest import (
     VERSIONS_DIR,
     DatasetInfo,
@@ -50,9 +51,10 @@ def check_shards(shards: tuple[ShardInfo, ...], *, skip_corrupt: bool = False, m
     `old_version_note`).
     """
     for shard in shards:
-        if not tf.io.gfile.exists(shard.path):
-            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist{missing_note}")
-        size = tf.io.gfile.stat(shard.path).length
+        try:
+            size = storage.size(shard.path)
+        except FileNotFoundError:
+            raise ShardError(f"shard {shard.path} is listed in the manifest but does not exist{missing_note}") from None
         if size != shard.bytes:
             message = f"shard {shard.path} has {size} bytes; the manifest says {shard.bytes}"
             if not skip_corrupt:
@@ -99,7 +101,7 @@ def unlisted_shards(info: DatasetInfo, splits: Iterable[str] | None = None) -> l
     candidates = []
     for folder in folders:
         try:
-            names = tf.io.gfile.listdir(os.path.join(info.data_dir, folder) if folder else info.data_dir)
+            names = storage.listdir(os.path.join(info.data_dir, folder) if folder else info.data_dir)
         except tf.errors.NotFoundError:
             continue  # a missing shard's folder: the shard itself is reported as missing
         for name in sorted(names):

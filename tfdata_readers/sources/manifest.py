@@ -12,6 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.config import check_batch_size
+from tfdata_readers.sources import storage
 from tfdata_readers.sources.schemes import check_readable_location
 
 __all__ = [
@@ -185,18 +186,17 @@ def version_manifest_path(data_dir: str, version: int) -> str:
 def manifest_versions(data_dir: str) -> list[int]:
     """The versions that have a history manifest in DATA_DIR/versions/, ascending ([] without that folder)."""
     folder = os.path.join(data_dir, VERSIONS_DIR)
-    if not tf.io.gfile.isdir(folder):
+    if not storage.isdir(folder):
         return []
-    found = (_VERSION_FILE.match(name.rstrip("/")) for name in tf.io.gfile.listdir(folder))
+    found = (_VERSION_FILE.match(name.rstrip("/")) for name in storage.listdir(folder))
     return sorted(int(m[1]) for m in found if m and int(m[1]) >= 1)
 
 
 def _load_json(path: str) -> dict[str, Any]:
-    with tf.io.gfile.GFile(path, "r") as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
+    try:
+        raw = json.loads(storage.read_bytes(path).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         raise ValueError(f"{path} holds a JSON {type(raw).__name__}; expected an object")
     return raw
@@ -232,7 +232,7 @@ def _locate(data_dir: str, version: int | None) -> tuple[str, dict[str, Any]]:
     may not be written yet right after a commit).
     """
     root = os.path.join(data_dir, MANIFEST_NAME)
-    root_raw = _load_json(root) if tf.io.gfile.exists(root) else None
+    root_raw = _load_json(root) if storage.exists(root) else None
     if version is None:
         if root_raw is None:
             raise FileNotFoundError(f"no manifest at {root}; was the conversion job run into {data_dir!r}?")
@@ -241,7 +241,7 @@ def _locate(data_dir: str, version: int | None) -> tuple[str, dict[str, Any]]:
     if root_raw is not None and current == version:
         return root, root_raw
     path = version_manifest_path(data_dir, version)
-    if not tf.io.gfile.exists(path):
+    if not storage.exists(path):
         raise _not_found(data_dir, version, current)
     raw = _load_json(path)
     held = _versions_of(raw, path)[0]
@@ -254,7 +254,7 @@ def current_version(data_dir: str | os.PathLike[str]) -> int | None:
     """The version the root dataset_info.json holds now (1 for one written before versioning), None without one."""
     data_dir = os.fspath(data_dir)
     root = os.path.join(data_dir, MANIFEST_NAME)
-    if not tf.io.gfile.exists(root):
+    if not storage.exists(root):
         return None
     return _versions_of(_load_json(root), root)[0]
 
@@ -277,7 +277,9 @@ def history_files(data_dir: str) -> set[str]:
     return files
 
 
-def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) -> tuple[DatasetInfo, list[str]]:
+def read_manifest(
+    data_dir: str | os.PathLike[str], version: int | None = None, *, through_cache: bool = False
+) -> tuple[DatasetInfo, list[str]]:
     """(the parsed manifest, its structural problems): what `load_manifest` refuses, listed instead.
 
     `version`: None reads the current version (the root dataset_info.json); N reads the root if it
@@ -292,7 +294,7 @@ def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) 
     from its shard list.
     """
     data_dir = os.fspath(data_dir)
-    check_readable_location(data_dir)
+    check_readable_location(data_dir, through_cache=through_cache)
     check_version(version)
     if "://" not in data_dir:
         # Resolved once, here: every path the reader keeps (the manifest's, each shard's) is then
@@ -379,7 +381,7 @@ def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) 
 
 
 def load_manifest(data_dir: str | os.PathLike[str], version: int | None = None) -> DatasetInfo:
-    """Reads the manifest of `version` of `data_dir` (local path or gs://) and checks its structure.
+    """Reads the manifest of `version` of `data_dir` (local path, gs:// or s3://) and checks its structure.
 
     `version=None` (default) is the current version, `data_dir/dataset_info.json`; an int N is
     that version (the root if it is N, else `data_dir/versions/<N:08d>.json`), and a version with
@@ -391,7 +393,7 @@ def load_manifest(data_dir: str | os.PathLike[str], version: int | None = None) 
     `num_shards` differing from its shard list (see `read_manifest`), naming each problem. It
     reads only the manifest: what the shards hold is `verify`'s to check.
     """
-    info, problems = read_manifest(data_dir, version)
+    info, problems = read_manifest(data_dir, version, through_cache=True)
     if problems:
         raise ValueError(f"{info.manifest_path}: " + "; ".join(problems))
     return info

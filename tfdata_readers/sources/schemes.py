@@ -2,9 +2,10 @@
 
 The reader opens files with TensorFlow's own filesystems (`tf.io.gfile`, `TFRecordDataset`). In
 TensorFlow 2.21 those are local paths (and `file://`), `gs://` and `ram://`; there is no `s3://`
-(it moved to tensorflow-io, whose plugins stop at older TensorFlow versions). Left to TensorFlow,
-an `s3://` data dir fails deep inside the first file call with "File system scheme 's3' not
-implemented"; here it fails at once with what to do instead.
+(it moved to tensorflow-io, whose plugins stop at older TensorFlow versions). `make_dataset`,
+`steps_per_epoch` and `class_counts` read `s3://` all the same: the manifest through boto3
+(storage.py) and the shards through a verified local cache (shard_cache.py). What does not read
+it yet (`verify`, `inspect`) fails at once with what to do instead, never deep inside a file call.
 """
 
 from __future__ import annotations
@@ -35,20 +36,24 @@ def _registered_schemes() -> set[str]:
         return set()
 
 
-def check_readable_location(data_dir: str | os.PathLike[str]) -> None:
-    """Raises ValueError naming the alternatives when TensorFlow has no filesystem for ``data_dir``.
+def check_readable_location(data_dir: str | os.PathLike[str], *, through_cache: bool = False) -> None:
+    """Raises ValueError naming the alternatives when the reader cannot open ``data_dir``.
 
-    Local paths and every scheme TensorFlow has registered (gs://, file://, ram://) pass.
+    Local paths and every scheme TensorFlow has registered (gs://, file://, ram://) pass, and
+    s3:// too with ``through_cache`` (a caller that reads its shards through the cache).
     """
     path = os.fspath(data_dir)
     scheme, sep, _ = path.partition("://")
     if not sep:
         return
     scheme = scheme.lower()
+    if scheme in _S3_LIKE and through_cache:
+        return
     if scheme in _S3_LIKE:
         raise ValueError(
             f"cannot read {path}: TensorFlow {tf.__version__} has no {scheme}:// filesystem (tensorflow-io's, "
-            f"which had one, does not support this TensorFlow); {_ALTERNATIVES.format(path=path)}"
+            f"which had one, does not support this TensorFlow), and this command does not yet read it through "
+            f"the reader's cache (make_dataset does, with ReadConfig.cache_dir); {_ALTERNATIVES.format(path=path)}"
         )
     registered = _registered_schemes()
     if registered and scheme not in registered:

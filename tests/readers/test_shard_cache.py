@@ -1,0 +1,130 @@
+"""Reading through the shard cache: the same examples in the same order as reading the shards
+where they are, a cache that stays under its limit, a damaged shard named and never read, a
+killed download cleaned up, and readers in two processes sharing one cache folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tfdata_readers as tfr
+from tfdata_readers.sources.shard_cache import CacheFullError, ShardCache, ShardDigestError
+
+
+def _keys(data_dir, config: tfr.ReadConfig, **options) -> list[bytes]:
+    dataset = tfr.make_dataset(data_dir, "train", 5, config=config, with_metadata=True, **options)
+    return [key for _, _, meta in dataset for key in meta["key"].numpy()]
+
+
+def _shards(data_dir: pathlib.Path) -> list[dict]:
+    return json.loads((data_dir / "dataset_info.json").read_text())["splits"]["train"]["shards"]
+
+
+def test_reading_through_the_cache_yields_what_reading_in_place_yields(jpeg_dir, tmp_path):
+    for options in ({}, {"training": True, "seed": 7}):
+        direct = _keys(jpeg_dir, tfr.ReadConfig(), **options)
+        cached = _keys(jpeg_dir, tfr.ReadConfig(cache_dir=str(tmp_path / "cache")), **options)
+        assert cached == direct and len(direct) == 50
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix == ".tfrecord")
+    assert names == sorted(s["sha256"] + ".tfrecord" for s in _shards(jpeg_dir))
+
+
+def test_a_cache_smaller_than_the_dataset_stays_under_its_limit(jpeg_dir, tmp_path):
+    sizes = [s["bytes"] for s in _shards(jpeg_dir)]
+    limit = sum(sorted(sizes)[-2:]) + 1  # two shards at most: the dataset has four
+    config = tfr.ReadConfig(cache_dir=str(tmp_path / "c"), cache_limit_bytes=limit, cycle_length=1, cache_lookahead=1)
+    for epoch_seed in (1, 2):
+        keys = _keys(jpeg_dir, config, training=True, seed=epoch_seed)
+        assert len(keys) == 50 and len(set(keys)) == 50
+        held = sum(p.stat().st_size for p in (tmp_path / "c").iterdir() if p.suffix == ".tfrecord")
+        assert held <= limit
+
+
+def test_a_shard_whose_bytes_differ_from_the_manifest_is_named_and_never_read(jpeg_dir, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(jpeg_dir, damaged)
+    shard = damaged / _shards(damaged)[1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF  # a flipped bit in the last record's payload: same size, other bytes
+    shard.write_bytes(bytes(data))
+    config = tfr.ReadConfig(cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(Exception, match=rf"shard {shard}: its bytes have sha256 .* but the manifest says"):
+        _keys(damaged, config)
+    held = {p.name for p in (tmp_path / "cache").iterdir() if p.suffix in (".tfrecord", ".part")}
+    assert _shards(damaged)[1]["sha256"] + ".tfrecord" not in held and not [n for n in held if n.endswith(".part")]
+
+
+def test_a_killed_downloads_part_file_is_removed_and_a_shard_too_big_is_refused(jpeg_dir, tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 10**9)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    part = tmp_path / "c" / f".{'a' * 64}.123.{int(dead.stdout)}.ff.part"
+    part.write_bytes(b"x" * 123)
+    shard = _shards(jpeg_dir)[0]
+    path = cache.acquire(str(jpeg_dir / shard["file"]), shard["sha256"], shard["bytes"])
+    assert not part.exists() and pathlib.Path(path).read_bytes() == (jpeg_dir / shard["file"]).read_bytes()
+    cache.release(shard["sha256"])
+    with pytest.raises(CacheFullError, match="larger than the cache's limit"):
+        ShardCache(str(tmp_path / "small"), 10).acquire(str(jpeg_dir / shard["file"]), shard["sha256"], shard["bytes"])
+    with pytest.raises(ShardDigestError):
+        cache.acquire(str(jpeg_dir / shard["file"]), "0" * 64, shard["bytes"])
+    cache.close()
+
+
+def test_a_leased_shard_is_never_evicted(jpeg_dir, tmp_path):
+    shards = _shards(jpeg_dir)
+    limit = max(s["bytes"] for s in shards) * 2 + 1
+    first = ShardCache(str(tmp_path / "c"), limit, timeout_s=1)
+    second = ShardCache(str(tmp_path / "c"), limit, timeout_s=1)  # as another process sees the folder
+    a, b, c = shards[:3]
+    held = first.acquire(str(jpeg_dir / a["file"]), a["sha256"], a["bytes"])
+    second.acquire(str(jpeg_dir / b["file"]), b["sha256"], b["bytes"])
+    # Both leased and the folder full: the third waits, then says why, rather than evict one.
+    with pytest.raises(CacheFullError, match="stayed full of shards being read"):
+        second.acquire(str(jpeg_dir / c["file"]), c["sha256"], c["bytes"])
+    assert pathlib.Path(held).exists()
+    first.release(a["sha256"])
+    second.acquire(str(jpeg_dir / c["file"]), c["sha256"], c["bytes"])  # now a's copy makes room
+    assert not pathlib.Path(held).exists()
+    first.close()
+    second.close()
+
+
+_READER = """
+import sys, tfdata_readers as tfr
+config = tfr.ReadConfig(cache_dir=sys.argv[2], cache_limit_bytes=int(sys.argv[3]), cycle_length=2)
+ds = tfr.make_dataset(sys.argv[1], "train", 5, config=config, training=True, seed=int(sys.argv[4]), with_metadata=True)
+for epoch in range(2):
+    print(",".join(sorted(k.decode() for _, _, m in ds for k in m["key"].numpy())))
+"""
+
+
+def test_two_processes_share_one_cache_and_each_reads_every_example(jpeg_dir, tmp_path):
+    sizes = [s["bytes"] for s in _shards(jpeg_dir)]
+    limit = sum(sizes) - min(sizes) + 1  # not the whole dataset: the two readers evict under each other
+    script = tmp_path / "reader.py"
+    script.write_text(_READER)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    readers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(jpeg_dir), str(tmp_path / "cache"), str(limit), str(seed)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for seed in (1, 2)
+    ]
+    want = ",".join(sorted(k.decode() for k in _keys(jpeg_dir, tfr.ReadConfig())))
+    for reader in readers:
+        out, err = reader.communicate(timeout=600)
+        assert reader.returncode == 0, err[-3000:]
+        assert out.split() == [want, want]
+    held = sum(p.stat().st_size for p in (tmp_path / "cache").iterdir() if p.suffix == ".tfrecord")
+    assert held <= limit and np.isfinite(held)

@@ -1,0 +1,306 @@
+"""A bounded local cache of a remote dataset's shards, verified before use and shared by processes.
+
+TensorFlow 2.21 cannot open s3:// (schemes.py), and copying a whole dataset to local disk before
+training wastes the disk and the wait. The reader instead asks this cache for each shard when its
+turn comes (and announces the next ones ahead, so that they download while it reads):
+
+- **Content-addressed.** A shard is stored as ``<sha256>.tfrecord``, the digest the manifest
+  gives it. Shards are immutable (a new version writes new files), so a cached file never goes
+  stale, two datasets sharing a shard share its copy, and a file whose name is its digest is
+  checked once, when it is downloaded: its bytes are hashed before the atomic rename that
+  publishes it, and a mismatch is an error naming the shard, never data read.
+- **Atomic publication, one download.** A download goes to a ``.part`` file and is renamed into
+  place; a lock per shard (``flock``) makes a second process wait for the first's download
+  rather than fetch it again. A process killed mid-download leaves a ``.part`` file that the next
+  one removes (its pid is gone).
+- **Bounded, without evicting what is read.** Before a download, the least recently used shards
+  are removed until the new one fits under ``limit_bytes``. A shard being read is leased: its
+  reader holds a shared ``flock`` on it, and eviction removes only a file it can lock
+  exclusively, so no process (this one or another on the host) loses a shard it still reads.
+
+Downloads use boto3's managed transfer (parallel ranged GETs, retries): the library made for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tfdata_readers.sources import storage
+
+__all__ = ["CacheFullError", "ShardCache", "ShardDigestError"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".tfrecord"
+_PART = re.compile(r"^\.(?P<sha>[0-9a-f]{64})\.(?P<bytes>\d+)\.(?P<pid>\d+)\.[0-9a-f]+\.part$")
+_CHUNK = 8 * 2**20
+_WAIT_S = 0.05
+
+
+class ShardDigestError(IOError):
+    """A downloaded shard's bytes are not those the manifest's sha256 names."""
+
+
+class CacheFullError(IOError):
+    """The cache cannot make room: what is leased already fills it."""
+
+
+def _sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ShardCache:
+    """Shards of remote datasets as local files, under ``directory``, at most ``limit_bytes``.
+
+    ``acquire`` returns a verified local copy and leases it until ``release``; ``announce`` starts
+    a download in the background when there is room for it without evicting a leased shard.
+    """
+
+    def __init__(self, directory: str, limit_bytes: int, *, download_threads: int = 4, timeout_s: float = 600.0):
+        if limit_bytes <= 0:
+            raise ValueError(f"cache_limit_bytes must be positive (got {limit_bytes!r})")
+        self.directory = os.path.abspath(directory)
+        self.limit_bytes = int(limit_bytes)
+        self.timeout_s = timeout_s
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._leases: dict[str, tuple[int, int]] = {}  # sha256 -> (open fd holding LOCK_SH, count)
+        self._pending: dict[str, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=download_threads, thread_name_prefix="shard-cache")
+
+    # -- paths and locks ---------------------------------------------------------------------
+
+    def path_of(self, sha256: str) -> str:
+        """Where the shard whose digest is ``sha256`` lives once cached."""
+        return os.path.join(self.directory, sha256 + _SUFFIX)
+
+    @contextlib.contextmanager
+    def _flock(self, name: str, kind: int = fcntl.LOCK_EX) -> Iterator[None]:
+        fd = os.open(os.path.join(self.directory, name), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, kind)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def _lease(self, sha256: str) -> bool:
+        """Takes a shared lock on the cached file (True), or False when it is not (or no longer) there."""
+        with self._lock:
+            if sha256 in self._leases:
+                fd, count = self._leases[sha256]
+                self._leases[sha256] = (fd, count + 1)
+                return True
+        path = self.path_of(sha256)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino  # not evicted between the open and the lock
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            return False
+        os.utime(path)  # the recency that eviction orders by
+        with self._lock:
+            if sha256 in self._leases:  # another thread leased it meanwhile: keep one fd
+                other, count = self._leases[sha256]
+                self._leases[sha256] = (other, count + 1)
+                os.close(fd)
+            else:
+                self._leases[sha256] = (fd, 1)
+        return True
+
+    def release(self, sha256: str) -> None:
+        """Ends one lease of the shard: once none is left, eviction may remove it."""
+        with self._lock:
+            if sha256 not in self._leases:  # its acquire failed: the piece's error is the one to see
+                return
+            fd, count = self._leases[sha256]
+            if count > 1:
+                self._leases[sha256] = (fd, count - 1)
+                return
+            del self._leases[sha256]
+        os.close(fd)
+
+    # -- room --------------------------------------------------------------------------------
+
+    def _held_bytes(self) -> tuple[int, list[tuple[float, str, int]]]:
+        """(bytes the cache holds, counting downloads under way, [(last use, file, bytes)] of the
+        published shards). A dead process's part file is removed on the way."""
+        total, shards = 0, []
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if name.endswith(_SUFFIX) and not name.startswith("."):
+                try:
+                    stat = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                total += stat.st_size
+                shards.append((stat.st_mtime, name, stat.st_size))
+            elif match := _PART.match(name):
+                if _alive(int(match["pid"])):
+                    total += int(match["bytes"])
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+        return total, sorted(shards)
+
+    def _evict_one(self, name: str) -> bool:
+        path = os.path.join(self.directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while any reader leases it
+        except OSError as error:
+            os.close(fd)
+            if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                os.unlink(path)
+                return True
+            return False
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _reserve(self, sha256: str, size: int, *, wait: bool) -> str | None:
+        """Makes room for ``size`` bytes and creates the part file that holds it (its name counts
+        it for every process); None when ``wait`` is False and there is no room now."""
+        if size > self.limit_bytes:
+            raise CacheFullError(
+                f"a shard of {size} bytes is larger than the cache's limit ({self.limit_bytes} bytes): "
+                "raise ReadConfig.cache_limit_bytes"
+            )
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            with self._flock(".cache.lock"):
+                total, shards = self._held_bytes()
+                for _, name, held in shards:
+                    if total + size <= self.limit_bytes:
+                        break
+                    if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
+                        total -= held
+                if total + size <= self.limit_bytes:
+                    part = os.path.join(self.directory, f".{sha256}.{size}.{os.getpid()}.{uuid.uuid4().hex}.part")
+                    open(part, "wb").close()  # noqa: SIM115 - created under the lock: counted from now on
+                    return part
+            if not wait:
+                return None
+            if time.monotonic() > deadline:
+                raise CacheFullError(
+                    f"the shard cache {self.directory} ({self.limit_bytes} bytes) stayed full of shards being "
+                    f"read for {self.timeout_s:.0f} s: raise ReadConfig.cache_limit_bytes to hold at least the "
+                    "shards every reader sharing it has open at once (cycle_length of each)"
+                )
+            time.sleep(_WAIT_S)
+
+    # -- downloads ---------------------------------------------------------------------------
+
+    def _download(self, uri: str, sha256: str, size: int, *, wait: bool) -> bool:
+        """Publishes a verified copy of ``uri`` (True), or False when ``wait`` is False and there
+        is no room now. One process downloads a shard at a time; the others wait and find it."""
+        with self._flock(f".{sha256}.lock"):
+            if os.path.exists(self.path_of(sha256)):
+                return True
+            part = self._reserve(sha256, size, wait=wait)
+            if part is None:
+                return False
+            try:
+                self._fetch(uri, part)
+                got = _sha256_of(part)
+                if got != sha256:
+                    raise ShardDigestError(
+                        f"shard {uri}: its bytes have sha256 {got}, but the manifest says {sha256}: the shard was "
+                        "changed or damaged in storage; it is not read (python -m tfdata_readers.verify on a copy "
+                        "names what else differs, or re-convert)"
+                    )
+                actual = os.path.getsize(part)
+                if actual != size:  # equal digests make this unreachable; kept for a manifest edited by hand
+                    raise ShardDigestError(f"shard {uri}: {actual} bytes, the manifest says {size}")
+                with open(part, "rb") as handle:
+                    os.fsync(handle.fileno())
+                os.rename(part, self.path_of(sha256))  # atomic: a reader sees no file or the whole one
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(part)
+        return True
+
+    @staticmethod
+    def _fetch(uri: str, target: str) -> None:
+        if not storage.is_s3(uri):
+            import shutil  # pylint: disable=import-outside-toplevel
+
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+            with tf.io.gfile.GFile(uri, "rb") as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink, _CHUNK)
+            return
+        from boto3.s3.transfer import TransferConfig  # pylint: disable=import-outside-toplevel
+
+        bucket, key = storage.split_s3(uri)
+        config = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=8)
+        storage.s3_client().download_file(bucket, key, target, Config=config)
+
+    def announce(self, uri: str, sha256: str, size: int) -> None:
+        """Starts fetching a shard the reader will soon ask for, if there is room without evicting
+        a leased one (never blocks; a failure is left for ``acquire`` to raise)."""
+        with self._lock:
+            if sha256 in self._pending or os.path.exists(self.path_of(sha256)):
+                return
+            self._pending[sha256] = self._pool.submit(self._download, uri, sha256, size, wait=False)
+
+    def acquire(self, uri: str, sha256: str, size: int) -> str:
+        """The local path of a verified copy of the shard ``uri``, leased until ``release(sha256)``."""
+        with self._lock:
+            pending = self._pending.pop(sha256, None)
+        if pending is not None:
+            with contextlib.suppress(Exception):  # its error, if any, comes again from the download below
+                pending.result()
+        for _ in range(100):
+            if self._lease(sha256):
+                return self.path_of(sha256)
+            self._download(uri, sha256, size, wait=True)
+        raise CacheFullError(f"shard {uri} was evicted again and again before it could be read")  # a thrashing cache
+
+    def close(self) -> None:
+        """Stops background downloads and ends every lease."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            leases, self._leases = self._leases, {}
+        for fd, _ in leases.values():
+            os.close(fd)

@@ -1,0 +1,123 @@
+"""The few file calls the reader makes outside its tf.data graph, on any storage it reads.
+
+TensorFlow's filesystems (`tf.io.gfile`) cover local paths, `file://` and `gs://`, and the reader
+uses them there. TensorFlow 2.21 has no `s3://` filesystem, so for an S3 (or S3-compatible) data
+dir these calls go to boto3, the AWS SDK, with its default credential chain and endpoint
+(`AWS_ENDPOINT_URL` for MinIO, R2 and the like). The shards themselves are read from a verified
+local copy (shard_cache.py): TensorFlow's readers never see an s3:// path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import posixpath
+
+import tensorflow as tf
+
+__all__ = ["S3_SCHEMES", "exists", "is_s3", "isdir", "listdir", "read_bytes", "s3_client", "size", "split_s3"]
+
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
+def is_s3(path: str) -> bool:
+    """Whether ``path`` is an S3 URI (s3://, or Hadoop's s3a:// and s3n:// spellings of it)."""
+    return path.lower().startswith(S3_SCHEMES)
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """(bucket, key) of an S3 URI."""
+    rest = uri.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{uri} names no bucket")
+    return bucket, key
+
+
+@functools.cache
+def _client_for(pid: int):  # noqa: ANN202 - boto3's client class is made at run time
+    del pid  # a key only: a client is not shared with a forked child
+    try:
+        import boto3  # pylint: disable=import-outside-toplevel
+        from botocore.config import Config  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        raise ImportError(
+            "reading s3:// needs boto3: pip install 'images-to-tfrecords[aws]' (or pip install boto3)"
+        ) from error
+    # Standard retries: throttling and dropped connections are retried with backoff, by the SDK.
+    config = Config(retries={"max_attempts": 10, "mode": "standard"}, max_pool_connections=32)
+    return boto3.session.Session().client("s3", config=config)
+
+
+def s3_client():  # noqa: ANN201
+    """This process's S3 client: credentials, region and endpoint from the AWS default chain
+    (environment, ~/.aws, instance roles; ``AWS_ENDPOINT_URL`` for S3-compatible stores)."""
+    return _client_for(os.getpid())
+
+
+def _missing(error: Exception) -> bool:
+    response = getattr(error, "response", None) or {}
+    return str(response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound")
+
+
+def exists(path: str) -> bool:
+    """Whether a file exists at ``path``."""
+    if not is_s3(path):
+        return tf.io.gfile.exists(path)
+    try:
+        size(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def size(path: str) -> int:
+    """The byte size of the file at ``path``; FileNotFoundError names it when there is none."""
+    if not is_s3(path):
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(path)
+        return tf.io.gfile.stat(path).length
+    bucket, key = split_s3(path)
+    try:
+        return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as error:
+        if _missing(error):
+            raise FileNotFoundError(path) from None
+        raise
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file at ``path`` (a manifest: small)."""
+    if not is_s3(path):
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            return handle.read()
+    bucket, key = split_s3(path)
+    try:
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    except Exception as error:
+        if _missing(error):
+            raise FileNotFoundError(path) from None
+        raise
+
+
+def listdir(path: str) -> list[str]:
+    """The names directly under the folder ``path`` (sub-folders end with "/", as tf.io.gfile's)."""
+    if not is_s3(path):
+        return tf.io.gfile.listdir(path)
+    bucket, key = split_s3(path)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    names = []
+    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
+    for page in pages:
+        names += [posixpath.basename(o["Key"]) for o in page.get("Contents", []) if o["Key"] != prefix]
+        names += [p["Prefix"][len(prefix) :] for p in page.get("CommonPrefixes", [])]
+    return names
+
+
+def isdir(path: str) -> bool:
+    """Whether ``path`` is a folder (on S3: whether any key lies under it)."""
+    if not is_s3(path):
+        return tf.io.gfile.isdir(path)
+    bucket, key = split_s3(path)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    return bool(s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"))
