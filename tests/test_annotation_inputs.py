@@ -122,9 +122,9 @@ def test_a_malformed_polygon_is_refused_naming_the_annotation(polygons, message)
         )
 
 
-def test_a_polygon_of_fewer_than_three_points_adds_no_pixel_and_fails_nothing():
-    mask = instance_mask(
-        json.dumps([[1, 1, 5, 5]]),
+def _polygon_mask(polygons: list) -> np.ndarray:
+    return instance_mask(
+        json.dumps(polygons),
         (10, 10),
         upright=True,
         file_size=(10, 10),
@@ -133,7 +133,25 @@ def test_a_polygon_of_fewer_than_three_points_adds_no_pixel_and_fails_nothing():
         placement=place((10, 10), (10, 10), "stretch"),
         ref="annotation 7",
     )
-    assert mask.shape == (10, 10) and not mask.any()
+
+
+def test_a_polygon_of_fewer_than_three_points_adds_no_pixel_and_a_mask_of_none_is_refused():
+    square = [2, 2, 8, 2, 8, 8, 2, 8]
+    assert (_polygon_mask([[1, 1, 5, 5], square]) == _polygon_mask([square])).all()
+    for nothing in ([], [[1, 1, 5, 5]]):
+        with pytest.raises(BadInputError, match="annotation 7: its segmentation covers no pixel"):
+            _polygon_mask(nothing)
+
+
+@pytest.mark.parametrize("point", [(1e9, 5), (5, -1e12), (12, 5)])
+def test_a_polygon_point_beyond_the_image_is_refused_before_it_is_rasterised(point):
+    with pytest.raises(BadInputError, match=r"polygon #0 has the point .* outside the image, which is 10x10"):
+        _polygon_mask([[2, 2, *point, 8, 8, 2, 8]])
+    _polygon_mask([[-1, 0, 11, 0, 11, 10.5, 0, 10]])  # within a pixel of the edge: as labelling tools round
+
+
+def test_whole_numbers_written_as_floats_are_taken_in_an_rle():
+    _rle_mask({"size": [3.0, 4.0], "counts": [1.0, 11.0]})
 
 
 def test_coco_ids_written_as_text_still_join_their_image(pasted, tmp_path):
@@ -345,14 +363,27 @@ def _rle_mask(rle: dict) -> None:
     [
         ({"size": [3, 4], "counts": [2, 3]}, "runs adding up to 5 pixels, not the 12"),
         ({"size": [3, 4], "counts": [2, 30]}, "runs adding up to 32 pixels"),
-        ({"size": [3, 4], "counts": [14, -2]}, "runs adding up to 12"),  # a negative run
+        ({"size": [3, 4], "counts": [14, -2]}, "holding a negative run"),
+        ({"size": [3, 4], "counts": None}, "unreadable"),
+        ({"size": [3, 4]}, "a list of polygons or an RLE"),
         ({"size": [3, 4], "counts": "2"}, "runs adding up to 2 pixels"),  # compressed, too short
         ({"size": [3, 4], "counts": "~~~~~~~~"}, "unreadable"),  # not COCO's alphabet
         ({"size": [3, 4], "counts": "\x7f"}, "unreadable"),
         ({"size": [4, 3], "counts": [12]}, "its RLE is 3x4, the image 4x3"),
         ({"counts": [12]}, "needs its size"),
     ],
-    ids=["short", "long", "negative", "compressed-short", "garbage", "control", "other-size", "no-size"],
+    ids=[
+        "short",
+        "long",
+        "negative",
+        "null-counts",
+        "no-counts",
+        "compressed-short",
+        "garbage",
+        "control",
+        "other-size",
+        "no-size",
+    ],
 )
 def test_an_rle_that_does_not_cover_its_image_exactly_is_refused_before_it_is_decoded(rle, message):
     with pytest.raises(BadInputError, match=message):

@@ -444,6 +444,14 @@ def test_coco_instance_masks_from_polygons_and_rle_match_their_boxes(pasted, tmp
                 assert abs(rows.min() - y0 * 96) <= 1.5 and abs(rows.max() + 1 - y1 * 96) <= 1.5, (rows, y0, y1)
                 moved += 1
     assert moved >= len(images)
+    # inspect tints each object's mask by its class.
+    from tfdata_readers.inspection.gather import _annotations_of  # pylint: disable=import-outside-toplevel,protected-access
+
+    _, targets = next(iter(tfr.make_dataset(out, "train", 4, max_boxes=3, image_size=96)))
+    for i in range(4):
+        drawn = _annotations_of(targets, i, manifest)["mask"]
+        held = {int(c) + 1 for c in targets["classes"][i].numpy() if c >= 0}
+        assert drawn.shape == (96, 96) and set(np.unique(drawn)) - {0} <= held and drawn.any() == bool(held)
 
 
 def test_an_input_without_its_mask_or_with_another_images_mask_is_refused(pasted, tmp_path):

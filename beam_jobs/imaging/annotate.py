@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from beam_jobs.errors import BadInputError, Stage
 from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_size
-from beam_jobs.imaging.masks import encode_mask_png, instance_mask
+from beam_jobs.imaging.masks import EDGE_TOLERANCE_PX, encode_mask_png, instance_mask
 from beam_jobs.records import Annotations, BoxObject
 
 __all__ = [
@@ -27,7 +27,7 @@ BAD_ANNOTATION = "bad_annotation"
 # Labelling tools round: a box that overshoots the image by up to one pixel is clipped to it (COCO
 # itself holds boxes whose x + width is the image width plus a fraction). Beyond that the box
 # belongs to another image size, and the image is refused rather than its box silently moved.
-EDGE_TOLERANCE_PX = 1.0
+# One value for boxes and polygons (masks.py defines it, for masks.py cannot import this module).
 # The frames annotations may be drawn in (--annotation_frame): AUTO tells by the sizes given.
 AUTO, STORED, UPRIGHT = "auto", "stored", "upright"
 ANNOTATION_FRAMES = (AUTO, STORED, UPRIGHT)

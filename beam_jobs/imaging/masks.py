@@ -27,6 +27,10 @@ __all__ = ["PAD_CLASS", "encode_mask_png", "instance_mask", "place_mask", "seman
 PAD_CLASS = 255
 BAD_ANNOTATION = "bad_annotation"
 
+# A point of a polygon may overshoot the image by this much (labelling tools round), as a box's
+# corner may (annotate.py takes this value for boxes).
+EDGE_TOLERANCE_PX = 1.0
+
 # The eight EXIF orientations on an H x W array (as decode.py turns the pixels).
 _TURNS = {
     2: lambda a: a[:, ::-1],
@@ -145,43 +149,66 @@ def _compressed_counts(text: str) -> list[int] | None:
     return counts
 
 
-def _check_rle(value: object, frame_size: tuple[int, int], ref: str) -> None:
-    """An RLE whose size is not its image's, or whose runs are not whole non-negative numbers that
-    add up to exactly its pixels, is refused before pycocotools decodes it (its decode would read
-    or write memory it does not own, and store whatever was there)."""
+def _whole_numbers(values: object) -> list[int] | None:
+    """A list of whole numbers (2 or 2.0; never a boolean) as ints, else None."""
+    if not isinstance(values, list):
+        return None
+    found = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+            return None
+        found.append(int(value))
+    return found
+
+
+def _check_rle(value: object, frame_size: tuple[int, int], ref: str) -> dict:
+    """The RLE ``value`` with whole-number counts and size as ints; one whose size is not its
+    image's, or whose runs are not whole non-negative numbers that add up to exactly its pixels,
+    is refused before pycocotools decodes it (its decode would read or write memory it does not
+    own, and store whatever was there)."""
     width, height = frame_size
-    size = value.get("size") if isinstance(value, dict) else None
-    counts = value.get("counts") if isinstance(value, dict) else None
-    if (
-        not isinstance(size, list)
-        or len(size) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
-    ):
+    if not isinstance(value, dict) or "counts" not in value:
         raise BadInputError(
-            Stage.PREPROCESS, BAD_ANNOTATION, f"{ref}: an RLE needs its size as [height, width] (got {size!r})"
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"{ref}: a segmentation is a list of polygons or an RLE, {{'size': [height, width], 'counts': ...}}",
+        )
+    size = _whole_numbers(value.get("size"))
+    if size is None or len(size) != 2:
+        raise BadInputError(
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"{ref}: an RLE needs its size as [height, width] (got {value.get('size')!r})",
         )
     if size != [height, width]:
         raise BadInputError(
             Stage.PREPROCESS, BAD_ANNOTATION, f"{ref}: its RLE is {size[1]}x{size[0]}, the image {width}x{height}"
         )
-    if isinstance(counts, str):
-        runs = _compressed_counts(counts)
-    elif isinstance(counts, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
-        runs = counts
+    counts = value["counts"]
+    runs = _compressed_counts(counts) if isinstance(counts, str) else _whole_numbers(counts)
+    if runs is None:
+        problem = "unreadable (a compressed string, or a list of whole numbers)"
+    elif any(run < 0 for run in runs):
+        problem = "holding a negative run"
+    elif sum(runs) != width * height:
+        problem = f"runs adding up to {sum(runs)} pixels"
     else:
-        runs = None
-    if runs is None or any(run < 0 for run in runs) or sum(runs) != width * height:
-        shown = "unreadable" if runs is None else f"runs adding up to {sum(runs)} pixels"
-        raise BadInputError(
-            Stage.PREPROCESS,
-            BAD_ANNOTATION,
-            f"{ref}: its RLE counts are {shown}, not the {width * height} pixels of a {width}x{height} image",
-        )
+        return {"size": size, "counts": counts if isinstance(counts, str) else runs}
+    raise BadInputError(
+        Stage.PREPROCESS,
+        BAD_ANNOTATION,
+        f"{ref}: its RLE counts are {problem}, not the {width * height} pixels of a {width}x{height} image",
+    )
 
 
-def _check_polygons(polygons: list, ref: str) -> None:
-    """Each polygon is a flat list of x, y numbers: an odd count or a non-number is refused (pycocotools
-    would drop the last number silently, or fail with an IndexError)."""
+def _check_polygons(polygons: list, ref: str, frame_size: tuple[int, int]) -> None:
+    """Each polygon is a flat list of x, y numbers inside the image: an odd count or a non-number is
+    refused (pycocotools would drop the last number silently, or fail with an IndexError), and so
+    is a point beyond the image's edge by more than EDGE_TOLERANCE_PX (it belongs to another image,
+    and pycocotools rasterises the polygon's whole extent: a point at 1e9 takes gigabytes)."""
+    width, height = frame_size
     for index, polygon in enumerate(polygons):
         if (
             not isinstance(polygon, list)
@@ -194,6 +221,15 @@ def _check_polygons(polygons: list, ref: str) -> None:
                 BAD_ANNOTATION,
                 f"{ref}: segmentation polygon #{index} ({shown}) must be a flat list of x, y numbers",
             )
+        for x, y in zip(polygon[::2], polygon[1::2], strict=True):
+            tol = EDGE_TOLERANCE_PX
+            if not (-tol <= x <= width + tol and -tol <= y <= height + tol):
+                raise BadInputError(
+                    Stage.PREPROCESS,
+                    BAD_ANNOTATION,
+                    f"{ref}: segmentation polygon #{index} has the point ({x:g}, {y:g}), outside the image, "
+                    f"which is {width}x{height} pixels",
+                )
 
 
 def instance_mask(
@@ -214,9 +250,9 @@ def instance_mask(
     width, height = frame_size
     value = json.loads(segmentation)
     if isinstance(value, list):
-        _check_polygons(value, ref)
+        _check_polygons(value, ref, (width, height))
     else:
-        _check_rle(value, (width, height), ref)
+        value = _check_rle(value, (width, height), ref)
     try:
         if isinstance(value, list):  # polygons
             # One of fewer than 3 points has no area (COCO holds a few): it adds no pixel, as in
@@ -236,6 +272,14 @@ def instance_mask(
             Stage.PREPROCESS,
             BAD_ANNOTATION,
             f"{ref}: its RLE is {array.shape[1]}x{array.shape[0]}, the image {width}x{height}",
+        )
+    if not array.any():
+        # An empty list, or only polygons of fewer than three points: the object would be stored
+        # with a mask of nothing, and trained as background, as with no segmentation at all.
+        raise BadInputError(
+            Stage.PREPROCESS,
+            BAD_ANNOTATION,
+            f"{ref}: its segmentation covers no pixel of the image, and the dataset holds masks",
         )
     if not upright:
         array = np.ascontiguousarray(_TURNS.get(orientation, lambda a: a)(array))

@@ -317,6 +317,13 @@ def _annotations_of(targets: Any, i: int, info: DatasetInfo) -> dict[str, Any]:
         if cls >= 0
     )
     mask = targets["mask"][i].numpy()[..., 0] if "mask" in targets else None
+    if mask is None and "masks" in targets:
+        # Instance masks, tinted by their object's class (id + 1: 0 is left untinted), later
+        # objects over earlier ones.
+        mask = np.zeros(targets["masks"].shape[2:], np.uint8)
+        for instance, cls in zip(targets["masks"][i].numpy(), targets["classes"][i].numpy(), strict=True):
+            if cls >= 0:
+                mask[instance > 0] = min(int(cls) + 1, PAD_CLASS_ID - 1)
     return {"boxes": boxes, "mask": mask}
 
 
