@@ -40,6 +40,7 @@ from beam_jobs.command_line.run_summary import outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
 from beam_jobs.command_line.termination import (
     Terminated,
+    child_pids,
     interrupt_caught,
     on_stuck,
     sigterm_as_interrupt,
@@ -727,9 +728,11 @@ def _write_to(stream: TextIO, text: str) -> None:
         pass
 
 
-def _abandon(output_dir: str, lock: str, created: list[str], run_id: str | None = None) -> None:
+def _abandon(
+    output_dir: str, lock: str, created: list[str], run_id: str | None = None, spare: frozenset[int] = frozenset()
+) -> None:
     """What an interrupted run leaves, when the interrupt never reached run()'s own cleanup."""
-    _clean_up_interrupted(output_dir, run_id)
+    _clean_up_interrupted(output_dir, run_id, spare)
     for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
         try:
             names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
@@ -740,7 +743,7 @@ def _abandon(output_dir: str, lock: str, created: list[str], run_id: str | None 
     _remove_created(created)
 
 
-def _clean_up_interrupted(output_dir: str, run_id: str | None = None) -> None:
+def _clean_up_interrupted(output_dir: str, run_id: str | None = None, spare: frozenset[int] = frozenset()) -> None:
     """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
 
     The workers die with the signal when it reached their process group (a terminal, `timeout`),
@@ -751,7 +754,7 @@ def _clean_up_interrupted(output_dir: str, run_id: str | None = None) -> None:
     """
     # The runner's threads that wait on each worker report its death as an uncaught exception;
     # termination.sigterm_as_interrupt's hook already logs those at DEBUG once interrupted.
-    stop_child_processes()
+    stop_child_processes(spare=spare)  # the processes that were the caller's before the run are not ended
     for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
         try:
             leftovers = [m.path for m in list_folder(folder) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
@@ -777,6 +780,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         help_parser().print_help()
         raise SystemExit(0)
     arguments, options = parse_job_arguments(argv)
+    spare = child_pids()  # the caller's own child processes: never the run's to end
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
     FileSystems.set_options(options)
@@ -796,7 +800,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
     try:
         lock = acquire_output_lock(output_dir)
-        on_stuck(lambda signum: _abandon(output_dir, lock, created, run_id))
+        on_stuck(lambda signum: _abandon(output_dir, lock, created, run_id, spare))
         on_stuck(
             lambda signum: say["now"](
                 _interrupted_line(argv, terminated=signum == signal.SIGTERM, state=state()) + "\n"
@@ -885,7 +889,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         if lock is not None:
             # Interrupted or failed (a full disk, a bad step): the workers a failing runner leaves
             # may still be writing; once they are ended, every temp file is a dead writer's.
-            _clean_up_interrupted(output_dir, run_id)
+            _clean_up_interrupted(output_dir, run_id, spare)
         if lock is not None:
             release_output_lock(lock)
         if run_id is not None:

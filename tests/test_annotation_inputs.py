@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -178,14 +180,22 @@ def test_a_coco_file_without_an_annotations_array_is_refused(pasted, tmp_path):
     coco["annotation"] = coco.pop("annotations")  # misspelt
     path = tmp_path / "misspelt.json"
     path.write_text(json.dumps(coco))
-    with pytest.raises(Exception, match="has no annotations"):  # the runner's error, holding the job's
-        beam_jobs.convert(
-            str(root),
-            coco_annotations=str(path),
-            annotation_frame="stored",
-            output_dir=str(tmp_path / "out"),
-            image_size=64,
-        )
+    # The caller's own child process (a notebook's server, say) outlives the failed run, whose
+    # cleanup ends the run's workers only.
+    caller_child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with pytest.raises(Exception, match="has no annotations"):  # the runner's error, holding the job's
+            beam_jobs.convert(
+                str(root),
+                coco_annotations=str(path),
+                annotation_frame="stored",
+                output_dir=str(tmp_path / "out"),
+                image_size=64,
+            )
+        assert caller_child.poll() is None
+    finally:
+        caller_child.kill()
+        caller_child.wait()
     assert not (tmp_path / "out" / "dataset_info.json").exists()
 
 

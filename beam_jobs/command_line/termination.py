@@ -8,7 +8,7 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
 import psutil
@@ -16,7 +16,15 @@ import psutil
 if TYPE_CHECKING:
     import types
 
-__all__ = ["Terminated", "interrupt_caught", "interrupted", "on_stuck", "sigterm_as_interrupt", "stop_child_processes"]
+__all__ = [
+    "Terminated",
+    "child_pids",
+    "interrupt_caught",
+    "interrupted",
+    "on_stuck",
+    "sigterm_as_interrupt",
+    "stop_child_processes",
+]
 
 _LOG = logging.getLogger(__name__)
 
@@ -182,7 +190,15 @@ def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[No
         os.close(write_fd)  # The listener reads EOF and ends (after any watch it is running).
 
 
-def stop_child_processes(*, grace_s: float = 5.0) -> list[int]:
+def child_pids() -> frozenset[int]:
+    """This process's children now: those a run must leave alone when it ends its own."""
+    try:
+        return frozenset(child.pid for child in psutil.Process().children())
+    except psutil.Error:
+        return frozenset()
+
+
+def stop_child_processes(*, grace_s: float = 5.0, spare: Collection[int] = ()) -> list[int]:
     """Ends this process's descendants (the local runner's SDK workers) and waits for them.
 
     After an interrupt they may still be writing a shard's temp file; their temp files can only be
@@ -190,9 +206,15 @@ def stop_child_processes(*, grace_s: float = 5.0) -> list[int]:
     psutil, because the workers are grandchildren (Beam starts them through a shell) that the
     runner's own threads wait for, so ``os.waitpid`` here would steal their exit status. Returns
     the pids of those that could not be ended (none, normally).
+
+    The children in ``spare`` (``child_pids()`` when the run began) and their descendants are not
+    the run's: a notebook's or a test's own servers live on.
     """
     try:
-        children = psutil.Process().children(recursive=True)
+        children = []
+        for child in psutil.Process().children():
+            if child.pid not in spare:
+                children += [child, *child.children(recursive=True)]
     except psutil.Error:
         return []
     for child in children:
