@@ -112,44 +112,36 @@ def test_a_coco_file_name_outside_the_image_root_is_refused_not_glued_onto_it(na
 )
 def test_a_malformed_polygon_is_refused_naming_the_annotation(polygons, message):
     with pytest.raises(BadInputError, match=message):
-        instance_mask(
-            json.dumps(polygons),
-            (10, 10),
-            upright=True,
-            file_size=(10, 10),
-            orientation=1,
-            decoded_size=(10, 10),
-            placement=place((10, 10), (10, 10), "stretch"),
-            ref="annotation 7",
-        )
+        _mask(polygons)
 
 
-def _polygon_mask(polygons: list) -> np.ndarray:
+def _mask(segmentation: list | dict, size: tuple[int, int] = (10, 10)) -> np.ndarray:
+    """A segmentation as instance_mask stores it, on an upright image of ``size`` kept as it is."""
     return instance_mask(
-        json.dumps(polygons),
-        (10, 10),
+        json.dumps(segmentation),
+        size,
         upright=True,
-        file_size=(10, 10),
+        file_size=size,
         orientation=1,
-        decoded_size=(10, 10),
-        placement=place((10, 10), (10, 10), "stretch"),
+        decoded_size=size,
+        placement=place(size, size, "stretch"),
         ref="annotation 7",
     )
 
 
 def test_a_polygon_of_fewer_than_three_points_adds_no_pixel_and_a_mask_of_none_is_refused():
     square = [2, 2, 8, 2, 8, 8, 2, 8]
-    assert (_polygon_mask([[1, 1, 5, 5], square]) == _polygon_mask([square])).all()
+    assert (_mask([[1, 1, 5, 5], square]) == _mask([square])).all()
     for nothing in ([], [[1, 1, 5, 5]]):
         with pytest.raises(BadInputError, match="annotation 7: its segmentation covers no pixel"):
-            _polygon_mask(nothing)
+            _mask(nothing)
 
 
 @pytest.mark.parametrize("point", [(1e9, 5), (5, -1e12), (12, 5)])
 def test_a_polygon_point_beyond_the_image_is_refused_before_it_is_rasterised(point):
     with pytest.raises(BadInputError, match=r"polygon #0 has the point .* outside the image, which is 10x10"):
-        _polygon_mask([[2, 2, *point, 8, 8, 2, 8]])
-    _polygon_mask([[-1, 0, 11, 0, 11, 10.5, 0, 10]])  # within a pixel of the edge: as labelling tools round
+        _mask([[2, 2, *point, 8, 8, 2, 8]])
+    _mask([[-1, 0, 11, 0, 11, 10.5, 0, 10]])  # within a pixel of the edge: as labelling tools round
 
 
 def test_whole_numbers_written_as_floats_are_taken_in_an_rle():
@@ -356,16 +348,7 @@ def _shard_bytes(out: pathlib.Path) -> dict[str, bytes]:
 
 
 def _rle_mask(rle: dict) -> None:
-    instance_mask(
-        json.dumps(rle),
-        (4, 3),
-        upright=True,
-        file_size=(4, 3),
-        orientation=1,
-        decoded_size=(4, 3),
-        placement=place((4, 3), (4, 3), "stretch"),
-        ref="annotation 7",
-    )
+    _mask(rle, (4, 3))
 
 
 @pytest.mark.parametrize(
@@ -406,16 +389,7 @@ def test_a_well_formed_rle_decodes_to_its_pixels():
     bitmap = np.asfortranarray(np.array([[0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]], np.uint8))
     encoded = coco_mask.encode(bitmap)
     for counts in (encoded["counts"].decode(), [1, 1, 1, 2, 1, 1, 4, 1]):
-        placed = instance_mask(
-            json.dumps({"size": [3, 4], "counts": counts}),
-            (4, 3),
-            upright=True,
-            file_size=(4, 3),
-            orientation=1,
-            decoded_size=(4, 3),
-            placement=place((4, 3), (4, 3), "stretch"),
-            ref="annotation 7",
-        )
+        placed = _mask({"size": [3, 4], "counts": counts}, (4, 3))
         assert (placed == bitmap).all(), (counts, placed)
 
 
