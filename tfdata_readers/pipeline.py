@@ -326,12 +326,6 @@ def make_dataset(
     split_info = info.split(split)
     if not split_info.shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    # With a cache, each shard piece is read from a verified local copy (cached_reading.py).
-    through_cache = (
-        CachedShards(shared_cache(config.cache_dir, config.cache_limit_bytes), split_info.shards)
-        if config.cache_dir is not None
-        else None
-    )
     # ReadConfig normalises a mapping of weights to sorted pairs when it is made.
     weights = class_weight_table(cast("tuple[tuple[int, float], ...] | None", config.class_weights), info)
     task = info.task
@@ -413,14 +407,17 @@ def make_dataset(
     shuffle_pieces = training and config.shuffle_files and len(pieces) > 1
 
     cycle_length = config.cycle_length or max(1, min(len(pieces), _MAX_AUTO_CYCLE_LENGTH))
-    if through_cache is not None:
-        largest = max(s.bytes for s in split_info.shards)
-        if config.cache_limit_bytes < cycle_length * largest:
-            raise ValueError(
-                f"ReadConfig.cache_limit_bytes={config.cache_limit_bytes} cannot hold the {cycle_length} shards this "
-                f"reader has open at once (cycle_length; the largest shard of split {split!r} is {largest} bytes): "
-                f"raise it to at least {cycle_length * largest}, or lower cycle_length"
-            )
+    # With a cache, each shard piece is read from a verified local copy (cached_reading.py).
+    through_cache = (
+        CachedShards(
+            shared_cache(config.cache_dir, config.cache_limit_bytes),
+            split_info.shards,
+            open_at_once=cycle_length,
+            where=f"split {split!r}",
+        )
+        if config.cache_dir is not None
+        else None
+    )
 
     def read_piece(path: tf.Tensor, count: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, size: tf.Tensor):
         def read(local: tf.Tensor) -> tf.data.Dataset:

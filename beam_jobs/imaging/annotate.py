@@ -10,7 +10,15 @@ from dataclasses import dataclass, replace
 
 from beam_jobs.errors import BadInputError, Stage
 from beam_jobs.imaging.geometry import Placement, map_box, orient_box, upright_size
-from beam_jobs.imaging.masks import EDGE_TOLERANCE_PX, encode_mask_png, instance_mask
+from beam_jobs.imaging.masks import (
+    ANNOTATION_FRAMES,
+    AUTO,
+    EDGE_TOLERANCE_PX,
+    STORED,
+    UPRIGHT,
+    encode_mask_png,
+    instance_mask,
+)
 from beam_jobs.records import Annotations, BoxObject
 
 __all__ = [
@@ -24,13 +32,6 @@ __all__ = [
 ]
 
 BAD_ANNOTATION = "bad_annotation"
-# Labelling tools round: a box that overshoots the image by up to one pixel is clipped to it (COCO
-# itself holds boxes whose x + width is the image width plus a fraction). Beyond that the box
-# belongs to another image size, and the image is refused rather than its box silently moved.
-# One value for boxes and polygons (masks.py defines it, for masks.py cannot import this module).
-# The frames annotations may be drawn in (--annotation_frame): AUTO tells by the sizes given.
-AUTO, STORED, UPRIGHT = "auto", "stored", "upright"
-ANNOTATION_FRAMES = (AUTO, STORED, UPRIGHT)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def drawn_upright(
                 Stage.PREPROCESS,
                 BAD_ANNOTATION,
                 f"the file's EXIF orientation {orientation} turns it within its own size "
-                f"({width_height(file_size)}), so the annotations' width and height cannot tell whether "
+                f"({file_size[0]}x{file_size[1]}), so the annotations' width and height cannot tell whether "
                 "its boxes are drawn on the image as shown or as stored: say which with "
                 "--annotation_frame upright (most labelling tools) or stored",
             )
@@ -115,11 +116,6 @@ def drawn_upright(
     if frame == AUTO:
         return False
     return frame == UPRIGHT
-
-
-def width_height(size: tuple[int, int]) -> str:
-    """(640, 480) as "640x480", as messages name a size."""
-    return f"{size[0]}x{size[1]}"
 
 
 def stored_objects(

@@ -27,9 +27,15 @@ __all__ = ["PAD_CLASS", "encode_mask_png", "instance_mask", "place_mask", "seman
 PAD_CLASS = 255
 BAD_ANNOTATION = "bad_annotation"
 
-# A point of a polygon may overshoot the image by this much (labelling tools round), as a box's
-# corner may (annotate.py takes this value for boxes).
+# Labelling tools round: a box's corner or a polygon's point that overshoots the image by up to
+# one pixel is taken (COCO itself holds boxes whose x + width is the image width plus a fraction).
+# Beyond that it belongs to another image size, and the image is refused rather than its
+# annotation silently moved. annotate.py uses it for boxes (it imports this module, not the reverse).
 EDGE_TOLERANCE_PX = 1.0
+# The frames annotations may be drawn in (--annotation_frame): AUTO tells by the sizes given
+# (annotate.drawn_upright).
+AUTO, STORED, UPRIGHT = "auto", "stored", "upright"
+ANNOTATION_FRAMES = (AUTO, STORED, UPRIGHT)
 
 # The eight EXIF orientations on an H x W array (as decode.py turns the pixels).
 _TURNS = {
@@ -44,7 +50,7 @@ _TURNS = {
 
 
 def _upright(
-    array: np.ndarray, file_size: tuple[int, int], orientation: int, what: str, frame: str = "auto"
+    array: np.ndarray, file_size: tuple[int, int], orientation: int, what: str, frame: str = AUTO
 ) -> np.ndarray:
     """A mask given in the file's stored frame, or already upright, as an upright array; a mask of
     neither size is refused (it belongs to another image). ``frame`` (--annotation_frame) "auto"
@@ -52,16 +58,16 @@ def _upright(
     convention); "stored" or "upright" says which, and a mask not of that frame's size is refused."""
     shape = (array.shape[1], array.shape[0])
     upright = upright_size(file_size, orientation)
-    if shape == file_size and frame in ("auto", "stored"):
+    if shape == file_size and frame in (AUTO, STORED):
         return np.ascontiguousarray(_TURNS.get(orientation, lambda a: a)(array))
-    if shape == upright and frame in ("auto", "upright"):
+    if shape == upright and frame in (AUTO, UPRIGHT):
         return array
     raise BadInputError(
         Stage.PREPROCESS,
         BAD_ANNOTATION,
         f"{what} is {shape[0]}x{shape[1]} but its image is {file_size[0]}x{file_size[1]}"
         + (f" ({upright[0]}x{upright[1]} upright)" if upright != file_size else "")
-        + ("" if frame == "auto" else f", and --annotation_frame {frame} reads it on the file as {frame}"),
+        + ("" if frame == AUTO else f", and --annotation_frame {frame} reads it on the file as {frame}"),
     )
 
 
@@ -99,7 +105,7 @@ def semantic_mask(
     orientation: int,
     decoded_size: tuple[int, int],
     placement: Placement,
-    frame: str = "auto",
+    frame: str = AUTO,
 ) -> np.ndarray:
     """A semantic mask file (PNG of class ids: mode L, or P whose palette indices are the ids, as
     Pascal VOC's) as the stored image's mask."""

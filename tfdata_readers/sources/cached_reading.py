@@ -3,8 +3,8 @@
 One Python call per shard piece (never per record): `local_path` maps a remote shard path to its
 cached copy when the piece's turn comes, `announce` starts the downloads of the pieces a prefetch
 holds ahead of the interleave (the order the reader reads them in, shuffled or not), and
-`read_through` reads a piece from the copy and ends its lease once its records are read. Everything after the path stays
-in TensorFlow's readers.
+`read_through` reads a piece from the copy and ends its lease once its records are read.
+Everything after the path stays in TensorFlow's readers.
 """
 
 from __future__ import annotations
@@ -34,9 +34,21 @@ def shared_cache(directory: str, limit_bytes: int) -> ShardCache:
 
 
 class CachedShards:
-    """The shards of one reader, as the cache serves them."""
+    """The shards of one reader, as the cache serves them.
 
-    def __init__(self, cache: ShardCache, shards: tuple[ShardInfo, ...]):
+    ``open_at_once`` is how many pieces the reader reads at once (its interleave's cycle): a
+    cache that cannot hold that many of its largest shards is refused here, at start-up, rather
+    than found full mid-epoch. ``where`` names the shards in that error ("split 'train'").
+    """
+
+    def __init__(self, cache: ShardCache, shards: tuple[ShardInfo, ...], *, open_at_once: int, where: str):
+        largest = max(s.bytes for s in shards)
+        if cache.limit_bytes < open_at_once * largest:
+            raise ValueError(
+                f"ReadConfig.cache_limit_bytes={cache.limit_bytes} cannot hold the {open_at_once} shards this "
+                f"reader has open at once (cycle_length; the largest shard of {where} is {largest} bytes): "
+                f"raise it to at least {open_at_once * largest}, or lower cycle_length"
+            )
         self._cache = cache
         self._shards = {s.path: s for s in shards}
 
