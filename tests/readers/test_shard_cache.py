@@ -128,3 +128,10 @@ def test_two_processes_share_one_cache_and_each_reads_every_example(jpeg_dir, tm
         assert out.split() == [want, want]
     held = sum(p.stat().st_size for p in (tmp_path / "cache").iterdir() if p.suffix == ".tfrecord")
     assert held <= limit and np.isfinite(held)
+
+
+def test_a_cache_too_small_for_the_shards_read_at_once_is_refused_at_start_up(jpeg_dir, tmp_path):
+    largest = max(s["bytes"] for s in _shards(jpeg_dir))
+    config = tfr.ReadConfig(cache_dir=str(tmp_path / "c"), cache_limit_bytes=2 * largest - 1, cycle_length=2)
+    with pytest.raises(ValueError, match=rf"cannot hold the 2 shards .* at least {2 * largest}, or lower cycle_length"):
+        tfr.make_dataset(jpeg_dir, "train", 5, config=config)
