@@ -74,8 +74,7 @@ def _batches_per_epoch(
     steps = num_examples // global_batch
     if not input_context:
         return 0 if steps == 0 else None  # 0: the caller refuses a split smaller than one global batch
-    replicas_per_pipeline = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
-    return steps * replicas_per_pipeline
+    return steps * _replicas_per_pipeline(input_context)
 
 
 def _require_records(records: tf.data.Dataset, needed: int, message: str) -> tf.data.Dataset:
@@ -160,6 +159,31 @@ def check_initial_epoch(initial_epoch: object) -> int:
     if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
         raise ValueError(f"initial_epoch must be an int >= 0 (got {initial_epoch!r})")
     return initial_epoch
+
+
+def check_initial_step(initial_step: object, *, training: bool, num_epochs: int | None, service: str | None) -> int:
+    """`initial_step` if it is an int (not a bool) >= 0 that this reader can resume at; else a ValueError."""
+    if not isinstance(initial_step, int) or isinstance(initial_step, bool) or initial_step < 0:
+        raise ValueError(f"initial_step must be an int >= 0 (got {initial_step!r})")
+    if initial_step and service:
+        raise ValueError(
+            "initial_step cannot be used with data_service: the service's workers read ahead of the trainer and "
+            "its jobs restart their passes, so a position in the epoch is not theirs to resume"
+        )
+    if initial_step and training and num_epochs is not None:
+        raise ValueError(
+            f"initial_step in training needs num_epochs=None (got {num_epochs!r}): it resumes the one stream of "
+            f"epochs such an iterator yields. With num_epochs=N each new iteration is the next N epochs, and "
+            f"only the first would start mid-epoch"
+        )
+    return initial_step
+
+
+def _replicas_per_pipeline(input_context: tf.distribute.InputContext | None) -> int:
+    """How many consecutive batches of one pipeline make one global step."""
+    if not input_context:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
 
 
 def class_weight_table(pairs: tuple[tuple[int, float], ...] | None, info: DatasetInfo) -> tf.Tensor | None:
@@ -273,6 +297,7 @@ def make_dataset(
     training: bool = False,
     seed: int | None = None,
     initial_epoch: int = 0,
+    initial_step: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     with_metadata: bool = False,
     config: ReadConfig | None = None,
@@ -290,7 +315,10 @@ def make_dataset(
     pass yields the same order. The epochs are numbered from `initial_epoch` (an int >= 0): the
     first pass of the first iteration is that epoch, and each pass after it the next, so a trainer
     resuming at epoch k (Keras `BackupAndRestore`, `fit(initial_epoch=k)`) gets exactly the order,
-    shuffles and crops an uninterrupted run had from epoch k on. See `ReadConfig` for exactly what
+    shuffles and crops an uninterrupted run had from epoch k on. `initial_step` (an int >= 0) resumes
+    within that epoch: the global steps of epoch `initial_epoch` already taken are skipped, by
+    reading their records without decoding them, so the batches that follow are exactly those an
+    uninterrupted run had next (see docs/reading.md, "Resuming mid-epoch"). See `ReadConfig` for exactly what
     a seed reproduces. `input_context` (from `distribute`) selects this pipeline's share of the
     data: a contiguous range of the split's records, equal to one record across pipelines.
     `options` override fields of `config` (see `ReadConfig`). `batch_size` is a positive int (not a
@@ -314,6 +342,7 @@ def make_dataset(
     check_batch_size("batch_size", batch_size)
     check_seed(seed)
     check_initial_epoch(initial_epoch)
+    check_initial_step(initial_step, training=training, num_epochs=config.num_epochs, service=config.data_service)
     # The manifest resolves a local data_dir to an absolute path, once: the service's workers open
     # the shard paths in their own working directory, and this process may chdir between passes.
     if storage.is_s3(os.fspath(data_dir)) and config.cache_dir is None:
@@ -378,6 +407,18 @@ def make_dataset(
             f"split {split!r} of {data_dir} has {split_info.num_examples} examples: fewer than one "
             f"{'global ' if input_context else ''}batch of {_global_batch(batch_size, input_context)}, so "
             f"drop_remainder=True leaves no batch to read; use a smaller batch or drop_remainder=False"
+        )
+    per_pass = batches_per_epoch
+    if per_pass is None:
+        per_pass = share.num_examples // batch_size if drop_remainder else math.ceil(share.num_examples / batch_size)
+    # Batches of this pipeline that the global steps already taken hold: each step is
+    # `_replicas_per_pipeline` consecutive batches of each pipeline.
+    skipped_batches = initial_step * _replicas_per_pipeline(input_context)
+    if skipped_batches and skipped_batches >= per_pass:
+        raise ValueError(
+            f"initial_step={initial_step} is not within an epoch of split {split!r} of {data_dir}: an epoch has "
+            f"{-(-per_pass // _replicas_per_pipeline(input_context))} steps of this batch size; resume at the "
+            f"next epoch with initial_epoch={initial_epoch + 1}, initial_step=0"
         )
     pipeline_id = share.pipeline_id
     # Without a seed, each dataset draws its own: the epochs still differ from one another.
@@ -558,8 +599,10 @@ def make_dataset(
     parallel = dict(num_parallel_calls=config.num_parallel_calls, deterministic=deterministic)
     step_group = service_reading.replicas_per_step(input_context) if service and training else 1
 
-    def decode(batches: tf.data.Dataset) -> tf.data.Dataset:
-        """(([B] serialized, [B] name), [2] epoch seed) batches of one pass -> the output batches."""
+    def decode(batches: tf.data.Dataset, skipped: tf.Tensor | int = 0) -> tf.data.Dataset:
+        """(([B] serialized, [B] name), [2] epoch seed) batches of one pass -> the output batches.
+
+        `skipped`: batches of the pass already skipped (resuming mid-epoch), so one fewer each to take."""
         if placement == "batch":
             # (image [B,H,W,C], label [B], {metadata})
             decoded = batches.map(
@@ -572,7 +615,7 @@ def make_dataset(
             decoded = elements.batch(batch_size, drop_remainder=drop_remainder).map(finish, **parallel)
         if batches_per_epoch is not None and not service:
             # Every pipeline yields the same number of batches per epoch, so their step counts agree.
-            decoded = decoded.take(batches_per_epoch)
+            decoded = decoded.take(batches_per_epoch - skipped)
         # Through the service in training, a global step's batches travel as one element of one
         # pass (see tfdata_readers.service.reading): otherwise a step could hold an example twice.
         return service_reading.group_steps(decoded, step_group)
@@ -597,34 +640,55 @@ def make_dataset(
                     ordered = _seeded_shuffle(piece_ds, len(pieces), _pass_seed(local_seed, epoch, _PIECES))
                 records = read_pieces(ordered)
             records = _seeded_shuffle(records, config.shuffle_buffer_size, _pass_seed(local_seed, epoch, _RECORDS))
+            # Resuming mid-epoch: the steps already taken are read, never decoded.
+            skipped = tf.where(tf.equal(epoch, initial_epoch), tf.constant(skipped_batches, tf.int64), 0)
+            if skipped_batches:
+                records = records.skip(skipped * batch_size)
             batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
             epoch_seed = _augment_seed(base_seed, epoch)  # [2], with each key it seeds an example's crop and flip
-            return decode(batches.map(lambda serialized, names: ((serialized, names), epoch_seed)))
+            return decode(batches.map(lambda serialized, names: ((serialized, names), epoch_seed)), skipped)
 
         dataset = _epoch_numbers(initial_epoch, config.num_epochs).flat_map(one_pass)
     else:
         records = read_pieces(piece_ds)
         if config.cache:
             records = records.cache()
-        batches = records.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
-        # An unused seed keeps one signature.
-        dataset = decode(batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64))))
-        if config.num_epochs != 1:
+
+        def eval_pass(skipped: int) -> tf.data.Dataset:
+            skipping = records.skip(skipped * batch_size) if skipped else records
+            batches = skipping.batch(batch_size, drop_remainder=drop_remainder)  # ([B] serialized, [B] name)
+            # An unused seed keeps one signature.
+            seeded = batches.map(lambda serialized, names: ((serialized, names), tf.zeros([2], tf.int64)))
+            return decode(seeded, skipped)
+
+        dataset = eval_pass(skipped_batches)
+        if skipped_batches and config.num_epochs != 1:
+            # Resuming mid-epoch: only the first pass starts part-way.
+            later = None if config.num_epochs is None else config.num_epochs - 1
+            dataset = dataset.concatenate(eval_pass(0).repeat(later))
+        elif config.num_epochs != 1:
             dataset = dataset.repeat(config.num_epochs)
-    per_pass = batches_per_epoch
-    if per_pass is None:
-        per_pass = share.num_examples // batch_size if drop_remainder else math.ceil(share.num_examples / batch_size)
     if not service and (not config.skip_corrupt or batches_per_epoch is not None):
         # The manifest knows the count; without it Keras shows no step total and warns that the
         # input "ran out of data" every epoch. Under skip_corrupt a pass may hold fewer batches,
         # unless `_require_records` holds the pipeline to its count.
-        total = tf.data.INFINITE_CARDINALITY if config.num_epochs is None else per_pass * config.num_epochs
+        total = (
+            tf.data.INFINITE_CARDINALITY
+            if config.num_epochs is None
+            else per_pass * config.num_epochs - initial_step * _replicas_per_pipeline(input_context)
+        )
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(total))
     dataset = dataset.prefetch(config.prefetch)
 
     tf_options = tf.data.Options()
     # Sharding is done above from the InputContext; TensorFlow must not shard again.
     tf_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # So that `tf.train.Checkpoint(iterator=...)` can save the iterator mid-epoch: by default it refuses
+    # any stateful op. Ours hold nothing the position depends on: the cache's lease calls (a restored
+    # piece leases its shard again, see cached_reading.py), the tally of skipped records, the
+    # counter that numbers a new iteration's epochs, and the shuffle's unused seed generator (every
+    # order is a function of the seed and the epoch, and the shuffle buffers are saved).
+    tf_options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     dataset = dataset.with_options(tf_options)
     if not service:
         return dataset

@@ -84,14 +84,18 @@ class CachedShards:
 
         The copy is asked for when the piece's first record is, not when the interleave makes the
         piece: the interleave makes its next pieces on one thread, and a download waiting there
-        for room would stop the reads that free it.
+        for room would stop the reads that free it. It is asked for inside the function that
+        builds the piece's reader, given the shard's own path: a checkpointed iterator keeps that
+        function's input, so one restored in a new process (whose cache may have lost the copy)
+        leases, downloads and verifies the shard again before its reader goes on from the saved
+        offset.
         """
 
         def release(p: tf.Tensor) -> bool:
             self._cache.release(self._shard(p).sha256)
             return False
 
-        records = tf.data.Dataset.from_tensors(path).map(self.local_path).flat_map(read)
+        records = tf.data.Dataset.from_tensors(path).flat_map(lambda p: read(self.local_path(p)))
         done = (
             tf.data.Dataset.from_tensors(path)
             .filter(lambda p: self._call(release, p, tf.bool))
