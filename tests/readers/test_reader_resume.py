@@ -80,7 +80,9 @@ def test_initial_step_resumes_mid_epoch_under_mirrored_strategy(jpeg_dir, tmp_pa
     assert stopped == whole[: 3 * global_batch]
     for replicas in (2, 3):
         out = str(tmp_path / f"r{replicas}.json")
-        resumed = _run(out, "step", str(jpeg_dir), gb, str(more), "--replicas", str(replicas), "--initial_step", "3", *flags)
+        resumed = _run(
+            out, "step", str(jpeg_dir), gb, str(more), "--replicas", str(replicas), "--initial_step", "3", *flags
+        )
         assert stopped + resumed == whole, f"resumed on {replicas} replicas"
     in_epoch = [key for key, _ in whole[: steps * global_batch]] if training else [key for key, _ in whole]
     assert len(set(in_epoch)) == len(in_epoch)
