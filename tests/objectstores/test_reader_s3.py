@@ -3,8 +3,14 @@ cache, and what training sees is what reading a local copy gives, example for ex
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -14,6 +20,7 @@ import tfdata_readers as tfr
 from beam_jobs.sample_data import make_photo_tree
 from tests.objectstores.conftest import local_files
 from tfdata_readers.sources import storage
+from tfdata_readers.sources.shard_cache import ShardCache
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -82,3 +89,68 @@ def test_a_shard_damaged_in_the_bucket_is_named_and_not_read(s3_dataset, minio, 
     minio.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
     with pytest.raises(Exception, match=rf"shard s3://{bucket}/{key}: its bytes have sha256"):
         _examples(s3_dataset, tfr.ReadConfig(cache_dir=str(tmp_path / "cache")))
+
+
+_DOWNLOAD_ONE = """
+import sys
+from tfdata_readers.sources.shard_cache import ShardCache
+ShardCache(sys.argv[1], 10**9).acquire(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+"""
+
+
+def test_a_download_killed_part_way_is_recovered_by_the_next_reader(s3_dataset, minio, tmp_path):
+    """A shard large enough to be caught mid-download: the process fetching it is SIGKILLed while its
+    part file grows; the next reader removes the part file and publishes a verified copy."""
+    blob = os.urandom(96 * 2**20)
+    bucket, prefix = storage.split_s3(s3_dataset)
+    uri = f"s3://{bucket}/{prefix}/big.tfrecord"
+    minio.client().put_object(Bucket=bucket, Key=f"{prefix}/big.tfrecord", Body=blob)
+    digest = hashlib.sha256(blob).hexdigest()
+    cache = tmp_path / "cache"
+    fetch = subprocess.Popen([sys.executable, "-c", _DOWNLOAD_ONE, str(cache), uri, digest, str(len(blob))])
+    deadline = time.monotonic() + 120
+    parts: list[pathlib.Path] = []
+    while time.monotonic() < deadline and not any(p.stat().st_size > 0 for p in parts if p.exists()):
+        assert fetch.poll() is None, "the download ended before it could be killed"
+        parts = list(cache.glob(".*.part")) if cache.exists() else []
+        time.sleep(0.01)
+    fetch.send_signal(signal.SIGKILL)
+    fetch.wait(timeout=60)
+    assert parts and not (cache / f"{digest}.tfrecord").exists()
+    shard_cache = ShardCache(str(cache), 10**9)
+    path = shard_cache.acquire(uri, digest, len(blob))
+    assert pathlib.Path(path).read_bytes() == blob
+    assert not list(cache.glob(".*.part"))
+    shard_cache.close()
+
+
+def test_distribute_on_s3_under_mirrored_strategy_reads_each_example_once_and_resumes(
+    s3_dataset, local_dataset, tmp_path
+):
+    """Two replicas over s3:// through the cache: the epoch a local copy gives, then the same epoch
+    stopped after 2 global steps and resumed on 3 replicas (initial_step) in a new process."""
+    check = pathlib.Path(__file__).resolve().parents[1] / "readers" / "resume_check.py"
+
+    def run(name: str, steps: int, replicas: int, initial_step: int) -> list[list[str]]:
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run(
+            [sys.executable, str(check), "step", str(out), s3_dataset, "6", str(steps), "--replicas", str(replicas),
+             "--initial_step", str(initial_step), "--training", "--cache", str(tmp_path / "cache")],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(out.read_text())
+
+    steps = tfr.steps_per_epoch(s3_dataset, "train", 6)
+    config = tfr.ReadConfig(dtype="uint8", num_epochs=None)
+    local = tfr.make_dataset(
+        local_dataset, "train", 6, config=config, with_metadata=True, training=True, seed=11, initial_epoch=1
+    )
+    want = [
+        [key.decode(), hashlib.sha1(image.tobytes()).hexdigest()]
+        for images, _, meta in local.take(steps)
+        for key, image in zip(meta["key"].numpy(), images.numpy(), strict=True)
+    ]
+    whole = run("whole", steps, 2, 0)
+    assert whole == want and len({key for key, _ in whole}) == len(whole)
+    assert run("stopped", 2, 2, 0) + run("resumed", steps - 2, 3, 2) == want
