@@ -154,3 +154,30 @@ def test_distribute_on_s3_under_mirrored_strategy_reads_each_example_once_and_re
     whole = run("whole", steps, 2, 0)
     assert whole == want and len({key for key, _ in whole}) == len(whole)
     assert run("stopped", 2, 2, 0) + run("resumed", steps - 2, 3, 2) == want
+
+
+def test_verify_and_inspect_read_s3_as_they_read_a_local_copy(s3_dataset, minio, local_dataset):
+    from tfdata_readers.inspection.gather import gather  # pylint: disable=import-outside-toplevel
+
+    assert tfr.verify(s3_dataset) == [] == tfr.verify(local_dataset)
+    remote, local = (
+        gather(s3_dataset, num_examples=8, augmented=True),
+        gather(local_dataset, num_examples=8, augmented=True),
+    )
+    assert remote.shards == local.shards and all(row.verified for row in remote.shards)
+    assert remote.class_counts == local.class_counts and remote.dead_letters == local.dead_letters
+    for split, sample in local.samples.items():
+        pairs = zip(remote.samples[split].examples, sample.examples, strict=True)
+        assert sample.examples and all(
+            a.key == b.key and (a.image == b.image).all() and (a.augmented == b.augmented).all() for a, b in pairs
+        )
+    # A shard damaged in the bucket: named by its s3:// path, the digest and the record that fails.
+    shard = json.loads((local_dataset / "dataset_info.json").read_text())["splits"]["train"]["shards"][0]
+    bucket, key = storage.split_s3(f"{s3_dataset}/{shard['file']}")
+    data = bytearray((local_dataset / shard["file"]).read_bytes())
+    data[-5] ^= 0xFF
+    minio.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    problems = [str(p) for p in tfr.verify(s3_dataset)]
+    assert problems[0].startswith(f"s3://{bucket}/{key}: sha256 ") and "manifest says" in problems[0]
+    assert any(p.startswith(f"s3://{bucket}/{key}: unreadable from record") for p in problems), problems
+    assert not gather(s3_dataset, num_examples=8).shards[0].verified

@@ -22,6 +22,7 @@ from tfdata_readers.decoding.parse import (
     record_problem,
 )
 from tfdata_readers.decoding.targets import list_keys
+from tfdata_readers.sources import storage
 from tfdata_readers.sources.files import unlisted_shards
 from tfdata_readers.sources.manifest import (
     MANIFEST_NAME,
@@ -130,16 +131,18 @@ def _read_records(
 def _check_shard(
     shard: ShardInfo, spec: Mapping[str, tf.io.FixedLenFeature], info: DatasetInfo | None = None
 ) -> list[ShardProblem]:
-    if not tf.io.gfile.exists(shard.path):
+    if not storage.exists(shard.path):
         return [ShardProblem(shard.path, "missing")]
     problems = []
-    size = tf.io.gfile.stat(shard.path).length
+    size = storage.size(shard.path)
     if size != shard.bytes:
         problems.append(ShardProblem(shard.path, f"{size} bytes, manifest says {shard.bytes}"))
-    sha = _sha256(shard.path)
-    if sha != shard.sha256:
-        problems.append(ShardProblem(shard.path, f"sha256 {sha}, manifest says {shard.sha256}"))
-    count, record_problems = _read_records(shard.path, spec, info)
+    # On S3 the shard is read from a temporary download: as it is, whatever its digest.
+    with storage.local_copy(shard.path) as local:
+        sha = _sha256(local)
+        if sha != shard.sha256:
+            problems.append(ShardProblem(shard.path, f"sha256 {sha}, manifest says {shard.sha256}"))
+        count, record_problems = _read_records(local, spec, info)
     problems.extend(ShardProblem(shard.path, p) for p in record_problems)
     # A shard cut at a record boundary reads without error: only the manifest's count shows the loss.
     if count >= 0 and count != shard.num_examples:
@@ -159,10 +162,9 @@ def _check_dead_letters(data_dir: str, raw: Mapping[str, Any], manifest_path: st
     if problem := relative_file_problem(name, "dead_letters_file"):
         return [ShardProblem(manifest_path, problem)]
     path = os.path.join(data_dir, name)
-    if not tf.io.gfile.exists(path):
+    if not storage.exists(path):
         return [ShardProblem(path, f"missing; {MANIFEST_NAME} names it and the format says it is always present")]
-    with tf.io.gfile.GFile(path, "r") as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+    lines = [line for line in storage.read_bytes(path).decode("utf-8").splitlines() if line.strip()]
     problems = []
     for number, line in enumerate(lines, start=1):
         try:

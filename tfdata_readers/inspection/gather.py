@@ -8,11 +8,13 @@ report can say what is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import heapq
 import json
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ import tensorflow as tf
 
 from tfdata_readers.checking.verification import verify
 from tfdata_readers.pipeline import make_dataset
+from tfdata_readers.sources import storage
 from tfdata_readers.sources.classes import class_counts
 from tfdata_readers.sources.manifest import DatasetInfo, read_manifest
 from tfdata_readers.sources.records import tensorflow_reason
@@ -149,21 +152,22 @@ def _counted_from_shards(info: DatasetInfo, split: str) -> dict[str, int]:
     """Labels counted from the records, for a manifest that predates class counts (corrupt records
     and missing shards are skipped: the shard table reports them)."""
     counts = dict.fromkeys(info.label_names, 0)
-    paths = [s.path for s in info.splits[split].shards if tf.io.gfile.exists(s.path)]
-    if not paths:
-        return counts
     spec = {"image/class/label": tf.io.FixedLenFeature([], tf.int64)}
-    labels = (
-        tf.data.TFRecordDataset(paths)
-        .ignore_errors()
-        .batch(1024)
-        .map(lambda b: tf.io.parse_example(b, spec)["image/class/label"])
-        .ignore_errors()
-    )
-    for batch in labels:
-        for label, n in zip(*np.unique(batch.numpy(), return_counts=True), strict=True):
-            if 0 <= label < len(info.label_names):
-                counts[info.label_names[label]] += int(n)
+    for shard in info.splits[split].shards:
+        if not storage.exists(shard.path):
+            continue
+        with storage.local_copy(shard.path) as path:  # on S3 a temporary download
+            labels = (
+                tf.data.TFRecordDataset(path)
+                .ignore_errors()
+                .batch(1024)
+                .map(lambda b: tf.io.parse_example(b, spec)["image/class/label"])
+                .ignore_errors()
+            )
+            for batch in labels:
+                for label, n in zip(*np.unique(batch.numpy(), return_counts=True), strict=True):
+                    if 0 <= label < len(info.label_names):
+                        counts[info.label_names[label]] += int(n)
     return counts
 
 
@@ -184,24 +188,23 @@ def _class_counts(info: DatasetInfo, data_dir: str) -> tuple[dict[str, dict[str,
 def _dead_letters(info: DatasetInfo, data_dir: str, first: int) -> tuple[tuple[DeadLetterGroup, ...], str | None]:
     name = info.raw.get("dead_letters_file", "dead_letters.jsonl")
     path = os.path.join(data_dir, str(name))
-    if not tf.io.gfile.exists(path):
+    if not storage.exists(path):
         return (), f"{name} is missing"
     groups: dict[str, list] = {}
     bad_lines = 0
-    with tf.io.gfile.GFile(path, "r") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-                reason, uri = str(entry["reason"]), str(entry["uri"])
-            except (ValueError, KeyError, TypeError):
-                bad_lines += 1
-                continue
-            group = groups.setdefault(reason, [0, []])
-            group[0] += 1
-            if len(group[1]) < first:
-                group[1].append(uri)
+    for line in storage.read_bytes(path).decode("utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            reason, uri = str(entry["reason"]), str(entry["uri"])
+        except (ValueError, KeyError, TypeError):
+            bad_lines += 1
+            continue
+        group = groups.setdefault(reason, [0, []])
+        group[0] += 1
+        if len(group[1]) < first:
+            group[1].append(uri)
     ordered = sorted(groups.items(), key=lambda item: (-item[1][0], item[0]))
     note = f"{bad_lines} line(s) of {name} are not dead letters" if bad_lines else None
     return tuple(DeadLetterGroup(reason, n, tuple(uris)) for reason, (n, uris) in ordered), note
@@ -217,6 +220,7 @@ def _read_sample(
     scan: int,
     augmented: bool,
     skip_corrupt: bool,
+    cache_dir: str | None = None,
 ) -> SplitSample:
     """The `size` examples with the smallest `sample_score` among the first `scan` records.
 
@@ -228,6 +232,8 @@ def _read_sample(
     common: dict[str, Any] = dict(
         with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
     )
+    if cache_dir is not None:
+        common["cache_dir"] = cache_dir  # s3://: the reader reads its shards through a cache
     if info.image.keeps_size:
         common["image_size"] = SHEET_SIZE  # images of their own sizes: shown at one size, centre-cropped
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
@@ -358,17 +364,21 @@ def gather(
     dead, dead_note = _dead_letters(info, data_dir, first_dead_letters)
     damaged = {row.split for row in shards if not row.verified}
     samples = {}
-    for split in splits or sorted(info.splits):
-        samples[split] = _read_sample(
-            data_dir,
-            split,
-            info,
-            size=num_examples,
-            seed=seed,
-            scan=scan,
-            augmented=augmented,
-            skip_corrupt=split in damaged,
-        )
+    with contextlib.ExitStack() as stack:
+        # On S3 the sample is read through a shard cache of its own, removed with the inspection.
+        cache_dir = stack.enter_context(tempfile.TemporaryDirectory()) if storage.is_s3(data_dir) else None
+        for split in splits or sorted(info.splits):
+            samples[split] = _read_sample(
+                data_dir,
+                split,
+                info,
+                size=num_examples,
+                seed=seed,
+                scan=scan,
+                augmented=augmented,
+                skip_corrupt=split in damaged,
+                cache_dir=cache_dir,
+            )
     return Inspection(
         data_dir=data_dir,
         info=info,

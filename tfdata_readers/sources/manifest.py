@@ -277,9 +277,7 @@ def history_files(data_dir: str) -> set[str]:
     return files
 
 
-def read_manifest(
-    data_dir: str | os.PathLike[str], version: int | None = None, *, through_cache: bool = False
-) -> tuple[DatasetInfo, list[str]]:
+def read_manifest(data_dir: str | os.PathLike[str], version: int | None = None) -> tuple[DatasetInfo, list[str]]:
     """(the parsed manifest, its structural problems): what `load_manifest` refuses, listed instead.
 
     `version`: None reads the current version (the root dataset_info.json); N reads the root if it
@@ -294,7 +292,7 @@ def read_manifest(
     from its shard list.
     """
     data_dir = os.fspath(data_dir)
-    check_readable_location(data_dir, through_cache=through_cache)
+    check_readable_location(data_dir)
     check_version(version)
     if "://" not in data_dir:
         # Resolved once, here: every path the reader keeps (the manifest's, each shard's) is then
@@ -393,7 +391,7 @@ def load_manifest(data_dir: str | os.PathLike[str], version: int | None = None) 
     `num_shards` differing from its shard list (see `read_manifest`), naming each problem. It
     reads only the manifest: what the shards hold is `verify`'s to check.
     """
-    info, problems = read_manifest(data_dir, version, through_cache=True)
+    info, problems = read_manifest(data_dir, version)
     if problems:
         raise ValueError(f"{info.manifest_path}: " + "; ".join(problems))
     return info

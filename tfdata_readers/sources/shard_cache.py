@@ -241,7 +241,7 @@ class ShardCache:
             if part is None:
                 return False
             try:
-                self._fetch(uri, part)
+                storage.download(uri, part)
                 got = _sha256_of(part)
                 if got != sha256:
                     raise ShardDigestError(
@@ -259,22 +259,6 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(part)
         return True
-
-    @staticmethod
-    def _fetch(uri: str, target: str) -> None:
-        if not storage.is_s3(uri):
-            import shutil  # pylint: disable=import-outside-toplevel
-
-            import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-            with tf.io.gfile.GFile(uri, "rb") as source, open(target, "wb") as sink:
-                shutil.copyfileobj(source, sink, _CHUNK)
-            return
-        from boto3.s3.transfer import TransferConfig  # pylint: disable=import-outside-toplevel
-
-        bucket, key = storage.split_s3(uri)
-        config = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=8)
-        storage.s3_client().download_file(bucket, key, target, Config=config)
 
     def announce(self, uri: str, sha256: str, size: int) -> None:
         """Starts fetching a shard the reader will soon ask for, if there is room without evicting

@@ -9,15 +9,32 @@ local copy (shard_cache.py): TensorFlow's readers never see an s3:// path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import posixpath
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 import tensorflow as tf
 
-__all__ = ["S3_SCHEMES", "exists", "is_s3", "isdir", "listdir", "read_bytes", "s3_client", "size", "split_s3"]
+__all__ = [
+    "S3_SCHEMES",
+    "download",
+    "exists",
+    "is_s3",
+    "isdir",
+    "listdir",
+    "local_copy",
+    "read_bytes",
+    "s3_client",
+    "size",
+    "split_s3",
+]
 
 S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+_CHUNK = 8 * 2**20
 
 
 def is_s3(path: str) -> bool:
@@ -121,3 +138,36 @@ def isdir(path: str) -> bool:
     bucket, key = split_s3(path)
     prefix = key.rstrip("/") + "/" if key.strip("/") else ""
     return bool(s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"))
+
+
+def download(uri: str, target: str) -> None:
+    """Copies the file ``uri`` to the local path ``target``: on S3 with boto3's managed transfer
+    (parallel ranged GETs, with retries), elsewhere with tf.io.gfile."""
+    if not is_s3(uri):
+        with tf.io.gfile.GFile(uri, "rb") as source, open(target, "wb") as sink:
+            shutil.copyfileobj(source, sink, _CHUNK)
+        return
+    from boto3.s3.transfer import TransferConfig  # pylint: disable=import-outside-toplevel
+
+    bucket, key = split_s3(uri)
+    config = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=8)
+    try:
+        s3_client().download_file(bucket, key, target, Config=config)
+    except Exception as error:
+        if _missing(error):
+            raise FileNotFoundError(uri) from None
+        raise
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A path TensorFlow's readers can open holding the bytes of ``path``: ``path`` itself unless it
+    is on S3, else a temporary download, removed on exit (for the checks that read a shard once,
+    as it is, whatever its digest: the shard cache keeps only verified copies)."""
+    if not is_s3(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="tfdata-readers-") as folder:
+        local = os.path.join(folder, posixpath.basename(split_s3(path)[1]) or "file")
+        download(path, local)
+        yield local
