@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         steps_per_epoch,
     )
     from tfdata_readers.sources.records import reset_skipped_records, skipped_records
+    from tfdata_readers.sources.storage import s3_store
 
 _HOMES = {
     "class_counts": "sources.classes",
@@ -47,6 +48,7 @@ _HOMES = {
     "make_dataset": "pipeline",
     "reset_skipped_records": "sources.records",
     "skipped_records": "sources.records",
+    "s3_store": "sources.storage",
     "ShardProblem": "checking.verification",
     "verify": "checking.verification",
 }
@@ -64,6 +66,7 @@ __all__ = [
     "make_dataset",
     "num_examples",
     "reset_skipped_records",
+    "s3_store",
     "skipped_records",
     "steps_per_epoch",
     "verify",

@@ -139,6 +139,10 @@ class ReadConfig:
         (`cycle_length` of them per reader) plus `cache_lookahead`.
       cache_lookahead: how many shards beyond those being read are downloaded ahead, in the
         order the reader will read them.
+      s3_endpoint_url: an s3:// dataset's endpoint ("http://127.0.0.1:9000" for MinIO, an R2
+        account's URL), instead of the AWS default chain's (`AWS_ENDPOINT_URL`, else AWS).
+      s3_profile: the named profile of ~/.aws whose credentials and region read an s3://
+        dataset, instead of the default chain's (`AWS_PROFILE`, the environment, instance roles).
       image_size: (height, width) of the output images, or one int for a square (as the
         converter's `--image_size`). None: the size stored in the manifest.
       scale: factor applied to the float32 pixels; 1/255 gives [0, 1]. None keeps [0, 255].
@@ -245,6 +249,8 @@ class ReadConfig:
     cache_dir: str | None = None
     cache_limit_bytes: int = 16 * 2**30
     cache_lookahead: int = 2
+    s3_endpoint_url: str | None = None
+    s3_profile: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
@@ -322,6 +328,11 @@ class ReadConfig:
                     "ReadConfig.cache_dir cannot be used with data_service: the service's workers read the shards, "
                     "and this process's cache is not theirs"
                 )
+        endpoint = self.s3_endpoint_url
+        if endpoint is not None and not (isinstance(endpoint, str) and endpoint.startswith(("http://", "https://"))):
+            raise ValueError(f"ReadConfig.s3_endpoint_url must be an http:// or https:// URL (got {endpoint!r})")
+        if self.s3_profile is not None and not (isinstance(self.s3_profile, str) and self.s3_profile.strip()):
+            raise ValueError(f"ReadConfig.s3_profile must be a profile name (got {self.s3_profile!r})")
         if not _is_optional_bool(self.drop_remainder):
             raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
 

@@ -8,8 +8,9 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from tfdata_readers.config import check_batch_size
-from tfdata_readers.pipeline import make_dataset
+from tfdata_readers.config import ReadConfig, check_batch_size
+from tfdata_readers.pipeline import make_dataset, s3_options
+from tfdata_readers.sources import storage
 from tfdata_readers.sources.manifest import load_manifest
 
 __all__ = ["CLASS_WEIGHT_WITH_DISTRIBUTE", "distribute", "global_steps"]
@@ -80,7 +81,10 @@ def distribute(
             f"{strategy.num_replicas_in_sync} replicas in sync"
         )
 
-    pinned = load_manifest(data_dir, version).version
+    fields = {name: value for name, value in options.items() if name in ReadConfig.__dataclass_fields__}
+    config = (options.get("config") or ReadConfig()).with_options(**fields)
+    with storage.using(s3_options(config)):  # each pipeline's make_dataset sets them again for itself
+        pinned = load_manifest(data_dir, version).version
     num_pipelines: list[int] = []  # as the strategy's InputContext says
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:

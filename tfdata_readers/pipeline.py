@@ -339,6 +339,44 @@ def make_dataset(
     workers and this dataset only fetches its batches (see `tfdata_readers.service.reading`).
     """
     config = (config or ReadConfig()).with_options(**options)
+    with storage.using(s3_options(config)):
+        return _make_dataset(
+            data_dir,
+            split,
+            batch_size,
+            training=training,
+            seed=seed,
+            initial_epoch=initial_epoch,
+            initial_step=initial_step,
+            input_context=input_context,
+            with_metadata=with_metadata,
+            config=config,
+            version=version,
+        )
+
+
+def s3_options(config: ReadConfig) -> storage.S3Options | None:
+    """The S3 store `config` names, None where it leaves both to the AWS default chain."""
+    if config.s3_endpoint_url is None and config.s3_profile is None:
+        return None
+    return storage.S3Options(endpoint_url=config.s3_endpoint_url, profile=config.s3_profile)
+
+
+def _make_dataset(
+    data_dir: str | os.PathLike[str],
+    split: str,
+    batch_size: int,
+    *,
+    training: bool,
+    seed: int | None,
+    initial_epoch: int,
+    initial_step: int,
+    input_context: tf.distribute.InputContext | None,
+    with_metadata: bool,
+    config: ReadConfig,
+    version: int | None,
+) -> tf.data.Dataset:
+    """`make_dataset` with its options resolved, its S3 store in effect."""
     check_batch_size("batch_size", batch_size)
     check_seed(seed)
     check_initial_epoch(initial_epoch)
@@ -451,7 +489,7 @@ def make_dataset(
     # With a cache, each shard piece is read from a verified local copy (cached_reading.py).
     through_cache = (
         CachedShards(
-            shared_cache(config.cache_dir, config.cache_limit_bytes),
+            shared_cache(config.cache_dir, config.cache_limit_bytes, s3_options(config)),
             split_info.shards,
             open_at_once=cycle_length,
             where=f"split {split!r}",

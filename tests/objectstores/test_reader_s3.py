@@ -181,3 +181,30 @@ def test_verify_and_inspect_read_s3_as_they_read_a_local_copy(s3_dataset, minio,
     assert problems[0].startswith(f"s3://{bucket}/{key}: sha256 ") and "manifest says" in problems[0]
     assert any(p.startswith(f"s3://{bucket}/{key}: unreadable from record") for p in problems), problems
     assert not gather(s3_dataset, num_examples=8).shards[0].verified
+
+
+def test_explicit_endpoint_and_profile_read_s3_without_the_environment(
+    s3_dataset, minio, local_dataset, tmp_path, monkeypatch
+):
+    """ReadConfig's s3_endpoint_url and s3_profile, and s3_store() for the calls without a ReadConfig,
+    stand in for AWS_ENDPOINT_URL and the keys in the environment."""
+    (tmp_path / "credentials").write_text(
+        f"[minio-test]\naws_access_key_id = {minio.access_key}\naws_secret_access_key = {minio.secret_key}\n"
+    )
+    (tmp_path / "config").write_text("[profile minio-test]\nregion = us-east-1\n")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    storage._client_for.cache_clear()  # pylint: disable=protected-access
+    config = tfr.ReadConfig(cache_dir=str(tmp_path / "cache"), s3_endpoint_url=minio.endpoint, s3_profile="minio-test")
+    assert _examples(s3_dataset, config, training=True, seed=2) == _examples(
+        local_dataset, tfr.ReadConfig(), training=True, seed=2
+    )
+    with tfr.s3_store(endpoint_url=minio.endpoint, profile="minio-test"):
+        assert tfr.steps_per_epoch(s3_dataset, "train", 4) == tfr.steps_per_epoch(local_dataset, "train", 4)
+        assert tfr.verify(s3_dataset) == []
+    with pytest.raises(
+        OSError, match=rf"cannot read {s3_dataset}/dataset_info.json from the S3 store at .*AWS_PROFILE"
+    ):
+        tfr.load_manifest(s3_dataset)  # without them: AWS itself, with no keys

@@ -16,20 +16,21 @@ import tensorflow as tf
 
 from tfdata_readers.sources.manifest import ShardInfo
 from tfdata_readers.sources.shard_cache import ShardCache
+from tfdata_readers.sources.storage import S3Options
 
 __all__ = ["CachedShards", "shared_cache"]
 
-_CACHES: dict[tuple[str, int], ShardCache] = {}
+_CACHES: dict[tuple[str, int, S3Options | None], ShardCache] = {}
 _CACHES_LOCK = threading.Lock()
 
 
-def shared_cache(directory: str, limit_bytes: int) -> ShardCache:
-    """This process's cache of ``directory``: every dataset read through one folder shares its
-    leases (one lock per shard file per process)."""
+def shared_cache(directory: str, limit_bytes: int, s3: S3Options | None = None) -> ShardCache:
+    """This process's cache of ``directory``: every dataset read through one folder (from one store)
+    shares its leases (one lock per shard file per process)."""
     with _CACHES_LOCK:
-        key = (directory, limit_bytes)
+        key = (directory, limit_bytes, s3)
         if key not in _CACHES:
-            _CACHES[key] = ShardCache(directory, limit_bytes)
+            _CACHES[key] = ShardCache(directory, limit_bytes, s3=s3)
         return _CACHES[key]
 
 

@@ -81,12 +81,21 @@ class ShardCache:
     a download in the background when there is room for it without evicting a leased shard.
     """
 
-    def __init__(self, directory: str, limit_bytes: int, *, download_threads: int = 4, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        directory: str,
+        limit_bytes: int,
+        *,
+        download_threads: int = 4,
+        timeout_s: float = 600.0,
+        s3: storage.S3Options | None = None,
+    ):
         if limit_bytes <= 0:
             raise ValueError(f"cache_limit_bytes must be positive (got {limit_bytes!r})")
         self.directory = os.path.abspath(directory)
         self.limit_bytes = int(limit_bytes)
         self.timeout_s = timeout_s
+        self._s3 = s3  # downloads run on other threads: the caller's S3 options are given, not inherited
         os.makedirs(self.directory, exist_ok=True)
         self._lock = threading.Lock()
         self._leases: dict[str, tuple[int, int]] = {}  # sha256 -> (open fd holding LOCK_SH, count)
@@ -241,7 +250,7 @@ class ShardCache:
             if part is None:
                 return False
             try:
-                storage.download(uri, part)
+                storage.download(uri, part, self._s3)
                 got = _sha256_of(part)
                 if got != sha256:
                     raise ShardDigestError(

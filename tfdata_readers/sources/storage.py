@@ -10,6 +10,8 @@ local copy (shard_cache.py): TensorFlow's readers never see an s3:// path.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import os
 import posixpath
@@ -21,6 +23,7 @@ import tensorflow as tf
 
 __all__ = [
     "S3_SCHEMES",
+    "S3Options",
     "download",
     "exists",
     "is_s3",
@@ -29,8 +32,10 @@ __all__ = [
     "local_copy",
     "read_bytes",
     "s3_client",
+    "s3_store",
     "size",
     "split_s3",
+    "using",
 ]
 
 S3_SCHEMES = ("s3://", "s3a://", "s3n://")
@@ -51,8 +56,43 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+@dataclasses.dataclass(frozen=True)
+class S3Options:
+    """What a reader says about its S3 store beyond the AWS default chain: an endpoint (MinIO, R2,
+    any S3-compatible store) and a named profile of ~/.aws (its credentials and region). None:
+    the chain's own (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, the environment, instance roles)."""
+
+    endpoint_url: str | None = None
+    profile: str | None = None
+
+
+# The options of the reader call under way in this thread (make_dataset, distribute): the manifest
+# and shard-list calls it makes read them here rather than through every signature. The shard
+# cache, which downloads on other threads, is given them explicitly.
+_OPTIONS: contextvars.ContextVar[S3Options | None] = contextvars.ContextVar("s3_options", default=None)
+
+
+@contextlib.contextmanager
+def using(options: S3Options | None) -> Iterator[None]:
+    """The S3 calls made in this block (on this thread) use ``options``."""
+    token = _OPTIONS.set(options)
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def s3_store(endpoint_url: str | None = None, profile: str | None = None) -> contextlib.AbstractContextManager[None]:
+    """``with s3_store(endpoint_url=..., profile=...):`` the reader calls that take no ReadConfig
+    (`load_manifest`, `steps_per_epoch`, `class_counts`, `verify`, ...) read s3:// from that store,
+    as a ReadConfig's `s3_endpoint_url` and `s3_profile` make `make_dataset` and `distribute` do."""
+    if endpoint_url is not None and not str(endpoint_url).startswith(("http://", "https://")):
+        raise ValueError(f"endpoint_url must be an http:// or https:// URL (got {endpoint_url!r})")
+    return using(S3Options(endpoint_url=endpoint_url, profile=profile))
+
+
 @functools.cache
-def _client_for(pid: int):  # noqa: ANN202 - boto3's client class is made at run time
+def _client_for(pid: int, options: S3Options):  # noqa: ANN202 - boto3's client class is made at run time
     del pid  # a key only: a client is not shared with a forked child
     try:
         import boto3  # pylint: disable=import-outside-toplevel
@@ -63,18 +103,41 @@ def _client_for(pid: int):  # noqa: ANN202 - boto3's client class is made at run
         ) from error
     # Standard retries: throttling and dropped connections are retried with backoff, by the SDK.
     config = Config(retries={"max_attempts": 10, "mode": "standard"}, max_pool_connections=32)
-    return boto3.session.Session().client("s3", config=config)
+    session = boto3.session.Session(profile_name=options.profile)
+    return session.client("s3", config=config, endpoint_url=options.endpoint_url)
 
 
-def s3_client():  # noqa: ANN201
-    """This process's S3 client: credentials, region and endpoint from the AWS default chain
-    (environment, ~/.aws, instance roles; ``AWS_ENDPOINT_URL`` for S3-compatible stores)."""
-    return _client_for(os.getpid())
+def s3_client(options: S3Options | None = None):  # noqa: ANN201
+    """This process's S3 client for ``options`` (by default those of the reader call under way):
+    credentials, region and endpoint from the AWS default chain (environment, ~/.aws, instance
+    roles; ``AWS_ENDPOINT_URL`` for S3-compatible stores) where the options say nothing."""
+    return _client_for(os.getpid(), options or _OPTIONS.get() or S3Options())
 
 
 def _missing(error: Exception) -> bool:
     response = getattr(error, "response", None) or {}
     return str(response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound")
+
+
+@contextlib.contextmanager
+def _s3_call(path: str) -> Iterator[None]:
+    """Names ``path`` and the store in an SDK error (no credentials, no endpoint, access denied);
+    a missing object becomes FileNotFoundError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except Exception as error:
+        if _missing(error):
+            raise FileNotFoundError(path) from None
+        if not type(error).__module__.startswith(("botocore", "boto3", "s3transfer")):
+            raise
+        endpoint = getattr(getattr(s3_client(), "meta", None), "endpoint_url", "?")
+        raise OSError(
+            f"cannot read {path} from the S3 store at {endpoint}: {error}. The store and identity are "
+            f"ReadConfig.s3_endpoint_url and s3_profile (tfdata_readers.s3_store() for calls without a ReadConfig), "
+            f"else the AWS default chain (AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws, instance roles)"
+        ) from error
 
 
 def exists(path: str) -> bool:
@@ -95,12 +158,8 @@ def size(path: str) -> int:
             raise FileNotFoundError(path)
         return tf.io.gfile.stat(path).length
     bucket, key = split_s3(path)
-    try:
+    with _s3_call(path):
         return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
-    except Exception as error:
-        if _missing(error):
-            raise FileNotFoundError(path) from None
-        raise
 
 
 def read_bytes(path: str) -> bytes:
@@ -109,12 +168,8 @@ def read_bytes(path: str) -> bytes:
         with tf.io.gfile.GFile(path, "rb") as handle:
             return handle.read()
     bucket, key = split_s3(path)
-    try:
+    with _s3_call(path):
         return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-    except Exception as error:
-        if _missing(error):
-            raise FileNotFoundError(path) from None
-        raise
 
 
 def listdir(path: str) -> list[str]:
@@ -124,10 +179,11 @@ def listdir(path: str) -> list[str]:
     bucket, key = split_s3(path)
     prefix = key.rstrip("/") + "/" if key.strip("/") else ""
     names = []
-    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-    for page in pages:
-        names += [posixpath.basename(o["Key"]) for o in page.get("Contents", []) if o["Key"] != prefix]
-        names += [p["Prefix"][len(prefix) :] for p in page.get("CommonPrefixes", [])]
+    with _s3_call(path):
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
+        for page in pages:
+            names += [posixpath.basename(o["Key"]) for o in page.get("Contents", []) if o["Key"] != prefix]
+            names += [p["Prefix"][len(prefix) :] for p in page.get("CommonPrefixes", [])]
     return names
 
 
@@ -137,10 +193,11 @@ def isdir(path: str) -> bool:
         return tf.io.gfile.isdir(path)
     bucket, key = split_s3(path)
     prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-    return bool(s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"))
+    with _s3_call(path):
+        return bool(s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"))
 
 
-def download(uri: str, target: str) -> None:
+def download(uri: str, target: str, options: S3Options | None = None) -> None:
     """Copies the file ``uri`` to the local path ``target``: on S3 with boto3's managed transfer
     (parallel ranged GETs, with retries), elsewhere with tf.io.gfile."""
     if not is_s3(uri):
@@ -151,12 +208,8 @@ def download(uri: str, target: str) -> None:
 
     bucket, key = split_s3(uri)
     config = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=8)
-    try:
+    with using(options or _OPTIONS.get()), _s3_call(uri):
         s3_client().download_file(bucket, key, target, Config=config)
-    except Exception as error:
-        if _missing(error):
-            raise FileNotFoundError(uri) from None
-        raise
 
 
 @contextlib.contextmanager
