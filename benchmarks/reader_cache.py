@@ -29,6 +29,8 @@ import tempfile
 import time
 import urllib.request
 
+from _photo_shards import photo_shards
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _EPOCH = """
@@ -106,18 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_shards", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from beam_jobs.sample_data import make_photo_tree  # pylint: disable=import-outside-toplevel
-
     work = args.work_dir
-    data = work / f"shards_{args.num_images}"
-    if not (data / "dataset_info.json").exists():
-        make_photo_tree(work / "photos", num_images=args.num_images, size=(500, 375), seed=0)
-        subprocess.run(
-            [sys.executable, "-m", "beam_jobs", "--input", str(work / "photos"), "--output_dir", str(data),
-             "--image_size", "224", "--num_shards", str(args.num_shards), "--splits", "train=1.0"],
-            check=True, cwd=REPO,
-        )  # fmt: skip
+    data = photo_shards(work, args.num_images, args.num_shards)
     keys = {"MINIO_ROOT_USER": "bench" + secrets.token_hex(4), "MINIO_ROOT_PASSWORD": "s" + secrets.token_hex(12)}
     shutil.rmtree(work / "minio", ignore_errors=True)
     server, endpoint = _start_minio(work / "minio", keys)

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from _photo_shards import photo_shards
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _RUN = """
@@ -66,18 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_shards", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from beam_jobs.sample_data import make_photo_tree  # pylint: disable=import-outside-toplevel
-
     work = args.work_dir
-    data = work / f"shards_{args.num_images}"
-    if not (data / "dataset_info.json").exists():
-        make_photo_tree(work / "photos", num_images=args.num_images, size=(500, 375), seed=0)
-        subprocess.run(
-            [sys.executable, "-m", "beam_jobs", "--input", str(work / "photos"), "--output_dir", str(data),
-             "--image_size", "224", "--num_shards", str(args.num_shards), "--splits", "train=1.0"],
-            check=True, cwd=REPO,
-        )  # fmt: skip
+    data = photo_shards(work, args.num_images, args.num_shards)
     half = args.num_images // 32 // 2
     ckpt = work / "checkpoint"
     times: dict[str, list[float]] = {"restart the epoch": [], "initial_step": [], "checkpoint": []}
