@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tfdata_readers as tfr
-from tfdata_readers.sources.shard_cache import CacheFullError, ShardCache, ShardDigestError
+from tfdata_readers.sources.shard_cache import CacheFullError, ShardCache, ShardCacheError, ShardDigestError
 
 
 def _keys(data_dir, config: tfr.ReadConfig, **options) -> list[bytes]:
@@ -135,3 +135,28 @@ def test_a_cache_too_small_for_the_shards_read_at_once_is_refused_at_start_up(jp
     config = tfr.ReadConfig(cache_dir=str(tmp_path / "c"), cache_limit_bytes=2 * largest - 1, cycle_length=2)
     with pytest.raises(ValueError, match=rf"cannot hold the 2 shards .* at least {2 * largest}, or lower cycle_length"):
         tfr.make_dataset(jpeg_dir, "train", 5, config=config)
+
+
+def test_the_cache_touches_only_what_it_put_in_its_folder(jpeg_dir, tmp_path):
+    """A user's own .tfrecord files, a folder named like a shard, and the temporary file a killed
+    download's SDK left beside its part file: only the last is the cache's to remove."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    mine = folder / "my-own.tfrecord"
+    mine.write_bytes(b"x" * 20000)
+    (folder / ("f" * 64 + ".tfrecord")).mkdir()
+    os.utime(mine, (0, 0))  # the oldest file in the folder: the first an LRU would take
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    sdk_temp = folder / f".{'a' * 64}.123.{int(dead.stdout)}.ff.part.e5de9883"
+    sdk_temp.write_bytes(b"x" * 123)
+    sizes = [s["bytes"] for s in _shards(jpeg_dir)]
+    config = tfr.ReadConfig(cache_dir=str(folder), cache_limit_bytes=max(sizes) + 1, cycle_length=1, cache_lookahead=0)
+    assert len(_keys(jpeg_dir, config)) == 50
+    assert mine.read_bytes() == b"x" * 20000 and (folder / ("f" * 64 + ".tfrecord")).is_dir()
+    assert not sdk_temp.exists()
+    cache = ShardCache(str(folder), 10**9)
+    (folder / (_shards(jpeg_dir)[0]["sha256"] + ".tfrecord")).mkdir()
+    shard = _shards(jpeg_dir)[0]
+    with pytest.raises(ShardCacheError, match=r"in the shard cache is not a file: .*a folder of its own"):
+        cache.acquire(str(jpeg_dir / shard["file"]), shard["sha256"], shard["bytes"])
+    cache.close()

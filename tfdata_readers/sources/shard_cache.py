@@ -35,15 +35,22 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from stat import S_ISREG
 
 from tfdata_readers.sources import storage
 
-__all__ = ["CacheFullError", "ShardCache", "ShardDigestError"]
+__all__ = ["CacheFullError", "ShardCache", "ShardCacheError", "ShardDigestError"]
 
 logger = logging.getLogger(__name__)
 
 _SUFFIX = ".tfrecord"
-_PART = re.compile(r"^\.(?P<sha>[0-9a-f]{64})\.(?P<bytes>\d+)\.(?P<pid>\d+)\.[0-9a-f]+\.part$")
+# Only names the cache makes are ever counted or removed: a published shard, and a download's part
+# file (with, after it, the temporary name boto3 downloads to: `<part>.<8 hex>`). Anything else in
+# the folder (a user's own `data.tfrecord`, a folder named like a shard) is left alone.
+_SHARD = re.compile(r"^[0-9a-f]{64}\.tfrecord$")
+_PART = re.compile(
+    r"^\.(?P<sha>[0-9a-f]{64})\.(?P<bytes>\d+)\.(?P<pid>\d+)\.[0-9a-f]+\.part(?P<sdk_temp>\.[0-9A-Fa-f]+)?$"
+)
 _CHUNK = 8 * 2**20
 _WAIT_S = 0.05
 
@@ -54,6 +61,10 @@ class ShardDigestError(IOError):
 
 class CacheFullError(IOError):
     """The cache cannot make room: what is leased already fills it."""
+
+
+class ShardCacheError(IOError):
+    """The cache folder holds, under a shard's name, something the cache did not put there."""
 
 
 def _sha256_of(path: str) -> str:
@@ -132,6 +143,12 @@ class ShardCache:
         except FileNotFoundError:
             return False
         fcntl.flock(fd, fcntl.LOCK_SH)
+        if not S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ShardCacheError(
+                f"{path} in the shard cache is not a file: the cache folder ({self.directory}) must hold only what "
+                "the cache puts there; remove it, or give ReadConfig.cache_dir a folder of its own"
+            )
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino  # not evicted between the open and the lock
         except FileNotFoundError:
@@ -169,16 +186,19 @@ class ShardCache:
         total, shards = 0, []
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
-            if name.endswith(_SUFFIX) and not name.startswith("."):
+            if _SHARD.match(name):
                 try:
-                    stat = os.stat(path)
+                    stat = os.lstat(path)
                 except FileNotFoundError:
                     continue
+                if not S_ISREG(stat.st_mode):
+                    continue  # not the cache's: acquiring that shard says so (_lease)
                 total += stat.st_size
                 shards.append((stat.st_mtime, name, stat.st_size))
             elif match := _PART.match(name):
                 if _alive(int(match["pid"])):
-                    total += int(match["bytes"])
+                    if not match["sdk_temp"]:  # the reserved part counts the download's bytes, once
+                        total += int(match["bytes"])
                 else:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
