@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -159,6 +162,58 @@ def check_initial_epoch(initial_epoch: object) -> int:
     if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
         raise ValueError(f"initial_epoch must be an int >= 0 (got {initial_epoch!r})")
     return initial_epoch
+
+
+# ReadConfig fields that change how fast or where a reader reads, never what it yields.
+_NOT_IN_IDENTITY = frozenset(
+    {
+        "cache_dir",
+        "cache_limit_bytes",
+        "cache_lookahead",
+        "s3_endpoint_url",
+        "s3_profile",
+        "prefetch",
+        "num_parallel_calls",
+        "num_parallel_reads",
+        "read_buffer_size",
+        "data_service_timeout_s",
+    }
+)
+
+
+def reader_identity(identity: dict[str, Any], config: ReadConfig) -> str:
+    """What makes one reader's stream of batches (data, version, split, batch, seed, the ReadConfig
+    fields that change what it yields), as one line of JSON."""
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _NOT_IN_IDENTITY}
+    return json.dumps({**identity, "config": fields}, sort_keys=True, default=repr)
+
+
+def _refusing_other_readers_checkpoints(dataset: tf.data.Dataset, identity: str) -> tf.data.Dataset:
+    """`dataset`, failing loudly if its iterator is restored from another reader's checkpoint.
+
+    An iterator checkpoint holds positions and buffers, not what they index: restored into a reader
+    built with another seed, batch size or dataset version, it would go on from the same positions
+    in another order, silently. So a `scan` carries the identity of the reader that made the
+    iterator: a checkpoint keeps the scan's state, and the next batch compares it with this reader's.
+    """
+
+    def check(saved: tf.Tensor, *element: Any) -> tuple[tf.Tensor, Any]:
+        same = tf.debugging.Assert(
+            tf.equal(saved, identity),
+            [
+                "tfdata_readers: this iterator was restored from a checkpoint saved by a reader built differently; "
+                "build make_dataset as the run that saved it did (pass version= the version it read). Saved by:",
+                saved,
+                "This reader:",
+                tf.constant(identity),
+            ],
+            summarize=-1,
+        )
+        with tf.control_dependencies([same]):
+            checked = tf.nest.map_structure(tf.identity, element)
+        return saved, checked if len(checked) > 1 else checked[0]
+
+    return dataset.scan(tf.constant(identity), check)
 
 
 def check_initial_step(initial_step: object, *, training: bool, num_epochs: int | None, service: str | None) -> int:
@@ -706,6 +761,19 @@ def _make_dataset(
             dataset = dataset.concatenate(eval_pass(0).repeat(later))
         elif config.num_epochs != 1:
             dataset = dataset.repeat(config.num_epochs)
+    if not service:
+        identity = {
+            # The shards by content, not by place: a copy of the dataset elsewhere resumes alike.
+            "shards": hashlib.sha256(" ".join(s.sha256 for s in split_info.shards).encode()).hexdigest(),
+            "version": info.version,
+            "split": split,
+            "batch_size": batch_size,
+            "training": training,
+            "seed": base_seed if training else None,
+            "with_metadata": with_metadata,
+            "pipeline": [pipeline_id, share.num_pipelines],
+        }
+        dataset = _refusing_other_readers_checkpoints(dataset, reader_identity(identity, config))
     if not service and (not config.skip_corrupt or batches_per_epoch is not None):
         # The manifest knows the count; without it Keras shows no step total and warns that the
         # input "ran out of data" every epoch. Under skip_corrupt a pass may hold fewer batches,

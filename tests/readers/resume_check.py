@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--cache")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--initial_step", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=TRAIN_SEED)
     args = parser.parse_args()
     if args.mode == "step":
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -51,7 +52,7 @@ def main() -> None:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
     import tfdata_readers as tfr
 
-    training = dict(training=True, seed=TRAIN_SEED) if args.training else {}
+    training = dict(training=True, seed=args.seed) if args.training else {}
     config = tfr.ReadConfig(dtype="uint8", cache_dir=args.cache, num_epochs=None if args.training else 1)
     seen: list[list[str]] = []
     if args.mode == "step":

@@ -21,7 +21,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 TRAIN_SEED = 11  # as resume_check.py
 
 
-def _run(*args: str) -> list[list[str]]:
+def _run(*args: str, fails_with: str | None = None) -> list[list[str]]:
     out = pathlib.Path(args[0])
     proc = subprocess.run(
         [sys.executable, str(_HERE / "resume_check.py"), args[1], *args[:1], *args[2:]],
@@ -29,6 +29,9 @@ def _run(*args: str) -> list[list[str]]:
         text=True,
         timeout=600,
     )
+    if fails_with is not None:
+        assert proc.returncode != 0 and fails_with in proc.stderr, proc.stderr[-4000:]
+        return []
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -63,6 +66,24 @@ def test_an_iterator_checkpoint_resumes_in_a_new_process_where_it_stopped(jpeg_d
     assert stopped + resumed == whole
     epoch = [key for key, _ in (stopped + resumed)[: 5 * steps]]
     assert len(set(epoch)) == len(epoch) == 5 * steps
+
+
+@pytest.mark.slow
+def test_a_checkpoint_restored_into_a_reader_built_differently_fails_loudly(jpeg_dir, tmp_path):
+    """Another seed would go on from the saved positions in another order, silently: it is refused."""
+    ckpt = str(tmp_path / "ckpt")
+    _run(str(tmp_path / "a.json"), "save", str(jpeg_dir), ckpt, "3", "--training")
+    _run(
+        str(tmp_path / "b.json"),
+        "restore",
+        str(jpeg_dir),
+        ckpt,
+        "3",
+        "--training",
+        "--seed",
+        "12",
+        fails_with="restored from a checkpoint saved by a reader built differently",
+    )
 
 
 @pytest.mark.slow
