@@ -129,14 +129,15 @@ class ReadConfig:
         evaluation (for RAW one vectorised op), per element for training (crops differ in size).
       max_boxes: a detection dataset's boxes and classes are padded (classes with -1) to this
         many per image; an image with more has the rest cut, and a line on stderr says so.
-      cache_dir: a local folder through which an s3:// dataset's shards are read (required for
+      cache_dir: a local folder of its own through which an s3:// dataset's shards are read (required for
         s3://; optional for gs://). Each shard is downloaded there (parallel ranged GETs, with
         retries), checked against the manifest's sha256 before it is read, and shared with every
         reader on the host that uses the same folder. Credentials, region and endpoint come from
         the AWS default chain (`AWS_ENDPOINT_URL` for MinIO, R2 and other S3-compatible stores).
       cache_limit_bytes: the most the cache folder holds; the least recently used shards that no
         reader has open are removed to make room. It must hold the shards read at once
-        (`cycle_length` of them per reader) plus `cache_lookahead`.
+        (`cycle_length` of them per reader; a smaller limit is refused at start-up); a shard
+        announced ahead (`cache_lookahead`) is only fetched early when there is room for it.
       cache_lookahead: how many shards beyond those being read are downloaded ahead, in the
         order the reader will read them.
       s3_endpoint_url: an s3:// dataset's endpoint ("http://127.0.0.1:9000" for MinIO, an R2
