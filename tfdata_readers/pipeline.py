@@ -586,8 +586,11 @@ def _make_dataset(
             # Through the cache, the pieces open are exactly `cycle_length`: a parallel interleave also
             # opens pieces ahead, whose leases could fill a small cache while the piece it waits for
             # waits for room. Reading local copies one record at a time is not what limits speed.
-            num_parallel_calls=config.num_parallel_reads if through_cache is None else None,
-            deterministic=deterministic,
+            **(
+                dict(num_parallel_calls=config.num_parallel_reads, deterministic=deterministic)
+                if through_cache is None
+                else {}
+            ),
         )  # (serialized, name)
         if config.skip_corrupt and batches_per_epoch is not None:
             records = _require_records(

@@ -138,8 +138,9 @@ def test_a_cache_too_small_for_the_shards_read_at_once_is_refused_at_start_up(jp
 
 
 def test_the_cache_touches_only_what_it_put_in_its_folder(jpeg_dir, tmp_path):
-    """A user's own .tfrecord files, a folder named like a shard, and the temporary file a killed
-    download's SDK left beside its part file: only the last is the cache's to remove."""
+    """A user's own .tfrecord files and a folder named like a shard are left alone; the temporary file
+    a killed download's SDK left beside its part file, and a part file whose pid now names another
+    process (no download holds its shard's lock), are the cache's to remove."""
     folder = tmp_path / "c"
     folder.mkdir()
     mine = folder / "my-own.tfrecord"
@@ -149,11 +150,13 @@ def test_the_cache_touches_only_what_it_put_in_its_folder(jpeg_dir, tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     sdk_temp = folder / f".{'a' * 64}.123.{int(dead.stdout)}.ff.part.e5de9883"
     sdk_temp.write_bytes(b"x" * 123)
+    reused_pid = folder / f".{'b' * 64}.30000.1.deadbeef.part"  # pid 1 is alive: a restarted container's
+    reused_pid.write_bytes(b"")
     sizes = [s["bytes"] for s in _shards(jpeg_dir)]
     config = tfr.ReadConfig(cache_dir=str(folder), cache_limit_bytes=max(sizes) + 1, cycle_length=1, cache_lookahead=0)
     assert len(_keys(jpeg_dir, config)) == 50
     assert mine.read_bytes() == b"x" * 20000 and (folder / ("f" * 64 + ".tfrecord")).is_dir()
-    assert not sdk_temp.exists()
+    assert not sdk_temp.exists() and not reused_pid.exists()
     cache = ShardCache(str(folder), 10**9)
     (folder / (_shards(jpeg_dir)[0]["sha256"] + ".tfrecord")).mkdir()
     shard = _shards(jpeg_dir)[0]

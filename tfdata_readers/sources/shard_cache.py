@@ -75,16 +75,6 @@ def _sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ShardCache:
     """Shards of remote datasets as local files, under ``directory``, at most ``limit_bytes``.
 
@@ -119,9 +109,32 @@ class ShardCache:
         """Where the shard whose digest is ``sha256`` lives once cached."""
         return os.path.join(self.directory, sha256 + _SUFFIX)
 
+    def _open_lock(self, name: str) -> int:
+        path = os.path.join(self.directory, name)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the folder was removed while this process ran: make it again
+            os.makedirs(self.directory, exist_ok=True)
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _downloading(self, sha256: str) -> bool:
+        """Whether a download of the shard is under way, here or in another process: its downloader
+        holds the shard's lock (`_download`). A lock, not the pid in the part file's name: a pid is
+        reused (a restarted container's trainer is pid 1 again), and a lock dies with its process."""
+        fd = self._open_lock(f".{sha256}.lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return True
+            raise
+        finally:
+            os.close(fd)  # closing drops the lock if it was taken
+        return False
+
     @contextlib.contextmanager
     def _flock(self, name: str, kind: int = fcntl.LOCK_EX) -> Iterator[None]:
-        fd = os.open(os.path.join(self.directory, name), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock(name)
         try:
             fcntl.flock(fd, kind)
             yield
@@ -196,7 +209,7 @@ class ShardCache:
                 total += stat.st_size
                 shards.append((stat.st_mtime, name, stat.st_size))
             elif match := _PART.match(name):
-                if _alive(int(match["pid"])):
+                if self._downloading(match["sha"]):
                     if not match["sdk_temp"]:  # the reserved part counts the download's bytes, once
                         total += int(match["bytes"])
                 else:
@@ -275,8 +288,8 @@ class ShardCache:
                 if got != sha256:
                     raise ShardDigestError(
                         f"shard {uri}: its bytes have sha256 {got}, but the manifest says {sha256}: the shard was "
-                        "changed or damaged in storage; it is not read (python -m tfdata_readers.verify on a copy "
-                        "names what else differs, or re-convert)"
+                        "changed or damaged in storage; it is not read (verify-tfrecords on the dataset names what "
+                        "else differs, or re-convert)"
                     )
                 actual = os.path.getsize(part)
                 if actual != size:  # equal digests make this unreachable; kept for a manifest edited by hand
