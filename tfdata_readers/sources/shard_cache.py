@@ -193,7 +193,7 @@ class ShardCache:
 
     # -- room --------------------------------------------------------------------------------
 
-    def _held_bytes(self) -> tuple[int, list[tuple[float, str, int]]]:
+    def _held_bytes(self, downloading: str) -> tuple[int, list[tuple[float, str, int]]]:
         """(bytes the cache holds, counting downloads under way, [(last use, file, bytes)] of the
         published shards). A dead process's part file is removed on the way."""
         total, shards = 0, []
@@ -209,7 +209,9 @@ class ShardCache:
                 total += stat.st_size
                 shards.append((stat.st_mtime, name, stat.st_size))
             elif match := _PART.match(name):
-                if self._downloading(match["sha"]):
+                # The caller holds the lock of the shard it downloads (`downloading`), so a part file of
+                # that shard is another's, left behind: downloads of one shard take turns on its lock.
+                if match["sha"] != downloading and self._downloading(match["sha"]):
                     if not match["sdk_temp"]:  # the reserved part counts the download's bytes, once
                         total += int(match["bytes"])
                 else:
@@ -251,7 +253,7 @@ class ShardCache:
         deadline = time.monotonic() + self.timeout_s
         while True:
             with self._flock(".cache.lock"):
-                total, shards = self._held_bytes()
+                total, shards = self._held_bytes(downloading=sha256)
                 for _, name, held in shards:
                     if total + size <= self.limit_bytes:
                         break
