@@ -10,6 +10,8 @@ from typing import Any, Literal, TypeGuard
 
 import tensorflow as tf
 
+from tfdata_readers.sources import storage
+
 __all__ = ["AUTOTUNE", "MAX_SEED", "ReadConfig", "check_batch_size", "check_seed"]
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -329,9 +331,10 @@ class ReadConfig:
                     "ReadConfig.cache_dir cannot be used with data_service: the service's workers read the shards, "
                     "and this process's cache is not theirs"
                 )
-        endpoint = self.s3_endpoint_url
-        if endpoint is not None and not (isinstance(endpoint, str) and endpoint.startswith(("http://", "https://"))):
-            raise ValueError(f"ReadConfig.s3_endpoint_url must be an http:// or https:// URL (got {endpoint!r})")
+        if not storage.is_endpoint_url(self.s3_endpoint_url):
+            raise ValueError(
+                f"ReadConfig.s3_endpoint_url must be an http:// or https:// URL (got {self.s3_endpoint_url!r})"
+            )
         if self.s3_profile is not None and not (isinstance(self.s3_profile, str) and self.s3_profile.strip()):
             raise ValueError(f"ReadConfig.s3_profile must be a profile name (got {self.s3_profile!r})")
         if not _is_optional_bool(self.drop_remainder):

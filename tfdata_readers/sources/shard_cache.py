@@ -75,6 +75,17 @@ def _sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
+def _lock_exclusively_now(fd: int) -> bool:
+    """Takes an exclusive flock on ``fd`` if no one else holds one (True), without waiting (False)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+    return True
+
+
 class ShardCache:
     """Shards of remote datasets as local files, under ``directory``, at most ``limit_bytes``.
 
@@ -123,14 +134,9 @@ class ShardCache:
         reused (a restarted container's trainer is pid 1 again), and a lock dies with its process."""
         fd = self._open_lock(f".{sha256}.lock")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return True
-            raise
+            return not _lock_exclusively_now(fd)
         finally:
             os.close(fd)  # closing drops the lock if it was taken
-        return False
 
     @contextlib.contextmanager
     def _flock(self, name: str, kind: int = fcntl.LOCK_EX) -> Iterator[None]:
@@ -226,12 +232,13 @@ class ShardCache:
         except FileNotFoundError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while any reader leases it
-        except OSError as error:
+            locked = _lock_exclusively_now(fd)  # fails while any reader leases it
+        except OSError:
             os.close(fd)
-            if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return False
             raise
+        if not locked:
+            os.close(fd)
+            return False
         try:
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 os.unlink(path)

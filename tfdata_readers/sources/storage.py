@@ -82,11 +82,16 @@ def using(options: S3Options | None) -> Iterator[None]:
         _OPTIONS.reset(token)
 
 
+def is_endpoint_url(value: object) -> bool:
+    """Whether ``value`` can name an S3 endpoint: None (the default chain's) or an http(s):// URL."""
+    return value is None or (isinstance(value, str) and value.startswith(("http://", "https://")))
+
+
 def s3_store(endpoint_url: str | None = None, profile: str | None = None) -> contextlib.AbstractContextManager[None]:
     """``with s3_store(endpoint_url=..., profile=...):`` the reader calls that take no ReadConfig
     (`load_manifest`, `steps_per_epoch`, `class_counts`, `verify`, ...) read s3:// from that store,
     as a ReadConfig's `s3_endpoint_url` and `s3_profile` make `make_dataset` and `distribute` do."""
-    if endpoint_url is not None and not str(endpoint_url).startswith(("http://", "https://")):
+    if not is_endpoint_url(endpoint_url):
         raise ValueError(f"endpoint_url must be an http:// or https:// URL (got {endpoint_url!r})")
     return using(S3Options(endpoint_url=endpoint_url, profile=profile))
 
