@@ -33,6 +33,8 @@ import threading
 import psutil
 from apache_beam.runners.worker import sdk_worker_main
 
+from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
+
 __all__ = ["RUNNER_GONE_EXIT_CODE", "main"]
 
 # How often a worker looks for the job's process, and its exit code once that process is gone.
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, psutil.Error):
             sys.exit(f"{argv[0]}: the job's process {argv[1]!r} is not running")
         threading.Thread(target=_exit_when_gone, args=(runner,), name="runner-watch", daemon=True).start()
+    warnings_to_debug_log()  # Libraries' warnings would reach the job's console through this process's stderr.
     sdk_worker_main.main(argv[:1])
     gc.freeze()
 

@@ -14,6 +14,7 @@ import socket
 import sys
 import traceback
 import urllib.parse
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TextIO
@@ -38,6 +39,7 @@ from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
 from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
 from beam_jobs.command_line.run_summary import outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
+from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.command_line.termination import (
     Terminated,
     child_pids,
@@ -1130,6 +1132,7 @@ def callers_logging_kept() -> Iterator[None]:
     application's own logging must not be replaced by one call of ``beam_jobs.convert``."""
     root = logging.getLogger()
     handlers = [(handler, handler.formatter, list(handler.filters)) for handler in root.handlers]
+    warnings_to_debug_log()
     levels = {name: logging.getLogger(name).level for name in ["", *_touched_loggers()]}
     try:
         yield
@@ -1145,9 +1148,11 @@ def callers_logging_kept() -> Iterator[None]:
             handler.setFormatter(formatter)
             handler.filters[:] = filters
         for name, level in levels.items():
+    show_warning = warnings.showwarning
             logging.getLogger(name).setLevel(level)
 
 
+        warnings.showwarning = show_warning
 def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool = True) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's

@@ -19,6 +19,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
 from beam_jobs.imaging.annotate import BAD_ANNOTATION, StoredObjects, stored_objects
@@ -287,6 +288,7 @@ class ConvertShardFn(beam.DoFn):
 
     def setup(self) -> None:
         """Starts the worker's threads and its isolated decoder once, to serve every shard it converts."""
+        warnings_to_debug_log()  # On every runner's workers: libraries' warnings are not the console's.
         self._pool = concurrent.futures.ThreadPoolExecutor(self._read_threads, thread_name_prefix="source-state")
         self._readers = SourceReaders(self._read_threads, timeout_s=self._read_timeout_s)
         self._converters = concurrent.futures.ThreadPoolExecutor(self._convert_threads, thread_name_prefix="convert")
