@@ -247,9 +247,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     )
     parser.add_argument("--history_json", type=pathlib.Path, help="write the loss history here")
     args = parser.parse_args(argv)
-    from tfdata_readers._quiet_start import import_tensorflow_for_command  # pylint: disable=import-outside-toplevel
+    from tfdata_readers._quiet_start import import_tensorflow_for_training  # pylint: disable=import-outside-toplevel
 
-    import_tensorflow_for_command(parser.prog)  # without TensorFlow: one line naming the extra, exit 2
+    # TensorFlow's start-up lines once each, not twice; without it: one line naming the extra, exit 2.
+    import_tensorflow_for_training(parser.prog)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     if args.save_path is not None and args.save_path.suffix != ".keras":
