@@ -82,10 +82,13 @@ itt_cache_dir() {
   printf '%s\n' "${IMAGES_TO_TFRECORDS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/images-to-tfrecords}"
 }
 
-# The Python that runs the job and the SDK workers: $PYTHON, else the repo's .venv, else python3.
+# The Python that runs the job and the SDK workers: $PYTHON, else the active virtual environment's
+# (as launch/ensure_venv.sh chooses), else the repo's .venv, else python3.
 itt_python() {
   if [[ -n "${PYTHON:-}" ]]; then
     printf '%s\n' "$PYTHON"
+  elif [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then
+    printf '%s\n' "$VIRTUAL_ENV/bin/python"
   elif [[ -x "$ITT_REPO_ROOT/.venv/bin/python" ]]; then
     printf '%s\n' "$ITT_REPO_ROOT/.venv/bin/python"
   else

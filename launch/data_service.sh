@@ -31,7 +31,7 @@ scheduler would: TensorFlow's readers wait for a lost worker to come back. On re
   python -m tfdata_readers.data_service_server --role dispatcher --port P --worker_addresses H1:P1,H2:P2
   python -m tfdata_readers.data_service_server --role worker --port P1 --dispatcher_address HD:P --worker_address H1:P1
 (TensorFlow's servers listen on every interface; the addresses only say where to reach them.)
-Python: \$PYTHON, else .venv/bin/python, else python3.
+Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3.
 EOF
 }
 

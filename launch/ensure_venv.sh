@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Creates ./.venv and installs the project with the extras named (default: test), unless that,
-# or the test extras (which hold every other), is already installed for this exact setup.py.
+# Installs the project with the extras named (default: test) into one environment, unless that,
+# or the test extras (which hold every other), is already installed there for this exact setup.py.
+# The environment: $VENV when set, else the virtual environment that is active ($VIRTUAL_ENV: the
+# one a user made for the README's Install section, which then serves these scripts too, with
+# what is missing installed into it), else ./.venv, created on first use.
 #
 #   launch/ensure_venv.sh samples   # run_local.sh: converting and the sample photos (about 0.8 GB)
 #   launch/ensure_venv.sh test      # run_tests.sh and CI: everything the tests need (about 3.4 GB)
 #
-# Prints the venv's python path.
+# Prints the environment's python path; says on stderr which environment it is when it installs.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${VENV:-$repo/.venv}"
+venv="${VENV:-${VIRTUAL_ENV:-$repo/.venv}}"
 python="${PYTHON:-python3}"
 extras="${1:-test}"
 setup_hash="$(cat "$repo/setup.py" | sha256sum | cut -c1-16)"
@@ -16,13 +19,21 @@ stamp="$venv/.installed-$setup_hash-$extras"
 if [ -f "$venv/.installed-$setup_hash-test" ]; then
   stamp="$venv/.installed-$setup_hash-test"
 fi
+if [ -z "${VENV:-}" ] && [ -n "${VIRTUAL_ENV:-}" ] && [ ! -x "$venv/bin/python" ]; then
+  # A variable left over from a deleted environment: never build a new one where the user did not ask.
+  echo "error: VIRTUAL_ENV=$VIRTUAL_ENV has no bin/python: activate an existing environment, or run 'deactivate' to use ./.venv" >&2
+  exit 2
+fi
 if [ ! -x "$venv/bin/python" ]; then
   echo "creating $venv" >&2
   "$python" -m venv "$venv"
 fi
 if [ ! -f "$stamp" ]; then
   echo "installing images-to-tfrecords[$extras] and its dependencies into $venv (first run takes a few minutes)" >&2
-  "$venv/bin/python" -m pip install --quiet --upgrade pip setuptools wheel >&2
+  if [ "$venv" != "${VIRTUAL_ENV:-}" ]; then
+    # Only a venv these scripts own gets its pip upgraded; a user's active one keeps its own.
+    "$venv/bin/python" -m pip install --quiet --upgrade pip setuptools wheel >&2
+  fi
   # uv resolves the same versions from the same index as pip, and installs them about 8x faster
   # (it unpacks TensorFlow's 550 MB wheel and the rest in parallel): 32 s against pip's 254 s
   # on 2 cores from an empty cache. VENV_INSTALLER=pip keeps to pip; so does a failed uv install.

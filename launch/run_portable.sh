@@ -28,7 +28,7 @@ Options (defaults in brackets):
   -h, --help                 this help
 
 Every other argument goes to the job, e.g. --input DIR --output_dir DIR --num_shards 16.
-Python: \$PYTHON, else .venv/bin/python, else python3.
+Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3.
 EOF
 }
 

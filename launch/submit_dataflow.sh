@@ -33,7 +33,7 @@ Options (defaults in brackets):
                                exit without submitting; makes no network call at all
   -h, --help                   this help
 
-Python: \$PYTHON, else .venv/bin/python, else python3. Submitting needs apache-beam[gcp] and
+Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3. Submitting needs apache-beam[gcp] and
 credentials (gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS).
 EOF
 }

@@ -37,7 +37,7 @@ Options (defaults in brackets):
                                command and exit; contacts nothing and builds nothing
   -h, --help                   this help
 
-Python: \$PYTHON, else .venv/bin/python, else python3. The job server is a Java process that
+Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3. The job server is a Java process that
 this script's Python starts (java must be on PATH); it translates the job and submits it to
 --flink_master. Before that, this script asks the cluster's REST API for its Flink version and
 stops with one line if the job server was built for another minor version. The defaults

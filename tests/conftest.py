@@ -16,6 +16,15 @@ from tests.photos import make_test_tree
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def prerequisite_missing(name: str) -> str | None:
+    """The line with which ./run_tests.sh's set-up (.ci/install_test_prerequisites.sh) said that it
+    could not install or build ``name`` (chromium, object-stores, flink), or None: it has it, or the
+    set-up did not run in this session (a bare pytest, whose fixtures then try themselves)."""
+    folder = os.environ.get("IMAGES_TO_TFRECORDS_PREREQUISITES")
+    marker = pathlib.Path(folder, f"{name}.missing") if folder else None
+    return marker.read_text(encoding="utf-8").strip() if marker is not None and marker.is_file() else None
+
+
 @pytest.fixture(scope="session")
 def photo_tree(tmp_path_factory):
     """(root, good paths, {broken path: reason}) of a tree with 36 real photos in 9 classes."""
@@ -42,6 +51,9 @@ def flink_cluster(tmp_path_factory):
 def flink_job_server_jar() -> str:
     """Beam's Flink job server jar, built once into the cache by the launch scripts. A machine
     without Java or Maven fails the Flink tests with that reason: they are never skipped."""
+    missing = prerequisite_missing("flink")
+    if missing:
+        pytest.fail(missing)
     if not shutil.which("java"):
         pytest.fail("Java is missing: the Flink tests need a JDK 11 or 17 on PATH")
     if not os.environ.get("FLINK_JOB_SERVER_JAR") and not shutil.which("mvn"):
@@ -119,10 +131,10 @@ def pytest_collection_modifyitems(session, config, items):
     Each test module is one group, run whole by one worker, so that its module and session
     fixtures (a converted dataset, a TensorFlow subprocess's results) are built once; the
     modules that share a Flink cluster are one group. The object-store tests run last, in their
-    usual order among themselves: on a fresh machine .ci/run builds MinIO and fake-gcs-server
-    (minutes of CPU) in the background while the tests run, and their fixtures wait for that
-    build. Last, they find it done instead of idling on it. Nothing is left out: the order and
-    the grouping change, not the set.
+    usual order among themselves: where the suite runs without ./run_tests.sh's set-up, their
+    fixtures build MinIO and fake-gcs-server (minutes of CPU), and a build begun elsewhere
+    meanwhile is further along by then. Nothing is left out: the order and the grouping change,
+    not the set.
     """
     stores = REPO / "tests" / "objectstores"
     items.sort(key=lambda item: pathlib.Path(str(item.path)).is_relative_to(stores))  # sort() is stable

@@ -7,8 +7,11 @@ its worker processes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -165,3 +168,121 @@ def test_the_documented_service_paths_are_the_service_modules():
 
     assert data_service_server.main is server.main
     assert dispatcher_client.DispatcherWatchdog is dispatcher.DispatcherWatchdog
+
+
+# --- The set-up of ./run_tests.sh (.ci/install_test_prerequisites.sh) and the scripts' environment.
+
+_SET_UP = REPO / ".ci" / "install_test_prerequisites.sh"
+# What the set-up script itself runs: a PATH of these and nothing else is a machine without Java,
+# Maven, apt-get, sudo or a browser.
+_BASE_TOOLS = ("bash", "sh", "env", "mkdir", "rm", "cat", "dirname", "tail", "grep", "sed", "head", "timeout", "id")
+
+
+def _bare_machine(tmp_path) -> dict[str, str]:
+    """A fresh HOME and cache, and a PATH holding only the shell tools the set-up needs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in _BASE_TOOLS:
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    return {"HOME": str(tmp_path / "home"), "PATH": str(bin_dir), "IMAGES_TO_TFRECORDS_CACHE": str(tmp_path / "cache")}
+
+
+def test_the_test_set_up_says_in_one_line_what_it_cannot_have_and_the_fixtures_fail_with_it(tmp_path):
+    """On a machine without Java, Maven, a browser and apt-get, ./run_tests.sh's set-up prints one
+    line per missing prerequisite, naming what to install, and keeps it for the fixtures."""
+    env = _bare_machine(tmp_path)
+    done = subprocess.run(
+        [str(_SET_UP), "flink", "chromium"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    flink = [line for line in lines if "Flink" in line]
+    chromium = [line for line in lines if "Chromium" in line]
+    assert len(flink) == 1 and len(chromium) == 1 and len(lines) == 2, done.stderr
+    assert "Java is missing" in flink[0] and "apt-get install openjdk-17-jdk-headless maven" in flink[0]
+    assert "no apt-get on this machine" in chromium[0] and "chromium-headless-shell" in chromium[0]
+    assert all("the tests that need it fail naming it" in line for line in lines)
+    kept = tmp_path / "cache" / "test-prerequisites"
+    assert (kept / "flink.missing").read_text().strip() == flink[0].removeprefix("[run_tests] ")
+
+
+def test_an_object_store_fixture_fails_with_the_set_ups_line_instead_of_building(tmp_path, monkeypatch):
+    """Where ./run_tests.sh's set-up could not build MinIO, its fixture fails at once with that
+    line: it does not start a build that pytest's per-test limit would kill without a word."""
+    from tests.objectstores.conftest import server_binary
+
+    line = "MinIO and fake-gcs-server cannot be had: Go is missing; the tests that need it fail naming it"
+    (tmp_path / "object-stores.missing").write_text(line + "\n")
+    monkeypatch.setenv("IMAGES_TO_TFRECORDS_PREREQUISITES", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # a build attempt would fail otherwise, differently
+    with pytest.raises(pytest.fail.Exception) as failed:
+        server_binary("minio")
+    assert str(failed.value) == line
+
+
+def _stamped_venv(folder, extras: str):
+    """A virtual environment that launch/ensure_venv.sh takes for installed with ``extras``."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    setup_hash = hashlib.sha256((REPO / "setup.py").read_bytes()).hexdigest()[:16]
+    (folder / f".installed-{setup_hash}-{extras}").touch()
+    return folder
+
+
+def test_ensure_venv_uses_the_active_virtual_environment(tmp_path):
+    """A user who made and activated an environment (the README's Install section) gets it used by
+    run_local.sh and run_tests.sh, not a second one in ./.venv."""
+    active = _stamped_venv(tmp_path / "mine", "samples")
+    env = {**os.environ, "VIRTUAL_ENV": str(active)}
+    env.pop("VENV", None)
+    done = subprocess.run(
+        [str(REPO / "launch" / "ensure_venv.sh"), "samples"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(active / "bin" / "python")
+    # $VENV still wins, and a stale VIRTUAL_ENV (its environment deleted) is one line, not a new venv.
+    chosen = _stamped_venv(tmp_path / "chosen", "samples")
+    done = subprocess.run(
+        [str(REPO / "launch" / "ensure_venv.sh"), "samples"],
+        env={**env, "VENV": str(chosen)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == str(chosen / "bin" / "python"), done.stderr
+    gone = tmp_path / "deleted"
+    done = subprocess.run(
+        [str(REPO / "launch" / "ensure_venv.sh"), "samples"],
+        env={**env, "VIRTUAL_ENV": str(gone)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and not gone.exists(), done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: VIRTUAL_ENV={gone} has no bin/python: activate an existing environment, or run 'deactivate' "
+        "to use ./.venv"
+    ]
+
+
+# The lines TensorFlow's native code prints while it is imported, without their time stamps.
+_NATIVE_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ ")
+
+
+def test_train_mirrored_shows_tensorflows_start_up_lines_once(tmp_path):
+    """They came twice: two of TensorFlow's native modules each print the banner and the CUDA stub's
+    line when they load. Each is shown once (a missing dataset ends the run right after the import)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "train_mirrored.py"), "--data_dir", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [_NATIVE_LINE.sub("", line) for line in done.stderr.splitlines()]
+    repeated = sorted({line for line in lines if lines.count(line) > 1})
+    assert not repeated, done.stderr[-3000:]
+    assert sum("absl::InitializeLog" in line for line in lines) <= 1
+    assert any(line.startswith("train_mirrored.py: error: ") for line in lines), done.stderr[-3000:]

@@ -1,8 +1,9 @@
 """Real object stores on loopback for the storage tests: MinIO (s3://) and fake-gcs-server (gs://).
 
 Both are built from their pinned Go modules by .ci/install_object_stores.sh the first time
-(about 8 and 2 minutes on 2 cores) and cached; a machine without Go fails these tests with that
-reason, it never skips them. Every server is stopped when its fixture ends, even after a failure.
+(about 8 and 2 minutes on 2 cores; ./run_tests.sh does it before the first test) and cached; a
+machine without Go fails these tests with that reason, it never skips them. Every server is
+stopped when its fixture ends, even after a failure.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import urllib.request
 import pytest
 
 from tests.cluster.conftest import free_port, port_open
-from tests.conftest import in_process
+from tests.conftest import in_process, prerequisite_missing
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -29,9 +30,24 @@ INSTALL = REPO / ".ci" / "install_object_stores.sh"
 JOB_FLAGS = ["--image_size", "64", "--num_shards", "3", "--max_bad_fraction", "0.5"]
 
 
+# A build inside a test must end before pytest.ini's per-test limit (900 s) kills it without a
+# word; ./run_tests.sh builds the servers before the first test, with a limit of its own.
+_BUILD_IN_TEST_TIMEOUT_S = 840
+
+
 def server_binary(name: str) -> str:
-    """The server's binary, built first if missing (idempotent; the build's output is shown on failure)."""
-    proc = subprocess.run([str(INSTALL), name], capture_output=True, text=True, timeout=1800)
+    """The server's binary, built first if missing (idempotent; the build's output is shown on
+    failure). When ./run_tests.sh's set-up could not build it, that set-up's line is the failure."""
+    missing = prerequisite_missing("object-stores")
+    if missing:
+        pytest.fail(missing)
+    try:
+        proc = subprocess.run([str(INSTALL), name], capture_output=True, text=True, timeout=_BUILD_IN_TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"{INSTALL.name} {name} did not finish within {_BUILD_IN_TEST_TIMEOUT_S} s inside a test: the first "
+            f"build takes minutes; ./run_tests.sh builds it before the tests, or run {INSTALL.relative_to(REPO)} first"
+        )
     if proc.returncode != 0:
         pytest.fail(f"{INSTALL.name} {name} could not build the server these tests need:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1]
