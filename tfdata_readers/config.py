@@ -12,12 +12,23 @@ import tensorflow as tf
 
 from tfdata_readers.sources import storage
 
-__all__ = ["AUTOTUNE", "MAX_SEED", "ReadConfig", "check_batch_size", "check_seed"]
+__all__ = [
+    "AUTOTUNE",
+    "MAX_SEED",
+    "PILLOWS_DCT_METHOD",
+    "JpegDctMethod",
+    "ReadConfig",
+    "check_batch_size",
+    "check_seed",
+]
 
 AUTOTUNE = tf.data.AUTOTUNE
 DecodePlacement = Literal["auto", "element", "batch"]
 ServiceSharding = Literal["auto", "static", "dynamic"]
 OutputDtype = Literal["float32", "uint8"]
+# tf.io.decode_jpeg's IDCTs: the accurate one is libjpeg's JDCT_ISLOW, the one Pillow decodes with.
+JpegDctMethod = Literal["INTEGER_ACCURATE", "INTEGER_FAST"]
+PILLOWS_DCT_METHOD: JpegDctMethod = "INTEGER_ACCURATE"
 _DEFAULT_SCALE = 1.0 / 255.0
 
 
@@ -155,6 +166,11 @@ class ReadConfig:
         with few cores this saves the float32 conversion, about a tenth of the JPEG reader's CPU
         time, and 4x the bytes copied to each device. With uint8, `scale` must be None or 1/255
         (which the pixel values then imply).
+      jpeg_dct_method: the IDCT that decodes JPEG. "INTEGER_ACCURATE" (default) gives exactly
+        the pixels Pillow gives for the stored bytes (the converter's, and a Pillow-based
+        server's), on every path: evaluation, training crops, annotated examples, the tf.data
+        service. "INTEGER_FAST" is TensorFlow's own default, up to ~20 levels off Pillow's on
+        real photos; docs/reading.md gives what each costs in the reader's throughput.
       crop_area_range: fraction of the image area the training random-resized crop keeps.
       crop_aspect_ratio_range: width/height range of the training random-resized crop.
       object_crop_area_range: for a detection or segmentation dataset, the fraction of the image
@@ -240,6 +256,7 @@ class ReadConfig:
     image_size: tuple[int, int] | int | None = None
     scale: float | None = _DEFAULT_SCALE
     dtype: OutputDtype = "float32"
+    jpeg_dct_method: JpegDctMethod = PILLOWS_DCT_METHOD
     crop_area_range: tuple[float, float] = (0.08, 1.0)
     crop_aspect_ratio_range: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     object_crop_area_range: tuple[float, float] = (0.3, 1.0)
@@ -282,6 +299,11 @@ class ReadConfig:
             raise ValueError(f"ReadConfig.scale must be None or a finite number > 0 (got {self.scale!r})")
         if self.dtype not in ("float32", "uint8"):
             raise ValueError(f"ReadConfig.dtype is {self.dtype!r}; expected 'float32' or 'uint8'")
+        if self.jpeg_dct_method not in ("INTEGER_ACCURATE", "INTEGER_FAST"):
+            raise ValueError(
+                f"ReadConfig.jpeg_dct_method is {self.jpeg_dct_method!r}; expected 'INTEGER_ACCURATE' (Pillow's "
+                "pixels) or 'INTEGER_FAST'"
+            )
         if self.dtype == "uint8" and self.scale not in (None, _DEFAULT_SCALE):
             raise ValueError(
                 f"ReadConfig.dtype='uint8' hands on unscaled pixel values 0-255, so it cannot apply "

@@ -620,14 +620,15 @@ def _make_dataset(
     def images(features: dict[str, tf.Tensor], batched: bool) -> tf.Tensor:
         encoded = features["image/encoded"]
         crop = dict(area_range=config.crop_area_range, aspect_ratio_range=config.crop_aspect_ratio_range)
+        dct = dict(dct_method=config.jpeg_dct_method)
         if batched:
             if training:
-                return augment.train_batch(encoded, features["seed"], image, out_size=out_size, **crop)
-            return augment.eval_batch(encoded, image, out_size=out_size)
+                return augment.train_batch(encoded, features["seed"], image, out_size=out_size, **crop, **dct)
+            return augment.eval_batch(encoded, image, out_size=out_size, **dct)
         size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
         if training:
-            return augment.train_element(encoded, features["seed"], image, out_size=out_size, size=size, **crop)
-        return augment.eval_element(encoded, image, out_size=out_size, size=size)
+            return augment.train_element(encoded, features["seed"], image, out_size=out_size, size=size, **crop, **dct)
+        return augment.eval_element(encoded, image, out_size=out_size, size=size, **dct)
 
     def element(features: dict[str, Any]) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """One parsed example -> (its fixed-shape features, its pixels): an annotated example's
@@ -651,6 +652,7 @@ def _make_dataset(
             instance_pngs=features[_INSTANCE_KEY] if instance else None,
             size=size,
             area_range=config.object_crop_area_range,
+            dct_method=config.jpeg_dct_method,
         )
         fixed = {key: value for key, value in features.items() if key not in spec or key in keys}
         fixed.pop(_MASK_KEY, None)

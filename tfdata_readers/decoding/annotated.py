@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdata_readers.config import PILLOWS_DCT_METHOD, JpegDctMethod
 from tfdata_readers.decoding.decode import decode_image
 from tfdata_readers.sources.manifest import ImageInfo
 
@@ -47,6 +48,7 @@ def annotated_element(
     area_range: tuple[float, float] = (0.3, 1.0),
     aspect_ratio_range: tuple[float, float] = (0.5, 2.0),
     min_object_covered: float = 0.3,
+    dct_method: JpegDctMethod = PILLOWS_DCT_METHOD,
 ) -> dict[str, tf.Tensor]:
     """One annotated example at `out_size`: in evaluation the whole image; in training a random crop
     that covers at least `min_object_covered` of one of its objects (the whole image when it has
@@ -56,7 +58,7 @@ def annotated_element(
     of the stored boxes they are), `dropped` (int32: how many the crop cut away) and `mask` (uint8
     [h, w, 1], or [0, 0, 1] without one), and with `instance_pngs` (a PNG per stored object)
     `instance_masks` (uint8 [K, h, w], the kept objects' masks, moved as their boxes are)."""
-    pixels = decode_image(encoded, image, size)
+    pixels = decode_image(encoded, image, size, dct_method=dct_method)
     shape = tf.shape(pixels)
     mask = tf.zeros([0, 0, 1], tf.uint8)
     if mask_png is not None:

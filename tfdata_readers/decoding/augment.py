@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdata_readers.config import PILLOWS_DCT_METHOD, JpegDctMethod
 from tfdata_readers.decoding.decode import decode_and_crop, decode_batch, decode_image
 from tfdata_readers.sources.manifest import ImageInfo
 
@@ -67,13 +68,14 @@ def train_element(
     area_range: tuple[float, float],
     aspect_ratio_range: tuple[float, float],
     size: tf.Tensor | None = None,
+    dct_method: JpegDctMethod = PILLOWS_DCT_METHOD,
 ) -> tf.Tensor:
     """One training image: random resized crop then random flip -> float32 [h, w, C] in [0, 255]."""
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     window = sample_crop_window(
         crop_seed, image, area_range=area_range, aspect_ratio_range=aspect_ratio_range, size=size
     )
-    crop = decode_and_crop(encoded, window, image, size)
+    crop = decode_and_crop(encoded, window, image, size, dct_method=dct_method)
     # Flip the uint8 crop, not the float32 output: a quarter of the bytes to move.
     flipped = tf.image.stateless_random_flip_left_right(crop, seed=flip_seed)
     resized = tf.image.resize(flipped, out_size, method="bilinear")
@@ -88,6 +90,7 @@ def train_batch(
     out_size: tuple[int, int],
     area_range: tuple[float, float],
     aspect_ratio_range: tuple[float, float],
+    dct_method: JpegDctMethod = PILLOWS_DCT_METHOD,
 ) -> tf.Tensor:
     """A batch of training images, float32 [B, h, w, C] in [0, 255]; seeds is [B, 2]."""
     if image.format == "RAW":
@@ -119,7 +122,13 @@ def train_batch(
         return tf.where(flip[:, None, None, None], tf.reverse(crops, axis=[2]), crops)
     return tf.map_fn(
         lambda args: train_element(
-            args[0], args[1], image, out_size=out_size, area_range=area_range, aspect_ratio_range=aspect_ratio_range
+            args[0],
+            args[1],
+            image,
+            out_size=out_size,
+            area_range=area_range,
+            aspect_ratio_range=aspect_ratio_range,
+            dct_method=dct_method,
         ),
         (encoded, seeds),
         fn_output_signature=tf.TensorSpec((*out_size, image.channels), tf.float32),
@@ -139,7 +148,12 @@ def centre_window(size: tf.Tensor, out_size: tuple[int, int]) -> tf.Tensor:
 
 
 def eval_element(
-    encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int], size: tf.Tensor | None = None
+    encoded: tf.Tensor,
+    image: ImageInfo,
+    *,
+    out_size: tuple[int, int],
+    size: tf.Tensor | None = None,
+    dct_method: JpegDctMethod = PILLOWS_DCT_METHOD,
 ) -> tf.Tensor:
     """One evaluation image, no randomness: uint8 pixels, or float32 if resized to another size.
 
@@ -149,17 +163,23 @@ def eval_element(
     """
     if image.keeps_size:
         assert size is not None, "a dataset of varying sizes is decoded with each example's size"
-        crop = decode_and_crop(encoded, centre_window(size, out_size), image, size)
+        crop = decode_and_crop(encoded, centre_window(size, out_size), image, size, dct_method=dct_method)
         return tf.ensure_shape(tf.image.resize(crop, out_size, method="bilinear"), (*out_size, image.channels))
-    pixels = decode_image(encoded, image)
+    pixels = decode_image(encoded, image, dct_method=dct_method)
     if out_size != (image.height, image.width):
         pixels = tf.image.resize(pixels, out_size, method="bilinear")
     return pixels
 
 
-def eval_batch(encoded: tf.Tensor, image: ImageInfo, *, out_size: tuple[int, int]) -> tf.Tensor:
+def eval_batch(
+    encoded: tf.Tensor,
+    image: ImageInfo,
+    *,
+    out_size: tuple[int, int],
+    dct_method: JpegDctMethod = PILLOWS_DCT_METHOD,
+) -> tf.Tensor:
     """A batch of evaluation images, uint8 [B, h, w, C], or float32 if resized to another size."""
-    pixels = decode_batch(encoded, image)
+    pixels = decode_batch(encoded, image, dct_method=dct_method)
     if out_size != (image.height, image.width):
         pixels = tf.image.resize(pixels, out_size, method="bilinear")
     return pixels
