@@ -3,7 +3,8 @@
 # fake-gcs-server for gs://) from their Go modules, pinned, into the project cache; a binary that
 # is already there is kept, so running this again costs nothing. Prints the bin directory.
 #
-# The tests call this themselves when a binary is missing, so a clean CI machine needs only Go.
+# ./run_tests.sh calls this before the first test (.ci/install_test_prerequisites.sh), and the
+# tests' fixtures when a binary is missing, so a clean machine needs only Go.
 # First builds on 2 cores: MinIO about 8 minutes, fake-gcs-server about 2.
 set -euo pipefail
 
@@ -32,8 +33,8 @@ build() {
   local name=$1 module=$2 patch=${3:-} bin tmp src
   bin="$cache/object-stores/${module##*@}${patch:+-$(sha256sum "$patch" | cut -c1-12)}/bin"
   mkdir -p "$cache/object-stores"
-  # One build of NAME at a time: .ci/run starts the builds in the background while the tests
-  # begin, and a test fixture that needs the binary meanwhile waits here for that build.
+  # One build of NAME at a time: a test fixture (or a second ./run_tests.sh) that needs the binary
+  # while another build of it runs waits here for that build instead of starting its own.
   exec {lock}>"$cache/object-stores/.build-$name.lock"
   flock "$lock"
   if [[ -x "$bin/$name" ]]; then

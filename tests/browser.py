@@ -1,6 +1,6 @@
 """A real headless Chromium, driven over the Chrome DevTools protocol, for checking HTML pages.
 
-Debian's `chromium-headless-shell` (or `chromium`) package provides the browser; `.ci/run`
+Debian's `chromium-headless-shell` (or `chromium`) package provides the browser; `./run_tests.sh`
 installs it when it is missing. websocket-client speaks the protocol: no browser is downloaded.
 """
 

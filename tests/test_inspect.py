@@ -76,7 +76,7 @@ def browser():
         pytest.fail(
             f"no headless Chromium found (looked for $CHROME_BIN and {', '.join(BROWSER_NAMES)} on PATH): "
             "install Debian's chromium-headless-shell (apt-get install chromium-headless-shell), which "
-            ".ci/run does when it is missing, or set CHROME_BIN"
+            "./run_tests.sh does when it is missing and apt-get may, or set CHROME_BIN"
         )
     with Chromium(binary) as chromium:
         yield chromium
