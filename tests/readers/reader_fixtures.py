@@ -186,3 +186,17 @@ def expected_keys(data_dir: str | os.PathLike[str], split: str) -> list[str]:
             example = tf.train.Example.FromString(record.numpy())
             keys.append(example.features.feature["image/key/sha256"].bytes_list.value[0].decode())
     return keys
+
+
+def pillow_pixels(data_dir: str | os.PathLike[str], split: str) -> dict[str, np.ndarray]:
+    """{image/key/sha256: Pillow's RGB decode of the stored image/encoded} of a split, read straight
+    from the shards: the pixels the converter promises the reader gives."""
+    manifest = json.loads((pathlib.Path(data_dir) / "dataset_info.json").read_text())
+    pixels = {}
+    for shard in manifest["splits"][split]["shards"]:
+        for record in tf.data.TFRecordDataset(str(pathlib.Path(data_dir) / shard["file"])):
+            feature = tf.train.Example.FromString(record.numpy()).features.feature
+            key = feature["image/key/sha256"].bytes_list.value[0].decode()
+            encoded = feature["image/encoded"].bytes_list.value[0]
+            pixels[key] = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
+    return pixels

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import reader_fixtures
 import tensorflow as tf
@@ -327,6 +328,26 @@ def test_every_global_step_through_the_service_is_whole(services, tmp_path: path
         assert set(keys) <= expected
     # At most once per pass, and every example still comes round.
     assert {k for replicas in steps for batch in replicas for k in batch} == expected
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_the_services_workers_decode_pillows_pixels(services, photo_shards) -> None:
+    """The workers run the reader's own graph, its JPEG decode included: through the service, the
+    converter's shards give Pillow's pixels of the stored bytes, exactly, as they do in process."""
+    address, _ = services[2]
+    want = reader_fixtures.pillow_pixels(photo_shards, "train")
+    dataset = tfdata_readers.make_dataset(
+        photo_shards, "train", 8, dtype="uint8", with_metadata=True, data_service=address
+    )
+    got = {
+        key.decode(): pixels
+        for image, _, meta in dataset
+        for key, pixels in zip(meta["key"].numpy(), image.numpy(), strict=True)
+    }
+    assert sorted(got) == sorted(want)
+    for key, pixels in got.items():
+        assert np.array_equal(pixels, want[key]), key
 
 
 @pytest.mark.slow

@@ -106,18 +106,6 @@ def photo_dataset(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     )
 
 
-def _stored_pixels(data_dir: pathlib.Path, split: str) -> dict[str, np.ndarray]:
-    """{key: Pillow's decode of the example's stored bytes}, read straight from the shards."""
-    out = {}
-    for shard in tfdata_readers.load_manifest(data_dir).split(split).shards:
-        for record in tf.data.TFRecordDataset(shard.path):
-            feature = tf.train.Example.FromString(record.numpy()).features.feature
-            out[feature["image/key/sha256"].bytes_list.value[0].decode()] = _pillow(
-                feature["image/encoded"].bytes_list.value[0]
-            )
-    return out
-
-
 def _read(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
     return {
         key.decode(): pixels
@@ -128,7 +116,7 @@ def _read(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("placement", ["element", "batch"])
 def test_the_readers_evaluation_pixels_are_pillows(photo_dataset: pathlib.Path, placement: str) -> None:
-    want = _stored_pixels(photo_dataset, "train")
+    want = reader_fixtures.pillow_pixels(photo_dataset, "train")
     got = _read(
         tfdata_readers.make_dataset(
             photo_dataset, "train", 4, dtype="uint8", with_metadata=True, decode_placement=placement
@@ -142,7 +130,7 @@ def test_the_readers_evaluation_pixels_are_pillows(photo_dataset: pathlib.Path, 
 def test_the_readers_training_pixels_are_pillows_or_their_mirror(photo_dataset: pathlib.Path) -> None:
     """With the crop pinned to the whole image, a training image is Pillow's pixels or their mirror:
     the training path's partial decode agrees with the evaluation path's."""
-    want = _stored_pixels(photo_dataset, "train")
+    want = reader_fixtures.pillow_pixels(photo_dataset, "train")
     height, width = SIZE[1], SIZE[0]
     got = _read(
         tfdata_readers.make_dataset(
