@@ -7,7 +7,16 @@ from dataclasses import asdict, dataclass, replace
 
 from beam_jobs.paths import redact
 
-__all__ = ["Annotations", "BoxObject", "DeadLetter", "InputFile", "ShardResult", "annotation_digest", "class_names"]
+__all__ = [
+    "Annotations",
+    "BoxObject",
+    "DeadLetter",
+    "InputFile",
+    "ShardResult",
+    "annotation_digest",
+    "class_names",
+    "content_label",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -138,6 +147,16 @@ def class_names(f: InputFile) -> tuple[str, ...]:
     if f.label is not None:
         names.add(f.label)
     return tuple(sorted(names))
+
+
+def content_label(f: InputFile) -> str:
+    """The label a content key records, and that an append compares with the version's: its one
+    label, or an annotated input's classes joined ("cat+dog") where it has none. Two inputs with
+    identical bytes and equal content labels are one image stored twice; with different ones, one
+    image taught two labels."""
+    if f.label is not None:
+        return f.label
+    return "+".join(class_names(f))
 
 
 @dataclass(frozen=True, order=True)

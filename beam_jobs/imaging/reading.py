@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hashlib
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.errors import BadInputError, Reason, Stage
 from beam_jobs.records import InputFile
 
-__all__ = ["READ_TIMEOUT_S", "SourceReaders", "read_source", "source_state"]
+__all__ = ["READ_TIMEOUT_S", "SourceReaders", "read_source", "source_digests", "source_state"]
 
 _T = TypeVar("_T")
 # The longest one source's open and read may take. Generous: a 64 MiB object over a slow link
@@ -46,17 +47,44 @@ def source_state(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOU
     None for what cannot be read (or gives no answer within ``timeout_s``: a hung mount hangs a
     stat as it hangs a read).
 
-    A staged shard is reused by --resume, and an input held by the current version is skipped by
-    --append, only if every one of its sources still has the state recorded when it was
-    converted: a replaced or repaired file (or mask) changes size or time, and is converted again.
-    The listing of a tree already knows both; an input list's entries cost one metadata request
-    each (on object stores the time is that of the object's current generation or version).
+    A hint, never a verdict: a staged shard is reused by --resume only if every one of its
+    sources still has the state recorded when it was converted, and --append holds an input
+    whose state is unchanged without reading it; when the state differs (a touch, a copy
+    without -p, a checkout), --append compares ``source_digests`` instead, so that only other
+    bytes are a change. The listing of a tree already knows both; an input list's entries cost
+    one metadata request each (on object stores the time is that of the object's current
+    generation or version).
     """
     state = _file_state(input_file.uri, input_file.size, input_file.mtime, timeout_s)
     annotations = input_file.annotations
     if annotations is not None and annotations.mask_uri is not None:
         state += _file_state(annotations.mask_uri, None, None, timeout_s)
     return state
+
+
+def source_digests(input_file: InputFile, *, timeout_s: float | None = READ_TIMEOUT_S) -> list[str | None]:
+    """[sha256 of the source's bytes], followed by its mask's when it has one, with None for what
+    cannot be read: what --append compares, as a shard's sidecar records it, when a held input's
+    size or time differ from those recorded. Reads each source whole (in chunks)."""
+    uris = [input_file.uri]
+    annotations = input_file.annotations
+    if annotations is not None and annotations.mask_uri is not None:
+        uris.append(annotations.mask_uri)
+    return [_file_digest(uri, timeout_s) for uri in uris]
+
+
+def _file_digest(uri: str, timeout_s: float | None) -> str | None:
+    def digest() -> str:
+        sha256 = hashlib.sha256()
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            while chunk := handle.read(1 << 20):
+                sha256.update(chunk)
+        return sha256.hexdigest()
+
+    try:
+        return _within(timeout_s, digest)
+    except Exception:  # Missing or unreadable: not the bytes recorded, whatever they were.
+        return None
 
 
 def _file_state(uri: str, size: int | None, mtime: float | None, timeout_s: float | None) -> list:

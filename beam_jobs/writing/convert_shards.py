@@ -32,7 +32,7 @@ from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, r
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
 from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
-from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, class_names
+from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, content_label
 from beam_jobs.storage import temp_name, write_atomically
 from beam_jobs.writing.tfrecord_framing import frame_record
 
@@ -332,7 +332,7 @@ class ConvertShardFn(beam.DoFn):
                 return self._isolated(convert_image, data, input_file, self._config, mask)
         return convert_image(data, input_file, self._config, mask)
 
-    def _conversions(self, inputs: tuple[InputFile, ...]):
+    def _conversions(self, inputs: tuple[InputFile, ...], mask_digests: dict[str, str] | None = None):
         """(input, bytes or BadInputError, whether it is decoded in isolation, future of its
         _convert or None) in plan order.
 
@@ -350,6 +350,8 @@ class ConvertShardFn(beam.DoFn):
         try:
             for input_file, read in self._sources(inputs):
                 data, mask = read if isinstance(read, tuple) else (read, None)
+                if mask is not None and mask_digests is not None:  # the sidecar records it (input_sha256)
+                    mask_digests[input_file.filename] = hashlib.sha256(mask).hexdigest()
                 if isinstance(data, BadInputError):
                     isolated, conversion = False, None
                 else:
@@ -389,6 +391,9 @@ class ConvertShardFn(beam.DoFn):
                 return
         temp_path = FileSystems.join(self._output_dir, temp_name(shard.file_name))
         content_keys: list[tuple[str, str, str]] = []
+        # sha256 of each input's source bytes (and its mask's) by filename, dead letters read included
+        digests: dict[str, str] = {}
+        mask_digests: dict[str, str] = {}
         # Annotated examples: [image-level classes, object classes, objects cut by the crop] each
         annotated: list[list] = []
         dead_letters: list[DeadLetter] = []
@@ -398,7 +403,7 @@ class ConvertShardFn(beam.DoFn):
         )
         try:
             writer = _HashingWriter(handle)
-            for input_file, data, isolated, conversion in self._conversions(shard.inputs):
+            for input_file, data, isolated, conversion in self._conversions(shard.inputs, mask_digests):
                 if self._tearing_down:
                     raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
                 try:
@@ -411,6 +416,7 @@ class ConvertShardFn(beam.DoFn):
                         Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
                     try:
                         record, events, sha256, classes = conversion.result()
+                        digests[input_file.filename] = sha256
                     except (BadInputError, WorkerShutdownError):
                         raise
                     except Exception as error:  # One odd file must not fail the whole shard.
@@ -419,6 +425,8 @@ class ConvertShardFn(beam.DoFn):
                         ) from error
                 except BadInputError as error:
                     dead_letters.append(DeadLetter(input_file.uri, error.stage, error.reason, error.detail))
+                    if isinstance(data, bytes):  # read, then refused: a touch of it must not count as a change
+                        digests[input_file.filename] = hashlib.sha256(data).hexdigest()
                     self._images_failed.inc()
                     Metrics.counter(METRICS_NAMESPACE, f"failed_{error.reason}").inc()
                     continue
@@ -450,6 +458,11 @@ class ConvertShardFn(beam.DoFn):
             # Which inputs this shard was made from (in plan order, as ``sources``): --append reads
             # it to convert only the inputs that the current version does not hold yet.
             "inputs": [input_file.uri for input_file in shard.inputs],
+            # ... who each is (its path relative to its source's root) and what its bytes were: an
+            # append knows a held input by them wherever its folder is mounted, and compares bytes
+            # when its size or time differ (``sources`` is only a hint; see reading.source_digests).
+            "input_filenames": [input_file.filename for input_file in shard.inputs],
+            "input_sha256": [_source_digests(f, digests, mask_digests) for f in shard.inputs],
             # ... and what the plan made of each (its label), and the shard's split: an input
             # relabelled or moved to another split since is a changed input, never silently kept.
             "input_labels": [input_file.label for input_file in shard.inputs],
@@ -547,12 +560,18 @@ def _read_with_mask(input_file: InputFile, max_file_bytes: int) -> bytes | tuple
     return data, mask
 
 
+def _source_digests(input_file: InputFile, digests: dict[str, str], mask_digests: dict[str, str]) -> list:
+    """[sha256 of the source's bytes], then its mask's when it has one (None where unread), in the
+    shape of reading.source_digests."""
+    annotations = input_file.annotations
+    with_mask = annotations is not None and annotations.mask_uri is not None
+    found = [digests.get(input_file.filename)]
+    return [*found, mask_digests.get(input_file.filename)] if with_mask else found
+
+
 def _key_label(input_file: InputFile) -> str:
-    """The label a content key records (the duplicate report names it): an annotated input's
-    classes, joined, where it has no one label."""
-    if input_file.label is not None:
-        return input_file.label
-    return "+".join(class_names(input_file))
+    """The label a content key records (the duplicate report names it): records.content_label."""
+    return content_label(input_file)
 
 
 def _file_sha256(path: str) -> tuple[int, str]:
