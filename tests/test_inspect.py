@@ -305,6 +305,29 @@ def test_more_examples_than_a_split_holds_is_capped_with_a_note(dataset, tmp_pat
     assert code == 0  # --scan alone lowers the default --num_examples rather than contradicting it
 
 
+@pytest.mark.slow
+def test_a_truncated_shards_note_says_what_its_sheet_shows(dataset, tmp_path, capsys):
+    """A damaged split's sheet holds only the examples that could be read: the note says how many
+    it shows and how many the split holds, never "all" of the manifest's count."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(dataset, damaged)
+    info = json.loads((damaged / "dataset_info.json").read_text())
+    truncated = damaged / info["splits"]["validation"]["shards"][1]["file"]
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    held = info["splits"]["validation"]["num_examples"]
+    for out, asked in ((tmp_path / "asked", ["--num_examples", 100000]), (tmp_path / "default", [])):
+        code, stdout, _ = _run_main(capsys, damaged, "--out", out, "--split", "validation", *asked)
+        shown = len(json.loads(Image.open(out / "contact_sheet-validation.png").text[TILES_CHUNK]))
+        assert code == 1 and 0 < shown < held, stdout
+        notes = [line for line in stdout.splitlines() if line.startswith("note: ")]
+        assert len(notes) == 1 and "shows all" not in notes[0], stdout
+        assert f"its sheet shows {shown} of its {held} examples" in notes[0], notes
+        assert f"only {shown} could be read" in notes[0], notes
+        assert notes[0].startswith(
+            "note: --num_examples 100000 is more than validation holds" if asked else "note: validation:"
+        )
+
+
 def test_tensorflow_errors_lose_their_internals():
     raw = (
         "{{function_node __wrapped__IteratorGetNext_output_types_1_device_/job:localhost/replica:0/task:0/device:"

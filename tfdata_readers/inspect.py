@@ -22,7 +22,7 @@ from tfdata_readers.inspection.units import format_mib, plural
 if TYPE_CHECKING:  # These need TensorFlow: imported once the arguments are parsed (--help stays instant).
     from tfdata_readers.inspection.gather import Inspection
 
-__all__ = ["main", "text_summary", "write_inspection"]
+__all__ = ["main", "sample_notes", "text_summary", "write_inspection"]
 
 PROG = "inspect-tfrecords"
 
@@ -53,6 +53,24 @@ def _seed(text: str) -> int:
     if not 0 <= value < 2**63:
         raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63-1 (got {text!r})")
     return value
+
+
+def sample_notes(report: Inspection, num_examples: int, *, asked: bool) -> list[str]:
+    """A note for each split whose sheet shows fewer examples than `num_examples` (`asked`: given
+    as --num_examples), saying how many it shows: all the split holds, or, when some of its
+    records could not be read (a damaged shard, named under problems), only those that could."""
+    notes = []
+    for split, sample in report.samples.items():
+        held, shown = report.info.splits[split].num_examples, len(sample.examples)
+        over = f"--num_examples {num_examples} is more than {split} holds" if asked and held < num_examples else ""
+        if shown >= min(held, num_examples):
+            if over and held > 0:
+                notes.append(f"{over}: its sheet shows all {held}")
+            continue
+        # Fewer than the sample holds: the reading stopped early, so every record read is shown.
+        cause = f"its sheet shows {shown} of its {held} examples: only {shown} could be read (see problems)"
+        notes.append(f"{over}, and {cause}" if over else f"{split}: {cause}")
+    return notes
 
 
 def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = ()) -> str:
@@ -208,12 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    notes = [
-        f"--num_examples {num_examples} is more than {split} holds: its sheet shows all "
-        f"{report.info.splits[split].num_examples}"
-        for split in report.samples
-        if args.num_examples is not None and 0 < report.info.splits[split].num_examples < num_examples
-    ]
+    notes = sample_notes(report, num_examples, asked=args.num_examples is not None)
     written = write_inspection(report, args.out, augmented=args.augmented, tile=args.tile)
     print(text_summary(report, written, notes))
     problems = (
