@@ -50,7 +50,7 @@ from beam_jobs.command_line.termination import (
 )
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
-from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_state
+from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.listing.coco import ListCoco
 from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
@@ -66,6 +66,7 @@ from beam_jobs.writing.append import (
     SourceChangesError,
     annotation_kinds_of,
     check_source_changes,
+    held_content_keys,
     held_sidecars,
     read_held_inputs,
 )
@@ -274,7 +275,7 @@ class ConvertImages(beam.PTransform):
             )
         append = self._change_kind == "append"
         base = self._expected.manifest if append and self._expected is not None else None
-        held = None
+        held = held_keys = None
         if base is not None:
             assert self._expected is not None, "base is the manifest of the version appended to"
             held = (
@@ -283,12 +284,18 @@ class ConvertImages(beam.PTransform):
                 | "ReadHeldInputs"
                 >> beam.FlatMap(read_held_inputs, output_dir=output_dir, version=self._expected.version)
             )
-            # (uri, [size, mtime] when converted): every input the current version holds
+            # (path relative to the source's root, {state, digests, label, split, ...}): every
+            # input the current version holds
+            held_keys = held | "HeldContentKeys" >> beam.FlatMap(held_content_keys)
+            # (sha256, (identity, label)): every example it holds, in the shape of CONTENT_KEYS
         planned = listing | "PlanShards" >> PlanShards(
             held=held,
             known_labels=tuple(base["label_names"]) if base else (),
             known_kinds=annotation_kinds_of(base) if base else (),
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
+            digests_of=partial(source_digests, timeout_s=READ_TIMEOUT_S),
+            held_content=held_keys,
+            held_version=self._expected.version if base is not None and self._expected is not None else None,
             from_tree=self._input_root is not None and not self._coco_files,
             tree_layout=self._tree_layout,
             source=self._input_root or self._input_list or f"the rows under {self._rows_root}",
@@ -368,8 +375,15 @@ class ConvertImages(beam.PTransform):
         )
         # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
         # content_keys: (sha256 of source bytes, (filename, label))
+        # An append groups its new examples with the version's own: identical bytes across
+        # versions are reported as in one run (append.merge_appended merges the groups).
+        content_keys = (
+            (converted[CONTENT_KEYS], held_keys) | "WithHeldContentKeys" >> beam.Flatten()
+            if held_keys is not None
+            else converted[CONTENT_KEYS]
+        )
         duplicates = (
-            converted[CONTENT_KEYS]
+            content_keys
             | "GroupByContent" >> beam.GroupByKey()
             # (sha256, [(filename, label), ...])
             | "DuplicateGroups" >> beam.FlatMap(_duplicate_groups)
@@ -963,8 +977,10 @@ def _summary(info: dict, output_dir: str) -> str:
     by_reason = info.get("dead_letters_by_reason", {})
     dropped = sum(count for reason, count in by_reason.items() if reason in DROPPED_REASONS)
     unusable = info["num_dead_letters"] - dropped
-    copies = f", {dropped} copies dropped (--dedup)" if dropped else ""
     change = info.get("change") or {}
+    # An append also drops the new inputs whose bytes the version holds under the same label.
+    why = "--dedup, or bytes held already" if change.get("kind") == "append" else "--dedup"
+    copies = f", {dropped} copies dropped ({why})" if dropped else ""
     committed = ""
     if info.get("version"):
         added = change.get("added")
@@ -1134,9 +1150,11 @@ def callers_logging_kept() -> Iterator[None]:
     handlers = [(handler, handler.formatter, list(handler.filters)) for handler in root.handlers]
     warnings_to_debug_log()
     levels = {name: logging.getLogger(name).level for name in ["", *_touched_loggers()]}
+    show_warning = warnings.showwarning
     try:
         yield
     finally:
+        warnings.showwarning = show_warning
         kept = [handler for handler, _, _ in handlers]
         for handler in list(root.handlers):
             if handler not in kept:
@@ -1148,11 +1166,9 @@ def callers_logging_kept() -> Iterator[None]:
             handler.setFormatter(formatter)
             handler.filters[:] = filters
         for name, level in levels.items():
-    show_warning = warnings.showwarning
             logging.getLogger(name).setLevel(level)
 
 
-        warnings.showwarning = show_warning
 def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool = True) -> None:
     numeric = getattr(logging, level, logging.WARNING)
     # force: Beam's import logs through the root logger, which configures it with logging's

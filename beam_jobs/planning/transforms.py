@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import apache_beam as beam
 
-from beam_jobs.errors import JobError
+from beam_jobs.errors import JobError, Reason, Stage
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import (
     DEFAULT_SPLIT,
@@ -46,51 +46,119 @@ from beam_jobs.planning.rules import (
     tree_facts,
     tree_reads_splits,
 )
-from beam_jobs.records import Annotations, DeadLetter, InputFile, annotation_digest, class_names
+from beam_jobs.records import Annotations, DeadLetter, InputFile, annotation_digest, class_names, content_label
 
-__all__ = ["PLAN_CHANGES", "PLAN_DEAD_LETTERS", "PLAN_SUMMARY", "PlanShards", "SourceChangesFn", "compare_with_held"]
+__all__ = [
+    "PLAN_CHANGES",
+    "PLAN_DEAD_LETTERS",
+    "PLAN_SUMMARY",
+    "PlanShards",
+    "SourceChangesFn",
+    "compare_with_held",
+    "held_copy",
+]
 
 PLAN_DEAD_LETTERS = "plan_dead_letters"
 PLAN_SUMMARY = "plan_summary"
-# --append: ("changed" | "removed", uri) for each input the current version holds that the
-# listing no longer shows as it was converted.
+# --append: ("held" | "changed" | "removed", identity) for each input the current version holds:
+# as it was converted, or not.
 PLAN_CHANGES = "plan_changes"
 _INPUTS = "inputs"
 
 
-def compare_with_held(group: tuple[str, Mapping[str, Iterable]], *, state_of: Callable[[InputFile], list]) -> Iterable:
-    """(uri, {"listed": [InputFile], "held": [state]}) -> the new inputs (main output) and the
-    changes (PLAN_CHANGES): --append converts only what the current version does not hold.
+def compare_with_held(
+    group: tuple[str, Mapping[str, Iterable]],
+    *,
+    state_of: Callable[[InputFile], list],
+    digests_of: Callable[[InputFile], list] | None = None,
+) -> Iterable:
+    """(identity, {"listed": [InputFile], "held": [record]}) -> the new inputs (main output) and
+    the changes (PLAN_CHANGES): --append converts only what the current version does not hold.
 
-    An input held with the state (size, modification time), label, annotations and split its
-    shard's sidecar recorded is skipped; one that differs in any is "changed", one held but no longer listed "removed":
-    both are reported, never silently kept or dropped (the caller decides). ``state_of`` gives a
-    listed input's state (convert.source_state). Pure but for ``state_of``.
+    The identity is the input's path relative to its source's root (InputFile.filename), so a
+    folder moved, copied or remounted elsewhere is the same inputs. An input held with the label,
+    annotations and split its shard's sidecar recorded, and with the same bytes, is skipped; one
+    that differs in any is "changed", one held but no longer listed "removed": both are reported
+    by identity, never silently kept or dropped (the caller decides). ``state_of`` gives a listed
+    input's [size, time] (reading.source_state), a hint: when it is the recorded one the bytes
+    are taken as unchanged, else ``digests_of`` (reading.source_digests) hashes the source and
+    only other bytes are a change. Pure but for ``state_of`` and ``digests_of``.
     """
-    uri, sides = group
+    name, sides = group
     listed, held = list(sides["listed"]), list(sides["held"])
     if not held:
         yield from listed
         return
     if not listed:
-        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("removed", uri))
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("removed", name))
         return
-    if any(_differs(f, held[0], state_of) for f in listed):
-        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("changed", uri))
+    if any(_differs(f, held[0], state_of, digests_of) for f in listed):
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("changed", name))
     else:
-        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", uri))
+        yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", name))
 
 
-def _differs(listed: InputFile, held: dict, state_of: Callable[[InputFile], list]) -> bool:
-    """Whether a listed input is not what the version holds of it: another source state (size,
-    modification time, and its mask's), another label, other annotations (boxes, labels, mask
-    path), or another split where the listing names one (a split the plan would assign is the
-    one it was assigned: old inputs never move)."""
-    if list(state_of(listed)) != list(held["state"]) or listed.label != held["label"]:
+def _differs(
+    listed: InputFile, held: dict, state_of: Callable[[InputFile], list], digests_of: Callable[[InputFile], list] | None
+) -> bool:
+    """Whether a listed input is not what the version holds of it: other bytes (its mask's
+    included), another label, other annotations (boxes, labels, mask path), or another split where
+    the listing names one (a split the plan would assign is the one it was assigned: old inputs
+    never move). Bytes are read only when the size or time differ from those recorded, and
+    compared only where the sidecar recorded them (an earlier release's dead letters did not)."""
+    if listed.label != held["label"] or annotation_digest(listed) != held.get("annotations"):
         return True
-    if annotation_digest(listed) != held.get("annotations"):
+    if listed.split is not None and listed.split != held["split"]:
         return True
-    return listed.split is not None and listed.split != held["split"]
+    if list(state_of(listed)) == list(held["state"]):
+        return False
+    recorded = held.get("digests")
+    return recorded is None or digests_of is None or list(digests_of(listed)) != list(recorded)
+
+
+def held_copy(
+    group: tuple[str, Mapping[str, Iterable]], *, version: int, dedup: str
+) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+    """(sha256, {"new": [InputFile], "held": [(identity, content label)]}) -> the new inputs that
+    are not bytes the version holds already (main output), and a dead letter for each that is
+    (PLAN_DEAD_LETTERS).
+
+    A new input with the bytes and the label of an example the version holds would be the same
+    example twice: it is ``duplicate_content``, naming the held one. Under another label it is
+    kept, and the run's content duplicates report the two (one image taught two labels, as a
+    fresh run reports it), unless ``dedup`` is "content", where such copies are
+    ``conflicting_labels`` as in a fresh run (the held example stays: an append never changes it).
+    """
+    sha256, sides = group
+    new, held = list(sides["new"]), sorted(sides["held"])
+    if not held:
+        yield from new
+        return
+    for f in new:
+        same = [identity for identity, label in held if label == content_label(f)]
+        if same:
+            detail = f"same bytes as {same[0]!r}, held by version {version} under the same label"
+            yield beam.pvalue.TaggedOutput(
+                PLAN_DEAD_LETTERS, DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_CONTENT, detail)
+            )
+        elif dedup == "content":
+            labels = sorted({label for _, label in held} | {content_label(f)})
+            detail = (
+                f"the same bytes (sha256 {sha256[:16]}...) are labelled {labels!r}: {f.filename!r} and "
+                f"{held[0][0]!r}, held by version {version}"
+            )
+            yield beam.pvalue.TaggedOutput(
+                PLAN_DEAD_LETTERS, DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS, detail)
+            )
+        else:
+            yield f
+
+
+def _with_digest(f: InputFile, *, digests_of: Callable[[InputFile], list]) -> InputFile:
+    """A new input with the sha256 of its source (already known under --dedup content)."""
+    if f.content_sha256 is not None:
+        return f
+    return replace(f, content_sha256=digests_of(f)[0])
 
 
 class SourceChangesFn(beam.CombineFn):
@@ -406,11 +474,20 @@ class PlanShards(beam.PTransform):
         known_labels: tuple[str, ...] = (),
         known_kinds: tuple[str, ...] = (),
         state_of: Callable[[InputFile], list] | None = None,
+        digests_of: Callable[[InputFile], list] | None = None,
+        held_content: beam.PCollection | None = None,
+        held_version: int | None = None,
     ) -> None:
         super().__init__()
-        # --append: the inputs the current version holds ((uri, state) PCollection), and its label
-        # names, whose ids never change (new labels get the next ids, in sorted order).
+        # --append: the inputs the current version (``held_version``) holds, (identity, record)
+        # (append.read_held_inputs), and its label names, whose ids never change (new labels get
+        # the next ids, in sorted order).
         self._held = held
+        self._held_version = held_version
+        # ... and its examples' content keys, (sha256, (identity, content label)): a new input
+        # with bytes it holds is not stored again under the same label (held_copy).
+        self._held_content = held_content
+        self._digests_of = digests_of
         self._known_labels = tuple(known_labels)
         # ... and what its examples hold ("annotated", "objects", ...): a row with only a label,
         # appended to a detection set, is then an image with no object, as in a run that made it.
@@ -477,13 +554,35 @@ class PlanShards(beam.PTransform):
         if self._held is not None:
             # Before splits are assigned: an input already held keeps its split (it is not planned
             # again), and the new ones get theirs by the same rule as a fresh run.
+            # Joined by identity (the path relative to the source's root), never by absolute uri.
             compared = (
-                {"listed": inputs | "KeyByUri" >> beam.Map(lambda f: (f.uri, f)), "held": self._held}
+                {"listed": inputs | "KeyByName" >> beam.Map(lambda f: (f.filename, f)), "held": self._held}
                 | "JoinHeld" >> beam.CoGroupByKey()
+                # (identity, {"listed": [InputFile], "held": [record]})
                 | "NotHeldYet"
-                >> beam.FlatMap(compare_with_held, state_of=self._state_of).with_outputs(PLAN_CHANGES, main=_INPUTS)
+                >> beam.FlatMap(compare_with_held, state_of=self._state_of, digests_of=self._digests_of).with_outputs(
+                    PLAN_CHANGES, main=_INPUTS
+                )
             )
             inputs, changes = compared[_INPUTS], compared[PLAN_CHANGES]
+        if self._held_content is not None:
+            assert self._digests_of is not None, "new inputs are hashed to be compared with the held ones"
+            checked = (
+                {
+                    "new": inputs
+                    | "DigestNew" >> beam.Map(_with_digest, digests_of=self._digests_of)
+                    | "KeyNewByContent" >> beam.Map(lambda f: (f.content_sha256, f)),
+                    "held": self._held_content,
+                }
+                | "JoinHeldContent" >> beam.CoGroupByKey()
+                # (sha256, {"new": [InputFile], "held": [(identity, content label)]})
+                | "NotHeldCopies"
+                >> beam.FlatMap(held_copy, version=self._held_version, dedup=self._dedup).with_outputs(
+                    PLAN_DEAD_LETTERS, main=_INPUTS
+                )
+            )
+            inputs = checked[_INPUTS]
+            dead.append(checked[PLAN_DEAD_LETTERS])
         num_unsplit = (
             inputs
             | "Unsplit" >> beam.Filter(lambda f: f.split is None)

@@ -1,11 +1,14 @@
 """--append: a new version that lists the current version's shards, untouched, plus new ones.
 
 The current version's inputs are known from its shards' sidecars (convert_shards.py records, per
-shard, each input's uri and the state of its source when it was converted), so only inputs
-that no shard holds are planned and converted. Label ids never change: the current version's
-label names keep their ids, new labels get the next ones. A source that changed or disappeared
-since it was converted is reported; by default the append is refused, so that nothing is kept
-or dropped silently.
+shard, each input's path relative to its source's root, the sha256 of its bytes, and the size and
+time its source had when it was converted), so only inputs that no shard holds are planned and
+converted. An input is who it is relative to its root, never where the root is mounted: a dataset
+and its input folder may each be moved, copied or remounted. Size and time are a hint; only other
+bytes, another label, other annotations or another split make a held input "changed". Label ids
+never change: the current version's label names keep their ids, new labels get the next ones. A
+source that changed or disappeared since it was converted is reported; by default the append is
+refused, so that nothing is kept or dropped silently.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "SourceChangesError",
     "annotation_kinds_of",
     "check_source_changes",
+    "held_content_keys",
     "held_sidecars",
     "merge_appended",
     "read_held_inputs",
@@ -51,14 +55,22 @@ def held_sidecars(manifest: dict) -> list[str]:
 
 
 def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, dict]]:
-    """(uri, {state of its source when converted, label, split, digest of its annotations}) for each
-    input one shard holds, from its sidecar."""
+    """(identity, {"state", "digests", "label", "split", "annotations", "uri", "written",
+    "content_key"}) for each input one shard holds, from its sidecar.
+
+    The identity is the input's path relative to its source's root (InputFile.filename), the
+    key an append joins its listing on. "digests" is the sha256 of its source (and its mask's)
+    when converted, None where unknown; "content_key" the (sha256, label) its example was
+    recorded under, None for a dead letter. Sidecars written before the relative names were
+    recorded are read too: see ``_identities``."""
     path = FileSystems.join(output_dir, relative)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             sidecar = json.loads(handle.read().decode("utf-8"))
         inputs, sources = sidecar["inputs"], sidecar["sources"]
         labels, split = sidecar["input_labels"], sidecar["split"]
+        content_keys = {filename: (sha256, label) for sha256, filename, label in sidecar.get("content_keys", [])}
+        dead = {letter[0] for letter in sidecar.get("dead_letters", [])}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise JobError(
             f"--append: {path} (the record of which inputs a shard of version {version} holds) cannot be "
@@ -73,13 +85,59 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
         )
     # Sidecars of inputs without annotations record none (and those of earlier releases neither).
     digests = sidecar.get("input_annotations") or [None] * len(inputs)
-    if len(digests) != len(inputs):
+    names = sidecar.get("input_filenames") or _identities(inputs, dead, list(content_keys))
+    sha256s = sidecar.get("input_sha256") or [_recorded_digest(name, content_keys) for name in names]
+    if not len(digests) == len(names) == len(sha256s) == len(inputs):
         raise JobError(
-            f"--append: {path} lists {len(inputs)} inputs but {len(digests)} annotation records; it was "
-            "changed after the run that wrote it: rebuild once with --overwrite, then append"
+            f"--append: {path} lists {len(inputs)} inputs but {len(digests)} annotation records, "
+            f"{len(names)} names and {len(sha256s)} digests; it was changed after the run that wrote it: "
+            "rebuild once with --overwrite, then append"
         )
-    for uri, state, label, digest in zip(inputs, sources, labels, digests, strict=True):
-        yield uri, {"state": state, "label": label, "split": split, "annotations": digest}
+    for uri, name, state, sha256, label, digest in zip(inputs, names, sources, sha256s, labels, digests, strict=True):
+        yield (
+            name,
+            {
+                "state": state,
+                "digests": sha256 if sha256 and None not in sha256 else None,
+                "label": label,
+                "split": split,
+                "annotations": digest,
+                "uri": uri,
+                "written": name in content_keys and uri not in dead,
+                "content_key": list(content_keys[name]) if name in content_keys and uri not in dead else None,
+            },
+        )
+
+
+def _identities(inputs: list[str], dead: set[str], written: list[str]) -> list[str]:
+    """The relative names of a sidecar's inputs where it records only their absolute uris (one
+    written before the names were): an example's content key names it relative to the root, so
+    the root is what its uri has before that name, and every input under it is named relative to
+    it. An input of a shard with no example keeps its uri (no root is known there)."""
+    converted = [uri for uri in inputs if uri not in dead]
+    roots = {
+        uri[: -len(name)]
+        for uri, name in zip(converted, written, strict=False)
+        if len(converted) == len(written) and uri.endswith(name)
+    }
+    if len(roots) != 1:
+        return list(inputs)
+    root = roots.pop()
+    return [uri[len(root) :] if uri.startswith(root) else uri for uri in inputs]
+
+
+def _recorded_digest(name: str, content_keys: Mapping[str, tuple[str, str]]) -> list | None:
+    """[sha256] of an input whose example's content key records it, in an earlier release's sidecar."""
+    return [content_keys[name][0]] if name in content_keys else None
+
+
+def held_content_keys(held: tuple[str, dict]) -> list[tuple[str, tuple[str, str]]]:
+    """(sha256 of the source, (identity, label)) of a held input that is an example of the
+    version, in the shape of convert_shards' content keys: an append finds new inputs whose bytes
+    the version holds, and reports identical content across versions, by them."""
+    name, record = held
+    key = record.get("content_key")
+    return [(key[0], (name, key[1]))] if key else []
 
 
 def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict:
@@ -115,23 +173,55 @@ def _shown(changes: Mapping, kind: str) -> str:
 # an --splits the new inputs did not need is not "ignored" by the dataset).
 WHOLE_DATASET_WARNING = re.compile(
     r"^(split '.*' has no example of |--splits .* was ignored: |"
-    r"split '.*' has no example left of )"
+    r"split '.*' has no example left of |\d+ images? with identical content carry more than one label: )"
 )
+_CONFLICTING_LABELS = re.compile(r"^\d+ images? with identical content carry more than one label: ")
 
 
 _MISSING_CLASS = re.compile(r"^split '.*' has no example of ")
 
 
-def _merged_warnings(base: dict, added: dict, splits: dict, label_names: list[str]) -> list[str]:
+def _merged_warnings(
+    base: dict, added: dict, splits: dict, label_names: list[str], duplicates: list[dict]
+) -> list[str]:
     """The warnings of base and of the append run, without those about the whole dataset, which
-    are computed again from the merged per-split class counts; each said once."""
+    are computed again from the merged per-split class counts and content duplicates; each said once."""
+    from beam_jobs.writing.finalize import conflicting_label_warnings  # pylint: disable=import-outside-toplevel  # cycle
+
     kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
     # The plan's own rule and wording for a class missing from a split, over the merged counts.
     merged = plan_warnings(
-        {split: facts["class_counts"] for split, facts in splits.items()}, label_names, requested=None, num_unsplit=0
+        {split: facts["class_counts"] for split, facts in splits.items()},
+        label_names,
+        requested=None,
+        num_unsplit=0,
+        retired=added.get("retired_labels", ()),  # kept at their ids, missing from every split on purpose
     )
     kept += [w for w in merged if _MISSING_CLASS.match(w)]
+    # A fresh run's own wording for identical images under several labels, over the whole version.
+    kept += [w for w in conflicting_label_warnings(duplicates) if _CONFLICTING_LABELS.match(w)]
     return list(dict.fromkeys(kept))
+
+
+def _merged_duplicates(base: dict, added: dict) -> list[dict]:
+    """The content duplicates of the whole version, one group per content: the append run groups
+    its new examples with the held ones of equal bytes (pipeline.py), so a group may extend one
+    of base's."""
+    files: dict[str, set[str]] = collections.defaultdict(set)
+    labels: dict[str, set[str]] = collections.defaultdict(set)
+    for group in [*base.get("content_duplicates", []), *added.get("content_duplicates", [])]:
+        files[group["sha256"]].update(group["files"])
+        labels[group["sha256"]].update(group["labels"])
+    groups = [
+        {
+            "sha256": sha256,
+            "files": sorted(files[sha256]),
+            "labels": sorted(labels[sha256]),
+            "conflicting_labels": len(labels[sha256]) > 1,
+        }
+        for sha256 in files
+    ]
+    return sorted(groups, key=lambda group: group["files"])
 
 
 def _layout(info: dict) -> dict:
@@ -224,7 +314,8 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
         if any("mask_class_ids" in part for part in parts):
             splits[name]["mask_class_ids"] = sorted({i for part in parts for i in part.get("mask_class_ids", [])})
     held = sum(split["num_examples"] for split in base["splits"].values())
-    warnings = _merged_warnings(base, added, splits, label_names)
+    duplicates = _merged_duplicates(base, added)
+    warnings = _merged_warnings(base, added, splits, label_names, duplicates)
     if changes and (changes.get("changed") or changes.get("removed")):
         warnings.append(
             f"--append --changed_sources keep: {changes.get('changed', 0)} changed and {changes.get('removed', 0)} "
@@ -240,8 +331,5 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
         "splits": splits,
         "warnings": warnings,
         "num_inputs": held + added["num_inputs"],
-        "content_duplicates": sorted(
-            [*base.get("content_duplicates", []), *added.get("content_duplicates", [])],
-            key=lambda group: group["files"],
-        ),
+        "content_duplicates": duplicates,
     }
