@@ -258,7 +258,7 @@ itt_need_job_server_tools() {
 # server jar. $FLINK_JOB_SERVER_JAR, when set, wins (a path, or a URL that Beam downloads itself).
 # Otherwise the jar is built once into the cache from launch/flink_job_server/pom.xml: a shaded
 # assembly of org.apache.beam:beam-runners-flink-<minor>:<version> and its dependencies, all from
-# Maven Central (about a minute and 160 MB; later runs reuse it).
+# Maven Central (a 157 MB jar; 30 to 40 s of CPU, see docs/clusters.md; later runs reuse it).
 itt_ensure_job_server_jar() {
   local minor=$1 beam=$2 name dir jar build
   if [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]]; then
@@ -273,7 +273,7 @@ itt_ensure_job_server_jar() {
     mkdir -p "$dir"
     build=$(mktemp -d "$dir/.build-$minor-$beam.XXXXXX")
     cp "$ITT_JOB_SERVER_POM" "$build/pom.xml"
-    itt_log "building $name from org.apache.beam:beam-runners-flink-$minor:$beam (Maven Central) into $dir; first run only, about a minute"
+    itt_log "building $name from org.apache.beam:beam-runners-flink-$minor:$beam (Maven Central) into $dir; first run only, 30 to 40 s of CPU (minutes on a busy machine)"
     if ! (cd "$build" && mvn --batch-mode --quiet "-Dflink.minor=$minor" "-Dbeam.version=$beam" package) \
         >"$build/mvn.log" 2>&1; then
       tail -n 15 "$build/mvn.log" >&2

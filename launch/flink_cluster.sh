@@ -35,14 +35,14 @@ Options (defaults in brackets):
   --taskmanager_memory M   process size of each TaskManager [2048m]
   --restart_attempts N     fixed-delay restart strategy attempts [3]; 0 disables restarts
   --restart_delay D        delay between restarts [2 s]
-  --heartbeat_timeout_ms T how fast a lost TaskManager is noticed [15000]
+  --heartbeat_timeout_ms T how long a silent TaskManager is waited for [30000]
   --timeout S              seconds to wait for each service [90]
   -h, --help               this help
 
 Everything binds 127.0.0.1. The web UI is http://127.0.0.1:<rest_port>. Needs Java 11 or 17;
 fetch also needs Maven (mvn) unless \$FLINK_JOB_SERVER_JAR names a jar built elsewhere.
 Cache: \${IMAGES_TO_TFRECORDS_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/images-to-tfrecords}
-Python for the worker pool: \$PYTHON, else .venv/bin/python, else python3.
+Python for the worker pool: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3.
 EOF
 }
 
@@ -66,7 +66,7 @@ slots=2
 tm_memory=2048m
 restart_attempts=3
 restart_delay="2 s"
-heartbeat_timeout_ms=15000
+heartbeat_timeout_ms=30000
 timeout=90
 given_ports=" "
 while (($#)); do
@@ -177,6 +177,15 @@ else
 fi)
 heartbeat.timeout: $heartbeat_timeout_ms
 heartbeat.interval: 2000
+# Flink's RPC and REST waits assume a quiet machine: a test run on 2 busy cores failed a job with
+# Pekko's "AskTimeoutException ... after [10000 ms]" (pekko.ask.timeout, the default timeout of
+# every RPC between JobManager and TaskManagers). A loopback cluster loses nothing by waiting
+# longer: a killed process is still noticed by its broken connection and the heartbeat above.
+pekko.ask.timeout: 60 s
+pekko.lookup.timeout: 60 s
+pekko.tcp.timeout: 60 s
+rest.connection-timeout: 60000
+rest.await-leader-timeout: 60000
 io.tmp.dirs: $state_dir/tmp
 EOF
   mkdir -p "$state_dir/tmp"

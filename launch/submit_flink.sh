@@ -37,11 +37,13 @@ Options (defaults in brackets):
                                command and exit; contacts nothing and builds nothing
   -h, --help                   this help
 
-Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3. The job server is a Java process that
-this script's Python starts (java must be on PATH); it translates the job and submits it to
---flink_master. Before that, this script asks the cluster's REST API for its Flink version and
-stops with one line if the job server was built for another minor version. The defaults
-(Flink 1.19 + Beam Java runner 2.62.0) are pinned in launch/flink_job_server/pom.xml.
+Python: \$PYTHON, else the active venv's (\$VIRTUAL_ENV), else .venv/bin/python, else python3.
+The job server is a Java process that this script starts for the job and stops after it (java
+must be on PATH), its output in \$(cache)/logs/flink-job-server-<time>-<pid>.log; it translates
+the job and submits it to --flink_master. Before that, this script asks the cluster's REST API
+for its Flink version and stops with one line if the job server was built for another minor
+version. The defaults (Flink 1.19 + Beam Java runner 2.62.0) are pinned in
+launch/flink_job_server/pom.xml.
 Watch the job at http://<flink_master>/#/job/running.
 EOF
 }
@@ -204,6 +206,41 @@ for job in jobs:
         print(job["jid"])
 EOF
 }
+
+# Beam's FlinkRunner would start the job server itself and announce each start and stop on the
+# console at WARNING ("Really starting service at localhost:N with cmd: [java, -jar, ...]"), while
+# the server's own lines went nowhere at the job's default log level. So this script starts it, its
+# output in a log file, and gives the job its endpoint (--job_endpoint); the job server stops when
+# this script ends, however it ends. A jar given as a URL is left to Beam, which downloads it.
+job_server_pid=""
+job_server_artifacts=""
+stop_job_server() {
+  local waited=0
+  if [[ -n "$job_server_pid" ]] && kill -0 "$job_server_pid" 2>/dev/null; then
+    kill -TERM "$job_server_pid" 2>/dev/null || true
+    while kill -0 "$job_server_pid" 2>/dev/null && (( waited < 15 )); do sleep 1; waited=$((waited + 1)); done
+    kill -KILL "$job_server_pid" 2>/dev/null || true
+  fi
+  [[ -z "$job_server_artifacts" ]] || rm -rf "$job_server_artifacts"
+}
+if [[ ! "$job_server_jar" =~ ^[a-z]+:// ]]; then
+  trap stop_job_server EXIT
+  job_server_log="$(itt_cache_dir)/logs/flink-job-server-$(date -u +%Y%m%dT%H%M%SZ)-$$.log"
+  mkdir -p "$(dirname "$job_server_log")"
+  job_server_artifacts=$(mktemp -d "${TMPDIR:-/tmp}/itt-job-server-artifacts.XXXXXX")
+  job_port=$(itt_free_port)
+  # Artifact and expansion ports 0: the job server picks free ones and tells the job itself.
+  # As Beam's FlinkRunner starts it: the master with its http:// scheme.
+  java -jar "$job_server_jar" --flink-master "http://$flink_master" --artifacts-dir "$job_server_artifacts" \
+    --job-port "$job_port" --artifact-port 0 --expansion-port 0 >"$job_server_log" 2>&1 </dev/null &
+  job_server_pid=$!
+  if ! itt_wait_port 127.0.0.1 "$job_port" 180 "$job_server_pid"; then
+    tail -n 15 "$job_server_log" >&2
+    itt_die "Beam's Flink job server did not start (log: $job_server_log)"
+  fi
+  itt_log "job server: localhost:$job_port (log: $job_server_log)"
+  cmd+=("--job_endpoint=localhost:$job_port")
+fi
 
 itt_log "running: $(itt_quote_command_redacted "${cmd[@]}")"
 jobs_before=$(jobs_rest 2>/dev/null) || jobs_before="?"  # "?": unknown, so cancel nothing

@@ -10,8 +10,10 @@ import pathlib
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -669,15 +671,34 @@ def test_submit_flink_refuses_more_parallelism_than_the_clusters_slots(fake_rest
     assert not (tmp_path / "empty-cache").exists()
 
 
+# A stand-in for `java -jar JOB_SERVER_JAR ...`: it listens on --job-port, as Beam's job server does.
+_FAKE_JAVA = """#!{python}
+import os, pathlib, socket, sys, time
+port = int(sys.argv[sys.argv.index("--job-port") + 1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", port))
+server.listen()
+pathlib.Path(os.environ["FAKE_JAVA_PID"]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
 def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
     rest = fake_rest(2)
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "sleepy_job.py").write_text(
         "import os, pathlib, time\npathlib.Path(os.environ['SLEEPY_MARK']).touch()\ntime.sleep(600)\n"
     )
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "java").write_text(_FAKE_JAVA.format(python=sys.executable))
+    (tmp_path / "bin" / "java").chmod(0o755)
     env = job_env()
     env["PYTHONPATH"] = f"{tmp_path / 'mods'}{os.pathsep}{env['PYTHONPATH']}"
     env["SLEEPY_MARK"] = str(tmp_path / "started")
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    env["FAKE_JAVA_PID"] = str(tmp_path / "java.pid")
+    env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "cache")
     jar = _jar(tmp_path / "beam-runners-flink-1.19-job-server-2.62.0.jar")
     submit = subprocess.Popen(
         [
@@ -711,6 +732,12 @@ def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
     assert submit.returncode == 143, err
     assert rest.patches == ["/jobs/0123abcd?mode=cancel"], err
     assert "cancelled Flink job(s) 0123abcd" in err
+    # The job server that the script started for the job ends with it.
+    java_pid = int((tmp_path / "java.pid").read_text())
+    deadline = time.monotonic() + 30
+    while _alive(java_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(java_pid), "submit_flink.sh left its job server running"
 
 
 @pytest.mark.parametrize("option", ["--job_port", "--worker_pool_port"])
@@ -815,3 +842,80 @@ def test_a_rest_port_answered_by_another_cluster_is_not_taken_for_ours(fake_flin
             start.kill()
         if stranger is not None:
             stranger.close()
+
+
+# Flink 1.19's names (ConfigOptions in flink-dist) of the waits a loopback cluster lengthens, and
+# their values: a job failed on 2 busy cores with Pekko's "AskTimeoutException ... after [10000 ms]".
+_BUSY_MACHINE_TIMEOUTS = {
+    "pekko.ask.timeout": "60 s",
+    "pekko.lookup.timeout": "60 s",
+    "pekko.tcp.timeout": "60 s",
+    "rest.connection-timeout": "60000",
+    "rest.await-leader-timeout": "60000",
+    "heartbeat.timeout": "30000",
+}
+
+
+def test_the_loopback_clusters_config_waits_as_long_as_a_busy_machine_needs(fake_flink, tmp_path):
+    _, run = fake_flink
+    state = tmp_path / "state"
+    proc = run("start", "--state_dir", str(state), *_ports("--rest_port", "--rpc_port"), "--worker_pool_port", "0")
+    assert proc.returncode == 0, proc.stderr
+    lines = (state / "conf" / "config.yaml").read_text().splitlines()
+    config = dict(line.split(": ", 1) for line in lines if ": " in line and not line.startswith("#"))
+    assert {key: config.get(key) for key in _BUSY_MACHINE_TIMEOUTS} == _BUSY_MACHINE_TIMEOUTS
+    assert run("stop", "--state_dir", str(state)).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_real_jobmanager_takes_the_busy_machine_timeouts(flink_cluster):
+    """The names are Flink 1.19's own: the running JobManager reports them in its configuration."""
+    with urllib.request.urlopen(f"http://{flink_cluster.flink_master}/jobmanager/config", timeout=30) as response:
+        config = {entry["key"]: entry["value"] for entry in json.load(response)}
+    assert {key: config.get(key) for key in _BUSY_MACHINE_TIMEOUTS} == _BUSY_MACHINE_TIMEOUTS
+
+
+@pytest.mark.slow
+def test_a_flink_submit_keeps_beams_service_lines_off_the_console(flink_cluster, flink_job_server_jar, tmp_path):
+    """Beam announced each start and stop of the Java job server at WARNING ("Really starting
+    service at localhost:N with cmd: [java, -jar, ...]"): nothing a user acts on. submit_flink.sh
+    starts the job server itself, its output in a log file; even -v (Beam's INFO lines, and the
+    job's counters at the end) shows neither the service lines nor the server's output."""
+    from tests.photos import make_test_tree
+
+    images = tmp_path / "images"
+    make_test_tree(images, num_images=9)
+    args = [
+        str(LAUNCH / "submit_flink.sh"),
+        "--flink_master",
+        flink_cluster.flink_master,
+        "--environment_config",
+        flink_cluster.worker_pool,
+        "--parallelism",
+        "2",
+        "--flink_job_server_jar",
+        flink_job_server_jar,
+        "--input",
+        str(images),
+        "--image_size",
+        "32",
+        "--max_bad_fraction",
+        "0.9",
+    ]
+    env = {**job_env(), "IMAGES_TO_TFRECORDS_CACHE": str(tmp_path / "cache")}  # the job server's log goes there
+    done = subprocess.run(
+        [*args, "--output_dir", str(tmp_path / "out"), "-v"],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-4000:]
+    assert "Really starting service" not in console and "Really destroying service" not in console, console[-4000:]
+    assert "committed version 1" in console and "counters: " in console, console[-4000:]
+    (log,) = (tmp_path / "cache" / "logs").glob("flink-job-server-*.log")
+    assert f"(log: {log})" in console
+    # The job server's own output (with -v Beam relayed it to the console too) is in the log only.
+    assert "SLF4J" in log.read_text() and "SLF4J" not in console, log.read_text()[-3000:]
