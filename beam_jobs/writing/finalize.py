@@ -604,6 +604,8 @@ def write_plan(
             f"{unusable} of {considered} inputs are refused already by the listing, more than "
             f"--max_bad_fraction={max_bad_fraction}: the full run would fail"
         )
+    if verdict and (hint := refusal_hint(dict(by_reason))):
+        verdict += f" ({hint})"  # the fix the full run's refusal gives (a flat folder: class folders)
     plan = {
         **summary,
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},

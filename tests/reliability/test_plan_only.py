@@ -102,9 +102,25 @@ def test_a_plan_that_cannot_succeed_says_so_and_a_full_run_replaces_it(tmp_path)
     plan_dir = tmp_path / "out"
     result = run_cli("--input", photos, "--output_dir", plan_dir, "--plan_only", "--tree_layout", "label", check=False)
     assert result.returncode == 1 and "no input can become an example" in result.stderr
-    assert _json(plan_dir / "plan.json")["would_fail"] == "no input can become an example"
+    assert _json(plan_dir / "plan.json")["would_fail"].startswith("no input can become an example")
     run_cli("--input", photos, "--output_dir", plan_dir, *FLAGS)
     assert not (plan_dir / "plan.json").exists() and not (plan_dir / "plan_dead_letters.jsonl").exists()
+
+
+def test_a_plan_of_a_flat_folder_gives_the_full_runs_fix(tmp_path):
+    """Images not in class folders: the plan refuses them with the same fix the full run gives."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for image in make_photo_tree(tmp_path / "tree", num_images=6, seed=4):
+        image.rename(flat / f"{image.parent.name}-{image.name}")
+    plan = run_cli("--input", flat, "--output_dir", tmp_path / "plan", "--plan_only", *FLAGS, check=False)
+    full = run_cli("--input", flat, "--output_dir", tmp_path / "out", *FLAGS, check=False)
+    assert plan.returncode == 1 and full.returncode == 1
+    fix = "images must sit in one folder per class (ROOT/<label>/<image>, or ROOT/<split>/<label>/<image>)"
+    assert fix in full.stderr  # the full run's own words, which the plan must repeat
+    errors = [line for line in plan.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "main reasons: unexpected_layout 6" in errors[0] and fix in errors[0], plan.stderr
+    assert fix in _json(tmp_path / "plan" / "plan.json")["would_fail"]
 
 
 def test_a_list_whose_literal_name_is_also_a_pattern_is_read_alone_with_a_warning(tmp_path):
