@@ -46,6 +46,7 @@ def convert(
     overwrite: bool = False,
     append: bool = False,
     changed_sources: str = "refuse",
+    relabel: str = "keep",
     keep_versions: int = 2,
     resume: bool = False,
     log_level: str = "WARNING",

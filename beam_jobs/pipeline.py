@@ -57,7 +57,13 @@ from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.local_runner import QUIET_LOGGERS, local_runner
 from beam_jobs.paths import redact
-from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, estimate_example_bytes
+from beam_jobs.planning.rules import (
+    DEFAULT_SPLIT_RULE,
+    DEFAULT_TARGET_SHARD_MB,
+    estimate_example_bytes,
+    label_lineage,
+    with_label_map,
+)
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
@@ -180,6 +186,7 @@ class ConvertImages(beam.PTransform):
         coco_files: list[tuple[str | None, str]] | None = None,
         keep_unannotated: bool = True,
         coco_masks: bool = False,
+        relabel: str = "keep",
     ) -> None:
         super().__init__()
         # COCO annotation files (with their splits): the images are named there, under input_root.
@@ -204,6 +211,14 @@ class ConvertImages(beam.PTransform):
             if change_kind == "create" and self._expected is not None and self._expected.manifest is not None
             else change_kind
         )
+        if relabel == "sorted" and self._change_kind == "append":
+            raise ValueError(
+                "relabel='sorted' renumbers label ids, and an append keeps the current version's shards with "
+                "their ids: rebuild with overwrite and relabel='sorted' instead"
+            )
+        # "keep": the label ids of the current version (and of those a rollback left) carry on; "sorted":
+        # this version numbers its labels by their sorted names, as a first version does.
+        self._relabel = relabel
         self._keep_versions = keep_versions
         self._input_root = input_root
         self._input_list = input_list
@@ -290,7 +305,7 @@ class ConvertImages(beam.PTransform):
             # (sha256, (identity, label)): every example it holds, in the shape of CONTENT_KEYS
         planned = listing | "PlanShards" >> PlanShards(
             held=held,
-            known_labels=tuple(base["label_names"]) if base else (),
+            known_labels=_label_lineage(output_dir, self._expected, self._relabel),
             known_kinds=annotation_kinds_of(base) if base else (),
             state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
             digests_of=partial(source_digests, timeout_s=READ_TIMEOUT_S),
@@ -310,6 +325,15 @@ class ConvertImages(beam.PTransform):
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
+        current = self._expected.manifest if self._expected is not None else None
+        plan_summary = planned[PLAN_SUMMARY] | "LabelIds" >> beam.Map(
+            with_label_map,
+            before=tuple(current["label_names"]) if current else (),
+            retired_before=tuple(current.get("retired_labels", ())) if current else (),
+            relabel=self._relabel,
+            appending=append,
+        )
+        # the plan's summary, plus retired_labels and label_ids_changed (what its map changes)
         ignored_counts = beam.pvalue.AsList(ignored | "CountIgnored" >> beam.combiners.Count.PerElement())
         # [(Ignored kind, count)]
         if self._plan_only:
@@ -321,7 +345,7 @@ class ConvertImages(beam.PTransform):
                 >> beam.Map(write_dead_letter_part, output_dir=output_dir, prefix="plan_dead_letters")
             )
             return (
-                planned[PLAN_SUMMARY]
+                plan_summary
                 | "WithIgnored" >> beam.Map(lambda plan, counts: {**plan, "ignored": dict(counts)}, ignored_counts)
                 | "WritePlan"
                 >> beam.Map(
@@ -333,7 +357,7 @@ class ConvertImages(beam.PTransform):
                 )
             )
             # dict: plan.json as written, plus its one-line summary
-        plan_summary, shards = planned[PLAN_SUMMARY], planned["shards"]
+        shards = planned["shards"]
         if base is not None:
             assert self._expected is not None, "base is the manifest of the version appended to"
             changes = (
@@ -421,6 +445,23 @@ class ConvertImages(beam.PTransform):
             )
             # dict: the dataset_info.json that was written
         )
+
+
+def _label_lineage(output_dir: str, expected: Current | None, relabel: str) -> tuple[str, ...]:
+    """The label names whose ids this run keeps, in id order (rules.label_lineage): none for a first
+    version, or with --relabel sorted."""
+    if relabel == "sorted" or expected is None or expected.manifest is None:
+        return ()
+    try:
+        from beam_jobs.versions import history  # pylint: disable=import-outside-toplevel  # cycle
+
+        older = [m for m in history(output_dir) if m.get("version") != expected.version]
+    except Exception as error:  # pylint: disable=broad-except  # the current version's ids, at least, are kept
+        _LOG.warning(
+            "the history of %s is unreadable (%s): label ids follow the current version's", redact(output_dir), error
+        )
+        older = []
+    return label_lineage([expected.manifest, *older])
 
 
 def _append_summary(summary: dict, changes: dict) -> dict:
@@ -846,6 +887,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             coco_files=arguments.coco_files,
             keep_unannotated=arguments.unannotated == "keep",
             coco_masks=arguments.coco_masks,
+            relabel=arguments.relabel,
             output_dir=output_dir,
             image_config=config,
             split_fractions=arguments.split_fractions,

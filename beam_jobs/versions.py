@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import JobError
+from beam_jobs.planning.rules import label_id_changes
 from beam_jobs.storage import delete_exactly, list_tree
 from beam_jobs.writing.commit import (
     VERSION_KEYS,
@@ -316,7 +317,11 @@ def _remove_empty_run_folders(output_dir: str) -> None:
 
 def rollback(output_dir: str, version: int) -> dict:
     """Commits a new version whose content is version ``version``'s (the same shard files, nothing
-    copied), change kind ``rollback``. Refuses when that version's shards were collected."""
+    copied), change kind ``rollback``. Refuses when that version's shards were collected.
+
+    Its label ids are that version's: where they differ from the current version's (a version
+    before a --relabel sorted, or one without a label added since), the change's ``label_ids``
+    says how, so that a model trained on the current version is not fed other ids unwarned."""
     lock = acquire_output_lock(output_dir)
     try:
         current = read_current(output_dir)
@@ -339,9 +344,13 @@ def rollback(output_dir: str, version: int) -> dict:
                 "(collected by gc?), and a version without them fails verify; nothing was committed"
             )
         content = {key: value for key, value in target.items() if key not in VERSION_KEYS}
-        return commit_version(
-            output_dir, content, expected=current, change={"kind": "rollback", "run": None, "rolled_back_to": version}
-        )
+        change = {"kind": "rollback", "run": None, "rolled_back_to": version}
+        differences = label_id_changes(current.manifest.get("label_names", []), target.get("label_names", []))
+        if differences:
+            change["label_ids"] = (
+                f"label ids differ: version {version}'s are not version {current.version}'s: {', '.join(differences)}"
+            )
+        return commit_version(output_dir, content, expected=current, change=change)
     finally:
         release_output_lock(lock)
 
@@ -472,7 +481,11 @@ def _run(arguments: argparse.Namespace) -> list[str]:
         return version_table(history(out), _existing(out))
     if arguments.command == "rollback":
         committed = rollback(out, arguments.version)
-        return [f"version {committed['version']} committed: the content of version {arguments.version}"]
+        label_ids = committed["change"].get("label_ids")
+        return [
+            f"version {committed['version']} committed: the content of version {arguments.version}",
+            *([f"WARNING: {label_ids}"] if label_ids else []),
+        ]
     if arguments.command == "gc":
         deleted = collect_garbage(out, keep=arguments.keep)
         kept = kept_versions(out, arguments.keep)

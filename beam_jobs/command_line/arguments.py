@@ -148,6 +148,7 @@ class JobArguments:
     append: bool = False
     keep_versions: int = 2
     changed_sources: str = "refuse"
+    relabel: str = "keep"
     coco_files: list[tuple[str | None, str]] | None = None
     unannotated: str = "keep"
     coco_masks: bool = False
@@ -236,6 +237,11 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         raise UsageError(f"--keep_versions must be >= 1 (the new version's own files) (got {flags.keep_versions!r})")
     if flags.append and flags.overwrite:
         raise UsageError("give at most one of --append (add to the current version) and --overwrite (replace it)")
+    if flags.append and flags.relabel == "sorted":
+        raise UsageError(
+            "--relabel sorted renumbers label ids, and --append keeps the current version's shards with their "
+            "ids: rebuild with --overwrite --relabel sorted instead"
+        )
     if flags.num_shards < 0:
         raise UsageError(f"--num_shards must be >= 0 (0: derived from --target_shard_mb) (got {flags.num_shards!r})")
     _finite("--target_shard_mb", flags.target_shard_mb, low=_MIN_TARGET_SHARD_MB, low_inclusive=True, high=2**20)
@@ -291,6 +297,7 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOpti
         append=flags.append,
         keep_versions=flags.keep_versions,
         changed_sources=flags.changed_sources,
+        relabel=flags.relabel,
         coco_files=coco_files,
         unannotated=flags.unannotated,
         coco_masks=flags.coco_masks,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from beam_jobs import __version__
 from beam_jobs.config import ImageConfig
 from beam_jobs.imaging.resample import RESAMPLE_METHODS
-from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, SPLIT_RULES
+from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 
 __all__ = ["LOG_LEVELS", "PROG", "add_job_flags", "help_parser", "unknown_flag_message"]
 
@@ -247,6 +247,16 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="--append, when inputs of the current version changed or disappeared since they "
         "were converted: refuse = convert nothing and list them; keep = keep their examples as "
         "they are, with a warning in dataset_info.json (default: %(default)s)",
+    )
+    group.add_argument(
+        "--relabel",
+        default="keep",
+        choices=RELABEL_CHOICES,
+        help="label ids of a new version of a dataset: keep = each label keeps the id the "
+        "current version gives it, new labels take the next ids, a removed label's id is never "
+        "reused (the first version's ids are the sorted names); sorted = number the labels by "
+        "their sorted names, as a first version does, and print each id that changes (not with "
+        "--append) (default: %(default)s)",
     )
     group.add_argument(
         "--keep_versions",

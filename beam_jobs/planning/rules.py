@@ -8,7 +8,7 @@ import math
 import re
 import unicodedata
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -20,13 +20,17 @@ __all__ = [
     "DEDUP_POLICIES",
     "DEFAULT_SPLIT_RULE",
     "DEFAULT_TARGET_SHARD_MB",
+    "RELABEL_CHOICES",
     "SPLIT_RULES",
     "DatasetPlan",
     "ShardPlan",
     "assign_splits",
     "assign_splits_by_hash",
     "assign_splits_stratified",
+    "label_id_changes",
+    "label_lineage",
     "merged_split_folders",
+    "ordered_label_names",
     "plan_warnings",
     "split_quotas",
     "stratified_counts",
@@ -36,6 +40,7 @@ __all__ = [
     "plan_num_shards",
     "shard_file_name",
     "stable_fraction",
+    "with_label_map",
 ]
 
 DEFAULT_TARGET_SHARD_MB = 150
@@ -423,11 +428,12 @@ _DECIMAL = re.compile(r"[0-9]+")
 
 
 def _first_label_out_of_numeric_order(label_names: Sequence[str]) -> str | None:
-    """The first label whose id (its place in sorted text order) is not its place in numeric order,
+    """The first label whose id (its place in ``label_names``) is not its place in numeric order,
     when every label is a decimal integer ('0', '1', '10', '2': '10'); else None.
 
-    Ids stay the positions of the sorted names, as Keras gives them, so a tree and a list agree
-    and nothing is renumbered behind the user's back; only the surprise is said."""
+    A first version's ids are the positions of the sorted names, as Keras gives them, so a tree
+    and a list agree; later versions keep each label's id (ordered_label_names). Nothing is
+    renumbered behind the user's back; only the surprise is said."""
     if not label_names or not all(_DECIMAL.fullmatch(label) for label in label_names):
         return None
     numeric = sorted(label_names, key=lambda label: (int(label), label))
@@ -441,12 +447,19 @@ def plan_warnings(
     requested: Mapping[str, float] | None,
     num_unsplit: int,
     merged_folders: Mapping[str, Sequence[str]] | None = None,
+    retired: Collection[str] | None = None,
 ) -> list[str]:
     """What a user should know before a long run, from the plan's small facts: split folders
     merged into one split, classes whose names differ only by case, labels that look like numbers
     but whose ids are not in numeric order, --splits that no input took,
     a requested split that received nothing, and classes missing from a split. ``class_counts``
-    is {split: {label: count}}."""
+    is {split: {label: count}}.
+
+    A ``retired`` label (one the lineage keeps for its id, but no input has: see with_label_map)
+    is missing from every split on purpose, and not reported as missing from each; None: the
+    labels no split counts, which at plan time are exactly those."""
+    if retired is None:
+        retired = {label for label in label_names if not any(counts.get(label) for counts in class_counts.values())}
     warnings = [
         f"the split folders {_shown(list(folders))} are one split {split!r} (split names are lower case)"
         for split, folders in sorted((merged_folders or {}).items())
@@ -462,11 +475,18 @@ def plan_warnings(
         if len(twins) > 1
     ]
     out_of_order = _first_label_out_of_numeric_order(label_names)
-    if out_of_order is not None:
+    if out_of_order is not None and list(label_names) == sorted(label_names):
         warnings.append(
             f"labels look like numbers but ids follow sorted text order ({out_of_order!r} has id "
             f"{list(label_names).index(out_of_order)}); dataset_info.json's label_names maps ids to "
             "names (Keras does the same); name them 00, 01, ... to keep numeric order"
+        )
+    elif out_of_order is not None:
+        warnings.append(
+            f"labels look like numbers but their ids are not in numeric order ({out_of_order!r} has id "
+            f"{list(label_names).index(out_of_order)}): each label keeps the id an earlier version gave it "
+            "and new labels take the next ones; dataset_info.json's label_names maps ids to names "
+            "(--relabel sorted renumbers them in sorted text order)"
         )
     if requested and num_unsplit == 0:
         warnings.append(
@@ -481,13 +501,137 @@ def plan_warnings(
             if split not in class_counts
         ]
     for split in sorted(class_counts):
-        missing = [label for label in label_names if not class_counts[split].get(label)]
+        missing = [label for label in label_names if label not in retired and not class_counts[split].get(label)]
         if missing:
             warnings.append(
                 f"split {split!r} has no example of {len(missing)} class{'es' if len(missing) != 1 else ''}: "
                 f"{_shown(missing)}"
             )
     return warnings
+
+
+# --relabel: keep = every later version of an output folder keeps its labels' ids (the default);
+# sorted = this version numbers its labels as a first version would, by their sorted names.
+RELABEL_CHOICES = ("keep", "sorted")
+
+
+def ordered_label_names(present: Iterable[str], *, lineage: Sequence[str] = ()) -> tuple[str, ...]:
+    """The label names in id order: the ``lineage``'s first, each at its id (those no input has any
+    more included, so that a removed label's id is never given to another), then the new ones,
+    sorted. A first version has no lineage: its ids are the sorted names, as Keras numbers a
+    tree's folders."""
+    known = tuple(lineage)
+    return known + tuple(sorted(set(present) - set(known)))
+
+
+def label_lineage(chain: Sequence[Mapping]) -> tuple[str, ...]:
+    """The label names, in id order, whose ids the next version of an output folder keeps, from its
+    manifests newest first (the current one first): the current version's label_names, then the
+    names an earlier version gave later ids that a rollback left out, so that those ids are never
+    given to other labels.
+
+    A version numbered otherwise (one before a --relabel sorted, or a rollback across one) ends
+    the walk: its ids belong to another numbering. Pure."""
+    if not chain:
+        return ()
+    lineage = list(chain[0].get("label_names") or [])
+    for manifest in chain[1:]:
+        names = list(manifest.get("label_names") or [])
+        shared = min(len(names), len(lineage))
+        if names[:shared] != lineage[:shared]:
+            break
+        lineage += names[len(lineage) :]
+    return tuple(lineage)
+
+
+def label_id_changes(before: Sequence[str], after: Sequence[str]) -> list[str]:
+    """What the map ``after`` does to the labels of ``before``, in name order: "'aaa' 2 -> 0" for
+    a label given another id, "'aaa' (id 2) is dropped" for one ``after`` does not hold. Pure."""
+    old = {name: index for index, name in enumerate(before)}
+    new = {name: index for index, name in enumerate(after)}
+    return [
+        f"{name!r} (id {old[name]}) is dropped" if name not in new else f"{name!r} {old[name]} -> {new[name]}"
+        for name in sorted(old)
+        if new.get(name) != old[name]
+    ]
+
+
+def _labels_with_ids(names: Sequence[str], ids: Mapping[str, int], *, limit: int = 10) -> str:
+    shown = ", ".join(f"{name!r} (id {ids[name]})" for name in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _label_map_line(
+    before: Sequence[str],
+    after: Sequence[str],
+    *,
+    retired_before: Collection[str],
+    retired: Sequence[str],
+    relabel: str,
+) -> str | None:
+    """One line saying what a version's label map changes against the current version's, or None."""
+    ids = {name: index for index, name in enumerate(after)}
+    new = [name for name in after if name not in before and name not in retired]
+    newly_retired = [name for name in retired if name not in retired_before]
+    back = [name for name in after if name in retired_before and name not in retired]
+    parts = []
+    if len(new) == 1:
+        parts.append(f"{new[0]!r} is new with id {ids[new[0]]}")
+    elif new:
+        parts.append(f"{_labels_with_ids(new, ids)} are new")
+    if len(newly_retired) == 1:
+        parts.append(
+            f"{_labels_with_ids(newly_retired, ids)} is retired: no input has it, and no other label will take its id"
+        )
+    elif newly_retired:
+        parts.append(
+            f"{_labels_with_ids(newly_retired, ids)} are retired: no input has them, and no other label will "
+            "take their ids"
+        )
+    if back:
+        parts.append(f"{_labels_with_ids(back, ids)} {'is' if len(back) == 1 else 'are'} back")
+    if relabel == "sorted":
+        renumbered = label_id_changes(before, after)
+        if renumbered:
+            return "; ".join([f"label ids renumbered by --relabel sorted: {', '.join(renumbered)}", *parts])
+        parts.insert(0, "--relabel sorted renumbered none (they follow the sorted names already)")
+    return "label ids: " + "; ".join(parts) if parts else None
+
+
+def with_label_map(
+    summary: Mapping, *, before: Sequence[str], retired_before: Collection[str], relabel: str, appending: bool
+) -> dict:
+    """The plan's summary, with what its label map means against the current version's (``before``,
+    in id order, of which ``retired_before`` are retired; () when there is none). Pure.
+
+    A removed label stays in label_names, at its id, with zero counts: every id a reader of any
+    version sees is still an index of label_names, and no other label takes it. Adds
+    ``retired_labels``, those names (absent when none), and ``label_ids_changed``, one line that
+    says what changed (absent when nothing did, and for a first version). An append's inputs need
+    not show every class the version holds: only those retired already stay retired."""
+    after = list(summary["label_names"])
+    present = {
+        name
+        for facts in summary.get("splits", {}).values()
+        for name, count in facts.get("class_counts", {}).items()
+        if count
+    }
+    retired = [
+        name
+        for name in after
+        if name not in present and (not appending or name in retired_before or name not in before)
+    ]
+    mapped = {key: value for key, value in summary.items() if key not in ("retired_labels", "label_ids_changed")}
+    if retired:
+        mapped["retired_labels"] = retired
+    line = (
+        _label_map_line(before, after, retired_before=set(retired_before), retired=retired, relabel=relabel)
+        if before
+        else None
+    )
+    if line is not None:
+        mapped["label_ids_changed"] = line
+    return mapped
 
 
 def estimate_example_bytes(*, width: int, height: int, channels: int, encoding: str) -> int:
@@ -658,8 +802,12 @@ def plan_dataset(
     dedup: str = "path",
     split_rule: str = DEFAULT_SPLIT_RULE,
     merged_folders: Mapping[str, Sequence[str]] | None = None,
+    known_labels: Sequence[str] = (),
 ) -> DatasetPlan:
     """Plans every shard of every split.
+
+    Label ids follow ``known_labels``, the lineage of the output folder (ordered_label_names):
+    none for a first version, whose ids are the sorted names.
 
     Inputs without a split get one by ``split_rule`` (see assign_splits; given splits win), and
     the plan's warnings say what a user should know before the run (see plan_warnings). Within a
@@ -671,7 +819,7 @@ def plan_dataset(
     files, duplicates = _drop_duplicates(list(files), dedup)
     num_unsplit = sum(1 for f in files if f.split is None)
     files = assign_splits(files, split_fractions or {DEFAULT_SPLIT: 1.0}, rule=split_rule)
-    label_names = tuple(sorted({name for f in files for name in class_names(f)}))
+    label_names = ordered_label_names((name for f in files for name in class_names(f)), lineage=known_labels)
     class_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in files:
         assert f.split is not None  # assign_splits gave each input a split

@@ -179,6 +179,8 @@ def build_dataset_info(
         "producer": {"name": PRODUCER, "version": beam_jobs.__version__},
         "label_names": label_names,
         "num_classes": len(summary["label_names"]),
+        # Labels kept at their ids with no example (with_label_map): no other label ever takes them.
+        **({"retired_labels": list(summary["retired_labels"])} if summary.get("retired_labels") else {}),
         "image": {
             "height": None if config.keeps_size else config.height,
             "width": None if config.keeps_size else config.width,
@@ -509,6 +511,8 @@ def finalize_outputs(
         run=run,
     )
     change: dict[str, Any] = {"kind": change_kind, "run": run}
+    if summary.get("label_ids_changed"):
+        change["label_ids"] = summary["label_ids_changed"]  # this version's own: never carried to the next
     if base is not None:
         change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
         info = merge_appended(base, info, changes=summary.get("append"))
@@ -575,8 +579,12 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
 
 def plan_warning_lines(summary: dict) -> list[str]:
     """The plan's warnings, one a line, to print under the plan line: where a user looks before a
-    long run (a class missing from a split, merged split folders, --splits that did nothing)."""
-    return [f"WARNING: {warning}" for warning in summary.get("warnings", [])]
+    long run (a changed label map, a class missing from a split, merged split folders, --splits that
+    did nothing)."""
+    # A plan's own line, or the committed manifest's record of it (repeated under the final table).
+    line = summary.get("label_ids_changed") or (summary.get("change") or {}).get("label_ids")
+    label_ids = [line] if line else []
+    return [f"WARNING: {warning}" for warning in [*label_ids, *summary.get("warnings", [])]]
 
 
 def write_plan(
