@@ -4,8 +4,9 @@
 #   launch/run_local.sh                      # demo: builds 200 sample photos, converts them
 #   launch/run_local.sh --input DIR --output_dir OUT [job flags...]
 #
-# The first run creates ./.venv and installs into it only what converting and the sample photos
-# need (about 0.8 GB; no TensorFlow: `pip install ".[read]"` adds the reader).
+# It runs in the active virtual environment ($VIRTUAL_ENV) when there is one, else in ./.venv, and
+# installs there, on its first run, only what converting and the sample photos need and is missing
+# (about 0.8 GB in a new ./.venv; no TensorFlow: `pip install ".[read]"` adds the reader).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="$("$repo/launch/ensure_venv.sh" samples)"  # converting and the sample photos only
