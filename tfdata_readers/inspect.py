@@ -85,17 +85,26 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
         f"({producer.get('name', '?')} {producer.get('version', '?')}), dataset version {info.version}"
     ]
     width = max((len(s) for s in report.splits), default=5)
+    # Classes the dataset keeps at their ids with no example on purpose (a class removed from the
+    # inputs of a later version): said once, not as an empty class of every split.
+    retired = [name for name in info.raw.get("retired_labels", []) if name in info.label_names]
     for split in report.splits:
         rows = [r for r in report.shards if r.split == split]
         summary = balance(report.class_counts[split])
         ratio = balance_text(summary)
-        empty = f"; EMPTY classes: {', '.join(summary.empty)}" if summary.empty else ""
+        empty_now = [name for name in summary.empty if name not in retired]
+        empty = f"; EMPTY classes: {', '.join(empty_now)}" if empty_now else ""
         examples, shards = info.splits[split].num_examples, len(rows)
         lines.append(
             f"  {split:<{width}}  {examples:>7} example{'s' if examples != 1 else ' '}  {shards:>4} "
             f"shard{'s' if shards != 1 else ' '}  {format_mib(sum(r.bytes for r in rows)):>8} MiB  "
             f"{sum(r.verified for r in rows)}/{len(rows)} "
             f"verified  {ratio}{empty}"
+        )
+    if retired:
+        lines.append(
+            f"  retired classes (their ids kept, no example in this version): "
+            f"{', '.join(f'{name} ({info.label_names.index(name)})' for name in retired)}"
         )
     if report.class_counts_source != "dataset_info.json":
         lines.append(f"  class counts {report.class_counts_source}")

@@ -127,6 +127,15 @@ def test_a_removed_label_keeps_its_id_unused_and_every_example_reads_with_its_na
         )
         assert read == {i: n for i, n in counts.items() if n}, (read, counts)
     _read_right(out)
+    inspected = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.inspect", str(out), "--out", str(tmp_path / "report")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert inspected.returncode == 0, inspected.stderr[-3000:]
+    assert "retired classes (their ids kept, no example in this version): china (1)" in inspected.stdout
+    assert "EMPTY" not in inspected.stdout, inspected.stdout
     # Back again: 'china' takes its own id, and is no longer retired.
     _add_class(photos, tmp_path / "again", "china", num_images=2)
     back = _job(photos, out, "--overwrite", *splits)
