@@ -147,10 +147,13 @@ class ReadConfig:
         retries), checked against the manifest's sha256 before it is read, and shared with every
         reader on the host that uses the same folder. Credentials, region and endpoint come from
         the AWS default chain (`AWS_ENDPOINT_URL` for MinIO, R2 and other S3-compatible stores).
-      cache_limit_bytes: the most the cache folder holds; the least recently used shards that no
-        reader has open are removed to make room. It must hold the shards read at once
-        (`cycle_length` of them per reader; a smaller limit is refused at start-up); a shard
-        announced ahead (`cache_lookahead`) is only fetched early when there is room for it.
+      cache_limit_bytes: the most the cache folder holds of shards no reader has open; the least
+        recently used of those are removed to make room. Shards being read are never removed and
+        never waited for: when they alone fill the limit, a reader downloads the shard it needs
+        anyway, so the folder holds at most this limit plus the shards the live readers sharing
+        it have open (`cycle_length` of each). It must hold one reader's own `cycle_length`
+        largest shards (a smaller limit is refused at start-up), so a reader alone stays under it;
+        a shard announced ahead (`cache_lookahead`) is only fetched early when there is room.
       cache_lookahead: how many shards beyond those being read are downloaded ahead, in the
         order the reader will read them.
       s3_endpoint_url: an s3:// dataset's endpoint ("http://127.0.0.1:9000" for MinIO, an R2

@@ -584,8 +584,9 @@ def _make_dataset(
             cycle_length=cycle_length,
             block_length=config.block_length,
             # Through the cache, the pieces open are exactly `cycle_length`: a parallel interleave also
-            # opens pieces ahead, whose leases could fill a small cache while the piece it waits for
-            # waits for room. Reading local copies one record at a time is not what limits speed.
+            # opens pieces ahead, whose leases would take a small cache over its limit (the start-up
+            # check counts `cycle_length`). Reading local copies one record at a time is not what
+            # limits speed.
             **(
                 dict(num_parallel_calls=config.num_parallel_reads, deterministic=deterministic)
                 if through_cache is None
@@ -795,8 +796,8 @@ def _make_dataset(
     # Sharding is done above from the InputContext; TensorFlow must not shard again.
     tf_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     # So that `tf.train.Checkpoint(iterator=...)` can save the iterator mid-epoch: by default it refuses
-    # any stateful op. Ours hold nothing the position depends on: the cache's lease calls (a restored
-    # piece leases its shard again, see cached_reading.py), the tally of skipped records, the
+    # any stateful op. Ours hold nothing the position depends on: the cache's counts of asked and
+    # read shards (a restored piece asks for its shard again, see cached_reading.py), the tally of skipped records, the
     # counter that numbers a new iteration's epochs, and the shuffle's unused seed generator (every
     # order is a function of the seed and the epoch, and the shuffle buffers are saved).
     tf_options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE

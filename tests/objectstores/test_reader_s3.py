@@ -124,6 +124,37 @@ def test_a_download_killed_part_way_is_recovered_by_the_next_reader(s3_dataset, 
     shard_cache.close()
 
 
+_READ_AND_EXIT = """
+import sys, tfdata_readers as tfr
+config = tfr.ReadConfig(cache_dir=sys.argv[2], cycle_length=2, num_epochs=None)
+iterator = iter(tfr.make_dataset(sys.argv[1], "train", 4, config=config, training=True, seed=int(sys.argv[3])))
+for _ in range(3):
+    next(iterator)
+print("read", flush=True)
+"""
+
+
+@pytest.mark.timeout(3600)  # 50 fresh TensorFlow processes on a loaded machine
+def test_processes_that_read_s3_and_drop_the_iterator_exit(s3_dataset, tmp_path):
+    """50 processes in a row each read a few batches of an s3:// training stream through one cache,
+    drop the iterator mid-pass and end: every one exits (a hang is a failure, by the timeout)."""
+    script = tmp_path / "read_and_exit.py"
+    script.write_text(_READ_AND_EXIT)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    for run in range(50):
+        if run % 3 == 0:
+            for copy in (tmp_path / "cache").glob("*.tfrecord"):
+                copy.unlink()  # some runs download, others read copies already there
+        proc = subprocess.run(
+            [sys.executable, str(script), s3_dataset, str(tmp_path / "cache"), str(run)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
+        assert proc.returncode == 0 and proc.stdout.split() == ["read"], f"run {run}: {proc.stderr[-3000:]}"
+
+
 def test_distribute_on_s3_under_mirrored_strategy_reads_each_example_once_and_resumes(
     s3_dataset, local_dataset, tmp_path
 ):

@@ -12,11 +12,18 @@ turn comes (and announces the next ones ahead, so that they download while it re
 - **Atomic publication, one download.** A download goes to a ``.part`` file and is renamed into
   place; a lock per shard (``flock``) makes a second process wait for the first's download
   rather than fetch it again. A process killed mid-download leaves a ``.part`` file that the next
-  one removes (its pid is gone).
-- **Bounded, without evicting what is read.** Before a download, the least recently used shards
-  are removed until the new one fits under ``limit_bytes``. A shard being read is leased: its
-  reader holds a shared ``flock`` on it, and eviction removes only a file it can lock
-  exclusively, so no process (this one or another on the host) loses a shard it still reads.
+  one removes (no download holds its shard's lock any more).
+- **Bounded, without evicting what is read, never waiting on another process.** Before a
+  download, the least recently used shards that nobody leases are removed until the new one fits
+  under ``limit_bytes``. A shard being read is leased: its reader holds a shared ``flock`` on it,
+  and eviction removes only a file it can lock exclusively, so no process (this one or another on
+  the host) loses a shard it still reads. The limit bounds the shards nobody leases: when the
+  leased ones alone fill it, a reader that needs a shard downloads it anyway, over the limit,
+  rather than wait for room only another reader could free (two readers each holding one lease
+  and waiting for the other's would wait for ever). So the folder holds at most the limit plus
+  the shards live readers lease (each reader, its ``cycle_length``); a lease dies with its
+  process (a ``flock``), so a killed reader's shards become evictable at once. A download
+  announced ahead never goes over the limit: it is skipped when there is no room.
 
 Downloads use boto3's managed transfer (parallel ranged GETs, retries): the library made for it.
 """
@@ -31,7 +38,6 @@ import logging
 import os
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,7 +58,6 @@ _PART = re.compile(
     r"^\.(?P<sha>[0-9a-f]{64})\.(?P<bytes>\d+)\.(?P<pid>\d+)\.[0-9a-f]+\.part(?P<sdk_temp>\.[0-9A-Fa-f]+)?$"
 )
 _CHUNK = 8 * 2**20
-_WAIT_S = 0.05
 
 
 class ShardDigestError(IOError):
@@ -60,7 +65,7 @@ class ShardDigestError(IOError):
 
 
 class CacheFullError(IOError):
-    """The cache cannot make room: what is leased already fills it."""
+    """A shard is larger than the whole cache may hold."""
 
 
 class ShardCacheError(IOError):
@@ -89,8 +94,9 @@ def _lock_exclusively_now(fd: int) -> bool:
 class ShardCache:
     """Shards of remote datasets as local files, under ``directory``, at most ``limit_bytes``.
 
-    ``acquire`` returns a verified local copy and leases it until ``release``; ``announce`` starts
-    a download in the background when there is room for it without evicting a leased shard.
+    ``acquire`` returns a verified local copy and leases it until ``release`` (over the limit when
+    leased shards fill it, never waiting); ``announce`` starts a download in the background only
+    when there is room for it among shards nobody leases.
     """
 
     def __init__(
@@ -99,14 +105,12 @@ class ShardCache:
         limit_bytes: int,
         *,
         download_threads: int = 4,
-        timeout_s: float = 600.0,
         s3: storage.S3Options | None = None,
     ):
         if limit_bytes <= 0:
             raise ValueError(f"cache_limit_bytes must be positive (got {limit_bytes!r})")
         self.directory = os.path.abspath(directory)
         self.limit_bytes = int(limit_bytes)
-        self.timeout_s = timeout_s
         self._s3 = s3  # downloads run on other threads: the caller's S3 options are given, not inherited
         os.makedirs(self.directory, exist_ok=True)
         self._lock = threading.Lock()
@@ -249,46 +253,46 @@ class ShardCache:
         finally:
             os.close(fd)
 
-    def _reserve(self, sha256: str, size: int, *, wait: bool) -> str | None:
-        """Makes room for ``size`` bytes and creates the part file that holds it (its name counts
-        it for every process); None when ``wait`` is False and there is no room now."""
+    def _reserve(self, sha256: str, size: int, *, over_limit: bool) -> str | None:
+        """Makes room for ``size`` bytes by evicting shards nobody leases (least recently used first)
+        and creates the part file that holds them (its name counts them for every process). When the
+        leased shards leave no room: with ``over_limit`` the part file is made anyway (the reader
+        needs the shard now, and waiting could wait for ever on another reader); otherwise None."""
         if size > self.limit_bytes:
             raise CacheFullError(
                 f"a shard of {size} bytes is larger than the cache's limit ({self.limit_bytes} bytes): "
                 "raise ReadConfig.cache_limit_bytes"
             )
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            with self._flock(".cache.lock"):
-                total, shards = self._held_bytes(downloading=sha256)
-                for _, name, held in shards:
-                    if total + size <= self.limit_bytes:
-                        break
-                    if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
-                        total -= held
+        with self._flock(".cache.lock"):
+            total, shards = self._held_bytes(downloading=sha256)
+            for _, name, held in shards:
                 if total + size <= self.limit_bytes:
-                    part = os.path.join(self.directory, f".{sha256}.{size}.{os.getpid()}.{uuid.uuid4().hex}.part")
-                    open(part, "wb").close()  # noqa: SIM115 - created under the lock: counted from now on
-                    return part
-            if not wait:
+                    break
+                if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
+                    total -= held
+            if total + size > self.limit_bytes and not over_limit:
                 return None
-            if time.monotonic() > deadline:
-                raise CacheFullError(
-                    f"the shard cache {self.directory} ({self.limit_bytes} bytes) stayed full of shards being "
-                    f"read for {self.timeout_s:.0f} s: raise ReadConfig.cache_limit_bytes to hold at least the "
-                    "shards every reader sharing it has open at once (cycle_length of each)"
+            if total + size > self.limit_bytes:
+                logger.debug(
+                    "shard cache %s: shards being read fill its %d bytes; %s goes over the limit",
+                    self.directory,
+                    self.limit_bytes,
+                    sha256,
                 )
-            time.sleep(_WAIT_S)
+            part = os.path.join(self.directory, f".{sha256}.{size}.{os.getpid()}.{uuid.uuid4().hex}.part")
+            open(part, "wb").close()  # noqa: SIM115 - created under the lock: counted from now on
+            return part
 
     # -- downloads ---------------------------------------------------------------------------
 
-    def _download(self, uri: str, sha256: str, size: int, *, wait: bool) -> bool:
-        """Publishes a verified copy of ``uri`` (True), or False when ``wait`` is False and there
-        is no room now. One process downloads a shard at a time; the others wait and find it."""
+    def _download(self, uri: str, sha256: str, size: int, *, over_limit: bool) -> bool:
+        """Publishes a verified copy of ``uri`` (True), or False when ``over_limit`` is False and
+        there is no room now. One process downloads a shard at a time; the others wait for that
+        download (which itself never waits for room) and find it."""
         with self._flock(f".{sha256}.lock"):
             if os.path.exists(self.path_of(sha256)):
                 return True
-            part = self._reserve(sha256, size, wait=wait)
+            part = self._reserve(sha256, size, over_limit=over_limit)
             if part is None:
                 return False
             try:
@@ -317,7 +321,7 @@ class ShardCache:
         with self._lock:
             if sha256 in self._pending or os.path.exists(self.path_of(sha256)):
                 return
-            self._pending[sha256] = self._pool.submit(self._download, uri, sha256, size, wait=False)
+            self._pending[sha256] = self._pool.submit(self._download, uri, sha256, size, over_limit=False)
 
     def acquire(self, uri: str, sha256: str, size: int) -> str:
         """The local path of a verified copy of the shard ``uri``, leased until ``release(sha256)``."""
@@ -329,8 +333,13 @@ class ShardCache:
         for _ in range(100):
             if self._lease(sha256):
                 return self.path_of(sha256)
-            self._download(uri, sha256, size, wait=True)
-        raise CacheFullError(f"shard {uri} was evicted again and again before it could be read")  # a thrashing cache
+            self._download(uri, sha256, size, over_limit=True)
+        # Another process evicts only unleased copies: a fresh copy lost 100 times between its
+        # publication and its lease means something else empties the folder.
+        raise ShardCacheError(
+            f"shard {uri}: its copy in {self.directory} was removed again and again before it could be read; "
+            "give ReadConfig.cache_dir a folder of its own"
+        )
 
     def close(self) -> None:
         """Stops background downloads and ends every lease."""
