@@ -41,13 +41,16 @@ from beam_jobs.command_line.run_summary import outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
 from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.command_line.termination import (
+    InterruptedState,
     Terminated,
     child_pids,
     interrupt_caught,
     on_stuck,
     sigterm_as_interrupt,
+    state_outside_the_run,
     stop_child_processes,
 )
+from beam_jobs.command_line.termination import interrupted_line as _interrupted_line
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
@@ -959,10 +962,21 @@ def run(argv: Sequence[str] | None = None) -> dict:
             except Exception:  # The line then says what holds in every case.
                 pass
         raise
-    release_output_lock(lock)
-    _log_counters(result)
-    with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
-        info = json.loads(handle.read().decode("utf-8"))
+    released = False
+    try:
+        release_output_lock(lock)
+        released = True
+        _log_counters(result)
+        with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
+            info = json.loads(handle.read().decode("utf-8"))
+    except KeyboardInterrupt as interrupt:  # The run is over: its line says what it left.
+        interrupt_caught()
+        if not released:
+            release_output_lock(lock)
+        with contextlib.suppress(Exception):
+            finished = InterruptedState(completed=True, plan_only=True) if arguments.plan_only else state()
+            interrupt.state = finished  # type: ignore[attr-defined]
+        raise
     if arguments.append and info.get("version") == current.version:
         info["nothing_appended"] = True  # finalize found no new input and committed nothing
     return info
@@ -1176,6 +1190,7 @@ def configure_job_logging(argv: Sequence[str], *, keep_handlers: bool = False) -
     keeps the caller's handlers (see ``callers_logging_kept``)."""
     level = _peek_log_level(argv)
     _configure_logging(level, secrets=_credential_values(argv), force=not keep_handlers)
+    warnings_to_debug_log()
     return level
 
 
@@ -1190,7 +1205,6 @@ def callers_logging_kept() -> Iterator[None]:
     application's own logging must not be replaced by one call of ``beam_jobs.convert``."""
     root = logging.getLogger()
     handlers = [(handler, handler.formatter, list(handler.filters)) for handler in root.handlers]
-    warnings_to_debug_log()
     levels = {name: logging.getLogger(name).level for name in ["", *_touched_loggers()]}
     show_warning = warnings.showwarning
     try:
@@ -1235,18 +1249,6 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool =
             handler.addFilter(_HideRunnerTraces())
 
 
-@dataclasses.dataclass(frozen=True)
-class InterruptedState:
-    """What an interrupted run left in its output folder, for the one line that reports it.
-
-    ``staged`` counts the staged shards of this run (sidecars naming its id, kept ones included);
-    ``completed`` is true when this run had already written its dataset_info.json.
-    """
-
-    staged: int = 0
-    completed: bool = False
-
-
 def _info_stamp(output_dir: str) -> tuple | None:
     """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
     try:
@@ -1279,29 +1281,6 @@ def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple |
     return InterruptedState(staged=staged, completed=completed)
 
 
-def _interrupted_line(argv: Sequence[str], *, terminated: bool, state: InterruptedState | None = None) -> str:
-    """The one line for an interrupted run, saying what is true of what it left."""
-    overwrite = "--overwrite" in argv
-    if state is None:  # Not known (the folder could not be read): say what holds in every case.
-        outcome = (
-            "any shards finished so far are staged: rerun with "
-            f"{'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
-        )
-    elif state.completed:
-        outcome = "the dataset was already complete (dataset_info.json written): nothing to rerun"
-    elif state.staged:
-        verb = "is" if state.staged == 1 else "are"
-        outcome = (
-            f"the {state.staged} shard{'s' if state.staged != 1 else ''} converted so far {verb} staged: "
-            f"rerun with {'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
-        )
-    else:
-        outcome = "nothing was converted yet: rerun the same command to start again"
-    if overwrite and not (state and state.completed):
-        outcome += "; the dataset already there is untouched"
-    return f"{PROG}: error: terminated (SIGTERM); {outcome}" if terminated else f"{PROG}: interrupted; {outcome}"
-
-
 def _exit_now(code: int) -> None:
     """Ends an interrupted run once run() has cleaned up: the local runner's threads that wait on a
     bundle of a worker the signal killed would never finish, and a normal exit waits for them."""
@@ -1324,6 +1303,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with sigterm_as_interrupt():
             info = run(argv)
+            # From here to the process's exit, a SIGTERM's line says that the run had finished.
+            state_outside_the_run(InterruptedState(completed=True, plan_only="--plan_only" in argv))
     except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.
         print(f"{PROG}: error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None

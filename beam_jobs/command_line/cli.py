@@ -3,23 +3,29 @@
 Importing Beam takes a second on a quiet machine and ten on a busy one; a user who types --help
 or misspells a flag should not wait for it. Everything else goes to pipeline.main, which parses
 the whole command line again with Beam's own parser and checks every value.
+
+This module imports nothing heavy at its top (the flags bring NumPy and Pillow): the command's
+SIGTERM handler is installed first thing in main, and the console script imports this module
+before it calls main.
 """
 
 from __future__ import annotations
 
-import gc
+import atexit
+import contextlib
+import os
 import sys
+import threading
 from collections.abc import Sequence
-from importlib import metadata
 
-from beam_jobs.command_line.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION
-from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
-from beam_jobs.paths import redact
+from beam_jobs.command_line.termination import sigterm_ends_the_command
 
 __all__ = ["main", "misspelt_flag"]
 
 
 def _installed_beam_version() -> str | None:
+    from importlib import metadata  # pylint: disable=import-outside-toplevel  # 0.1 s: after the SIGTERM handler
+
     try:
         return metadata.version("apache-beam")
     except metadata.PackageNotFoundError:
@@ -33,6 +39,9 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
     one of its own, and the full parse (which imports Beam) decides. Anything subtler than an
     unknown flag name (a missing value, a bad one) is left to the full parse too.
     """
+    from beam_jobs.command_line.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.flags import help_parser, unknown_flag_message  # pylint: disable=import-outside-toplevel
+
     if _installed_beam_version() != BEAM_VERSION:
         return None
     ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
@@ -47,9 +56,25 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point (see pipeline.main for the exit codes). As the program (no ``argv``
-    given), a finished run's process exits without collecting its heap."""
+    given), SIGTERM gets its one line and exit 143 from this function's first line to the
+    process's exit (see _exit_as_the_interpreter_would)."""
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not as_program:
+        _run_command(argv)
+        return
+    sigterm_ends_the_command(argv)  # First: a SIGTERM during the imports that follow ends the run with its line, too.
+    try:
+        _run_command(argv)
+    except SystemExit as ending:
+        _exit_as_the_interpreter_would(ending.code)
+    _exit_as_the_interpreter_would(0)
+
+
+def _run_command(argv: list[str]) -> None:
+    from beam_jobs.command_line.flags import PROG, help_parser  # pylint: disable=import-outside-toplevel
+    from beam_jobs.paths import redact  # pylint: disable=import-outside-toplevel
+
     if "-h" in argv or "--help" in argv:
         help_parser().print_help()
         raise SystemExit(0)
@@ -62,12 +87,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     from beam_jobs.pipeline import main as run_job  # pylint: disable=import-outside-toplevel
 
     run_job(argv)
-    if as_program:
-        # The run is over: what is left is the interpreter's exit, whose garbage collections walk
-        # a heap of Beam, gRPC and codec objects (0.4-0.5 s on 2 cores) that nothing needs
-        # collected. Frozen, they are out of the collector's sight; the exit still joins threads
-        # and runs exit handlers as usual (local_worker.py does the same in each worker).
-        gc.freeze()
+
+
+def _exit_as_the_interpreter_would(code: object) -> None:
+    """Ends the process as Python's exit does (threads joined, exit handlers run, streams flushed),
+    then at once, without the rest of the interpreter's teardown.
+
+    That teardown first puts every signal back to its default, so a SIGTERM in it (it lasts a
+    tenth of a second or more after a run: Beam, gRPC and the codecs' modules are torn down and
+    their heap collected) ended the process by the raw signal, without its line; and nothing in it
+    needs doing. Here the command's handler stays in place until os._exit.
+    """
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # pylint: disable=protected-access  # logging's flush among them
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ import difflib
 from collections.abc import Iterable
 
 from beam_jobs import __version__
+from beam_jobs.command_line.program import PROG
 from beam_jobs.config import ImageConfig
 from beam_jobs.imaging.resample import RESAMPLE_METHODS
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 
 __all__ = ["LOG_LEVELS", "PROG", "add_job_flags", "help_parser", "unknown_flag_message"]
 
-PROG = "images-to-tfrecords"
 _DEFAULTS = ImageConfig()
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
 import signal
+import sys
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import psutil
+
+from beam_jobs.command_line.program import PROG
 
 if TYPE_CHECKING:
     import types
 
 __all__ = [
+    "InterruptedState",
     "Terminated",
     "child_pids",
     "interrupt_caught",
     "interrupted",
+    "interrupted_line",
     "on_stuck",
     "sigterm_as_interrupt",
+    "sigterm_ends_the_command",
+    "state_outside_the_run",
     "stop_child_processes",
 ]
 
@@ -188,6 +196,95 @@ def sigterm_as_interrupt(*, stuck_after_s: float = STUCK_AFTER_S) -> Iterator[No
             # Left on after an interrupt: the runner's threads go on dying until the process exits.
             threading.excepthook = previous_hook
         os.close(write_fd)  # The listener reads EOF and ends (after any watch it is running).
+
+
+@dataclasses.dataclass(frozen=True)
+class InterruptedState:
+    """What an interrupted run left in its output folder, for the one line that reports it.
+
+    ``staged`` counts the staged shards of this run (sidecars naming its id, kept ones included);
+    ``completed`` is true when this run had already written its dataset_info.json (its plan.json,
+    with ``plan_only``).
+    """
+
+    staged: int = 0
+    completed: bool = False
+    plan_only: bool = False
+
+
+def interrupted_line(argv: Sequence[str], *, terminated: bool, state: InterruptedState | None = None) -> str:
+    """The one line for an interrupted run, saying what is true of what it left. Pure."""
+    overwrite = "--overwrite" in argv
+    if state is None:  # Not known (the folder could not be read): say what holds in every case.
+        outcome = (
+            "any shards finished so far are staged: rerun with "
+            f"{'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
+        )
+    elif state.completed and state.plan_only:
+        outcome = "the plan was already written (plan.json): nothing to rerun"
+    elif state.completed:
+        outcome = "the dataset was already complete (dataset_info.json written): nothing to rerun"
+    elif state.staged:
+        verb = "is" if state.staged == 1 else "are"
+        outcome = (
+            f"the {state.staged} shard{'s' if state.staged != 1 else ''} converted so far {verb} staged: "
+            f"rerun with {'--overwrite --resume' if overwrite else '--resume'} (and the same flags) to continue"
+        )
+    else:
+        outcome = "nothing was converted yet: rerun the same command to start again"
+    if overwrite and not (state and state.completed):
+        outcome += "; the dataset already there is untouched"
+    return f"{PROG}: error: terminated (SIGTERM); {outcome}" if terminated else f"{PROG}: interrupted; {outcome}"
+
+
+# What the command's SIGTERM line says outside a guarded run: its argv, and the state of its
+# output (nothing yet before the run, the finished version after it).
+_OUTSIDE: dict = {"argv": (), "state": InterruptedState()}
+
+
+def state_outside_the_run(state: InterruptedState) -> None:
+    """Says what SIGTERM's line reports from now on, outside the guarded run: a finished run's
+    dataset (or plan) is complete while the process prints its summary and exits."""
+    _OUTSIDE["state"] = state
+
+
+# How long SIGTERM's line waits for stdout to take what was printed before it.
+_FLUSH_WAIT_S = 2.0
+
+
+def _flush_stdout() -> None:
+    with contextlib.suppress(Exception):  # Closed, or a reader gone: nothing more to deliver.
+        sys.stdout.flush()
+
+
+def _end_outside_the_run(signum: int, frame: types.FrameType | None) -> None:  # pylint: disable=unused-argument
+    """SIGTERM's handler before and after the guarded run: nothing is held there (no lock, no
+    worker, no temp file), so the process writes its one line and ends at once. Raising instead
+    would land in whatever runs then (an import half done, the interpreter's exit)."""
+    if interrupted():  # The guarded run's own interrupt is on its way to its line and exit.
+        return
+    # The summary printed so far leaves before the line, unless stdout's reader has stopped
+    # reading: the flush runs on a thread, and a stuck one is left behind.
+    flushing = threading.Thread(target=_flush_stdout, name="flush-stdout", daemon=True)
+    flushing.start()
+    flushing.join(_FLUSH_WAIT_S)
+    line = interrupted_line(_OUTSIDE["argv"], terminated=True, state=_OUTSIDE["state"])
+    with contextlib.suppress(OSError):
+        # os.write: the signal may have come in the middle of a write to sys.stderr, which a
+        # second write from this handler, on the same thread, would find locked.
+        os.write(2, (line + "\n").encode("utf-8", "replace"))
+    os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+def sigterm_ends_the_command(argv: Sequence[str]) -> None:
+    """Installs SIGTERM's handler for the whole life of the command's process, as its entry point
+    begins (before its heavy imports): outside the guarded run (sigterm_as_interrupt, which hands
+    the signal back here when it ends) SIGTERM prints the one line and exits 143 too, before the
+    run starts and after its commit. Only the interpreter's own start, before the entry point
+    runs, is left to Python's default (the process ends without a line)."""
+    _OUTSIDE["argv"] = tuple(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _end_outside_the_run)
 
 
 def child_pids() -> frozenset[int]:

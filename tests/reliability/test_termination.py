@@ -8,6 +8,8 @@ to the clock, so that a fast or a slow machine sees the same moments.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -19,7 +21,7 @@ import time
 import psutil
 import pytest
 
-from beam_jobs.pipeline import InterruptedState, _interrupted_line
+from beam_jobs.command_line.termination import InterruptedState, interrupted_line
 from beam_jobs.sample_data import make_photo_tree
 from tests.conftest import IN_PROCESS, REPO, run_cli
 from tests.dataset_files import dead_letters_path, tree_files
@@ -184,7 +186,7 @@ def _assert_says_what_is_staged(line: str, out: pathlib.Path) -> None:
     ],
 )
 def test_the_interrupt_line_says_what_the_run_left(staged, completed, says):
-    line = _interrupted_line(["--input", "x"], terminated=False, state=InterruptedState(staged, completed))
+    line = interrupted_line(["--input", "x"], terminated=False, state=InterruptedState(staged, completed))
     assert says in line, line
 
 
@@ -324,3 +326,128 @@ with sigterm_as_interrupt(stuck_after_s=1):
         if process.poll() is None:
             process.kill()
     assert marker.read_text() == str(int(signal.SIGTERM))
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has a handler for SIGTERM: bit 15 of the SigCgt mask in /proc."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def _imports_numpy(pid: int) -> bool:
+    """Whether ``pid`` has loaded NumPy's core extension: the job's heavy imports have begun."""
+    return "_multiarray_umath" in pathlib.Path(f"/proc/{pid}/maps").read_text()
+
+
+def _job(out: pathlib.Path, photos: pathlib.Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), *ARGS, *extra],
+        cwd=REPO,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # each stdout line leaves as it is printed
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _terminated_line(process: subprocess.Popen, stdout: str, stderr: str) -> str:
+    """The run's one error line, once it is checked that SIGTERM ended it as the docs promise."""
+    assert process.returncode == 143, (process.returncode, stdout[-2000:], stderr[-3000:])
+    errors = [line for line in stderr.splitlines() if line.startswith("images-to-tfrecords: ")]
+    assert len(errors) == 1 and errors[0].startswith("images-to-tfrecords: error: terminated (SIGTERM); "), stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
+def test_sigterm_as_the_job_starts_its_heavy_imports_ends_it_with_the_line(photos, tmp_path):
+    # The earliest moment the entry point can answer for: the first of its heavy imports (NumPy,
+    # Pillow, then Beam), or its handler in place, whichever /proc shows first. Before that is the
+    # interpreter's own start, where SIGTERM ends any Python program (docs/reliability.md says so).
+    out = tmp_path / "out"
+    process = _job(out, photos)
+    try:
+        deadline = time.monotonic() + 120
+        while not (_catches_sigterm(process.pid) or _imports_numpy(process.pid)):
+            assert time.monotonic() < deadline and process.poll() is None, "the job never started"
+            time.sleep(0.001)
+        os.kill(process.pid, signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    line = _terminated_line(process, stdout, stderr)
+    assert "nothing was converted yet" in line, line
+    assert not out.exists() or not [n for n in _names(out) if n != ".commit.lock"], _names(out)
+
+
+def _writing_to_stdout(pid: int) -> bool:
+    """Whether the main thread of ``pid`` is blocked in write(2) to its stdout (/proc's syscall
+    file: the syscall's number, then its arguments)."""
+    fields = pathlib.Path(f"/proc/{pid}/syscall").read_text().split()
+    return fields[:2] == [str(_WRITE_SYSCALL), "0x1"]
+
+
+_WRITE_SYSCALL = {"x86_64": 1, "aarch64": 64}.get(os.uname().machine, 1)
+_F_SETPIPE_SZ = 1031
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe of one page, filled: the first write to it blocks until its reader reads."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, _F_SETPIPE_SZ, 4096)
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"." * 4096)
+    os.set_blocking(write_end, True)  # The job's stdout shares this flag: it must block, as any stdout may.
+    return read_end, write_end
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["process", "group"])
+def test_sigterm_after_the_commit_ends_the_run_with_the_line_and_a_whole_version(photos, tmp_path, to_group):
+    # The job prints nothing on stdout until its run has committed; its stdout is a full pipe, so
+    # it then blocks in its first print, after the commit and before its summary: a moment of the
+    # process's own, held for as long as the test needs. SIGTERM there (and in the rest of the
+    # exit, whose teardown of Beam's modules takes a tenth of a second or more) used to end it by
+    # the raw signal, without a word.
+    out = tmp_path / "out"
+    read_end, write_end = _full_pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), *ARGS],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 300
+        while not _writing_to_stdout(process.pid):
+            assert time.monotonic() < deadline and process.poll() is None, "the job never printed its summary"
+            time.sleep(0.01)
+        assert (out / "dataset_info.json").exists() and not (out / ".images-to-tfrecords.lock").exists()
+        os.kill(process.pid, signal.SIGTERM)
+        if to_group:
+            os.killpg(process.pid, signal.SIGTERM)
+        with os.fdopen(read_end, "rb") as reader:  # A reader again: whatever the job still prints may leave.
+            stdout = reader.read().decode("utf-8", "replace")
+        stderr = process.stderr.read()
+        process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    line = _terminated_line(process, stdout, stderr)
+    assert "the dataset was already complete" in line and "--resume" not in line, line
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert info["version"] == 1 and info["splits"]["train"]["num_examples"] == 48
+    verified = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(out)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert not [n for n in _names(out) if n.startswith((".progress-", ".tmp-", ".images-to-tfrecords"))], _names(out)
