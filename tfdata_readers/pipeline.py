@@ -620,16 +620,32 @@ def _make_dataset(
 
     def images(features: dict[str, tf.Tensor], batched: bool) -> tf.Tensor:
         encoded = features["image/encoded"]
-        crop = dict(area_range=config.crop_area_range, aspect_ratio_range=config.crop_aspect_ratio_range)
-        dct = dict(dct_method=config.jpeg_dct_method)
+        area, aspect, dct = config.crop_area_range, config.crop_aspect_ratio_range, config.jpeg_dct_method
         if batched:
             if training:
-                return augment.train_batch(encoded, features["seed"], image, out_size=out_size, **crop, **dct)
-            return augment.eval_batch(encoded, image, out_size=out_size, **dct)
+                return augment.train_batch(
+                    encoded,
+                    features["seed"],
+                    image,
+                    out_size=out_size,
+                    area_range=area,
+                    aspect_ratio_range=aspect,
+                    dct_method=dct,
+                )
+            return augment.eval_batch(encoded, image, out_size=out_size, dct_method=dct)
         size = tf.stack([features[_HEIGHT], features[_WIDTH]]) if image.keeps_size else None
         if training:
-            return augment.train_element(encoded, features["seed"], image, out_size=out_size, size=size, **crop, **dct)
-        return augment.eval_element(encoded, image, out_size=out_size, size=size, **dct)
+            return augment.train_element(
+                encoded,
+                features["seed"],
+                image,
+                out_size=out_size,
+                size=size,
+                area_range=area,
+                aspect_ratio_range=aspect,
+                dct_method=dct,
+            )
+        return augment.eval_element(encoded, image, out_size=out_size, size=size, dct_method=dct)
 
     def element(features: dict[str, Any]) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """One parsed example -> (its fixed-shape features, its pixels): an annotated example's
