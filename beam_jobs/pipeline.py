@@ -39,7 +39,6 @@ from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
 from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
 from beam_jobs.command_line.run_summary import outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
-from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.command_line.termination import (
     InterruptedState,
     Terminated,
@@ -51,6 +50,7 @@ from beam_jobs.command_line.termination import (
     stop_child_processes,
 )
 from beam_jobs.command_line.termination import interrupted_line as _interrupted_line
+from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
@@ -967,7 +967,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         release_output_lock(lock)
         released = True
         _log_counters(result)
-        with FileSystems.open(FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)) as handle:
+        written = FileSystems.join(output_dir, PLAN_FILE if arguments.plan_only else DATASET_INFO)
+        with FileSystems.open(written) as handle:
             info = json.loads(handle.read().decode("utf-8"))
     except KeyboardInterrupt as interrupt:  # The run is over: its line says what it left.
         interrupt_caught()
