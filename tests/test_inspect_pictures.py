@@ -100,6 +100,19 @@ def test_a_split_without_examples_reads_no_examples_never_none():
     assert balance_text(balance({"a": 10, "b": 2, "c": 0})) == "largest/smallest 5.0 (a/b)"
 
 
+@pytest.mark.parametrize(
+    ("counts", "text"),
+    [
+        ({"class_00": 7}, "one class (class_00)"),
+        ({"class_00": 7, "empty": 0}, "one class with examples (class_00)"),
+        ({"a": 4, "b": 4, "c": 4}, "balanced (every class the same size)"),
+        ({"a": 4, "b": 5}, "largest/smallest 1.2 (b/a)"),
+    ],
+)
+def test_one_class_or_a_balanced_split_is_said_in_words_not_as_a_ratio_of_one(counts, text):
+    assert balance_text(balance(counts)) == text
+
+
 def test_the_html_report_words_an_empty_split_as_no_examples():
     from tfdata_readers.inspection import html_report
 

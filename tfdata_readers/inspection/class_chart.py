@@ -40,6 +40,7 @@ class Balance:
     largest: str | None
     smallest: str | None
     empty: tuple[str, ...]
+    with_examples: int = 0  # how many classes have an example: one makes no ratio worth saying
 
 
 def balance(counts: dict[str, int]) -> Balance:
@@ -50,7 +51,7 @@ def balance(counts: dict[str, int]) -> Balance:
         return Balance(None, None, None, empty)
     largest = max(sorted(present), key=lambda name: present[name])
     smallest = min(sorted(present), key=lambda name: present[name])
-    return Balance(present[largest] / present[smallest], largest, smallest, empty)
+    return Balance(present[largest] / present[smallest], largest, smallest, empty, len(present))
 
 
 def balance_text(summary: Balance) -> str:
@@ -58,6 +59,11 @@ def balance_text(summary: Balance) -> str:
     examples" when the split has none, never a ratio of None."""
     if summary.ratio is None:
         return "no examples"
+    # A ratio of one class to itself, or of equals, says nothing a word does not say better.
+    if summary.with_examples == 1:
+        return f"one class{' with examples' if summary.empty else ''} ({summary.largest})"
+    if summary.ratio == 1.0:
+        return "balanced (every class the same size)"
     return f"largest/smallest {summary.ratio:.1f} ({summary.largest}/{summary.smallest})"
 
 
