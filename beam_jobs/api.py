@@ -6,12 +6,14 @@ the very parser the command line uses, and a notebook and a shell run write the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from beam_jobs.errors import UsageError
 
-__all__ = ["convert", "convert_argv"]
+__all__ = ["convert", "convert_argv", "in_keyword_terms"]
 
 
 def convert(
@@ -73,15 +75,59 @@ def convert(
     logging configuration is put back as it was when the call returns.
     """
     arguments = {name: value for name, value in locals().items() if name != "beam_options"}
-    argv = convert_argv(arguments, beam_options)
-    # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
-    from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
-    from beam_jobs.pipeline import callers_logging_kept, configure_job_logging, run  # pylint: disable=import-outside-toplevel
+    with _errors_in_keyword_terms():
+        argv = convert_argv(arguments, beam_options)
+        # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
+        from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+        from beam_jobs.pipeline import callers_logging_kept, configure_job_logging, run  # pylint: disable=import-outside-toplevel
 
-    with callers_logging_kept():
-        configure_job_logging(argv, keep_handlers=True)
-        with sigterm_as_interrupt():
-            return run(argv)
+        with callers_logging_kept():
+            configure_job_logging(argv, keep_handlers=True)
+            with sigterm_as_interrupt():
+                return run(argv)
+
+
+# A flag as the job's messages write it, not inside a word or a path ("/data/x--overwrite").
+_FLAG = re.compile(r"(?<![\w/-])--([a-z][a-z0-9_]*)(=\S+)?")
+
+
+def _keywords() -> dict[str, bool]:
+    """convert()'s keywords, each with whether it is a switch (a flag that takes no value)."""
+    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
+
+    names = set(convert.__code__.co_varnames[: convert.__code__.co_argcount + convert.__code__.co_kwonlyargcount])
+    actions = help_parser()._actions  # pylint: disable=protected-access
+    switches = {action.dest for action in actions if action.nargs == 0}
+    return {name: name in switches for name in names}
+
+
+def in_keyword_terms(message: str) -> str:
+    """The job's message as a caller of convert() reads it: ``--overwrite`` is ``overwrite=True``,
+    ``--max_bad_fraction=0.01`` is ``max_bad_fraction=0.01``. One mapping for every message, so
+    that each is written once, for the command line. Pure."""
+    keywords = _keywords()
+
+    def keyword(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2)
+        if name not in keywords:
+            return match.group(0)
+        if value:
+            return f"{name}{value}"
+        return f"{name}=True" if keywords[name] else name
+
+    return _FLAG.sub(keyword, message)
+
+
+@contextmanager
+def _errors_in_keyword_terms() -> Iterator[None]:
+    """Re-raises the run's errors (same type, same traceback) with their flags named as keywords:
+    the job's own, and a runner's that carries one of them in its text."""
+    try:
+        yield
+    except Exception as error:
+        if error.args and isinstance(error.args[0], str):
+            error.args = (in_keyword_terms(error.args[0]), *error.args[1:])
+        raise
 
 
 def convert_argv(

@@ -19,7 +19,7 @@ import pytest
 from apache_beam.runners.portability import fn_api_runner
 
 import beam_jobs
-from beam_jobs.api import convert_argv
+from beam_jobs.api import convert_argv, in_keyword_terms
 from beam_jobs.command_line.arguments import parse_job_arguments
 from beam_jobs.command_line.flags import help_parser
 from beam_jobs.config import ImageConfig
@@ -277,3 +277,37 @@ def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_pa
         names = sorted(p.name for p in folder.iterdir())
         shards = [n for n in names if n.endswith(".tfrecord") and not n.startswith(".")]
         assert shards and names == sorted([*shards, *(f".{n}.json" for n in shards)]), names
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("pass --overwrite to replace it", "pass overwrite=True to replace it"),
+        ("rerun with --overwrite --resume (and the same flags)", "rerun with overwrite=True resume=True (and the same"),
+        ("more than --max_bad_fraction=0.01 (2 unreadable)", "more than max_bad_fraction=0.01 (2 unreadable)"),
+        ("--output_dir /data/out already holds", "output_dir /data/out already holds"),
+        ("raise --max_bad_fraction to accept them", "raise max_bad_fraction to accept them"),
+        ("a path /data/x--overwrite stays", "a path /data/x--overwrite stays"),
+        ("--no_such_flag stays as written", "--no_such_flag stays as written"),
+    ],
+)
+def test_an_error_message_names_the_keyword_where_the_command_line_names_the_flag(message, expected):
+    assert expected in in_keyword_terms(message), in_keyword_terms(message)
+
+
+@pytest.mark.slow
+def test_convert_into_a_dataset_names_overwrite_true_not_the_flag(tmp_path, photo_tree):
+    root = photo_tree[0]
+    beam_jobs.convert(str(root), output_dir=str(tmp_path / "out"), image_size=32, max_bad_fraction=1.0)
+    with pytest.raises(beam_jobs.UsageError) as refused:
+        beam_jobs.convert(str(root), output_dir=str(tmp_path / "out"), image_size=32, max_bad_fraction=1.0)
+    assert "overwrite=True" in str(refused.value) and "--overwrite" not in str(refused.value), refused.value
+
+
+@pytest.mark.slow
+def test_too_many_bad_inputs_through_convert_names_the_max_bad_fraction_keyword(tmp_path, photo_tree):
+    root = photo_tree[0]  # 7 of its 43 files are not usable images: more than the default 0.01
+    with pytest.raises(Exception) as refused:
+        beam_jobs.convert(str(root), output_dir=str(tmp_path / "out"), image_size=32)
+    assert "accept them by rerunning with max_bad_fraction=0.17" in str(refused.value), refused.value
+    assert "--max_bad_fraction" not in str(refused.value), refused.value

@@ -6,6 +6,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -321,8 +322,15 @@ def check_bad_fraction(
         raise TooManyBadInputsError(
             f"{num_dead} of {num_inputs} inputs ({num_dead / num_inputs:.1%}) could not be used, more than "
             f"--max_bad_fraction={max_bad_fraction}" + (f" ({hint})" if hint else "") + f"; {kept_message}. "
-            f"See {dead_letters_uri} for each file and the reason."
+            f"See {dead_letters_uri} for each file and the reason: fix or remove those files, or accept them "
+            f"by rerunning with --max_bad_fraction={accepting_fraction(num_dead, num_inputs)}."
         )
+
+
+def accepting_fraction(num_dead: int, num_inputs: int) -> float:
+    """The smallest --max_bad_fraction of two decimals that lets ``num_dead`` of ``num_inputs``
+    pass (the check refuses only a fraction above it). Pure."""
+    return min(1.0, math.ceil(num_dead / num_inputs * 100 - 1e-9) / 100)
 
 
 def dead_letters_jsonl(dead_letters: Iterable[DeadLetter]) -> bytes:
@@ -481,8 +489,8 @@ def finalize_outputs(
         if results:
             kept += (
                 f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
-                f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it) "
-                "for a rerun with --resume and the same flags, which redoes only what changed"
+                f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it), and "
+                f"a rerun with --resume reuses {'it' if len(results) == 1 else 'them'}, redoing only what changed"
             )
         unusable_by_reason = {reason: count for reason, count in by_reason.items() if reason not in DROPPED_REASONS}
         check_bad_fraction(
@@ -562,18 +570,19 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     )
     ignored = sum(by_reason.values())
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
+    # Said only when some were not used: "0 listed files not used" on every run is noise.
+    unused = f"; {ignored} listed file{'s' if ignored != 1 else ''} not used ({reasons})" if ignored else ""
     classes = len(summary["label_names"])
     append = summary.get("append")
     if append is not None:  # --append: what is new, beside what the current version holds
         held = append.get("held", 0) + append.get("changed", 0)
         return (
             f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
-            f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}; {ignored} listed "
-            f"file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else "")
+            f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}{unused}"
         )
     return (
         f"Found {total} image{'s' if total != 1 else ''} belonging to {classes} class{'es' if classes != 1 else ''}"
-        f": {shown}; {ignored} listed file{'s' if ignored != 1 else ''} not used" + (f" ({reasons})" if reasons else "")
+        f": {shown}{unused}"
     )
 
 

@@ -105,7 +105,10 @@ def test_a_refused_overwrite_run_leaves_the_old_dataset_whole(photos, tmp_path):
     assert "version 1 of the dataset stays current, unchanged" in _error_lines(result)[0]
     # Its shards stay in its own folder, which no version lists, for --resume, and the message
     # says so; its dead letters are beside them, not in the version's.
-    assert "for a rerun with --resume" in _error_lines(result)[0]
+    assert "a rerun with --resume reuses " in _error_lines(result)[0]
+    # The fix for too many bad inputs is the threshold (or the files), not the same flags again.
+    assert "accept them by rerunning with --max_bad_fraction=0." in _error_lines(result)[0], _error_lines(result)[0]
+    assert "the same flags" not in _error_lines(result)[0]
     assert len(_unchanged_beside_a_new_run(before, tree_files(out))) == 1
     assert tree_files(out / "shards" / _info(out)["change"]["run"]) == before_run
     [refused] = [p for p in (out / "shards").iterdir() if p.name != _info(out)["change"]["run"]]
