@@ -195,6 +195,9 @@ def _refusing_other_readers_checkpoints(dataset: tf.data.Dataset, identity: str)
     built with another seed, batch size or dataset version, it would go on from the same positions
     in another order, silently. So a `scan` carries the identity of the reader that made the
     iterator: a checkpoint keeps the scan's state, and the next batch compares it with this reader's.
+    It is the pipeline's last step, after the prefetch, so that the batches a checkpoint's prefetch
+    buffer holds are checked too: the very first batch after such a restore fails, before a loop
+    trains a step on it.
     """
 
     def check(saved: tf.Tensor, *element: Any) -> tuple[tf.Tensor, Any]:
@@ -795,7 +798,7 @@ def _make_dataset(
             "with_metadata": with_metadata,
             "pipeline": [pipeline_id, share.num_pipelines],
         }
-        dataset = _refusing_other_readers_checkpoints(dataset, reader_identity(identity, config))
+        identity_line = reader_identity(identity, config)
     if not service and (not config.skip_corrupt or batches_per_epoch is not None):
         # The manifest knows the count; without it Keras shows no step total and warns that the
         # input "ran out of data" every epoch. Under skip_corrupt a pass may hold fewer batches,
@@ -807,6 +810,8 @@ def _make_dataset(
         )
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(total))
     dataset = dataset.prefetch(config.prefetch)
+    if not service:
+        dataset = _refusing_other_readers_checkpoints(dataset, identity_line)
 
     tf_options = tf.data.Options()
     # Sharding is done above from the InputContext; TensorFlow must not shard again.
@@ -817,6 +822,9 @@ def _make_dataset(
     # counter that numbers a new iteration's epochs, and the shuffle's unused seed generator (every
     # order is a function of the seed and the epoch, and the shuffle buffers are saved).
     tf_options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    # TensorFlow would add a prefetch after the identity check, whose restored buffer would hand on a
+    # batch before the check compares the checkpoint's identity with this reader's.
+    tf_options.experimental_optimization.inject_prefetch = False
     dataset = dataset.with_options(tf_options)
     if not service:
         return dataset
