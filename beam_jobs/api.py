@@ -65,7 +65,8 @@ def convert(
 
     Returns the committed version's ``dataset_info.json`` (or, with ``plan_only``, the plan) as a
     dict. Arguments the command line would refuse raise ``beam_jobs.UsageError`` (a ``ValueError``)
-    with the command line's message, before anything is read or written; a run that fails raises
+    with the command line's message (its flags written as keywords: ``overwrite=True`` for
+    ``--overwrite``), before anything is read or written; a run that fails raises
     the error that failed it, after removing what it had written (the version before it stays the
     current one). Ctrl-C (SIGINT) and SIGTERM interrupt it as they do the command line: what the run
     wrote is removed and ``KeyboardInterrupt`` is raised (one that arrives during the commit's own

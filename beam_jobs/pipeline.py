@@ -37,7 +37,7 @@ from beam_jobs.command_line.arguments import (
 from beam_jobs.command_line.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
 from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
 from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
-from beam_jobs.command_line.run_summary import outputs_lines, split_table
+from beam_jobs.command_line.run_summary import next_steps_lines, outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
 from beam_jobs.command_line.termination import (
     InterruptedState,
@@ -1346,3 +1346,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(warning)
     print(_summary(info, arguments.output_dir))
     print("\n".join(outputs_lines(info, arguments.output_dir)))
+    print("\n".join(next_steps_lines(info, arguments.output_dir)))

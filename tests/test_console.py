@@ -200,6 +200,12 @@ def test_console_lines_say_1_shard_1_input_1_class():
     assert plan_line(plan, {"empty_file": 1}) == (
         "Found 1 image belonging to 1 class: train 1 (1 shard); 1 listed file not used (empty_file: 1)"
     )
+    # Every listed file used: nothing to say about unused ones.
+    assert plan_line(plan, {}) == "Found 1 image belonging to 1 class: train 1 (1 shard)"
+    appended = {**plan, "append": {"held": 3}}
+    assert plan_line(appended, {}) == (
+        "Found 1 new image (3 already in the current version) belonging to 1 class: train 1 (1 shard)"
+    )
     info = {
         "splits": {"train": {"num_examples": 1, "num_shards": 1}},
         "num_dead_letters": 1,
@@ -341,7 +347,7 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
     # stderr holds the plan, then progress lines, and nothing else: no chatter, no INFO lines.
     assert re.fullmatch(
         rf"Found {len(good) + len(broken)} images belonging to 9 classes: train \d+ \(4 shards\), "
-        r"validation \d+ \(4 shards\); 0 listed files not used; ignored: 1 hidden, 1 non-image",
+        r"validation \d+ \(4 shards\); ignored: 1 hidden, 1 non-image",
         lines[0],
     ), result.stderr
     progress = lines[1:]
@@ -551,3 +557,19 @@ def test_library_warnings_stay_off_the_console_and_reach_the_debug_log(coco_tree
     debug = job("debug", "--log_level", "DEBUG")
     assert debug.returncode == 0, debug.stderr[-3000:]
     assert "DeprecationWarning: __array__ implementation" in debug.stderr, debug.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("splits", "reads"),
+    [
+        ({"train": 1, "validation": 1}, '"train"'),
+        ({"validation": 1, "test": 1}, '"validation"'),
+    ],
+)
+def test_the_summary_ends_with_the_next_commands(splits, reads):
+    from beam_jobs.command_line.run_summary import next_steps_lines
+
+    info = {"splits": {name: {"num_examples": n, "num_shards": 1} for name, n in splits.items()}}
+    lines = next_steps_lines(info, "/data/out")
+    assert lines[0] == "next: verify-tfrecords /data/out", lines
+    assert f'tfdata_readers.make_dataset("/data/out", {reads}, batch_size=32' in lines[1], lines

@@ -9,7 +9,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.paths import redact
 from beam_jobs.writing.finalize import DATASET_INFO
 
-__all__ = ["format_mib", "outputs_lines", "shard_globs", "split_table"]
+__all__ = ["format_mib", "next_steps_lines", "outputs_lines", "shard_globs", "split_table"]
 
 _LISTING = "(listing)"
 
@@ -96,3 +96,14 @@ def outputs_lines(info: dict, output_dir: str) -> list[str]:
     lines.append(f"  {FileSystems.join(where, DATASET_INFO)}" + (f" (version {version})" if version else ""))
     lines.append(f"  {FileSystems.join(where, info['dead_letters_file'])}")
     return lines
+
+
+def next_steps_lines(info: dict, output_dir: str) -> list[str]:
+    """What a user does with a finished dataset: check it, then read it (the train split when
+    there is one). Pure."""
+    where = redact(output_dir)
+    split = "train" if "train" in info["splits"] else next(iter(info["splits"]), "train")
+    return [
+        f"next: verify-tfrecords {where}",
+        f'      tfdata_readers.make_dataset("{where}", "{split}", batch_size=32, training=True)  # in Python',
+    ]
