@@ -757,7 +757,9 @@ def test_append_adds_annotated_rows_and_refuses_rows_of_another_kind(pasted, tmp
     # Rows with a mask would be examples of another layout (a mask the others lack): refused.
     masks = write_masks(root, images)
     Image.open(root / masks[images[0].name]).save(plain / "extra2.png")
-    Image.open(root / images[0].name).save(plain / "extra2.jpg")
+    # Other bytes than extra.jpg's: the same bytes under the same label would be a duplicate of a
+    # held example (a dead letter), and nothing would be left to refuse.
+    Image.open(root / images[0].name).save(plain / "extra2.jpg", quality=90)
     row = {"uri": str(plain / "extra2.jpg"), "label": "cup", "mask": str(plain / "extra2.png")}
     listing.write_text(listing.read_text() + "\n" + json.dumps(row))
     with pytest.raises(Exception, match="an append must write examples laid out as the version it appends to"):
