@@ -89,17 +89,23 @@ def convert(
 
 
 # A flag as the job's messages write it, not inside a word or a path ("/data/x--overwrite").
-_FLAG = re.compile(r"(?<![\w/-])--([a-z][a-z0-9_]*)(=\S+)?")
+_FLAG = re.compile(r"(?<![\w/-])--([a-z][a-z0-9_]*)(=\S+)?(?: ([a-z][a-z0-9_]*)\b)?")
 
 
-def _keywords() -> dict[str, bool]:
-    """convert()'s keywords, each with whether it is a switch (a flag that takes no value)."""
+def _keywords() -> dict[str, tuple[bool, tuple[str, ...]]]:
+    """convert()'s keywords, each with whether it is a switch (a flag that takes no value) and the
+    values it takes when they are a fixed few (``changed_sources``: "refuse", "keep")."""
     from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
 
     names = set(convert.__code__.co_varnames[: convert.__code__.co_argcount + convert.__code__.co_kwonlyargcount])
-    actions = help_parser()._actions  # pylint: disable=protected-access
-    switches = {action.dest for action in actions if action.nargs == 0}
-    return {name: name in switches for name in names}
+    actions = {action.dest: action for action in help_parser()._actions}  # pylint: disable=protected-access
+    return {
+        name: (
+            name in actions and actions[name].nargs == 0,
+            tuple(str(c) for c in (actions[name].choices or ())) if name in actions else (),
+        )
+        for name in names
+    }
 
 
 def in_keyword_terms(message: str) -> str:
@@ -109,12 +115,18 @@ def in_keyword_terms(message: str) -> str:
     keywords = _keywords()
 
     def keyword(match: re.Match) -> str:
-        name, value = match.group(1), match.group(2)
+        name, value, word = match.group(1), match.group(2), match.group(3)
         if name not in keywords:
             return match.group(0)
+        switch, choices = keywords[name]
+        after = f" {word}" if word else ""
         if value:
-            return f"{name}{value}"
-        return f"{name}=True" if keywords[name] else name
+            return f"{name}{value}{after}"
+        if switch:
+            return f"{name}=True{after}"
+        if word in choices:  # "--changed_sources keep": the flag and its value
+            return f"{name}={word!r}"
+        return f"{name}{after}"
 
     return _FLAG.sub(keyword, message)
 
@@ -126,9 +138,36 @@ def _errors_in_keyword_terms() -> Iterator[None]:
     try:
         yield
     except Exception as error:
+        own = _own_error_inside(error)
+        if own is not None:
+            # A runner re-raises a worker's exception as its own (a RuntimeError carrying the
+            # worker's trace as text): the caller gets the job's error, by its type and message.
+            raise own from error
         if error.args and isinstance(error.args[0], str):
             error.args = (in_keyword_terms(error.args[0]), *error.args[1:])
         raise
+
+
+def _own_error_inside(error: Exception) -> Exception | None:
+    """The job's own error (SourceChangesError, TooManyBadInputsError, ...) that a runner's
+    exception carries in its text, rebuilt with its one-line message in keyword terms; None when
+    ``error`` is the job's own already, or carries none."""
+    from beam_jobs.errors import JobError, UsageError  # pylint: disable=import-outside-toplevel
+    from beam_jobs.pipeline import describe_failure  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.append import SourceChangesError  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.commit import CommitConflictError  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.finalize import TooManyBadInputsError  # pylint: disable=import-outside-toplevel
+
+    if isinstance(error, (JobError, UsageError, TooManyBadInputsError)):
+        return None
+    message, trace_helps = describe_failure(error)
+    if trace_helps:
+        return None
+    text = str(error)
+    for kind in (SourceChangesError, TooManyBadInputsError, CommitConflictError, JobError, UsageError):
+        if f"{kind.__name__}: " in text:
+            return kind(in_keyword_terms(message))
+    return None
 
 
 def convert_argv(

@@ -289,6 +289,8 @@ def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_pa
         ("raise --max_bad_fraction to accept them", "raise max_bad_fraction to accept them"),
         ("a path /data/x--overwrite stays", "a path /data/x--overwrite stays"),
         ("--no_such_flag stays as written", "--no_such_flag stays as written"),
+        ("Pass --changed_sources keep to keep them", "Pass changed_sources='keep' to keep them"),
+        ("with --overwrite and the same flags", "with overwrite=True and the same flags"),
     ],
 )
 def test_an_error_message_names_the_keyword_where_the_command_line_names_the_flag(message, expected):
@@ -311,3 +313,23 @@ def test_too_many_bad_inputs_through_convert_names_the_max_bad_fraction_keyword(
         beam_jobs.convert(str(root), output_dir=str(tmp_path / "out"), image_size=32)
     assert "accept them by rerunning with max_bad_fraction=0.17" in str(refused.value), refused.value
     assert "--max_bad_fraction" not in str(refused.value), refused.value
+
+
+def test_a_job_error_a_runner_wrapped_reaches_the_caller_as_itself_in_keyword_terms():
+    """A runner re-raises a worker's SourceChangesError as a RuntimeError whose text holds the
+    worker's trace; convert()'s caller gets the job's own error, one line, naming keywords."""
+    from beam_jobs.api import _errors_in_keyword_terms
+    from beam_jobs.writing.append import SourceChangesError
+
+    wrapped = RuntimeError(
+        'Traceback (most recent call last):\n  File "apache_beam/runners/common.py", line 1, in process\n'
+        "beam_jobs.writing.append.SourceChangesError: --append: 1 input of version 1 changed (a/b.jpg); "
+        "nothing was converted. Pass --changed_sources keep to keep their examples "
+        "[while running 'ConvertImages/CheckSourceChanges']"
+    )
+    with pytest.raises(SourceChangesError) as raised, _errors_in_keyword_terms():
+        raise wrapped
+    message = str(raised.value)
+    assert message.startswith("append=True: 1 input of version 1 changed (a/b.jpg)"), message
+    assert "changed_sources='keep'" in message and "Traceback" not in message and "[while running" not in message
+    assert raised.value.__cause__ is wrapped
