@@ -513,10 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         lines = _run(arguments)
     except (OutputLockedError, CommitConflictError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{_parser().prog}: error: {error}", file=sys.stderr)
         return 1
     except ValueError as error:  # JobError and VersionNotFoundError are ValueErrors: bad input.
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{_parser().prog}: error: {error}", file=sys.stderr)
         return 2
     try:
         for line in lines:

@@ -75,7 +75,7 @@ def test_line_progress_reports_shards_staged_before_the_plan_was_seen():
     assert [re.search(r"\((\d+)%\)", line).group(1) for line in lines[1:]] == ["33", "67"]
     # Counted in the rate, not as if kept: a rate above zero is what gives an ETA. Its value is the
     # machine's speed (20 images over however long this took), so only its presence is asserted.
-    assert re.search(r", \d+ images/s, ETA [\d:]+, ", lines[1]), lines[1]
+    assert re.search(r", [\d.]+ images?/s, ETA [\d:]+, ", lines[1]), lines[1]
 
 
 def test_line_progress_prints_once_per_tenth():
@@ -573,3 +573,20 @@ def test_the_summary_ends_with_the_next_commands(splits, reads):
     lines = next_steps_lines(info, "/data/out")
     assert lines[0] == "next: verify-tfrecords /data/out", lines
     assert f'tfdata_readers.make_dataset("/data/out", {reads}, batch_size=32' in lines[1], lines
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [
+        (0.0, "0 images/s"),
+        (0.36, "0.4 images/s"),
+        (1.0, "1 image/s"),
+        (2.5, "2.5 images/s"),
+        (9.96, "10 images/s"),
+        (356.9, "357 images/s"),
+    ],
+)
+def test_a_slow_rate_is_shown_with_a_decimal_and_one_image_in_the_singular(rate, shown):
+    from beam_jobs.command_line.progress_display import format_rate
+
+    assert format_rate(rate) == shown

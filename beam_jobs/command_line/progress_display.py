@@ -21,6 +21,13 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
+def format_rate(images_per_s: float) -> str:
+    """A rate as a person reads it: whole images from 10/s on, one decimal below (a small run's
+    0.4 images/s is not "0 images/s"), and "1 image/s" in the singular. Pure."""
+    shown = f"{images_per_s:.0f}" if images_per_s >= 10 else f"{images_per_s:.1f}".removesuffix(".0")
+    return f"{shown} image/s" if shown == "1" else f"{shown} images/s"
+
+
 def progress_line(progress: Progress, *, elapsed_s: float) -> str:
     """One plain line: shards, images, percentage, rate and ETA. Pure, for logs and CI consoles.
 
@@ -32,7 +39,7 @@ def progress_line(progress: Progress, *, elapsed_s: float) -> str:
     eta = f", ETA {format_duration(left / rate)}" if rate > 0 and left > 0 else ""
     return (
         f"progress: {progress.shards_done}/{progress.shards_total} shards, {progress.images_done}/"
-        f"{progress.images_total} images ({progress.fraction:.0%}), {rate:.0f} images/s{eta}, "
+        f"{progress.images_total} images ({progress.fraction:.0%}), {format_rate(rate)}{eta}, "
         f"{format_duration(elapsed_s)} elapsed"
     )
 

@@ -304,4 +304,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(out, args, message):
 
 def test_cli_on_a_folder_without_a_dataset_is_one_line_and_exit_2(tmp_path):
     proc = _cli(tmp_path, "list", check_rc=2)
-    assert proc.stderr == f"error: {tmp_path} holds no dataset_info.json: no version was committed there\n"
+    assert (
+        proc.stderr == f"python -m beam_jobs.versions: error: {tmp_path} holds no dataset_info.json: "
+        "no version was committed there\n"
+    )
