@@ -9,6 +9,11 @@ reader's dtype="uint8" row yield uint8). The reader's shards come from the conve
 fresh process, round-robin over the pipelines, after a warm-up long enough for tf.data's autotuner
 to settle (the reader's rate still rose for several seconds after 5 warm-up batches).
 
+JPEG is decoded with Pillow's IDCT ("INTEGER_ACCURATE", the reader's default) in every row but those
+named INTEGER_FAST (TensorFlow's own default). What Pillow's pixels cost, as the accurate / fast
+ratios of one run, printed at the end:
+  --only "JPEG eval (auto,JPEG training (crop+flip), seed: deterministic,INTEGER_FAST"
+
 Besides the table it draws the medians as a bar chart (--chart, default reader.png in the work
 dir), the from_generator baseline and the decode-only limit marked; it needs matplotlib
 (pip install ".[bench]").
@@ -90,13 +95,17 @@ def _jpeg_bytes(jpeg_dir: pathlib.Path) -> tf.Tensor:
     )
 
 
-def _decode_only(encoded: tf.Tensor) -> tf.data.Dataset:
+def _decode_only(encoded: tf.Tensor, dct_method: str = "INTEGER_ACCURATE") -> tf.data.Dataset:
     """The machine's JPEG decode limit: the shards' JPEG bytes, already in memory, decoded in a
     parallel map and batched as uint8. No reading, parsing, casting or scaling."""
     return (
         tf.data.Dataset.from_tensor_slices(encoded)
         .repeat()
-        .map(lambda e: (tf.io.decode_jpeg(e, channels=3),), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        .map(
+            lambda e: (tf.io.decode_jpeg(e, channels=3, dct_method=dct_method),),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=False,
+        )
         .batch(BATCH)
         .prefetch(tf.data.AUTOTUNE)
     )
@@ -133,15 +142,20 @@ def _methods(ctx: dict) -> dict[str, Callable[[], tf.data.Dataset]]:
         "article: Method 2 (path generator + map)": lambda: article.method2_paths_then_map(paths, labels).repeat(),
         "article: Method 4 (float-list TFRecords)": lambda: article.method4_float_tfrecords(method4_dir).repeat(),
         "decode-only limit (in-memory JPEG bytes)": lambda: _decode_only(_jpeg_bytes(jpeg)),
+        "decode-only limit, INTEGER_FAST (in-memory)": lambda: _decode_only(_jpeg_bytes(jpeg), "INTEGER_FAST"),
         "decode-only + float32 conversion (in-memory)": lambda: _decode_to_float(_jpeg_bytes(jpeg)),
         "reader JPEG eval (auto: decode per batch)": reader(jpeg, jpeg_split),
         "reader JPEG eval, decode per element": reader(jpeg, jpeg_split, decode_placement="element"),
         "reader JPEG eval, dtype=uint8 (scale on device)": reader(jpeg, jpeg_split, dtype="uint8"),
+        "reader JPEG eval, INTEGER_FAST": reader(jpeg, jpeg_split, jpeg_dct_method="INTEGER_FAST"),
         # A seed makes the reader deterministic by default (ReadConfig.deterministic=None); the
         # deterministic=False rows measure what that costs.
         "reader JPEG training (crop+flip), seed: deterministic": reader(jpeg, jpeg_split, training=True, seed=0),
         "reader JPEG training (crop+flip), seed, deterministic=False": reader(
             jpeg, jpeg_split, training=True, seed=0, deterministic=False
+        ),
+        "reader JPEG training (crop+flip), seed: deterministic, INTEGER_FAST": reader(
+            jpeg, jpeg_split, training=True, seed=0, jpeg_dct_method="INTEGER_FAST"
         ),
         "reader RAW eval (auto: decode per batch)": reader(raw, raw_split),
         "reader RAW eval, decode per element": reader(raw, raw_split, decode_placement="element"),
@@ -288,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps({"medians": medians, "rates": rates, "converter": converter}, indent=2))
     _print_determinism_cost(medians, rates)
+    _print_dct_cost(medians)
     jpeg_name, raw_name = "reader JPEG eval (auto: decode per batch)", "reader RAW eval (auto: decode per batch)"
     if jpeg_name not in medians or raw_name not in medians:
         return
@@ -325,6 +340,27 @@ def _print_determinism_cost(medians: dict[str, float], rates: dict[str, list[flo
             print(
                 f"  {fmt} training, deterministic / deterministic=False: {medians[seeded] / medians[free]:.2f} "
                 f"(medians {medians[seeded]:.0f} / {medians[free]:.0f} img/s)"
+            )
+
+
+# (the accurate row, its INTEGER_FAST twin): what Pillow's pixels cost on each path.
+_DCT_PAIRS = (
+    ("decode-only limit (in-memory JPEG bytes)", "decode-only limit, INTEGER_FAST (in-memory)"),
+    ("reader JPEG eval (auto: decode per batch)", "reader JPEG eval, INTEGER_FAST"),
+    (
+        "reader JPEG training (crop+flip), seed: deterministic",
+        "reader JPEG training (crop+flip), seed: deterministic, INTEGER_FAST",
+    ),
+)
+
+
+def _print_dct_cost(medians: dict[str, float]) -> None:
+    """Each path's throughput with Pillow's IDCT (the default) against TensorFlow's fast one."""
+    for accurate, fast in _DCT_PAIRS:
+        if accurate in medians and fast in medians:
+            print(
+                f"  {accurate}: INTEGER_ACCURATE / INTEGER_FAST {medians[accurate] / medians[fast]:.3f} "
+                f"(medians {medians[accurate]:.0f} / {medians[fast]:.0f} img/s)"
             )
 
 
