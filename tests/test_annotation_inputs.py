@@ -193,7 +193,8 @@ def test_a_coco_file_without_an_annotations_array_is_refused(pasted, tmp_path):
 
 def test_an_image_size_with_keep_is_refused_as_it_would_be_ignored(pasted, tmp_path):
     root, images = pasted
-    with pytest.raises(beam_jobs.UsageError, match="--image_size does not apply with --resize_mode keep"):
+    # Through convert(), the message names the keywords the caller passed.
+    with pytest.raises(beam_jobs.UsageError, match="image_size does not apply with resize_mode='keep'"):
         beam_jobs.convert(
             manifest=str(write_jsonl(root, images)), output_dir=str(tmp_path / "o"), resize_mode="keep", image_size=96
         )
