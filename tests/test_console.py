@@ -41,6 +41,16 @@ CHATTER = re.compile(
 )
 
 
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run_cli(*args: object, processes: bool = True, **kwargs: object):
     """The job with Beam's worker processes, the default, whose records the console relays
     (``processes=False``: the local runner in the job's own process)."""
@@ -61,21 +71,42 @@ def test_tally_leaves_kept_shards_out_of_the_rate():
     staged = {".train-00000-of-00002.tfrecord.json": 11, ".train-00001-of-00002.tfrecord.json": 9}
     progress = tally(PLAN, staged, kept={".train-00000-of-00002.tfrecord.json"})
     assert (progress.images_done, progress.images_kept) == (20, 11)
-    assert progress_line(progress, elapsed_s=3.0).split(", ")[2] == "3 images/s"  # 9 converted in 3 s
+    out, clock = io.StringIO(), FakeClock()
+    display = LineProgress(out, threading.Lock(), clock=clock)
+    display.plan(PLAN["line"], Progress(0, 3, 0, 30))
+    clock.now = 1.0
+    display.update(Progress(1, 3, 11, 30, images_kept=11))  # kept at once: no work of this run
+    clock.now = 2.0
+    display.update(Progress(1, 3, 14, 30, images_kept=11))  # the first converted images
+    clock.now = 5.0
+    display.update(progress)
+    assert out.getvalue().splitlines()[-1].split(", ")[2] == "2 images/s"  # 9 - 3 converted in 3 s, none kept
+
+
+def test_tally_adds_the_images_of_shards_still_converting():
+    staged = {".train-00000-of-00002.tfrecord.json": 10}
+    converting = {
+        ".train-00000-of-00002.tfrecord.json": 7,  # its note, read before its sidecar: counted once
+        ".train-00001-of-00002.tfrecord.json": 4,
+        ".validation-00000-of-00001.tfrecord.json": 3,
+        ".train-00001-of-00003.tfrecord.json": 5,  # another plan's
+    }
+    assert tally(PLAN, staged, converting=converting) == Progress(1, 3, 17, 30)
 
 
 def test_line_progress_reports_shards_staged_before_the_plan_was_seen():
     # A slow listing can see the plan file only after shards are staged: they are this run's work.
     out = io.StringIO()
-    display = LineProgress(out, threading.Lock())
+    clock = FakeClock()
+    display = LineProgress(out, threading.Lock(), clock=clock)
     display.plan(PLAN["line"], Progress(1, 3, 10, 30))
+    clock.now = 5.0
     display.update(Progress(2, 3, 20, 30))
     lines = out.getvalue().splitlines()
     assert lines[0] == PLAN["line"]
     assert [re.search(r"\((\d+)%\)", line).group(1) for line in lines[1:]] == ["33", "67"]
-    # Counted in the rate, not as if kept: a rate above zero is what gives an ETA. Its value is the
-    # machine's speed (20 images over however long this took), so only its presence is asserted.
-    assert re.search(r", [\d.]+ images?/s, ETA [\d:]+, ", lines[1]), lines[1]
+    # Counted in the rate, not as if kept: 10 more in the 5 s since the first were seen.
+    assert lines[2] == "progress: 2/3 shards, 20/30 images (67%), 2 images/s, ETA 0:05, 0:05 elapsed", lines
 
 
 def test_line_progress_prints_once_per_tenth():
@@ -91,8 +122,45 @@ def test_line_progress_prints_once_per_tenth():
 
 
 def test_progress_line_gives_rate_and_eta():
-    line = progress_line(Progress(1, 4, 50, 200), elapsed_s=10.0)
+    line = progress_line(Progress(1, 4, 50, 200), elapsed_s=10.0, rate=5.0)
     assert line == "progress: 1/4 shards, 50/200 images (25%), 5 images/s, ETA 0:30, 0:10 elapsed"
+    # Before a rate can be measured, neither a rate nor an ETA is guessed.
+    assert progress_line(Progress(0, 4, 3, 200), elapsed_s=4.0, rate=None) == (
+        "progress: 0/4 shards, 3/200 images (2%), 0:04 elapsed"
+    )
+
+
+def test_the_rate_counts_from_the_first_converted_images_not_from_the_launch():
+    # A cluster spends a minute starting workers before the first image: a rate over the whole
+    # elapsed time would say 1 image/s and an ETA far too late.
+    out = io.StringIO()
+    clock = FakeClock()
+    display = LineProgress(out, threading.Lock(), clock=clock)
+    display.plan(PLAN["line"], Progress(0, 3, 0, 30))
+    clock.now = 60.0
+    display.update(Progress(0, 3, 2, 30))  # first seen
+    clock.now = 64.0
+    display.update(Progress(1, 3, 14, 30))
+    assert out.getvalue().splitlines()[-1] == (
+        "progress: 1/3 shards, 14/30 images (47%), 3 images/s, ETA 0:05, 1:04 elapsed"
+    )
+
+
+def test_a_line_is_written_at_least_every_30_seconds_while_nothing_moves():
+    out = io.StringIO()
+    clock = FakeClock()
+    display = LineProgress(out, threading.Lock(), clock=clock)
+    display.plan(PLAN["line"], Progress(0, 3, 0, 30))
+    for second in range(1, 75):  # the watcher's polls: nothing converted yet (workers starting)
+        clock.now = float(second)
+        display.update(Progress(0, 3, 0, 30))
+    assert out.getvalue().splitlines()[1:] == [
+        "progress: 0/3 shards, 0/30 images (0%), 0:30 elapsed",
+        "progress: 0/3 shards, 0/30 images (0%), 1:00 elapsed",
+    ]
+    clock.now = 80.0
+    display.update(Progress(0, 3, 3, 30))  # a tenth: at once
+    assert out.getvalue().splitlines()[-1] == "progress: 0/3 shards, 3/30 images (10%), 1:20 elapsed"
 
 
 def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
@@ -113,12 +181,70 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
         json.dumps({"num_examples": 10, "run_id": "run1"})
     )
     watcher.poll()
-    watcher.poll()  # Unchanged: no second report.
-    assert seen[1:] == [Progress(2, 3, 20, 30)]
+    watcher.poll()  # Unchanged: reported again, so that the display's clock runs on.
+    assert seen[1:] == [Progress(2, 3, 20, 30)] * 2
     watcher.stop(succeeded=True)  # Finalize may already have removed the last sidecars.
-    assert seen[2:] == [Progress(3, 3, 30, 30)]
+    assert seen[-1] == Progress(3, 3, 30, 30)
     watcher.remove_progress_file()
     assert not (tmp_path / progress_file_name("run1")).exists()
+
+
+def test_the_watcher_counts_the_notes_of_converting_shards_until_their_sidecars_are_staged(tmp_path):
+    from beam_jobs.writing.shard_progress import progress_note_name
+
+    write_progress_plan(str(tmp_path), "run1", line="plan", summary=PLAN)
+    seen: list = []
+    watcher = StagingWatcher(str(tmp_path), "run1", on_plan=lambda line, p: seen.append(p), on_progress=seen.append)
+    watcher.poll()
+    note = tmp_path / progress_note_name("run1", "train-00000-of-00002.tfrecord")
+    note.write_text(json.dumps({"images": 4}))
+    (tmp_path / progress_note_name("other", "train-00001-of-00002.tfrecord")).write_text(json.dumps({"images": 9}))
+    watcher.poll()
+    note.write_text(json.dumps({"images": 8}))
+    watcher.poll()
+    (tmp_path / ".train-00000-of-00002.tfrecord.json").write_text(json.dumps({"num_examples": 10, "run_id": "run1"}))
+    watcher.poll()  # the sidecar is there, the note not yet removed: counted once
+    note.unlink()
+    watcher.poll()
+    assert [p.images_done for p in seen] == [0, 4, 8, 10, 10]
+    assert [p.shards_done for p in seen] == [0, 0, 0, 1, 1]
+
+
+def test_a_converting_shard_leaves_a_note_of_its_images_and_removes_it_with_its_sidecar(tmp_path, monkeypatch):
+    from beam_jobs.config import ImageConfig
+    from beam_jobs.planning.rules import plan_dataset
+    from beam_jobs.records import InputFile
+    from beam_jobs.writing import shard_progress
+    from beam_jobs.writing.convert_shards import ConvertShardFn
+    from tests.photos import real_photo
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(6):
+        real_photo(size=(40 + i, 30)).save(photos / f"{i}.jpg")
+    (photos / "5.jpg").write_bytes(b"not an image")  # a dead letter counts as done too
+    out = tmp_path / "out"
+    out.mkdir()
+    notes: list = []
+    write = shard_progress.write_atomically
+    monkeypatch.setattr(shard_progress, "LOCAL_INTERVAL_S", 0.0)  # a note before every image
+    monkeypatch.setattr(
+        shard_progress, "write_atomically", lambda path, data: (notes.append(json.loads(data)), write(path, data))
+    )
+    inputs = [
+        InputFile(f"cat/{p.name}", str(p), label="cat", size=p.stat().st_size, mtime=p.stat().st_mtime)
+        for p in sorted(photos.iterdir())
+    ]
+    [shard] = plan_dataset(inputs, num_shards=1, example_bytes=1).shards
+    fn = ConvertShardFn(ImageConfig(width=16, height=16), str(out), run_id="run1")
+    fn.setup()
+    try:
+        list(fn.process(shard))
+    finally:
+        fn.teardown()
+    assert notes == [{"images": n} for n in range(6)]
+    left = sorted(p.name for p in out.iterdir())
+    assert left == [".train-00000-of-00001.tfrecord.json", "train-00000-of-00001.tfrecord"]
 
 
 def test_the_watcher_counts_only_the_sidecars_this_run_wrote_or_kept(tmp_path):
@@ -376,6 +502,24 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
     ):
         assert f"  {line}" in table
     assert not list(out.glob("**/.progress-*"))  # The watcher's file goes with the run.
+
+
+@pytest.mark.slow
+def test_one_shard_of_many_images_shows_its_images_as_they_are_converted(tmp_path):
+    # One shard takes seconds: its worker's note moves the progress before the shard is done, so
+    # a log shows the tenths on the way (not one line at the end) and the rate comes from images.
+    from beam_jobs.sample_data import make_photo_tree
+
+    photos = make_photo_tree(tmp_path / "photos", num_images=400, size=(800, 600), classes=["chelsea", "coffee"])
+    out = tmp_path / "out"
+    result = run_cli("--input", tmp_path / "photos", "--output_dir", out, "--num_shards", "1", "--image_size", "224")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
+    counts = [int(re.search(r"(\d+)/400 images", line).group(1)) for line in lines]
+    during = [n for line, n in zip(lines, counts, strict=True) if line.startswith("progress: 0/1 ") and 0 < n < 400]
+    assert during, result.stderr  # images counted while the only shard was still converting
+    assert counts == sorted(counts) and lines[-1].startswith("progress: 1/1 shards, 400/400 images (100%)")
+    assert re.search(r" [\d.]+ images?/s, ", lines[-1]), lines  # measured from the first images seen
+    assert len(photos) == 400 and not list(out.glob("**/.progress-*"))
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 The local runner converts in worker processes, and cluster runners on other machines; neither
 reports metrics to the launching process until the job ends. What every runner does leave, as
-each shard completes, is the shard and its sidecar in the run's folder (see convert_shards.py),
+each shard completes, is the shard and its sidecar in the run's folder (see convert_shards.py);
+while a shard converts, its worker rewrites a tiny note of the images done (shard_progress.py);
 and the plan step writes a small progress file there before any shard is converted. Listing the
 folder therefore tells shards and images done, on any runner whose output folder the launching
 machine can read, at the cost of one listing every few seconds.
@@ -21,12 +22,13 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.storage import delete_exactly, list_folder, write_atomically
+from beam_jobs.writing.shard_progress import progress_note_prefix
 
 __all__ = ["Progress", "StagingWatcher", "progress_file_name", "tally", "write_progress_plan"]
 
@@ -71,21 +73,33 @@ class Progress:
         return self.shards_done / self.shards_total if self.shards_total else 0.0
 
 
-def tally(plan: dict, staged: dict[str, int], kept: Collection[str] = ()) -> Progress:
+def tally(
+    plan: dict, staged: Mapping[str, int], kept: Collection[str] = (), converting: Mapping[str, int] | None = None
+) -> Progress:
     """Progress from the plan's splits and ``{sidecar name: inputs it accounts for}`` (this run's
-    sidecars only); ``kept`` names those of shards kept from an earlier run.
+    sidecars only); ``kept`` names those of shards kept from an earlier run; ``converting`` gives
+    ``{sidecar name: inputs done}`` for shards still converting (their notes, shard_progress.py).
 
     Pure. Sidecars of another plan (another split, or another shard count left by an earlier
-    run) are not counted.
+    run) are not counted, and a shard's note not once its sidecar is.
     """
     splits = plan["splits"]
+
+    def planned(name: str) -> bool:
+        match = _SIDECAR.match(name)
+        return (
+            match is not None
+            and match["split"] in splits
+            and int(match["total"]) == splits[match["split"]]["num_shards"]
+        )
+
     shards = images = images_kept = 0
     for name, inputs in staged.items():
-        match = _SIDECAR.match(name)
-        if match and match["split"] in splits and int(match["total"]) == splits[match["split"]]["num_shards"]:
+        if planned(name):
             shards += 1
             images += inputs
             images_kept += inputs if name in kept else 0
+    images += sum(done for name, done in (converting or {}).items() if name not in staged and planned(name))
     return Progress(
         shards_done=shards,
         shards_total=sum(s["num_shards"] for s in splits.values()),
@@ -107,7 +121,9 @@ class StagingWatcher:
     """Polls ``output_dir`` on a thread and reports the plan once, then each change of progress.
 
     ``on_plan(line, progress)`` is called once the plan step has written its progress file;
-    ``on_progress(progress)`` whenever a new shard is staged or kept. A sidecar counts once it
+    ``on_progress(progress)`` after every later poll, changed or not (a display shows time passing
+    too). Images count as they are converted: a shard's sidecar counts its inputs once it is staged
+    or kept, and until then the note its worker rewrites (shard_progress.py) counts those done. A sidecar counts once it
     names ``run_id`` (see the module docstring): an earlier run's sidecar is about to be kept
     (and rewritten with this run's id) or replaced. Watching is best effort: a folder that cannot
     be listed leaves the run without progress, and never fails it.
@@ -131,6 +147,8 @@ class StagingWatcher:
         self._plan: dict | None = None
         self._staged: dict[str, int] = {}  # this run's sidecars -> inputs they account for; final once seen
         self._kept: set[str] = set()  # of those, the sidecars of shards kept from an earlier run
+        self._note_prefix = progress_note_prefix(run_id)
+        self._converting: dict[str, int] = {}  # shards being converted -> inputs done, from their notes
         self._others: dict[str, tuple] = {}  # other runs' sidecars -> (size, time) when read: reread on change
         self._last: Progress | None = None
         self._stop = threading.Event()
@@ -185,20 +203,25 @@ class StagingWatcher:
                 if self._plan is None:
                     return
                 self._scan()
-                self._last = tally(self._plan, self._staged, self._kept)
+                self._last = tally(self._plan, self._staged, self._kept, self._converting)
                 self._on_plan(self._plan["line"], self._last)
                 return
             self._scan()
-            progress = tally(self._plan, self._staged, self._kept)
-            if progress != self._last:
-                self._last = progress
-                self._on_progress(progress)
+            # Every poll, changed or not: the display decides what to show, and its clock runs on.
+            self._last = tally(self._plan, self._staged, self._kept, self._converting)
+            self._on_progress(self._last)
         except Exception:  # Best effort, see the class docstring.
             return
 
     def _scan(self) -> None:
+        converting: dict[str, int] = {}
         for meta in list_folder(self._output_dir):
             name = meta.path.rsplit("/", 1)[-1]
+            if name.startswith(self._note_prefix) and name.endswith(".tfrecord.json"):
+                shard = f".{name[len(self._note_prefix) :]}"  # the shard's sidecar name (convert_shards.sidecar_name)
+                if shard not in self._staged and (note := _read_json(meta.path)) is not None:
+                    converting[shard] = int(note.get("images", 0))
+                continue
             if name in self._staged or not _SIDECAR.match(name):
                 continue
             state = (meta.size_in_bytes, meta.last_updated_in_seconds)
@@ -214,3 +237,4 @@ class StagingWatcher:
             self._staged[name] = int(sidecar.get("num_examples", 0)) + len(sidecar.get("dead_letters", []))
             if sidecar.get("kept"):
                 self._kept.add(name)
+        self._converting = converting

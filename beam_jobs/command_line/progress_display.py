@@ -1,17 +1,18 @@
-"""Showing a job's progress: a tqdm bar on a terminal, a plain line about every 10% elsewhere."""
+"""Showing a job's progress: a tqdm bar on a terminal; elsewhere a plain line at every 10%, and at least every 30 s."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from tqdm import tqdm
 
 from beam_jobs.command_line.progress import Progress
 
-__all__ = ["LineProgress", "TtyProgress", "format_duration", "progress_line"]
+__all__ = ["LineProgress", "RateMeter", "TtyProgress", "format_duration", "progress_line"]
 
 
 def format_duration(seconds: float) -> str:
@@ -28,34 +29,62 @@ def format_rate(images_per_s: float) -> str:
     return f"{shown} image/s" if shown == "1" else f"{shown} images/s"
 
 
-def progress_line(progress: Progress, *, elapsed_s: float) -> str:
-    """One plain line: shards, images, percentage, rate and ETA. Pure, for logs and CI consoles.
-
-    The images of shards kept by --resume are left out of the rate, which they would inflate.
-    """
-    converted = progress.images_done - progress.images_kept
-    rate = converted / elapsed_s if elapsed_s > 0 else 0.0
+def progress_line(progress: Progress, *, elapsed_s: float, rate: float | None) -> str:
+    """One plain line: shards, images, percentage, rate and ETA, and the time elapsed. Pure, for
+    logs and CI consoles; ``rate`` (images/s) is None until one can be measured (RateMeter)."""
     left = progress.images_total - progress.images_done
-    eta = f", ETA {format_duration(left / rate)}" if rate > 0 and left > 0 else ""
+    speed = "" if rate is None else f", {format_rate(rate)}"
+    eta = f", ETA {format_duration(left / rate)}" if rate and left > 0 else ""
     return (
         f"progress: {progress.shards_done}/{progress.shards_total} shards, {progress.images_done}/"
-        f"{progress.images_total} images ({progress.fraction:.0%}), {format_rate(rate)}{eta}, "
+        f"{progress.images_total} images ({progress.fraction:.0%}){speed}{eta}, "
         f"{format_duration(elapsed_s)} elapsed"
     )
 
 
+class RateMeter:
+    """Images per second since the first converted images were seen, not since the launch.
+
+    The launch is followed by seconds (locally) to minutes (a cluster) of imports, workers and
+    listing before any image is converted, and a rate over that time would promise an ETA far
+    too late. Images of shards kept by --resume are no work of this run, and are left out by the
+    caller (``converted``). Pure apart from the times it is given.
+    """
+
+    MIN_SPAN_S = 1.0  # below this, a rate is noise
+
+    def __init__(self) -> None:
+        self._first: tuple[float, int] | None = None
+
+    def rate(self, converted: int, now: float) -> float | None:
+        """The rate from the first sighting of converted images to ``now``; None before it can be told."""
+        if self._first is None:
+            if converted > 0:
+                self._first = (now, converted)
+            return None
+        began, base = self._first
+        return None if now - began < self.MIN_SPAN_S else (converted - base) / (now - began)
+
+
 class LineProgress:
-    """Writes the plan's line, then one progress line each time another tenth is done.
+    """Writes the plan's line, then a progress line each time another tenth is done, and one at
+    least every HEARTBEAT_S while nothing else is printed: a log then shows that a slow job (a
+    cluster starting its workers, a shard of large images) is alive and where it is.
 
     The tenths count from zero whatever the progress when the plan is first seen: on a slow
     listing, shards may be staged before the plan file shows, and they are this run's work.
     """
 
-    def __init__(self, out: TextIO, lock: threading.Lock) -> None:
+    HEARTBEAT_S = 30.0
+
+    def __init__(self, out: TextIO, lock: threading.Lock, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._out = out
         self._lock = lock
-        self._started = time.monotonic()
+        self._clock = clock
+        self._started = clock()
+        self._last_line = self._started
         self._tenths = 0
+        self._meter = RateMeter()
 
     def write(self, text: str) -> None:
         """Writes ``text`` as one whole line, holding the console's lock so that no other line cuts into it."""
@@ -66,14 +95,18 @@ class LineProgress:
     def plan(self, line: str, progress: Progress) -> None:
         """Called once the plan is known: writes the plan's line, then the progress so far."""
         self.write(line)
+        self._last_line = self._clock()
         self.update(progress)
 
     def update(self, progress: Progress) -> None:
-        """Writes a progress line only when another tenth is done, so that a log gets about ten of them."""
+        """Called after each look at the output folder: writes a line at another tenth, or once a heartbeat is due."""
+        now = self._clock()
+        rate = self._meter.rate(progress.images_done - progress.images_kept, now)
         tenths = int(progress.fraction * 10)
-        if tenths > self._tenths:
-            self._tenths = tenths
-            self.write(progress_line(progress, elapsed_s=time.monotonic() - self._started))
+        if tenths > self._tenths or now - self._last_line >= self.HEARTBEAT_S:
+            self._tenths = max(tenths, self._tenths)
+            self._last_line = now
+            self.write(progress_line(progress, elapsed_s=now - self._started, rate=rate))
 
     def close(self) -> None:
         """Nothing to tear down: every line is complete once written. Here so that either display closes alike."""

@@ -34,6 +34,7 @@ from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
 from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, content_label
 from beam_jobs.storage import temp_name, write_atomically
+from beam_jobs.writing.shard_progress import ShardProgressNote
 from beam_jobs.writing.tfrecord_framing import frame_record
 
 __all__ = [
@@ -398,6 +399,7 @@ class ConvertShardFn(beam.DoFn):
         annotated: list[list] = []
         dead_letters: list[DeadLetter] = []
         num_examples = 0
+        note = None if self._run_id is None else ShardProgressNote(self._output_dir, self._run_id, shard.file_name)
         handle = FileSystems.create(
             temp_path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
         )
@@ -406,6 +408,8 @@ class ConvertShardFn(beam.DoFn):
             for input_file, data, isolated, conversion in self._conversions(shard.inputs, mask_digests):
                 if self._tearing_down:
                     raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
+                if note is not None:  # the inputs done before this one, for the launcher's display
+                    note.count(num_examples + len(dead_letters))
                 try:
                     if isinstance(data, BadInputError):
                         raise data
@@ -441,6 +445,8 @@ class ConvertShardFn(beam.DoFn):
             handle.close()
         except BaseException:
             handle.close()
+            if note is not None:
+                note.remove()
             try:
                 FileSystems.delete([temp_path])
             except Exception:  # The original error (a full disk, say) is the one to report.
@@ -486,6 +492,8 @@ class ConvertShardFn(beam.DoFn):
         if self._preprocessing is not None:
             done["preprocessing"] = self._preprocessing
         write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
+        if note is not None:  # the sidecar counts the shard's images now
+            note.remove()
         self._images_written.inc(num_examples)
         self._bytes_written.inc(writer.bytes)
         self._shards_written.inc()

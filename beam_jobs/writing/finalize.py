@@ -64,6 +64,7 @@ REFUSED_DEAD_LETTERS_FILE = "dead_letters.refused_run.jsonl"
 DROPPED_REASONS = frozenset({Reason.DUPLICATE_INPUT, Reason.DUPLICATE_CONTENT})
 _SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.tfrecord$")
 _PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")  # see progress.progress_file_name
+_SHARD_NOTE = re.compile(r"^\.progress-.+\.tfrecord\.json$")  # see shard_progress.progress_note_name
 
 
 def is_dataset_file(name: str) -> bool:
@@ -533,17 +534,19 @@ def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run
     """Best effort: the new version is committed and whole whatever happens here; what a failure
     leaves (old versions' files, litter), the next commit or `versions gc` removes.
 
-    The run holds the folder's lock, so every temp file in its own folder is a dead writer's (a
-    bundle of a killed earlier attempt, continued by --resume)."""
+    The run holds the folder's lock, so every temp file and shard note in its own folder is a dead
+    writer's (a bundle of a killed earlier attempt, continued by --resume)."""
     try:
         from beam_jobs.versions import collect_garbage  # pylint: disable=import-outside-toplevel  # cycle
 
         remove_root_leftovers(output_dir, run_id=run_id)
+        # ... and the progress notes of its shards that killed workers left (shard_progress.py);
+        # the run's own plan file stays until the launching process has had its last look.
         delete_exactly(
             [
                 meta.path
                 for meta in list_folder(run_dir(output_dir, run))
-                if meta.path.rsplit("/", 1)[-1].startswith(".tmp-")
+                if meta.path.rsplit("/", 1)[-1].startswith(".tmp-") or _SHARD_NOTE.match(meta.path.rsplit("/", 1)[-1])
             ]
         )
         collect_garbage(output_dir, keep=keep_versions, holding_run=run)
