@@ -20,6 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TextIO
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -89,6 +90,7 @@ from beam_jobs.writing.convert_shards import (
 )
 from beam_jobs.writing.finalize import (
     DATASET_INFO,
+    DEAD_LETTERS_FILE,
     DROPPED_REASONS,
     PLAN_FILE,
     TooManyBadInputsError,
@@ -487,6 +489,21 @@ def _made_with(manifest: dict) -> dict:
     return {"resample": LEGACY_RESAMPLE, **(manifest.get("preprocessing") or {})}
 
 
+# The settings that say how examples are cut into shards, not what an example is: an append
+# writes its new examples in shards of its own, so it may give other values than the version's.
+SHARD_LAYOUT = ("num_shards", "target_shard_mb")
+
+
+def _fingerprint_with_layout_of(manifest: dict | None, config: ImageConfig, settings: dict) -> str | None:
+    """This run's fingerprint had it the shard layout of ``manifest``'s run: what --append compares
+    with the manifest's own, so that --num_shards or --target_shard_mb never refuse an append.
+    None when there is no manifest, or it records no settings (an older format: compared as is)."""
+    made = (manifest or {}).get("preprocessing")
+    if not made:
+        return None
+    return run_fingerprint(config, {**settings, **{k: made.get(k) for k in SHARD_LAYOUT if k in settings}})
+
+
 def _differences(old: dict, new: dict) -> str:
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
@@ -644,6 +661,7 @@ def _check_output_dir(
     fingerprint: str,
     preprocessing: dict,
     append: bool = False,
+    append_fingerprint: str | None = None,
 ) -> tuple[str, str]:
     """Decides what this run may do with the folder; returns (its run name, its change kind).
 
@@ -679,11 +697,15 @@ def _check_output_dir(
                 f"--append: --output_dir {redact(output_dir)} holds no dataset to append to (no "
                 f"{DATASET_INFO}); run without --append to create one"
             )
-        if previous.get("fingerprint") != fingerprint:
+        if previous.get("fingerprint") not in (fingerprint, append_fingerprint):
+            changed = _differences(
+                {k: v for k, v in _made_with(previous).items() if k not in SHARD_LAYOUT},
+                {k: v for k, v in preprocessing.items() if k not in SHARD_LAYOUT},
+            )
             raise UsageError(
                 f"--append: version {current.version} in {redact(output_dir)} was made with other settings "
-                f"({_differences(_made_with(previous), preprocessing)}); an append takes the same "
-                "flags as the run that made the dataset, so that its examples stay alike"
+                f"({changed}); an append takes the same flags as the run that made the dataset, so that "
+                "its examples stay alike (the shard count and size may differ)"
             )
     if previous is not None and not (overwrite or resume or append):
         raise UsageError(
@@ -880,6 +902,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 fingerprint=run_fingerprint(config, arguments.settings),
                 preprocessing={**config.to_json(), **arguments.settings},
                 append=arguments.append,
+                append_fingerprint=_fingerprint_with_layout_of(current.manifest, config, arguments.settings),
             )
         runner, parallelism = local_runner(options, argv, log_level=arguments.log_level)
         _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
@@ -978,9 +1001,24 @@ def run(argv: Sequence[str] | None = None) -> dict:
             finished = InterruptedState(completed=True, plan_only=True) if arguments.plan_only else state()
             interrupt.state = finished  # type: ignore[attr-defined]
         raise
-    if arguments.append and info.get("version") == current.version:
-        info["nothing_appended"] = True  # finalize found no new input and committed nothing
+    if arguments.append and info.get("version") == current.version and run_id is not None:
+        # finalize found no new example and committed nothing: the new inputs, if any, are dead letters
+        info["nothing_appended"] = _dead_letter_reasons(
+            FileSystems.join(run_dir(output_dir, run_id), DEAD_LETTERS_FILE)
+        )
     return info
+
+
+def _dead_letter_reasons(path: str) -> dict:
+    """{"file": path, "by_reason": {reason: count}} of a run's dead_letters.jsonl ({} by_reason when it has none)."""
+    by_reason: dict[str, int] = {}
+    with contextlib.suppress(Exception):  # none written: no dead letter
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            for line in handle.read().decode("utf-8").splitlines():
+                if line.strip():
+                    reason = json.loads(line).get("reason", "unknown")
+                    by_reason[reason] = by_reason.get(reason, 0) + 1
+    return {"file": path, "by_reason": by_reason}
 
 
 def _interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
@@ -1337,7 +1375,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(1)
         return
     if info.get("nothing_appended"):
-        print(f"--append: every listed input is in version {info.get('version')} already; nothing was committed")
+        by_reason = info["nothing_appended"]["by_reason"]
+        dead = sum(by_reason.values())
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
+        print(
+            f"--append: version {info.get('version')} stays current; nothing was committed"
+            + (
+                f": the {_plural(dead, 'new input')} could not be used ({reasons}), see "
+                f"{redact(info['nothing_appended']['file'])}"
+                if dead
+                else ""
+            )
+        )
         return
     print(split_table(info))
     # Repeated at the end, with those the plan could not know (a class whose examples of a split

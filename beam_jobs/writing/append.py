@@ -325,6 +325,9 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
     category_ids = _merged_category_ids(base, added)
     return {
         **added,
+        # The dataset's settings stay the version's: an append makes examples alike (its
+        # fingerprint matched), and may only have cut them into another shard count or size.
+        **{key: base[key] for key in ("fingerprint", "preprocessing") if key in base},
         **({"category_ids": category_ids} if category_ids else {}),
         "label_names": label_names,
         "num_classes": len(label_names),

@@ -34,6 +34,7 @@ from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
 from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, content_label
 from beam_jobs.storage import temp_name, write_atomically
+from beam_jobs.writing.run_folders import sidecar_name
 from beam_jobs.writing.shard_progress import ShardProgressNote
 from beam_jobs.writing.tfrecord_framing import frame_record
 
@@ -211,14 +212,6 @@ def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
         listing.append([repr(f.annotations) for f in shard.inputs])
     text = json.dumps([run_fingerprint, shard.split, shard.index, shard.num_shards, listing])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def sidecar_name(file_name: str) -> str:
-    """The hidden record beside a shard in its run folder: the shard's sources with their state,
-    its content keys and dead letters. --resume trusts a shard by it without redoing it, and
-    --append reads it to know which inputs a version already holds, so it is kept after the commit.
-    """
-    return f".{file_name}.json"
 
 
 class _HashingWriter:

@@ -25,7 +25,7 @@ from beam_jobs.records import DeadLetter, ShardResult
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 from beam_jobs.writing.append import merge_appended
 from beam_jobs.writing.commit import Current, commit_version
-from beam_jobs.writing.run_folders import run_dir, run_prefix
+from beam_jobs.writing.run_folders import run_dir, run_prefix, sidecar_name
 
 __all__ = [
     "DATASET_INFO",
@@ -472,7 +472,10 @@ def finalize_outputs(
     delete_exactly(part_paths)
     if base is not None and not any(result.num_examples for result in results):
         # Nothing new became an example: a version equal to the current one would only be noise
-        # (a nightly append over a folder with one bad file would commit one every night).
+        # (a nightly append over a folder with one bad file would commit one every night). Its
+        # shards hold no example: left behind, they would read as an interrupted run to --resume
+        # and to the next run's warning. Its dead letters stay, for the user to read.
+        delete_exactly([FileSystems.join(folder, name) for r in results for name in (r.file, sidecar_name(r.file))])
         _LOG.info(
             "--append: no new example; version %s stays current%s",
             expected.version,
@@ -579,6 +582,10 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     append = summary.get("append")
     if append is not None:  # --append: what is new, beside what the current version holds
         held = append.get("held", 0) + append.get("changed", 0)
+        if not total:
+            return (
+                f"Found no new images: the {held} listed {'is' if held == 1 else 'are'} in the current version{unused}"
+            )
         return (
             f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
             f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}{unused}"

@@ -34,14 +34,23 @@ __all__ = [
     "run_of",
     "run_prefix",
     "run_folders",
+    "sidecar_name",
 ]
 
 SHARDS_DIR = "shards"
 # "20261201T133000Z-3fa2c1d0": the UTC start, then 8 random hex digits so that two runs started in
 # the same second (on two machines) never share a folder.
 RUN_NAME = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
-# A sidecar of a shard in a run folder (convert.sidecar_name).
+# A sidecar of a shard in a run folder (sidecar_name).
 _SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
+
+
+def sidecar_name(file_name: str) -> str:
+    """The hidden record beside a shard in its run folder: the shard's sources with their state,
+    its content keys and dead letters. --resume trusts a shard by it without redoing it, and
+    --append reads it to know which inputs a version already holds, so it is kept after the commit.
+    """
+    return f".{file_name}.json"
 
 
 def new_run_name(now: datetime.datetime | None = None) -> str:

@@ -6,6 +6,7 @@ the new inputs alone stored as the dataset's, a rollback to a version whose dead
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -197,3 +198,54 @@ def test_a_dataset_made_before_resample_existed_appends_as_it_was_and_another_re
     assert appended.returncode == 0, appended.stderr[-3000:]
     merged = json.loads((out / "dataset_info.json").read_text())
     assert merged["version"] == 2 and merged["splits"]["train"]["num_examples"] == 9
+
+
+@pytest.mark.slow
+def test_an_append_may_cut_its_new_examples_into_another_shard_count_but_not_make_other_examples(tmp_path):
+    """The shard count and size say how examples are cut into files, not what they are: an append
+    to a dataset made with the automatic count may give --num_shards (it was refused as
+    "num_shards None there"), and a refusal for another setting names that setting alone."""
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=6, seed=3, classes=["coffee", "china"])
+    out = tmp_path / "out"
+    job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "24"]
+    subprocess.run(job, cwd=REPO, check=True, capture_output=True)
+    for photo in make_photo_tree(tmp_path / "more", num_images=10, seed=3, classes=["coffee", "china"]):
+        if not (photos / photo.parent.name / photo.name).exists():  # the 4 new ones
+            photo.rename(photos / photo.parent.name / photo.name)
+    refused = subprocess.run(
+        [*job[:-1], "32", "--append", "--num_shards", "2"], cwd=REPO, capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "image_size '24x24' there, '32x32' now" in refused.stderr and "num_shards" not in refused.stderr
+    appended = subprocess.run([*job, "--append", "--num_shards", "2"], cwd=REPO, capture_output=True, text=True)
+    assert appended.returncode == 0, appended.stderr[-3000:]
+    merged = json.loads((out / "dataset_info.json").read_text())
+    assert merged["version"] == 2 and merged["splits"]["train"]["num_examples"] == 10
+    assert merged["fingerprint"] == json.loads((out / "versions" / "00000001.json").read_text())["fingerprint"]
+    assert len(merged["splits"]["train"]["shards"]) == 3  # the version's one, and the append's two
+
+
+@pytest.mark.slow
+def test_an_append_whose_new_inputs_all_fail_names_them_and_leaves_no_run_to_resume(tmp_path):
+    """It said "every listed input is in version 1 already" of a new file that was a dead letter,
+    and its empty shard read as an interrupted run to the next run's warning."""
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=4, seed=4, classes=["coffee", "china"])
+    out = tmp_path / "out"
+    job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "24"]
+    subprocess.run(job, cwd=REPO, check=True, capture_output=True)
+    (photos / "coffee" / "broken.jpg").write_bytes(b"not a photo")
+    failed = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    [said] = [line for line in failed.stdout.splitlines() if line.startswith("--append:")]
+    assert said.startswith("--append: version 1 stays current; nothing was committed: the 1 new input could not ")
+    assert "(not_an_image: 1)" in said
+    letters = pathlib.Path(said.rsplit("see ", 1)[1])
+    assert json.loads(letters.read_text())["uri"].endswith("broken.jpg")
+    assert sorted(p.name for p in letters.parent.iterdir()) == ["dead_letters.jsonl"]  # no empty shard left
+    (photos / "coffee" / "broken.jpg").unlink()
+    again = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0 and "interrupted" not in again.stderr, again.stderr[-3000:]
+    assert "Found no new images: the 4 listed are in the current version" in again.stderr
+    assert again.stdout.strip() == "--append: version 1 stays current; nothing was committed"
