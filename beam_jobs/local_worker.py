@@ -33,7 +33,7 @@ import threading
 import psutil
 from apache_beam.runners.worker import sdk_worker_main
 
-from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
+from beam_jobs.third_party_warnings import warnings_to_debug_log
 
 __all__ = ["RUNNER_GONE_EXIT_CODE", "main"]
 

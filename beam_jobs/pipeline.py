@@ -36,7 +36,7 @@ from beam_jobs.command_line.arguments import (
     run_settings,
 )
 from beam_jobs.command_line.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
-from beam_jobs.command_line.progress import StagingWatcher, write_progress_plan
+from beam_jobs.command_line.progress import StagingWatcher
 from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
 from beam_jobs.command_line.run_summary import next_steps_lines, outputs_lines, split_table
 from beam_jobs.command_line.runner_ui import watch_hint
@@ -51,7 +51,6 @@ from beam_jobs.command_line.termination import (
     stop_child_processes,
 )
 from beam_jobs.command_line.termination import interrupted_line as _interrupted_line
-from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
@@ -71,6 +70,7 @@ from beam_jobs.planning.rules import (
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
+from beam_jobs.third_party_warnings import warnings_to_debug_log
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
     SourceChangesError,
@@ -106,6 +106,7 @@ from beam_jobs.writing.finalize import (
 )
 from beam_jobs.writing.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
 from beam_jobs.writing.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
+from beam_jobs.writing.shard_progress import write_progress_plan
 
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineResult
@@ -641,7 +642,7 @@ def _probe_writable(output_dir: str) -> None:
         ) from None
 
 
-# This run's progress file (progress.progress_file_name); only this run's exists while it holds the lock
+# This run's progress file (shard_progress.progress_file_name); only this run's exists while it holds the lock
 # and finalize has not yet removed those of killed runs.
 _PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")
 # Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.

@@ -27,32 +27,13 @@ from collections.abc import Callable, Collection, Mapping
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.storage import delete_exactly, list_folder, write_atomically
-from beam_jobs.writing.shard_progress import progress_note_prefix
+from beam_jobs.storage import delete_exactly, list_folder
+from beam_jobs.writing.shard_progress import progress_file_name, progress_note_prefix, write_progress_plan
 
 __all__ = ["Progress", "StagingWatcher", "progress_file_name", "tally", "write_progress_plan"]
 
 # A shard's sidecar in its run folder: ".<split>-SSSSS-of-NNNNN.tfrecord.json" (convert.sidecar_name).
 _SIDECAR = re.compile(r"^\.(?P<split>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})\.tfrecord\.json$")
-
-
-def progress_file_name(run_id: str) -> str:
-    """Hidden and unique to one run, so a watcher never reads the plan of another (killed) run."""
-    return f".progress-{run_id}.json"
-
-
-def write_progress_plan(output_dir: str, run_id: str, *, line: str, summary: dict) -> None:
-    """Called by the plan step: what the watcher needs to know the totals, and the plan's line."""
-    plan = {
-        "line": line,
-        "splits": {
-            name: {"num_examples": s["num_examples"], "num_shards": s["num_shards"]}
-            for name, s in summary["splits"].items()
-        },
-    }
-    write_atomically(
-        FileSystems.join(output_dir, progress_file_name(run_id)), json.dumps(plan, sort_keys=True).encode("utf-8")
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,6 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_jobs.command_line.third_party_warnings import warnings_to_debug_log
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
 from beam_jobs.imaging.annotate import BAD_ANNOTATION, StoredObjects, stored_objects
@@ -34,6 +33,7 @@ from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
 from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, content_label
 from beam_jobs.storage import temp_name, write_atomically
+from beam_jobs.third_party_warnings import warnings_to_debug_log
 from beam_jobs.writing.run_folders import sidecar_name
 from beam_jobs.writing.shard_progress import ShardProgressNote
 from beam_jobs.writing.tfrecord_framing import frame_record

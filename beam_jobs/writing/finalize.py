@@ -15,7 +15,6 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jobs
-from beam_jobs.command_line.progress import progress_file_name
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import Reason
 from beam_jobs.imaging.example import FEATURE_DTYPES, INSTANCE_MASK_DTYPES, LIST_FEATURE_DTYPES, SEMANTIC_MASK_DTYPES
@@ -26,6 +25,7 @@ from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folde
 from beam_jobs.writing.append import merge_appended
 from beam_jobs.writing.commit import Current, commit_version
 from beam_jobs.writing.run_folders import run_dir, run_prefix, sidecar_name
+from beam_jobs.writing.shard_progress import progress_file_name
 
 __all__ = [
     "DATASET_INFO",
@@ -63,7 +63,7 @@ REFUSED_DEAD_LETTERS_FILE = "dead_letters.refused_run.jsonl"
 # Inputs dropped on purpose as copies of another (--dedup): reported, but not unusable.
 DROPPED_REASONS = frozenset({Reason.DUPLICATE_INPUT, Reason.DUPLICATE_CONTENT})
 _SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.tfrecord$")
-_PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")  # see progress.progress_file_name
+_PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")  # see shard_progress.progress_file_name
 _SHARD_NOTE = re.compile(r"^\.progress-.+\.tfrecord\.json$")  # see shard_progress.progress_note_name
 
 

@@ -24,7 +24,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.storage import delete_exactly, write_atomically
 
-__all__ = ["ShardProgressNote", "progress_note_name", "progress_note_prefix"]
+__all__ = [
+    "ShardProgressNote",
+    "progress_file_name",
+    "progress_note_name",
+    "progress_note_prefix",
+    "write_progress_plan",
+]
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +38,25 @@ _LOG = logging.getLogger(__name__)
 # second or so on local disk; on an object store each write is a request, so less often there.
 LOCAL_INTERVAL_S = 1.0
 REMOTE_INTERVAL_S = 5.0
+
+
+def progress_file_name(run_id: str) -> str:
+    """Hidden and unique to one run, so a watcher never reads the plan of another (killed) run."""
+    return f".progress-{run_id}.json"
+
+
+def write_progress_plan(output_dir: str, run_id: str, *, line: str, summary: dict) -> None:
+    """Called by the plan step: what the watcher needs to know the totals, and the plan's line."""
+    plan = {
+        "line": line,
+        "splits": {
+            name: {"num_examples": s["num_examples"], "num_shards": s["num_shards"]}
+            for name, s in summary["splits"].items()
+        },
+    }
+    write_atomically(
+        FileSystems.join(output_dir, progress_file_name(run_id)), json.dumps(plan, sort_keys=True).encode("utf-8")
+    )
 
 
 def progress_note_prefix(run_id: str) -> str:

@@ -597,7 +597,7 @@ def test_shards_the_workers_cannot_see_fail_at_start_up_naming_one(
 ) -> None:
     """A shard this process sees but the workers do not (here: removed between the reader's own
     check and the workers' check) used to hang the reader silently, TensorFlow retrying the open."""
-    import tfdata_readers.pipeline as pipeline
+    import tfdata_readers.stages.plan as pipeline
 
     data_dir = reader_fixtures.write_dataset(tmp_path / "data", splits={"train": (8, 2)}, image_size=(16, 16))
     checked = pipeline.check_shards

@@ -20,7 +20,7 @@ import reader_fixtures  # noqa: E402
 import shard_faults  # noqa: E402
 
 import tfdata_readers  # noqa: E402
-from tfdata_readers.checking import verification  # noqa: E402
+from tfdata_readers.checking import verify_cli  # noqa: E402
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _ENV = {**os.environ, "PYTHONPATH": str(_REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
@@ -197,7 +197,7 @@ def test_start_up_fault_names_the_file(data_dir: pathlib.Path, fault, error: typ
         with pytest.raises(error, match=pattern):
             tfdata_readers.make_dataset(data_dir, "train", 4, training=training, seed=0)
     # The CLI's main() in-process; test_cut_at_record_boundary_is_reported_by_verify runs the real command.
-    assert verification.main([str(data_dir)]) == 1
+    assert verify_cli.main([str(data_dir)]) == 1
     err = capsys.readouterr().err
     assert re.search(cli_line, err), err
 

@@ -35,7 +35,7 @@ from tfdata_readers.sources.manifest import (
 )
 from tfdata_readers.sources.records import RECORD_OVERHEAD, tensorflow_reason
 
-__all__ = ["ShardProblem", "verify", "main"]
+__all__ = ["ShardProblem", "verify", "verify_command"]
 
 _CHUNK = 8 << 20
 
@@ -243,13 +243,6 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
     return problems
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The verify command (its parser lives in verify_cli.py, which needs no TensorFlow)."""
-    from tfdata_readers.checking.verify_cli import main as verify_main  # pylint: disable=import-outside-toplevel
-
-    return verify_main(argv)
-
-
 def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int | None) -> int:
     """Checks a dataset and prints what the command prints; returns its exit status."""
     try:
@@ -275,7 +268,3 @@ def _version_line(version: int, current: int | None) -> str:
     return (
         f"version {version} of {current}" if current is not None else f"version {version} (no current {MANIFEST_NAME})"
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
