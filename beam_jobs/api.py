@@ -79,15 +79,25 @@ def convert(
     with _errors_in_keyword_terms():
         argv = convert_argv(arguments, beam_options)
         # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
+        from beam_jobs.command_line.job_logging import (  # pylint: disable=import-outside-toplevel
+            callers_logging_kept,
+            configure_job_logging,
+        )
         from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
-        from beam_jobs.pipeline import callers_logging_kept, configure_job_logging, run  # pylint: disable=import-outside-toplevel
+        from beam_jobs.pipeline import run  # pylint: disable=import-outside-toplevel
 
         with callers_logging_kept():
             configure_job_logging(argv, keep_handlers=True)
-            with sigterm_as_interrupt():
-                return run(argv)
+            try:
+                with sigterm_as_interrupt():
+                    return run(argv)
+            except KeyboardInterrupt as interrupt:
+                raise _said(interrupt, argv) from None
 
 
+# Where in the graph a runner was when a step failed: Beam appends it to the step's error, and a
+# caller of convert() has no graph to look it up in (the message already names the file or flag).
+_WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]")
 # A flag as the job's messages write it, not inside a word or a path ("/data/x--overwrite").
 _FLAG = re.compile(r"(?<![\w/-])--([a-z][a-z0-9_]*)(=\S+)?(?: ([a-z][a-z0-9_]*)\b)?")
 
@@ -128,7 +138,20 @@ def in_keyword_terms(message: str) -> str:
             return f"{name}={word!r}"
         return f"{name}{after}"
 
-    return _FLAG.sub(keyword, message)
+    return _FLAG.sub(keyword, _WHILE_RUNNING.sub("", message))
+
+
+def _said(interrupt: KeyboardInterrupt, argv: Sequence[str]) -> KeyboardInterrupt:
+    """The interrupt (Ctrl-C, or SIGTERM's Terminated) with the command line's one line as its
+    message, in keyword terms ("terminated (SIGTERM); the 3 shards converted so far are staged:
+    rerun with resume=True ..."), and without the runner's frames: where the signal landed inside
+    Beam's threads says nothing to the caller, what the run left does."""
+    from beam_jobs.command_line.flags import PROG  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.termination import Terminated, interrupted_line  # pylint: disable=import-outside-toplevel
+
+    line = interrupted_line(argv, terminated=isinstance(interrupt, Terminated), state=getattr(interrupt, "state", None))
+    interrupt.args = (in_keyword_terms(line.removeprefix(f"{PROG}: ").removeprefix("error: ")),)
+    return interrupt.with_traceback(None)
 
 
 @contextmanager

@@ -10,12 +10,9 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 import traceback
-import urllib.parse
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TextIO
 
@@ -23,19 +20,17 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.command_line.arguments import (
     PROG,
-    JobArguments,
     UsageError,
     absolute_uri,
-    expand_verbosity,
     help_parser,
     parse_job_arguments,
     run_settings,
 )
-from beam_jobs.command_line.console import ConsoleFilter, RelayedWorkerRecords, hide_worker_tracebacks
+from beam_jobs.command_line.console import ConsoleFilter, hide_worker_tracebacks
+from beam_jobs.command_line.job_logging import LOG_PLAN_STEP, configure_job_logging, info_stamp
 from beam_jobs.command_line.progress import StagingWatcher
 from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
 from beam_jobs.command_line.run_summary import next_steps_lines, outputs_lines, split_table
@@ -54,11 +49,10 @@ from beam_jobs.command_line.termination import interrupted_line as _interrupted_
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, JobError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
-from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.listing.coco import ListCoco
-from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree, input_list_files
+from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree
 from beam_jobs.listing.policy import ignored_note
-from beam_jobs.local_runner import QUIET_LOGGERS, local_runner
+from beam_jobs.local_runner import local_runner
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import (
     DEFAULT_SPLIT_RULE,
@@ -68,9 +62,21 @@ from beam_jobs.planning.rules import (
     with_label_map,
 )
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
+from beam_jobs.preflight import (
+    PROGRESS_FILE,
+    SIDECAR,
+    TEMP_FILE,
+    check_endpoint_reachable,
+    check_inputs_exist,
+    check_output_dir,
+    check_output_outside_input,
+    check_plan_file,
+    fingerprint_with_layout_of,
+    make_output_dir,
+    remove_created,
+)
 from beam_jobs.records import DeadLetter, InputFile
-from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.third_party_warnings import warnings_to_debug_log
+from beam_jobs.storage import delete_exactly, list_folder
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
     SourceChangesError,
@@ -97,15 +103,14 @@ from beam_jobs.writing.finalize import (
     content_duplicate_groups,
     dead_letter_part,
     finalize_outputs,
-    is_own_plan,
     plan_line,
     plan_warning_lines,
     run_fingerprint,
     write_dead_letter_part,
     write_plan,
 )
-from beam_jobs.writing.run_folders import SHARDS_DIR, listed_runs, new_run_name, resumable_runs, run_dir
-from beam_jobs.writing.run_lock import LOCK_NAME, OutputLockedError, acquire_output_lock, release_output_lock
+from beam_jobs.writing.run_folders import SHARDS_DIR, new_run_name, run_dir, run_made_for
+from beam_jobs.writing.run_lock import OutputLockedError, acquire_output_lock, release_output_lock
 from beam_jobs.writing.shard_progress import write_progress_plan
 
 if TYPE_CHECKING:
@@ -375,7 +380,7 @@ class ConvertImages(beam.PTransform):
             plan_summary = plan_summary | "OfTheAppend" >> beam.Map(_append_summary, beam.pvalue.AsSingleton(changes))
             # Through the check's result, so that no shard is converted before an append is refused.
             shards = shards | "AfterSourceCheck" >> beam.Map(lambda shard, _: shard, beam.pvalue.AsSingleton(changes))
-        summary = plan_summary | _LOG_PLAN_STEP >> beam.Map(
+        summary = plan_summary | LOG_PLAN_STEP >> beam.Map(
             _log_plan,
             beam.pvalue.AsList(
                 planned[PLAN_DEAD_LETTERS]
@@ -400,6 +405,7 @@ class ConvertImages(beam.PTransform):
                     convert_threads=self._convert_threads,
                     run_id=self._run_id,
                     preprocessing={**config.to_json(), **self._settings},
+                    made_for=run_made_for(self._expected.version if base is not None and self._expected else None),
                 )
             ).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
         )
@@ -484,321 +490,6 @@ def _append_summary(summary: dict, changes: dict) -> dict:
     }
 
 
-def _made_with(manifest: dict) -> dict:
-    """A manifest's preprocessing settings; one written before --resample existed was made with
-    its only resampling (the same bytes as --resample bicubic now)."""
-    return {"resample": LEGACY_RESAMPLE, **(manifest.get("preprocessing") or {})}
-
-
-# The settings that say how examples are cut into shards, not what an example is: an append
-# writes its new examples in shards of its own, so it may give other values than the version's.
-SHARD_LAYOUT = ("num_shards", "target_shard_mb")
-
-
-def _fingerprint_with_layout_of(manifest: dict | None, config: ImageConfig, settings: dict) -> str | None:
-    """This run's fingerprint had it the shard layout of ``manifest``'s run: what --append compares
-    with the manifest's own, so that --num_shards or --target_shard_mb never refuse an append.
-    None when there is no manifest, or it records no settings (an older format: compared as is)."""
-    made = (manifest or {}).get("preprocessing")
-    if not made:
-        return None
-    return run_fingerprint(config, {**settings, **{k: made.get(k) for k in SHARD_LAYOUT if k in settings}})
-
-
-def _differences(old: dict, new: dict) -> str:
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:6]) or "an older format"
-
-
-def _check_endpoint_reachable(options: PipelineOptions, uris: Sequence[str], *, timeout: float = 5.0) -> None:
-    """Fails in seconds when --s3_endpoint_url refuses connections (a wrong port, a stopped server).
-
-    Beam's S3 client retries a refused connection with backoff for minutes before it reports
-    it, and a refused connection is never transient enough to wait for.
-    """
-    if not any(str(uri).lower().startswith("s3://") for uri in uris):
-        return
-    endpoint = options.get_all_options().get("s3_endpoint_url")
-    if not endpoint:
-        return
-    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
-            pass
-    except (OSError, ValueError) as error:
-        why = (
-            "connection refused"
-            if isinstance(error, ConnectionRefusedError)
-            else (
-                f"no answer in {timeout:g} s" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
-            )
-        )
-        raise UsageError(f"cannot reach --s3_endpoint_url {redact(endpoint)}: {why}") from None
-
-
-def _check_inputs_exist(arguments: JobArguments) -> None:
-    """Fails before anything is created when the input cannot be what the flag says it is."""
-    if arguments.input_list is not None:
-        path = arguments.input_list
-        if "://" not in path and os.path.isdir(path):
-            raise UsageError(
-                f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
-                "the images (for a class-per-folder tree use --input)"
-            )
-        if not input_list_files(path):
-            raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
-        return
-    for _, coco in arguments.coco_files or ():
-        if not FileSystems.exists(coco):
-            raise UsageError(f"--coco_annotations {redact(coco)} does not exist")
-    root = arguments.input_root
-    assert root is not None  # The parser takes exactly one of --input and --manifest.
-    if "://" not in root:
-        if os.path.isfile(root):
-            raise UsageError(
-                f"--input {root} is a file; --input takes the root folder of a class-per-folder "
-                "tree (ROOT/<label>/<image>); for a CSV or JSONL list of images use --manifest"
-            )
-        if not os.path.isdir(root):
-            raise UsageError(f"--input {root} does not exist")
-    elif not list_tree(root, limit=1):
-        problem = bucket_problem(root)
-        raise UsageError(f"--input {redact(root)}: {problem or 'no files found under it'}")
-
-
-def _check_output_outside_input(arguments: JobArguments) -> None:
-    """Refuses an --output_dir equal to or inside the --input tree: the dataset would be written
-    among the images, and a later run would list the output folder as one more class. An input
-    list (or a COCO file) names its images one by one, so its output may be anywhere."""
-    if arguments.input_list is not None or arguments.coco_files:
-        return
-    given_root = arguments.input_root
-    assert given_root is not None  # The parser takes exactly one of --input and --manifest.
-    root, output = given_root, arguments.output_dir
-    if "://" not in root and "://" not in output:
-        root, output = os.path.realpath(root), os.path.realpath(output)
-    root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
-    if output.startswith(root):
-        where = "is" if output == root else "lies inside"
-        raise UsageError(
-            f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
-            f"{redact(given_root)}; the dataset would be mixed with the images (and read as "
-            "a class by the next run): choose an output folder outside it"
-        )
-
-
-def _make_output_dir(output_dir: str) -> list[str]:
-    """Creates --output_dir (and its missing parents) and proves it writable; returns the folders
-    it created, deepest first, so that a run that fails at once can remove them again."""
-    created = []
-    if "://" not in output_dir:
-        if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-            raise UsageError(f"--output_dir {output_dir} is a file, not a folder")
-        folder = output_dir
-        while not os.path.exists(folder):
-            created.append(folder)
-            folder = os.path.dirname(folder)
-        if os.path.exists(folder) and not os.path.isdir(folder):
-            raise UsageError(f"--output_dir {output_dir} lies under {folder}, which is a file")
-    try:
-        if not FileSystems.exists(output_dir):
-            FileSystems.mkdirs(output_dir)
-        # Fail now, with a clear message, rather than after converting everything.
-        _probe_writable(output_dir)
-    except Exception as error:
-        _remove_created(created)
-        raise UsageError(f"cannot write to --output_dir {redact(output_dir)}: {redact(str(error))}") from None
-    return created
-
-
-def _probe_writable(output_dir: str) -> None:
-    """Writes and deletes a small object, removing it whatever happens in between.
-
-    On an object store the probe is an object in the user's bucket: a failure (or an interrupt)
-    after the write must not leave it behind. A store that accepts the write but refuses the
-    delete gets an error naming the object, since the job could not clean up its temp files
-    there either.
-    """
-    probe = FileSystems.join(output_dir, temp_name("probe"))
-    try:
-        # Not empty: Beam's S3 writer cannot write a zero-byte object (see storage._create_empty),
-        # and the probe should take the path every shard takes.
-        with FileSystems.create(probe) as handle:
-            handle.write(b"images-to-tfrecords write probe\n")
-    except BaseException:
-        try:  # A write that failed late (or was interrupted) may still have created the object.
-            if FileSystems.exists(probe):
-                delete_exactly([probe])
-        except Exception:  # The write's own error is the one to report.
-            pass
-        raise
-    try:
-        delete_exactly([probe])
-    except Exception as error:
-        raise OSError(
-            f"wrote {probe} but could not delete it ({error}); the job deletes its temp files "
-            "as it goes, so it needs delete permission there (remove that object by hand)"
-        ) from None
-
-
-# This run's progress file (shard_progress.progress_file_name); only this run's exists while it holds the lock
-# and finalize has not yet removed those of killed runs.
-_PROGRESS_FILE = re.compile(r"^\.progress-.+\.json$")
-# Any file being written (storage.temp_name): a killed writer's leftover once no writer is alive.
-_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-")
-# The output probe's and the lock's temp names (storage.temp_name): a killed run's leftovers.
-# A shard's sidecar in its run folder (convert.sidecar_name): counted after an interrupt.
-_SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
-_RUN_TEMP_FILE = re.compile(r"^\.tmp-[0-9a-f]{32}-(probe|" + re.escape(LOCK_NAME) + r")$")
-
-
-def _check_output_dir(
-    output_dir: str,
-    current: Current,
-    *,
-    overwrite: bool,
-    resume: bool,
-    fingerprint: str,
-    preprocessing: dict,
-    append: bool = False,
-    append_fingerprint: str | None = None,
-) -> tuple[str, str]:
-    """Decides what this run may do with the folder; returns (its run name, its change kind).
-
-    A run writes only into its own folder under shards/ and commits by one write of
-    dataset_info.json (commit.py), so no flag ever deletes or replaces a file up front, and files
-    of the user's that look like the job's (a "train-00000-of-00001.tfrecord" of their own) are
-    simply left beside the dataset.
-
-    - a folder holding a dataset: refused without a flag that says what to do with it;
-    - --overwrite: the run commits a new version holding only its own shards; the one it replaces
-      stays whole (kept for the retention window, see `versions gc`);
-    - --resume: continues the newest uncommitted run folder whose shards were made with the same
-      settings (each shard is verified later against its sidecar and its sources); with a dataset
-      of other settings there, only with --overwrite.
-    """
-    names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
-    # A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
-    # between writing and renaming or deleting it leaves it. This run holds the lock, so no live
-    # run is writing one.
-    leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
-    if leftovers:
-        _LOG.info(
-            "removing %d temp file(s) of a killed run from %s: %s",
-            len(leftovers),
-            redact(output_dir),
-            ", ".join(leftovers),
-        )
-        delete_exactly([names.pop(name) for name in leftovers])
-    previous = current.manifest
-    if append:
-        if previous is None:
-            raise UsageError(
-                f"--append: --output_dir {redact(output_dir)} holds no dataset to append to (no "
-                f"{DATASET_INFO}); run without --append to create one"
-            )
-        if previous.get("fingerprint") not in (fingerprint, append_fingerprint):
-            changed = _differences(
-                {k: v for k, v in _made_with(previous).items() if k not in SHARD_LAYOUT},
-                {k: v for k, v in preprocessing.items() if k not in SHARD_LAYOUT},
-            )
-            raise UsageError(
-                f"--append: version {current.version} in {redact(output_dir)} was made with other settings "
-                f"({changed}); an append takes the same flags as the run that made the dataset, so that "
-                "its examples stay alike (the shard count and size may differ)"
-            )
-    if previous is not None and not (overwrite or resume or append):
-        raise UsageError(
-            f"--output_dir {redact(output_dir)} already holds a dataset (version {current.version}, {DATASET_INFO}); "
-            "pass --overwrite to replace it with a new version (the current one stays readable until a later "
-            "commit removes it), --resume to continue an interrupted run with the same flags, or choose another "
-            "folder"
-        )
-    if previous is not None and resume and not overwrite and previous.get("fingerprint") != fingerprint:
-        raise UsageError(
-            f"--output_dir {redact(output_dir)} holds a dataset made with other settings "
-            f"({_differences(_made_with(previous), preprocessing)}); --resume only continues a run "
-            "with the same flags. Pass --overwrite to replace it, or choose another folder"
-        )
-    kind = "create" if previous is None else "append" if append else "overwrite"
-    if previous is not None and not append:
-        _LOG.info(
-            "--overwrite: version %s in %s stays current until this run commits the next one",
-            current.version,
-            redact(output_dir),
-        )
-    committed = listed_runs(_committed_manifests(output_dir, current))
-    if not resume:
-        if any(_continuable(found, fingerprint) for _, found in resumable_runs(output_dir, committed)):
-            # Said before the work, not after: the earlier run's shards are removed once this run commits.
-            _LOG.warning(
-                "an interrupted earlier run in %s left shards made with these same settings; this run "
-                "converts everything again and removes them when it commits (stop it now and rerun "
-                "with --resume to keep them)",
-                redact(output_dir),
-            )
-        return new_run_name(), kind
-    unkept, differences = 0, set[str]()
-    for run, found in resumable_runs(output_dir, committed):
-        if _continuable(found, fingerprint):
-            _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
-            return run, kind
-        if found:
-            unkept += 1
-            differences.update(
-                _differences(settings, preprocessing)
-                for key, settings in found.items()
-                if key not in (fingerprint, None)
-            )
-    if unkept:
-        _LOG.warning(
-            "--resume: the shards of %d earlier run%s in %s %s not kept: made with other settings (%s); "
-            "this run converts everything again with the flags given now",
-            unkept,
-            "" if unkept == 1 else "s",
-            redact(output_dir),
-            "is" if unkept == 1 else "are",
-            "; ".join(sorted(differences)),
-        )
-    if previous is not None and not overwrite and not append:
-        # Said by default (the --overwrite notice above is INFO): the user asked to finish a run,
-        # and this one will replace a complete dataset instead.
-        _LOG.warning(
-            "--resume: %s holds no interrupted run to continue, and its version %s is complete; this run "
-            "converts everything again and commits the next version (stop it now if that is not what you want)",
-            redact(output_dir),
-            current.version,
-        )
-    return new_run_name(), kind
-
-
-def _continuable(found: dict, fingerprint: str) -> bool:
-    """Whether --resume continues a run folder whose sidecars record the fingerprints ``found``:
-    it has shards, and all were made with this run's settings (None: a sidecar older than them)."""
-    return bool(found) and set(found) <= {fingerprint, None}
-
-
-def _committed_manifests(output_dir: str, current: Current) -> list[dict]:
-    """The current manifest and the history's: what lists the run folders a --resume must not reuse."""
-    try:
-        from beam_jobs.versions import history  # pylint: disable=import-outside-toplevel  # cycle
-
-        return history(output_dir)
-    except Exception:  # An unreadable history: the current version's folders, at least, stay untouched.
-        return [current.manifest] if current.manifest else []
-
-
-def _check_plan_file(output_dir: str) -> None:
-    """--plan_only replaces its own earlier plan.json, never a file of the user's of that name."""
-    path = FileSystems.join(output_dir, PLAN_FILE)
-    if FileSystems.exists(path) and not is_own_plan(path):
-        raise UsageError(
-            f"--output_dir {redact(output_dir)} holds a {PLAN_FILE} that this job did not write "
-            f"({redact(path)}); --plan_only would replace it: move it, or choose another folder"
-        )
-
-
 def _write_stderr(text: str) -> None:
     _write_to(sys.stderr, text)
 
@@ -819,11 +510,11 @@ def _abandon(
     for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
         try:
             names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
-            delete_exactly([path for name, path in names.items() if _PROGRESS_FILE.match(name)])
+            delete_exactly([path for name, path in names.items() if PROGRESS_FILE.match(name)])
         except Exception:  # The progress file is hidden and small; the lock matters more.
             pass
     release_output_lock(lock)
-    _remove_created(created)
+    remove_created(created)
 
 
 def _clean_up_interrupted(output_dir: str, run_id: str | None = None, spare: frozenset[int] = frozenset()) -> None:
@@ -840,20 +531,10 @@ def _clean_up_interrupted(output_dir: str, run_id: str | None = None, spare: fro
     stop_child_processes(spare=spare)  # the processes that were the caller's before the run are not ended
     for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
         try:
-            leftovers = [m.path for m in list_folder(folder) if _TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
+            leftovers = [m.path for m in list_folder(folder) if TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
             delete_exactly(leftovers)
         except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
             _LOG.warning("could not remove the temp files in %s: %s", redact(folder), error)
-
-
-def _remove_created(folders: list[str]) -> None:
-    """Removes the folders this run created, deepest first, as long as they are empty."""
-    for folder in folders:
-        try:
-            if "://" not in folder:
-                os.rmdir(folder)
-        except OSError:  # Not empty (or gone): it holds something worth keeping.
-            return
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
@@ -867,16 +548,16 @@ def run(argv: Sequence[str] | None = None) -> dict:
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
     FileSystems.set_options(options)
-    _check_endpoint_reachable(options, [arguments.source, arguments.output_dir])
-    _check_inputs_exist(arguments)
-    _check_output_outside_input(arguments)
+    check_endpoint_reachable(options, [arguments.source, arguments.output_dir])
+    check_inputs_exist(arguments)
+    check_output_outside_input(arguments)
     config = arguments.image_config
     output_dir = arguments.output_dir
-    created = _make_output_dir(output_dir)
+    created = make_output_dir(output_dir)
     lock = None
     say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
     run_id = None
-    info_before = _info_stamp(output_dir)
+    info_before = info_stamp(output_dir)
 
     def state() -> InterruptedState:
         return _interrupted_state(output_dir, run_id, info_before)
@@ -893,9 +574,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
         current = read_current(output_dir)
         kind = "create"
         if arguments.plan_only:  # A plan only writes plan.json, beside whatever is there.
-            _check_plan_file(output_dir)
+            check_plan_file(output_dir)
         else:
-            run_id, kind = _check_output_dir(
+            run_id, kind = check_output_dir(
                 output_dir,
                 current,
                 overwrite=arguments.overwrite,
@@ -903,7 +584,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 fingerprint=run_fingerprint(config, arguments.settings),
                 preprocessing={**config.to_json(), **arguments.settings},
                 append=arguments.append,
-                append_fingerprint=_fingerprint_with_layout_of(current.manifest, config, arguments.settings),
+                append_fingerprint=fingerprint_with_layout_of(current.manifest, config, arguments.settings),
             )
         runner, parallelism = local_runner(options, argv, log_level=arguments.log_level)
         _DETAILS.info("converting %s into %s", redact(arguments.source), redact(output_dir))
@@ -978,8 +659,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         if lock is not None:
             release_output_lock(lock)
         if run_id is not None:
-            _remove_created([run_dir(output_dir, run_id), FileSystems.join(output_dir, SHARDS_DIR)])
-        _remove_created(created)
+            remove_created([run_dir(output_dir, run_id), FileSystems.join(output_dir, SHARDS_DIR)])
+        remove_created(created)
         if isinstance(error, KeyboardInterrupt):
             try:
                 error.state = state()  # type: ignore[attr-defined]  # what main() reports, read before the line is printed
@@ -1144,171 +825,16 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
     return f"{name}: {message[:500]}{in_step}", True
 
 
-def _peek_log_level(argv: Sequence[str]) -> str:
-    """--log_level (or -v) before the full parse, so that logging is set up before Beam says anything."""
-    try:
-        argv = expand_verbosity(argv)
-    except UsageError:  # Reported by the full parse.
-        pass
-    for index, arg in enumerate(argv):
-        if arg.startswith("--log_level="):
-            return arg.split("=", 1)[1].upper()
-        if arg == "--log_level" and index + 1 < len(argv):
-            return argv[index + 1].upper()
-    return "WARNING"
-
-
-class _HideRunnerTraces(logging.Filter):
-    """Below DEBUG, a failure is told in one line at the end; the runner's own logged copies of
-    the worker's traceback (and of the bad-fraction refusal) would only bury it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and (
-            record.exc_info or "Traceback (most recent call last)" in record.getMessage()
-        ):
-            return False
-        return TooManyBadInputsError.__name__ not in record.getMessage()
-
-
-class _ConsoleFormatter(logging.Formatter):
-    """The job's own notices read as plain sentences; anything else (a warning, Beam's lines at
-    --log_level INFO) says its level and origin; DEBUG adds timestamps."""
-
-    def __init__(self, level: int) -> None:
-        prefix = "%(asctime)s " if level <= logging.DEBUG else ""
-        super().__init__(prefix + "%(levelname)s %(name)s: %(message)s")
-        self._plain = logging.Formatter(prefix + "%(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.levelno == logging.INFO and record.name.startswith("beam_jobs"):
-            return self._plain.format(record)
-        return super().format(record)
-
-
-# Credential options: their values never reach a log line the job prints.
-_CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token", "--azure_connection_string")
-# At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
-_CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
-# The step that logs the plan line on a worker; the launching process prints it from the
-# progress file already (see StagingWatcher), so its relayed copy is not shown.
-_LOG_PLAN_STEP = "LogPlan"
-
-
-def _credential_values(argv: Sequence[str]) -> list[str]:
-    """The values given to credential flags, as ``--flag value`` or ``--flag=value``."""
-    values = []
-    for index, arg in enumerate(argv):
-        name, sep, value = arg.partition("=")
-        if name in _CREDENTIAL_FLAGS:
-            value = value if sep else (argv[index + 1] if index + 1 < len(argv) else "")
-            if len(value) >= 4:  # A one-letter "key" would redact every word holding that letter.
-                values.append(value)
-    return sorted(set(values), key=len, reverse=True)
-
-
-class _HideCredentials(logging.Filter):
-    """Replaces the credential values given on the command line wherever a log line holds them:
-    the runner relays workers' lines (their options included) as text, so matching by value is
-    what catches them all."""
-
-    def __init__(self, values: list[str]) -> None:
-        super().__init__()
-        self._values = values
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if any(value in message for value in self._values):
-            for value in self._values:
-                message = message.replace(value, "<redacted>")
-            record.msg, record.args = message, None
-        return True
-
-
-def configure_job_logging(argv: Sequence[str], *, keep_handlers: bool = False) -> str:
-    """Sets up the console's logging for a run of ``argv`` (its --log_level, credentials hidden);
-    returns the level. The command line and ``beam_jobs.convert`` both start with it; the latter
-    keeps the caller's handlers (see ``callers_logging_kept``)."""
-    level = _peek_log_level(argv)
-    _configure_logging(level, secrets=_credential_values(argv), force=not keep_handlers)
-    warnings_to_debug_log()
-    return level
-
-
-def _touched_loggers() -> list[str]:
-    return ["beam_jobs", "beam_jobs.details", *QUIET_LOGGERS, *_CHATTY_BELOW_DEBUG]
-
-
-@contextlib.contextmanager
-def callers_logging_kept() -> Iterator[None]:
-    """Puts the logging configuration back as it was when the block ends: the root logger's
-    handlers, their formatters and filters, and the levels the job sets. A notebook's or an
-    application's own logging must not be replaced by one call of ``beam_jobs.convert``."""
-    root = logging.getLogger()
-    handlers = [(handler, handler.formatter, list(handler.filters)) for handler in root.handlers]
-    levels = {name: logging.getLogger(name).level for name in ["", *_touched_loggers()]}
-    show_warning = warnings.showwarning
-    try:
-        yield
-    finally:
-        warnings.showwarning = show_warning
-        kept = [handler for handler, _, _ in handlers]
-        for handler in list(root.handlers):
-            if handler not in kept:
-                root.removeHandler(handler)
-                handler.close()
-        for handler, formatter, filters in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-            handler.setFormatter(formatter)
-            handler.filters[:] = filters
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
-
-
-def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool = True) -> None:
-    numeric = getattr(logging, level, logging.WARNING)
-    # force: Beam's import logs through the root logger, which configures it with logging's
-    # bare "INFO:name:message" format before this runs. Without force, the caller's handlers stay
-    # (one is made only where there is none) and only their format and filters change.
-    logging.basicConfig(level=numeric, force=force)
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(_ConsoleFormatter(numeric))
-    logging.getLogger().setLevel(numeric)
-    logging.getLogger("beam_jobs").setLevel(min(numeric, logging.INFO))
-    logging.getLogger("beam_jobs.details").setLevel(numeric)
-    for name, quiet in QUIET_LOGGERS.items():
-        logging.getLogger(name).setLevel(max(numeric, getattr(logging, quiet)))
-    for name in _CHATTY_BELOW_DEBUG:
-        logging.getLogger(name).setLevel(max(numeric, logging.WARNING) if numeric > logging.DEBUG else numeric)
-    for handler in logging.getLogger().handlers:
-        # First: the filters below read the relayed record's own message.
-        handler.addFilter(RelayedWorkerRecords(drop_steps=(_LOG_PLAN_STEP,)))
-        if secrets:
-            handler.addFilter(_HideCredentials(list(secrets)))
-        if numeric > logging.DEBUG:
-            handler.addFilter(_HideRunnerTraces())
-
-
-def _info_stamp(output_dir: str) -> tuple | None:
-    """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
-    try:
-        found = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO]
-    except Exception:  # The folder is gone (removed as created by this run) or unreadable.
-        return None
-    meta = found[0] if found else None
-    return None if meta is None else (meta.size_in_bytes, meta.last_updated_in_seconds)
-
-
 def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple | None) -> InterruptedState:
     """Reads the folder after an interrupt: this run's staged sidecars, and whether it had finished."""
-    after = _info_stamp(output_dir)
+    after = info_stamp(output_dir)
     completed = after is not None and after != info_before
     if run_id is None:
         return InterruptedState(completed=completed)
     staged = 0
     try:
         sidecars = [
-            m.path for m in list_folder(run_dir(output_dir, run_id)) if _SIDECAR.match(m.path.rsplit("/", 1)[-1])
+            m.path for m in list_folder(run_dir(output_dir, run_id)) if SIDECAR.match(m.path.rsplit("/", 1)[-1])
         ]
     except Exception:  # Gone: nothing of this run is there.
         sidecars = []
@@ -1382,8 +908,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"--append: version {info.get('version')} stays current; nothing was committed"
             + (
-                f": the {_plural(dead, 'new input')} could not be used ({reasons}), see "
-                f"{redact(info['nothing_appended']['file'])}"
+                f": no input it did not hold became an example; this run's {_plural(dead, 'dead letter')} "
+                f"({reasons}) {'is' if dead == 1 else 'are'} in {redact(info['nothing_appended']['file'])}"
                 if dead
                 else ""
             )

@@ -491,8 +491,8 @@ def _run(arguments: argparse.Namespace) -> list[str]:
         kept = kept_versions(out, arguments.keep)
         return [
             *deleted,
-            f"deleted {len(deleted)} file{'s' if len(deleted) != 1 else ''}; the files of versions "
-            f"{', '.join(map(str, kept))} are kept",
+            f"deleted {len(deleted)} file{'s' if len(deleted) != 1 else ''}; the files of "
+            f"version{'s' if len(kept) != 1 else ''} {', '.join(map(str, kept))} are kept",
         ]
     manifest = load_version(out, arguments.version)
     names = shard_files(manifest, arguments.split)

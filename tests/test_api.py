@@ -245,7 +245,7 @@ def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_pa
         "import sys\nimport beam_jobs\ntry:\n"
         f"    beam_jobs.convert({str(root)!r}, output_dir={str(out)!r}, image_size=48, overwrite=True,\n"
         "                      max_bad_fraction=0.5, isolation='all', beam_options={'direct_num_workers': 2})\n"
-        "except KeyboardInterrupt:\n    print('INTERRUPTED', flush=True)\n    sys.exit(3)\n"
+        "except KeyboardInterrupt as interrupt:\n    print('INTERRUPTED', interrupt, flush=True)\n    sys.exit(3)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, str(script)],
@@ -267,6 +267,10 @@ def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 3 and "INTERRUPTED" in stdout, stderr[-3000:]
+    # The command line's one line, in keyword terms, as the exception's message.
+    said = stdout.split("INTERRUPTED ", 1)[1]
+    assert said.startswith("terminated (SIGTERM); " if signum == signal.SIGTERM else "interrupted; "), said
+    assert "untouched" in said and "--" not in said, said
     assert (out / "dataset_info.json").read_bytes() == committed
     assert not (out / ".images-to-tfrecords.lock").exists()
     # Gone, but for the shards it completed, which stay staged for --resume (as on the command line;
@@ -288,6 +292,7 @@ def test_a_signal_to_the_calling_process_alone_interrupts_convert_cleanly(tmp_pa
         ("--output_dir /data/out already holds", "output_dir /data/out already holds"),
         ("raise --max_bad_fraction to accept them", "raise max_bad_fraction to accept them"),
         ("a path /data/x--overwrite stays", "a path /data/x--overwrite stays"),
+        ("1 of 1 inputs failed [while running 'ConvertImages/WriteManifest']", "1 of 1 inputs failed"),
         ("--no_such_flag stays as written", "--no_such_flag stays as written"),
         ("Pass --changed_sources keep to keep them", "Pass changed_sources='keep' to keep them"),
         ("with --overwrite and the same flags", "with overwrite=True and the same flags"),

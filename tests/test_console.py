@@ -332,6 +332,19 @@ def test_console_lines_say_1_shard_1_input_1_class():
     assert plan_line(appended, {}) == (
         "Found 1 new image (3 already in the current version) belonging to 1 class: train 1 (1 shard)"
     )
+    # The classes the found images belong to: not a retired label, nor the version's other classes.
+    grown = {
+        "label_names": ["a", "b", "c"],
+        "splits": {"train": {"num_examples": 7, "num_shards": 1, "class_counts": {"a": 0, "b": 0, "c": 7}}},
+    }
+    assert plan_line(grown, {}) == "Found 7 images belonging to 1 class: train 7 (1 shard)"
+    # --changed_sources keep: the changed sources kept are said, also when nothing is new.
+    kept = {"held": 5, "changed": 1, "removed": 0, "changed_examples": ["b/2.jpg"]}
+    nothing_new = {"label_names": ["a"], "splits": {}, "append": kept}
+    assert plan_line(nothing_new, {}) == (
+        "Found no new images: the 6 listed are in the current version; 1 changed and 0 no longer listed "
+        "source(s) keep the examples the version made (--changed_sources keep, e.g. b/2.jpg)"
+    )
     info = {
         "splits": {"train": {"num_examples": 1, "num_shards": 1}},
         "num_dead_letters": 1,
@@ -379,10 +392,10 @@ def test_the_table_gives_sizes_in_mib_small_ones_too(size, shown):
 )
 def test_v_is_short_for_log_level(flags, level, tmp_path):
     from beam_jobs.command_line.arguments import parse_job_arguments
-    from beam_jobs.pipeline import _peek_log_level
+    from beam_jobs.command_line.job_logging import peek_log_level
 
     argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), *flags]
-    assert parse_job_arguments(argv)[0].log_level == level == _peek_log_level(argv)
+    assert parse_job_arguments(argv)[0].log_level == level == peek_log_level(argv)
 
 
 def test_v_and_log_level_together_are_refused_and_v_is_in_the_help(tmp_path, capsys):
@@ -506,20 +519,21 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
 
 @pytest.mark.slow
 def test_one_shard_of_many_images_shows_its_images_as_they_are_converted(tmp_path):
-    # One shard takes seconds: its worker's note moves the progress before the shard is done, so
-    # a log shows the tenths on the way (not one line at the end) and the rate comes from images.
+    # One shard takes seconds (about 3 s on an idle 2-core machine; 400 images could finish before
+    # the first note, written after 1 s): its worker's note moves the progress before the shard is
+    # done, so a log shows the tenths on the way (not one line at the end) and the rate comes from images.
     from beam_jobs.sample_data import make_photo_tree
 
-    photos = make_photo_tree(tmp_path / "photos", num_images=400, size=(800, 600), classes=["chelsea", "coffee"])
+    photos = make_photo_tree(tmp_path / "photos", num_images=1000, size=(800, 600), classes=["chelsea", "coffee"])
     out = tmp_path / "out"
     result = run_cli("--input", tmp_path / "photos", "--output_dir", out, "--num_shards", "1", "--image_size", "224")
     lines = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
-    counts = [int(re.search(r"(\d+)/400 images", line).group(1)) for line in lines]
-    during = [n for line, n in zip(lines, counts, strict=True) if line.startswith("progress: 0/1 ") and 0 < n < 400]
+    counts = [int(re.search(r"(\d+)/1000 images", line).group(1)) for line in lines]
+    during = [n for line, n in zip(lines, counts, strict=True) if line.startswith("progress: 0/1 ") and 0 < n < 1000]
     assert during, result.stderr  # images counted while the only shard was still converting
-    assert counts == sorted(counts) and lines[-1].startswith("progress: 1/1 shards, 400/400 images (100%)")
+    assert counts == sorted(counts) and lines[-1].startswith("progress: 1/1 shards, 1000/1000 images (100%)")
     assert re.search(r" [\d.]+ images?/s, ", lines[-1]), lines  # measured from the first images seen
-    assert len(photos) == 400 and not list(out.glob("**/.progress-*"))
+    assert len(photos) == 1000 and not list(out.glob("**/.progress-*"))
 
 
 @pytest.mark.slow

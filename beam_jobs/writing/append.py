@@ -154,7 +154,9 @@ def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict
             f"({_shown(changes, 'changed')})"
         )
     if removed:
-        parts.append(f"{removed} {'are' if removed != 1 else 'is'} no longer listed ({_shown(changes, 'removed')})")
+        parts.append(
+            f"{removed} input{'s are' if removed != 1 else ' is'} no longer listed ({_shown(changes, 'removed')})"
+        )
     raise SourceChangesError(
         "--append: " + " and ".join(parts) + "; nothing was converted. Pass --changed_sources keep to keep "
         "their examples as version " + str(version) + " holds them (reported in dataset_info.json's warnings), "
@@ -173,9 +175,9 @@ def _shown(changes: Mapping, kind: str) -> str:
 # an --splits the new inputs did not need is not "ignored" by the dataset).
 WHOLE_DATASET_WARNING = re.compile(
     r"^(split '.*' has no example of |--splits .* was ignored: |"
-    r"split '.*' has no example left of |\d+ images? with identical content carry more than one label: )"
+    r"split '.*' has no example left of |\d+ images? with identical content carr(?:y|ies) more than one label: )"
 )
-_CONFLICTING_LABELS = re.compile(r"^\d+ images? with identical content carry more than one label: ")
+_CONFLICTING_LABELS = re.compile(r"^\d+ images? with identical content carr(?:y|ies) more than one label: ")
 
 
 _MISSING_CLASS = re.compile(r"^split '.*' has no example of ")

@@ -251,8 +251,13 @@ class ConvertShardFn(beam.DoFn):
         run_id: str | None = None,
         read_timeout_s: float = READ_TIMEOUT_S,
         preprocessing: dict | None = None,
+        made_for: str = "",
     ) -> None:
         self._config = config
+        # What the run's shards are for, when not every input: "append_to:N" for an append to
+        # version N (it converts only what N lacks). --resume continues a run folder only for the
+        # same purpose: an overwrite's folder holds other shards than an append's.
+        self._made_for = made_for
         # Recorded in each sidecar with the run's fingerprint, so that a --resume with other flags
         # can say which setting differs for the staged shards it cannot keep.
         self._preprocessing = preprocessing
@@ -482,6 +487,8 @@ class ConvertShardFn(beam.DoFn):
             done["run_id"] = self._run_id
         if self._run_fingerprint:
             done["run_fingerprint"] = self._run_fingerprint
+        if self._made_for:
+            done["made_for"] = self._made_for
         if self._preprocessing is not None:
             done["preprocessing"] = self._preprocessing
         write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))

@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger(__name__)
+# Lines shown only with --log_level INFO or DEBUG (see pipeline.py).
+_DETAILS = logging.getLogger("beam_jobs.details")
 
 PLAN_FILE = "plan.json"
 PLAN_DEAD_LETTERS_FILE = "plan_dead_letters.jsonl"
@@ -268,7 +270,8 @@ def conflicting_label_warnings(content_duplicates: Sequence[dict], *, shown: int
     more = f"; and {len(conflicting) - shown} more" if len(conflicting) > shown else ""
     groups = "image" if len(conflicting) == 1 else "images"
     return [
-        f"{len(conflicting)} {groups} with identical content carry more than one label: {examples}{more} "
+        f"{len(conflicting)} {groups} with identical content {'carries' if len(conflicting) == 1 else 'carry'} "
+        f"more than one label: {examples}{more} "
         "(a symlinked class folder, or a file linked or copied into another class?); see "
         f"content_duplicates in {DATASET_INFO} (--dedup content makes them dead letters instead)"
     ]
@@ -323,8 +326,14 @@ def check_bad_fraction(
         raise TooManyBadInputsError(
             f"{num_dead} of {num_inputs} inputs ({num_dead / num_inputs:.1%}) could not be used, more than "
             f"--max_bad_fraction={max_bad_fraction}" + (f" ({hint})" if hint else "") + f"; {kept_message}. "
-            f"See {dead_letters_uri} for each file and the reason: fix or remove those files, or accept them "
-            f"by rerunning with --max_bad_fraction={accepting_fraction(num_dead, num_inputs)}."
+            f"See {dead_letters_uri} for each file and the reason: "
+            + (
+                # No fraction accepts a dataset of no examples (finalize_outputs refuses it).
+                "fix or replace those files; no --max_bad_fraction accepts a run in which no input is usable."
+                if num_dead >= num_inputs
+                else f"fix or remove those files, or accept them by rerunning with "
+                f"--max_bad_fraction={accepting_fraction(num_dead, num_inputs)}."
+            )
         )
 
 
@@ -476,7 +485,7 @@ def finalize_outputs(
         # shards hold no example: left behind, they would read as an interrupted run to --resume
         # and to the next run's warning. Its dead letters stay, for the user to read.
         delete_exactly([FileSystems.join(folder, name) for r in results for name in (r.file, sidecar_name(r.file))])
-        _LOG.info(
+        _DETAILS.info(
             "--append: no new example; version %s stays current%s",
             expected.version,
             f" ({num_dead} dead letters in {dead_letters_path})" if num_dead else "",
@@ -512,6 +521,7 @@ def finalize_outputs(
             + f"); a dataset of no examples is refused, whatever "
             f"--max_bad_fraction allows; {kept}. See {dead_letters_path} for each file and the reason."
         )
+    _remove_unlisted_shards(folder, results)
     info = build_dataset_info(
         summary,
         results,
@@ -531,6 +541,27 @@ def finalize_outputs(
     committed = commit_version(output_dir, info, expected=expected, change=change)
     _clean_up_after_commit(output_dir, run=run, keep_versions=keep_versions, run_id=run_id)
     return committed
+
+
+def _remove_unlisted_shards(folder: str, results: list[ShardResult]) -> None:
+    """Deletes the shard files and sidecars in the run's folder that this run's results do not list.
+
+    Once committed, a run folder must hold exactly the shards its manifest lists: a reader and
+    `verify-tfrecords` refuse a shard-named file that is not listed. A --resume that continued a
+    folder of an interrupted run with another plan (other splits or shard counts) would otherwise
+    commit that run's extra shards beside its own. Done before the commit: the folder is still
+    this run's alone, and no version lists what is removed.
+    """
+    listed = {name for result in results for name in (result.file, sidecar_name(result.file))}
+    stray = []
+    for meta in list_folder(folder):
+        name = meta.path.rsplit("/", 1)[-1]
+        shard = _SHARD_FILE.match(name) or (name.startswith(".") and _SHARD_FILE.match(name[1:].removesuffix(".json")))
+        if shard and name not in listed:
+            stray.append(meta.path)
+    if stray:
+        _LOG.info("removing %d shard file(s) this run does not list from %s", len(stray), folder)
+        delete_exactly(stray)
 
 
 def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run_id: str | None) -> None:
@@ -563,6 +594,20 @@ def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run
         )
 
 
+def _kept_changes(append: dict) -> str:
+    """--changed_sources keep: the held sources whose bytes, label or annotations changed (or that
+    are gone), whose examples stay as the version made them; said in the plan line, because an
+    append that finds nothing new commits nothing and so writes no warning anywhere else."""
+    changed, removed = append.get("changed", 0), append.get("removed", 0)
+    if not (changed or removed):
+        return ""
+    examples = [*append.get("changed_examples", []), *append.get("removed_examples", [])][:3]
+    return (
+        f"; {changed} changed and {removed} no longer listed source(s) keep the examples the version made "
+        f"(--changed_sources keep" + (f", e.g. {', '.join(examples)}" if examples else "") + ")"
+    )
+
+
 def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     """The plan in one line, in the Keras style: what a user checks before a long run."""
     splits = summary["splits"]
@@ -578,16 +623,20 @@ def plan_line(summary: dict, by_reason: dict[str, int]) -> str:
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
     # Said only when some were not used: "0 listed files not used" on every run is noise.
     unused = f"; {ignored} listed file{'s' if ignored != 1 else ''} not used ({reasons})" if ignored else ""
-    classes = len(summary["label_names"])
+    # The classes these images belong to: not a retired label, nor (appending) the version's others.
+    with_images = {label for s in splits.values() for label, n in (s.get("class_counts") or {}).items() if n}
+    classes = len(with_images) or len(summary["label_names"])
     append = summary.get("append")
     if append is not None:  # --append: what is new, beside what the current version holds
         held = append.get("held", 0) + append.get("changed", 0)
+        kept = _kept_changes(append)
         if not total:
             return (
-                f"Found no new images: the {held} listed {'is' if held == 1 else 'are'} in the current version{unused}"
+                f"Found no new images: the {held} listed {'is' if held == 1 else 'are'} in the current version"
+                f"{kept}{unused}"
             )
         return (
-            f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version) "
+            f"Found {total} new image{'s' if total != 1 else ''} ({held} already in the current version{kept}) "
             f"belonging to {classes} class{'es' if classes != 1 else ''}: {shown}{unused}"
         )
     return (

@@ -34,6 +34,8 @@ __all__ = [
     "run_of",
     "run_prefix",
     "run_folders",
+    "resume_key",
+    "run_made_for",
     "sidecar_name",
 ]
 
@@ -121,16 +123,30 @@ def _read_json(path: str) -> dict | None:
         return None
 
 
+def run_made_for(append_to: int | None) -> str:
+    """What a run's shards are for, as its sidecars record it: "" for every input (a new dataset or
+    an overwrite), "append_to:N" for the inputs an append found missing from version N."""
+    return "" if append_to is None else f"append_to:{append_to}"
+
+
+def resume_key(fingerprint: str, made_for: str) -> str:
+    """What --resume compares: the settings' fingerprint and, for an append, what it appends to."""
+    return f"{fingerprint}|{made_for}" if made_for else fingerprint
+
+
 def run_fingerprints(output_dir: str, run: str) -> dict[str | None, dict]:
-    """The run fingerprints the sidecars of a run folder record (None for a sidecar without one),
-    each with the preprocessing settings recorded beside it (to say what differs)."""
+    """The run fingerprints the sidecars of a run folder record, each joined with what the run was
+    made for (`resume_key`; None for a sidecar without one), each with the preprocessing settings
+    recorded beside it (to say what differs)."""
     folder = run_dir(output_dir, run)
     found: dict[str | None, dict] = {}
     for meta in list_folder(folder):
         if _SIDECAR.match(meta.path.rsplit("/", 1)[-1]):
             sidecar = _read_json(meta.path)
             if sidecar is not None:
-                found.setdefault(sidecar.get("run_fingerprint"), sidecar.get("preprocessing") or {})
+                fingerprint = sidecar.get("run_fingerprint")
+                key = None if fingerprint is None else resume_key(fingerprint, sidecar.get("made_for") or "")
+                found.setdefault(key, sidecar.get("preprocessing") or {})
     return found
 
 

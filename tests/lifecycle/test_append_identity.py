@@ -107,7 +107,7 @@ def test_a_relabelled_image_kept_is_reported_under_its_two_labels_never_silently
     out = tmp_path / "out"
     beam_jobs.convert(str(photos), output_dir=str(out), **OPTIONS)
     (photos / "coffee" / "coffee_00000.jpg").rename(photos / "china" / "coffee_00000.jpg")
-    with pytest.raises(Exception, match=r"1 is no longer listed \(coffee/coffee_00000\.jpg\)") as refused:
+    with pytest.raises(Exception, match=r"1 input is no longer listed \(coffee/coffee_00000\.jpg\)") as refused:
         beam_jobs.convert(str(photos), output_dir=str(out), append=True, **OPTIONS)
     assert str(tmp_path) not in str(refused.value) and "changed (" not in str(refused.value), refused.value
     kept = beam_jobs.convert(str(photos), output_dir=str(out), append=True, changed_sources="keep", **OPTIONS)
@@ -115,7 +115,7 @@ def test_a_relabelled_image_kept_is_reported_under_its_two_labels_never_silently
     [group] = kept["content_duplicates"]
     assert group["files"] == ["china/coffee_00000.jpg", "coffee/coffee_00000.jpg"], group
     assert group["labels"] == ["china", "coffee"] and group["conflicting_labels"] is True
-    [warning] = [w for w in kept["warnings"] if "identical content carry more than one label" in w]
+    [warning] = [w for w in kept["warnings"] if "identical content carries more than one label" in w]
     assert "'china/coffee_00000.jpg' = 'coffee/coffee_00000.jpg'" in warning, warning
 
 

@@ -239,9 +239,9 @@ def test_an_append_whose_new_inputs_all_fail_names_them_and_leaves_no_run_to_res
     failed = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
     assert failed.returncode == 0, failed.stderr[-3000:]
     [said] = [line for line in failed.stdout.splitlines() if line.startswith("--append:")]
-    assert said.startswith("--append: version 1 stays current; nothing was committed: the 1 new input could not ")
-    assert "(not_an_image: 1)" in said
-    letters = pathlib.Path(said.rsplit("see ", 1)[1])
+    assert said.startswith("--append: version 1 stays current; nothing was committed: no input it did not hold ")
+    assert "1 dead letter (not_an_image: 1) is in" in said
+    letters = pathlib.Path(said.rsplit(" is in ", 1)[1])
     assert json.loads(letters.read_text())["uri"].endswith("broken.jpg")
     assert sorted(p.name for p in letters.parent.iterdir()) == ["dead_letters.jsonl"]  # no empty shard left
     (photos / "coffee" / "broken.jpg").unlink()
