@@ -3,9 +3,10 @@
     import beam_jobs
     info = beam_jobs.convert("photos/", output_dir="tfrecords/", image_size=224)
 
-``convert`` takes the command line's flags as keyword arguments. ``ConvertImages`` is the whole job
-as one Beam transform, for a pipeline of your own (its rows from BigQuery, say). Neither imports
-Beam until it is used, so ``import beam_jobs`` stays instant.
+``convert`` takes the command line's flags as keyword arguments, or a ``ConversionSpec`` (the
+one typed description of a conversion that the command line builds too). ``ConvertImages`` is the
+whole job as one Beam transform, for a pipeline of your own (its rows from BigQuery, say). Neither
+imports Beam until it is used, so ``import beam_jobs`` stays instant.
 """
 
 from __future__ import annotations
@@ -19,15 +20,32 @@ from beam_jobs.errors import UsageError
 
 if TYPE_CHECKING:
     from beam_jobs.config import ImageConfig
-    from beam_jobs.pipeline import ConvertImages
+    from beam_jobs.convert_images import ConvertImages
+    from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec
 
 __version__ = "0.1.0"
-__all__ = ["ConvertImages", "ImageConfig", "UsageError", "__version__", "convert"]
+__all__ = [
+    "ConversionSpec",
+    "ConvertImages",
+    "ImageConfig",
+    "Limits",
+    "RunMode",
+    "ShardSpec",
+    "Source",
+    "SplitSpec",
+    "UsageError",
+    "__version__",
+    "convert",
+]
 
 
 # Imported from their modules when first asked for (PEP 562), as tfdata_readers does:
-# ConvertImages imports Beam (through pipeline.py), ImageConfig the image modules.
-_HOMES = {"ConvertImages": "pipeline", "ImageConfig": "config"}
+# ConvertImages imports Beam, ImageConfig and the spec the image modules.
+_HOMES = {
+    "ConvertImages": "convert_images",
+    "ImageConfig": "config",
+    **{name: "spec" for name in ("ConversionSpec", "Limits", "RunMode", "ShardSpec", "Source", "SplitSpec")},
+}
 
 
 def __getattr__(name: str):

@@ -6,20 +6,24 @@ the very parser the command line uses, and a notebook and a shell run write the 
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beam_jobs.errors import UsageError
 
-__all__ = ["convert", "convert_argv", "in_keyword_terms"]
+if TYPE_CHECKING:
+    from beam_jobs.spec import ConversionSpec
+
+__all__ = ["convert", "convert_argv", "in_keyword_terms", "spec_from_keywords"]
 
 
 def convert(
     input: str | None = None,  # noqa: A002 - the flag's own name, --input
     *,
-    output_dir: str,
+    output_dir: str | None = None,
     manifest: str | None = None,
     coco_annotations: str | None = None,
     unannotated: str = "keep",
@@ -54,6 +58,7 @@ def convert(
     log_level: str = "WARNING",
     runner: str | None = None,
     beam_options: Mapping[str, Any] | Sequence[str] | None = None,
+    spec: ConversionSpec | None = None,
 ) -> dict:
     """Converts a folder tree (``input``) or a CSV/JSONL list (``manifest``) into TFRecord shards.
 
@@ -75,24 +80,122 @@ def convert(
     of the signal ends the process, as the command line does, rather than hang it. The caller's
     logging configuration is put back as it was when the call returns.
     """
-    arguments = {name: value for name, value in locals().items() if name != "beam_options"}
+    arguments = {name: value for name, value in locals().items() if name not in ("beam_options", "spec")}
     with _errors_in_keyword_terms():
-        argv = convert_argv(arguments, beam_options)
         # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
         from beam_jobs.command_line.job_logging import (  # pylint: disable=import-outside-toplevel
             callers_logging_kept,
-            configure_job_logging,
+            configure_logging_for,
         )
         from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
-        from beam_jobs.pipeline import run  # pylint: disable=import-outside-toplevel
+        from beam_jobs.run import run_spec  # pylint: disable=import-outside-toplevel
 
+        if spec is None:
+            spec, options = spec_from_keywords(arguments, beam_options)
+        else:
+            options = _spec_given(spec, arguments, beam_options)
         with callers_logging_kept():
-            configure_job_logging(argv, keep_handlers=True)
+            configure_logging_for(spec.log_level, spec.runner_args, keep_handlers=True)
             try:
                 with sigterm_as_interrupt():
-                    return run(argv)
+                    return run_spec(spec, options)
             except KeyboardInterrupt as interrupt:
-                raise _said(interrupt, argv) from None
+                raise _said(interrupt, overwrite=spec.mode.overwrite) from None
+
+
+def spec_from_keywords(
+    arguments: Mapping[str, Any], beam_options: Mapping[str, Any] | Sequence[str] | None = None
+) -> tuple[ConversionSpec, Any]:
+    """The spec (and Beam's options) that ``convert``'s keyword arguments describe, built directly:
+    each keyword is checked against its flag's declaration (a switch takes True or False, a
+    choice one of its values, a number a number), then ConversionSpec.from_flags builds it as it
+    does from the command line's parse, so the two make equal specs for equal settings."""
+    from beam_jobs.command_line.arguments import job_flag_actions, runner_options  # pylint: disable=import-outside-toplevel
+    from beam_jobs.spec import ConversionSpec  # pylint: disable=import-outside-toplevel
+
+    actions = job_flag_actions()
+    values = {name: action.default for name, action in actions.items()}
+    for name, value in arguments.items():
+        if name == "runner" or value is None:
+            continue
+        values[name] = _keyword_value(name, value, actions[name])
+    runner_args = _runner_args(arguments.get("runner"), beam_options, own=set(actions))
+    options = runner_options(runner_args)
+    return ConversionSpec.from_flags(values, runner_args), options
+
+
+def _keyword_value(name: str, value: Any, action: Any) -> Any:
+    """One keyword's value as its flag's parse would give it, or a UsageError naming it."""
+    switch = action.nargs == 0
+    if switch and not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False (got {value!r})")
+    if not switch and isinstance(value, bool):
+        raise UsageError(f"{name} takes a value, not {value!r}")
+    if name == "image_size" and isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise UsageError(f"image_size is a size (224) or a pair (width, height), not {value!r}")
+        value = "x".join(str(side) for side in value)
+    elif name == "image_size":
+        value = str(value)
+    if name == "splits" and isinstance(value, Mapping):
+        return dict(value)
+    if action.type is not None and not switch:
+        value = _typed(name, value, action.type)
+    if action.choices is not None and value not in action.choices:
+        raise UsageError(f"{name} must be one of {', '.join(map(repr, action.choices))} (got {value!r})")
+    return value
+
+
+def _typed(name: str, value: Any, kind: Any) -> Any:
+    """``value`` as the flag's type: text is converted as the command line converts it; a number
+    must already be one (a float where an int is due is refused, not rounded)."""
+    if kind is int and not isinstance(value, str):
+        if not isinstance(value, int):
+            raise UsageError(f"{name} must be an integer (got {value!r})")
+        return value
+    if kind is float and not isinstance(value, str):
+        if not isinstance(value, (int, float)):
+            raise UsageError(f"{name} must be a number (got {value!r})")
+        return float(value)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name}: {value!r} is not a valid value") from None
+
+
+def _runner_args(
+    runner: str | None, beam_options: Mapping[str, Any] | Sequence[str] | None, *, own: set[str]
+) -> tuple[str, ...]:
+    """Beam's options as ``--flag=value`` strings: the runner, then ``beam_options``."""
+    args = [] if runner is None else [f"--runner={runner}"]
+    if isinstance(beam_options, Mapping):
+        for name, value in beam_options.items():
+            args += _as_flag(name, value)
+    elif beam_options is not None:
+        if isinstance(beam_options, str):
+            raise TypeError("beam_options is a mapping or a list of '--flag=value' strings, not one string")
+        args.extend(beam_options)
+    if "-h" in args or "--help" in args:  # The command line would print its help and exit 0.
+        raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
+    for arg in args:
+        name = arg.split("=", 1)[0].removeprefix("--")
+        if name in own:
+            raise UsageError(f"{name} is convert()'s own keyword: give {name}=... to convert(), not in beam_options")
+    return tuple(args)
+
+
+def _spec_given(spec: ConversionSpec, arguments: Mapping[str, Any], beam_options: Any) -> Any:
+    """Beam's options for a spec given whole; any other keyword besides it is refused."""
+    from beam_jobs.command_line.arguments import runner_options  # pylint: disable=import-outside-toplevel
+
+    defaults = {name: parameter.default for name, parameter in inspect.signature(convert).parameters.items()}
+    given = sorted(name for name, value in arguments.items() if value != defaults.get(name))
+    if given or beam_options is not None:
+        raise UsageError(
+            f"convert() takes a spec or keywords, not both (got spec and {', '.join(given) or 'beam_options'}); "
+            "the spec's runner_args carry Beam's options"
+        )
+    return runner_options(spec.runner_args)
 
 
 # Where in the graph a runner was when a step failed: Beam appends it to the step's error, and a
@@ -141,7 +244,7 @@ def in_keyword_terms(message: str) -> str:
     return _FLAG.sub(keyword, _WHILE_RUNNING.sub("", message))
 
 
-def _said(interrupt: KeyboardInterrupt, argv: Sequence[str]) -> KeyboardInterrupt:
+def _said(interrupt: KeyboardInterrupt, *, overwrite: bool) -> KeyboardInterrupt:
     """The interrupt (Ctrl-C, or SIGTERM's Terminated) with the command line's one line as its
     message, in keyword terms ("terminated (SIGTERM); the 3 shards converted so far are staged:
     rerun with resume=True ..."), and without the runner's frames: where the signal landed inside
@@ -149,7 +252,9 @@ def _said(interrupt: KeyboardInterrupt, argv: Sequence[str]) -> KeyboardInterrup
     from beam_jobs.command_line.flags import PROG  # pylint: disable=import-outside-toplevel
     from beam_jobs.command_line.termination import Terminated, interrupted_line  # pylint: disable=import-outside-toplevel
 
-    line = interrupted_line(argv, terminated=isinstance(interrupt, Terminated), state=getattr(interrupt, "state", None))
+    line = interrupted_line(
+        overwrite=overwrite, terminated=isinstance(interrupt, Terminated), state=getattr(interrupt, "state", None)
+    )
     interrupt.args = (in_keyword_terms(line.removeprefix(f"{PROG}: ").removeprefix("error: ")),)
     return interrupt.with_traceback(None)
 
@@ -176,7 +281,7 @@ def _own_error_inside(error: Exception) -> Exception | None:
     exception carries in its text, rebuilt with its one-line message in keyword terms; None when
     ``error`` is the job's own already, or carries none."""
     from beam_jobs.errors import JobError, UsageError  # pylint: disable=import-outside-toplevel
-    from beam_jobs.pipeline import describe_failure  # pylint: disable=import-outside-toplevel
+    from beam_jobs.failures import describe_failure  # pylint: disable=import-outside-toplevel
     from beam_jobs.writing.append import SourceChangesError  # pylint: disable=import-outside-toplevel
     from beam_jobs.writing.commit import CommitConflictError  # pylint: disable=import-outside-toplevel
     from beam_jobs.writing.finalize import TooManyBadInputsError  # pylint: disable=import-outside-toplevel

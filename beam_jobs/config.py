@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from beam_jobs.errors import BadInputError
@@ -14,7 +15,7 @@ from beam_jobs.imaging.preprocess import RESIZE_MODES
 from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
 from beam_jobs.listing.names import clean_split_name
 
-__all__ = ["ImageConfig", "parse_image_size", "parse_splits"]
+__all__ = ["ImageConfig", "checked_splits", "parse_image_size", "parse_splits"]
 
 
 @dataclass(frozen=True)
@@ -132,37 +133,48 @@ def parse_image_size(text: str) -> tuple[int, int]:
 
 
 def parse_splits(text: str) -> dict[str, float]:
-    """Parses "train=0.9,validation=0.1" into {"train": 0.9, "validation": 0.1}; they must sum to 1.
-
-    Names follow the one split-name policy (names.clean_split_name: lower case; letters, digits,
-    "_" and "-"), the same as split folders and an input list's split column, so ``hold-out`` is
-    a split here as it is there. Every fraction must be above 0: a split that is to receive
-    nothing is left out, not given 0.
-    """
-    splits: dict[str, float] = {}
+    """Parses "train=0.9,validation=0.1" into {"train": 0.9, "validation": 0.1}; they must sum to 1
+    (see checked_splits)."""
+    pairs: list[tuple[str, object]] = []
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"--splits items must look like train=0.9 (got {item!r} in {text!r})")
+        pairs.append((name, value.strip()))
+    return checked_splits(pairs, shown=text)
+
+
+def checked_splits(pairs: Iterable[tuple[str, object]], *, shown: object) -> dict[str, float]:
+    """The (split name, fraction) pairs as a dict, checked: ``shown`` is how the user gave them (the
+    flag's text or convert()'s mapping), for the messages.
+
+    Names follow the one split-name policy (names.clean_split_name: lower case; letters, digits,
+    "_" and "-"), the same as split folders and an input list's split column, so ``hold-out`` is
+    a split here as it is there. Every fraction must be above 0: a split that is to receive
+    nothing is left out, not given 0. The fractions must sum to 1.
+    """
+    splits: dict[str, float] = {}
+    for raw_name, value in pairs:
         try:
-            name = clean_split_name(name, where=f"--splits {text!r}")
+            name = clean_split_name(str(raw_name), where=f"--splits {shown!r}")
         except BadInputError as error:
             raise ValueError(error.detail) from None
         try:
-            fraction = float(value)
-        except ValueError:
+            if isinstance(value, bool):
+                raise ValueError
+            fraction = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
             raise ValueError(
-                f"--splits: the fraction of {name!r} must be a number such as 0.9 (got {value.strip()!r} in {text!r})"
+                f"--splits: the fraction of {name!r} must be a number such as 0.9 (got {value!r} in {shown!r})"
             ) from None
         if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
             leave_out = "; leave a split out rather than give it 0" if fraction == 0 else ""
             raise ValueError(
-                f"--splits: the fraction of {name!r} must be > 0 and <= 1 "
-                f"(got {value.strip()!r} in {text!r}){leave_out}"
+                f"--splits: the fraction of {name!r} must be > 0 and <= 1 (got {value!r} in {shown!r}){leave_out}"
             )
         if name in splits:
-            raise ValueError(f"--splits names {name!r} twice (in {text!r}; split names are lower case)")
+            raise ValueError(f"--splits names {name!r} twice (in {shown!r}; split names are lower case)")
         splits[name] = fraction
     if not splits or abs(sum(splits.values()) - 1.0) > 1e-6:
-        raise ValueError(f"--splits fractions must sum to 1 (got {text!r})")
+        raise ValueError(f"--splits fractions must sum to 1 (got {shown!r})")
     return splits

@@ -115,7 +115,7 @@ def local_parallelism(cores: int, *, mode: str | None = None, workers: int | Non
 
 
 def local_runner(
-    options: PipelineOptions, argv: Sequence[str], *, log_level: str
+    options: PipelineOptions, runner_args: Sequence[str], *, log_level: str
 ) -> tuple[FnApiRunner | None, LocalParallelism | None]:
     """With no --runner: Beam's FnApiRunner on all local cores, and how it spreads the work
     (local_parallelism); else (None, None).
@@ -135,13 +135,11 @@ def local_runner(
     from apache_beam.runners.portability.fn_api_runner import fn_runner  # pylint: disable=import-outside-toplevel
     from apache_beam.runners.portability.portable_runner import JobServiceHandle  # pylint: disable=import-outside-toplevel
 
-    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
-
     standard = options.view_as(StandardOptions)
     if standard.runner is not None:
         return None, None
     direct = options.view_as(DirectOptions)
-    given = " ".join(argv)
+    given = " ".join(runner_args)  # which of Beam's options the user set (their values are in options)
     parallelism = local_parallelism(
         available_cores(),
         mode=direct.direct_running_mode if "--direct_running_mode" in given else None,
@@ -173,11 +171,9 @@ def local_runner(
                 {"apache_beam.runners.common": "CRITICAL", "apache_beam.runners.worker.sdk_worker": "CRITICAL"}
             )
         worker.sdk_harness_log_level_overrides = overrides
-    # Beam's own options only: workers do not know the job's flags, and would warn about each.
-    ours = {action.dest for action in help_parser()._actions}  # pylint: disable=protected-access
-    beam_options = {
-        k: v for k, v in options.get_all_options(drop_default=True).items() if k not in ours or k == "runner"
-    }
+    # Beam's own options only (the spec's runner_args hold no flag of the job's): workers do not
+    # know the job's flags, and would warn about each.
+    beam_options = options.get_all_options(drop_default=True)
     provision = fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(
             retrieval_token="unused-retrieval-token",

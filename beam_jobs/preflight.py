@@ -36,7 +36,7 @@ from beam_jobs.writing.run_folders import listed_runs, new_run_name, resumable_r
 from beam_jobs.writing.run_lock import LOCK_NAME
 
 if TYPE_CHECKING:
-    from beam_jobs.command_line.arguments import JobArguments
+    from beam_jobs.spec import ConversionSpec
 
 
 __all__ = [
@@ -111,10 +111,10 @@ def check_endpoint_reachable(options: PipelineOptions, uris: Sequence[str], *, t
         raise UsageError(f"cannot reach --s3_endpoint_url {redact(endpoint)}: {why}") from None
 
 
-def check_inputs_exist(arguments: JobArguments) -> None:
+def check_inputs_exist(spec: ConversionSpec) -> None:
     """Fails before anything is created when the input cannot be what the flag says it is."""
-    if arguments.input_list is not None:
-        path = arguments.input_list
+    if spec.source.input_list is not None:
+        path = spec.source.input_list
         if "://" not in path and os.path.isdir(path):
             raise UsageError(
                 f"--manifest {path} is a folder; --manifest takes a CSV or JSONL file listing "
@@ -123,11 +123,12 @@ def check_inputs_exist(arguments: JobArguments) -> None:
         if not input_list_files(path):
             raise UsageError(f"--manifest {redact(path)} does not exist (nor does any file match it)")
         return
-    for _, coco in arguments.coco_files or ():
+    for _, coco in spec.source.coco_files:
         if not FileSystems.exists(coco):
             raise UsageError(f"--coco_annotations {redact(coco)} does not exist")
-    root = arguments.input_root
-    assert root is not None  # The parser takes exactly one of --input and --manifest.
+    root = spec.source.root
+    if root is None:  # rows: a pipeline hands them over, there is nothing to look for
+        return
     if "://" not in root:
         if os.path.isfile(root):
             raise UsageError(
@@ -141,22 +142,21 @@ def check_inputs_exist(arguments: JobArguments) -> None:
         raise UsageError(f"--input {redact(root)}: {problem or 'no files found under it'}")
 
 
-def check_output_outside_input(arguments: JobArguments) -> None:
+def check_output_outside_input(spec: ConversionSpec) -> None:
     """Refuses an --output_dir equal to or inside the --input tree: the dataset would be written
     among the images, and a later run would list the output folder as one more class. An input
     list (or a COCO file) names its images one by one, so its output may be anywhere."""
-    if arguments.input_list is not None or arguments.coco_files:
+    given_root = spec.source.root
+    if given_root is None or spec.source.coco_files:
         return
-    given_root = arguments.input_root
-    assert given_root is not None  # The parser takes exactly one of --input and --manifest.
-    root, output = given_root, arguments.output_dir
+    root, output = given_root, spec.output_dir
     if "://" not in root and "://" not in output:
         root, output = os.path.realpath(root), os.path.realpath(output)
     root, output = root.rstrip("/") + "/", output.rstrip("/") + "/"
     if output.startswith(root):
         where = "is" if output == root else "lies inside"
         raise UsageError(
-            f"--output_dir {redact(arguments.output_dir)} {where} the --input tree "
+            f"--output_dir {redact(spec.output_dir)} {where} the --input tree "
             f"{redact(given_root)}; the dataset would be mixed with the images (and read as "
             "a class by the next run): choose an output folder outside it"
         )

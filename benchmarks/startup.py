@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 # (phase, a function whose cumulative time is the phase): in the order they run.
 PHASES = [
     ("parse and check the flags", "arguments.py", "parse_job_arguments"),
-    ("build the pipeline (the job's transforms, Beam's type checks)", "pipeline.py", "expand"),
+    ("build the pipeline (the job's transforms, Beam's type checks)", "convert_images.py", "expand"),
     ("run it: workers start, bundles run, data plane", "fn_runner.py", "run_pipeline"),
     ("finalize: dead letters, manifest, commit, gc", "finalize.py", "finalize_outputs"),
 ]

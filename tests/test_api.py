@@ -37,6 +37,7 @@ def _flag_defaults() -> dict[str, object]:
 def test_convert_takes_exactly_the_command_lines_flags_with_their_defaults():
     parameters = dict(inspect.signature(beam_jobs.convert).parameters)
     parameters.pop("beam_options")
+    parameters.pop("spec")  # the whole spec instead of the keywords
     flags = _flag_defaults()
     assert set(parameters) == set(flags)
     for name, parameter in parameters.items():
@@ -171,6 +172,22 @@ def test_convert_returns_the_manifest_and_writes_what_the_command_line_writes(tm
     )
     api, cli = _shard_bytes(tmp_path / "api"), _shard_bytes(tmp_path / "cli")
     assert api and api == cli
+    # The same conversion as one spec, given whole: the same bytes again.
+    spec = beam_jobs.ConversionSpec(
+        source=beam_jobs.Source(root=str(root)),
+        output_dir=str(tmp_path / "spec"),
+        image=ImageConfig(width=40, height=32),
+        splits=beam_jobs.SplitSpec(fractions={"train": 0.75, "validation": 0.25}),
+        limits=beam_jobs.Limits(max_bad_fraction=0.5),
+        runner_args=("--direct_num_workers=2",),
+    )
+    from_spec = beam_jobs.convert(spec=spec)
+    assert {s: v["class_counts"] for s, v in from_spec["splits"].items()} == {
+        s: v["class_counts"] for s, v in info["splits"].items()
+    }
+    assert _shard_bytes(tmp_path / "spec") == api
+    with pytest.raises(beam_jobs.UsageError, match="a spec or keywords, not both .got spec and overwrite"):
+        beam_jobs.convert(spec=spec, overwrite=True)
 
 
 @pytest.mark.slow
@@ -223,6 +240,17 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
     assert {s: v["num_examples"] for s, v in cli_info["splits"].items()} == {
         s: v["num_examples"] for s, v in written["splits"].items()
     }
+    # ConvertImages(spec): the same rows through a spec whose source is the rows' root.
+    spec = beam_jobs.ConversionSpec(
+        source=beam_jobs.Source(rows_root=str(root)),
+        output_dir=str(tmp_path / "spec"),
+        image=ImageConfig(width=32, height=32),
+        splits=beam_jobs.SplitSpec(fractions={"train": 0.5, "validation": 0.5}),
+        limits=beam_jobs.Limits(max_bad_fraction=0.2),
+    )
+    with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
+        _ = pipeline | "Rows" >> beam.Create([*rows, *bad_rows]) | beam_jobs.ConvertImages(spec)
+    assert _shard_bytes(tmp_path / "spec") == _shard_bytes(tmp_path / "out")
 
 
 def test_convert_images_takes_one_source():

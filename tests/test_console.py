@@ -319,7 +319,7 @@ def test_the_committing_run_removes_the_progress_files_of_killed_runs(tmp_path):
 
 
 def test_console_lines_say_1_shard_1_input_1_class():
-    from beam_jobs.pipeline import _summary
+    from beam_jobs.command_line.job_main import _summary
     from beam_jobs.writing.finalize import plan_line
 
     plan = {"label_names": ["china"], "splits": {"train": {"num_examples": 1, "num_shards": 1}}}
@@ -360,7 +360,7 @@ def test_console_lines_say_1_shard_1_input_1_class():
 
 
 def test_a_run_without_dead_letters_does_not_point_to_an_empty_file():
-    from beam_jobs.pipeline import _summary
+    from beam_jobs.command_line.job_main import _summary
 
     info = {
         "splits": {"train": {"num_examples": 2, "num_shards": 1}},

@@ -8,33 +8,36 @@ the job would refuse, without touching storage or a cloud API.
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import difflib
 import logging
-import math
-import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, _BeamArgumentParser
 
-from beam_jobs.command_line.flags import PROG, help_parser, unknown_flag_message
+from beam_jobs.command_line.flags import PROG, add_job_flags, help_parser, unknown_flag_message
 from beam_jobs.command_line.options import ConversionOptions
-from beam_jobs.config import ImageConfig, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
-from beam_jobs.listing.coco import parse_coco_split_files
 from beam_jobs.paths import redact
-from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE
+from beam_jobs.spec import ConversionSpec, absolute_uri, run_settings
 
 __all__ = [
+    "ConversionSpec",
     "JobArguments",
     "UsageError",
+    "absolute_uri",
     "expand_verbosity",
     "help_parser",
+    "job_flag_actions",
+    "job_flag_names",
     "main",
     "parse_job_arguments",
     "run_settings",
+    "runner_args_of",
+    "runner_options",
 ]
 
 
@@ -125,184 +128,69 @@ def _check_runner(name: str | None) -> None:
         raise UsageError(f"--runner {name} is not a runner Beam knows{hint}")
 
 
-@dataclasses.dataclass(frozen=True)
-class JobArguments:
-    """The job's arguments, typed and checked; paths are absolute (or URIs)."""
-
-    input_root: str | None
-    input_list: str | None
-    output_dir: str
-    image_config: ImageConfig
-    split_fractions: dict[str, float] | None
-    num_shards: int | None
-    target_shard_mb: float
-    max_bad_fraction: float
-    dedup: str
-    overwrite: bool
-    resume: bool
-    allow_outside_root: bool
-    log_level: str
-    tree_layout: str = "auto"
-    plan_only: bool = False
-    split_rule: str = DEFAULT_SPLIT_RULE
-    append: bool = False
-    keep_versions: int = 2
-    changed_sources: str = "refuse"
-    relabel: str = "keep"
-    coco_files: list[tuple[str | None, str]] | None = None
-    unannotated: str = "keep"
-    coco_masks: bool = False
-
-    @property
-    def source(self) -> str:
-        """Where the images come from, the root or the list file, for messages and the endpoint check."""
-        return self.input_root or self.input_list or ""
-
-    @property
-    def target_shard_bytes(self) -> int:
-        """--target_shard_mb in bytes, at least one, the unit the shard planner counts in."""
-        return max(1, int(self.target_shard_mb * 2**20))
-
-    @property
-    def settings(self) -> dict:
-        """The settings besides ImageConfig that shape the output (part of the run fingerprint)."""
-        return run_settings(
-            split_fractions=self.split_fractions,
-            split_rule=self.split_rule,
-            num_shards=self.num_shards,
-            target_shard_mb=self.target_shard_mb,
-            dedup=self.dedup,
-        )
+# The spec is the job's arguments: the name stays for the code that imported it.
+JobArguments = ConversionSpec
 
 
-def run_settings(
-    *,
-    split_fractions: dict[str, float] | None,
-    split_rule: str,
-    num_shards: int | None,
-    target_shard_mb: float,
-    dedup: str,
-) -> dict:
-    """The settings besides ImageConfig that shape the output, as dataset_info.json records them and
-    the run fingerprint hashes them: one shape for the command line and for ConvertImages, so that
-    the same settings given either way make the same fingerprint (and --resume keeps the shards)."""
-    return {
-        "splits": split_fractions,
-        "split_rule": split_rule,
-        "num_shards": num_shards,
-        "target_shard_mb": target_shard_mb,
-        "dedup": dedup,
-    }
+def job_flag_actions() -> dict[str, argparse.Action]:
+    """The job's own flags (not -v, --runner or Beam's), by name: the names of convert()'s
+    keywords too, with their types, choices and defaults."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_job_flags(parser)
+    return {action.dest: action for action in parser._actions}  # pylint: disable=protected-access
 
 
-def absolute_uri(path: str) -> str:
-    """A local path made absolute (against the working directory), a URI unchanged; no "/" at the end."""
-    if "://" not in path:
-        path = os.path.abspath(os.path.expanduser(path))
-    return path.rstrip("/") or "/"
+def job_flag_names() -> tuple[str, ...]:
+    """The names of the job's own flags."""
+    return tuple(job_flag_actions())
 
 
-def _finite(name: str, value: float, *, low: float, low_inclusive: bool = False, high: float = math.inf) -> float:
-    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
-    if not ok:
-        bound = f">= {low}" if low_inclusive else f"> {low}"
-        upper = "" if math.isinf(high) else f" and <= {high}"
-        raise UsageError(f"{name} must be a finite number {bound}{upper} (got {value!r})")
-    return value
+def job_flag_values(options: PipelineOptions) -> dict[str, Any]:
+    """The job's own flags from Beam's parse, by name, typed (what ConversionSpec.from_flags takes)."""
+    flags = options.view_as(ConversionOptions)
+    return {dest: getattr(flags, dest) for dest in job_flag_names()}
 
 
-# The smallest shard target worth having: below it every example would be a shard of its own.
-_MIN_TARGET_SHARD_MB = 0.01
+def runner_args_of(argv: Sequence[str]) -> tuple[str, ...]:
+    """The part of a (checked) command line that is Beam's: every argument but the job's own flags
+    and their values, as Beam's PipelineOptions takes them."""
+    own = {option: action.nargs != 0 for action in job_flag_actions().values() for option in action.option_strings}
+    kept: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name, has_value, _ = arg.partition("=")
+        if name in own:
+            skip_value = own[name] and not has_value
+            continue
+        kept.append(arg)
+    return tuple(kept)
 
 
-def parse_job_arguments(argv: Sequence[str]) -> tuple[JobArguments, PipelineOptions]:
-    """Parses and checks the whole command line; raises UsageError naming the first bad value."""
-    argv = expand_verbosity(argv)
-    _refuse_unknown(argv)
-    _refuse_repeats_and_blanks(argv)
-    options = PipelineOptions(argv)
+def runner_options(runner_args: Sequence[str]) -> PipelineOptions:
+    """Beam's options from ``runner_args``, checked as the job checks its own: an unknown flag, a
+    misspelt runner and a negative worker count are refused here, not late in the run."""
+    _refuse_unknown(runner_args)
+    options = PipelineOptions(list(runner_args))
     _check_runner(options.view_as(StandardOptions).runner)
     workers = options.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 0:  # Beam's own parse takes any int; the local runner would fail late
         raise UsageError(f"--direct_num_workers must be 0 (all cores) or more (got {workers})")
-    flags = options.view_as(ConversionOptions)
-    if bool(flags.input) == bool(flags.manifest):
-        raise UsageError(
-            "give exactly one of --input DIR_OR_URI and --manifest FILE" + (" (got both)" if flags.input else "")
-        )
-    if not flags.output_dir:
-        raise UsageError("--output_dir is required")
-    _finite("--max_bad_fraction", flags.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
-    if flags.keep_versions < 1:
-        raise UsageError(f"--keep_versions must be >= 1 (the new version's own files) (got {flags.keep_versions!r})")
-    if flags.append and flags.overwrite:
-        raise UsageError("give at most one of --append (add to the current version) and --overwrite (replace it)")
-    if flags.append and flags.relabel == "sorted":
-        raise UsageError(
-            "--relabel sorted renumbers label ids, and --append keeps the current version's shards with their "
-            "ids: rebuild with --overwrite --relabel sorted instead"
-        )
-    if flags.num_shards < 0:
-        raise UsageError(f"--num_shards must be >= 0 (0: derived from --target_shard_mb) (got {flags.num_shards!r})")
-    _finite("--target_shard_mb", flags.target_shard_mb, low=_MIN_TARGET_SHARD_MB, low_inclusive=True, high=2**20)
-    _finite("--max_file_mb", flags.max_file_mb, low=0.0, high=2**20)
-    _finite("--decode_timeout_s", flags.decode_timeout_s, low=0.0, high=86400.0)
-    try:
-        if flags.image_size is not None and flags.resize_mode == "keep":
-            raise ValueError(
-                "--image_size does not apply with --resize_mode keep: each image keeps its own size "
-                "(--max_side caps its longer side)"
-            )
-        width, height = parse_image_size(flags.image_size or str(ImageConfig().width))
-        config = ImageConfig(
-            width=width,
-            height=height,
-            channels=flags.channels,
-            resize_mode=flags.resize_mode,
-            resample=flags.resample,
-            encoding=flags.encoding,
-            jpeg_quality=flags.jpeg_quality,
-            max_pixels=flags.max_pixels,
-            max_file_bytes=max(1, int(flags.max_file_mb * 2**20)),
-            isolation=flags.isolation,
-            decode_timeout_s=flags.decode_timeout_s,
-            max_side=flags.max_side,
-            annotation_frame=flags.annotation_frame,
-        )
-        split_fractions = parse_splits(flags.splits) if flags.splits else None
-        coco_files = None
-        if flags.coco_annotations:
-            if not flags.input:
-                raise ValueError("--coco_annotations names images under --input (the image root): give --input too")
-            coco_files = [(split, absolute_uri(path)) for split, path in parse_coco_split_files(flags.coco_annotations)]
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    arguments = JobArguments(
-        input_root=absolute_uri(flags.input) if flags.input else None,
-        input_list=absolute_uri(flags.manifest) if flags.manifest else None,
-        output_dir=absolute_uri(flags.output_dir),
-        image_config=config,
-        split_fractions=split_fractions,
-        num_shards=flags.num_shards or None,
-        target_shard_mb=flags.target_shard_mb,
-        max_bad_fraction=flags.max_bad_fraction,
-        dedup=flags.dedup,
-        overwrite=flags.overwrite,
-        resume=flags.resume,
-        allow_outside_root=flags.allow_outside_root,
-        log_level=flags.log_level,
-        tree_layout=flags.tree_layout,
-        plan_only=flags.plan_only,
-        split_rule=flags.split_rule,
-        append=flags.append,
-        keep_versions=flags.keep_versions,
-        changed_sources=flags.changed_sources,
-        relabel=flags.relabel,
-        coco_files=coco_files,
-        unannotated=flags.unannotated,
-        coco_masks=flags.coco_masks,
-    )
-    return arguments, options
+    return options
+
+
+def parse_job_arguments(argv: Sequence[str]) -> tuple[ConversionSpec, PipelineOptions]:
+    """Parses and checks the whole command line into the run's spec and Beam's options; raises
+    UsageError naming the first bad value."""
+    argv = expand_verbosity(argv)
+    _refuse_unknown(argv)
+    _refuse_repeats_and_blanks(argv)
+    runner_args = runner_args_of(argv)
+    options = runner_options(runner_args)
+    spec = ConversionSpec.from_flags(job_flag_values(PipelineOptions(argv)), runner_args)
+    return spec, options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,7 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    print(f"ok: the job arguments are valid (input {redact(arguments.source)}, output {redact(arguments.output_dir)})")
+    print(
+        f"ok: the job arguments are valid (input {redact(arguments.source.where)}, output "
+        f"{redact(arguments.output_dir)})"
+    )
     return 0
 
 

@@ -84,7 +84,7 @@ def _run_command(argv: list[str]) -> None:
     if problem is not None:
         print(f"{PROG}: error: {redact(problem)}", file=sys.stderr)
         raise SystemExit(2)
-    from beam_jobs.pipeline import main as run_job  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.job_main import main as run_job  # pylint: disable=import-outside-toplevel
 
     run_job(argv)
 

@@ -14,6 +14,7 @@ from beam_jobs.command_line.arguments import (
     expand_verbosity,
 )
 from beam_jobs.command_line.console import RelayedWorkerRecords
+from beam_jobs.convert_images import LOG_PLAN_STEP  # the plan line's step: its relayed copy is not shown
 from beam_jobs.local_runner import QUIET_LOGGERS
 from beam_jobs.storage import list_folder
 from beam_jobs.third_party_warnings import warnings_to_debug_log
@@ -26,6 +27,7 @@ __all__ = [
     "LOG_PLAN_STEP",
     "callers_logging_kept",
     "configure_job_logging",
+    "configure_logging_for",
     "info_stamp",
     "peek_log_level",
 ]
@@ -76,9 +78,6 @@ class _ConsoleFormatter(logging.Formatter):
 _CREDENTIAL_FLAGS = ("--s3_access_key_id", "--s3_secret_access_key", "--s3_session_token", "--azure_connection_string")
 # At --log_level INFO, a line for each type hint of each step: only DEBUG shows them.
 _CHATTY_BELOW_DEBUG = ("apache_beam.typehints.native_type_compatibility",)
-# The step that logs the plan line on a worker; the launching process prints it from the
-# progress file already (see StagingWatcher), so its relayed copy is not shown.
-LOG_PLAN_STEP = "LogPlan"
 
 
 def _credential_values(argv: Sequence[str]) -> list[str]:
@@ -111,14 +110,20 @@ class _HideCredentials(logging.Filter):
         return True
 
 
-def configure_job_logging(argv: Sequence[str], *, keep_handlers: bool = False) -> str:
-    """Sets up the console's logging for a run of ``argv`` (its --log_level, credentials hidden);
-    returns the level. The command line and ``beam_jobs.convert`` both start with it; the latter
-    keeps the caller's handlers (see ``callers_logging_kept``)."""
+def configure_job_logging(argv: Sequence[str]) -> str:
+    """Sets up the console's logging for a run of ``argv`` (its --log_level, credentials hidden)
+    before the command line is parsed, so that logging is in place before Beam says anything;
+    returns the level."""
     level = peek_log_level(argv)
-    _configure_logging(level, secrets=_credential_values(argv), force=not keep_handlers)
-    warnings_to_debug_log()
+    configure_logging_for(level, argv)
     return level
+
+
+def configure_logging_for(level: str, runner_args: Sequence[str], *, keep_handlers: bool = False) -> None:
+    """Sets up the console's logging at ``level``, with the credentials among ``runner_args``
+    hidden. ``beam_jobs.convert`` keeps the caller's handlers (see ``callers_logging_kept``)."""
+    _configure_logging(level, secrets=_credential_values(runner_args), force=not keep_handlers)
+    warnings_to_debug_log()
 
 
 def _touched_loggers() -> list[str]:

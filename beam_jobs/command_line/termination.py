@@ -212,9 +212,9 @@ class InterruptedState:
     plan_only: bool = False
 
 
-def interrupted_line(argv: Sequence[str], *, terminated: bool, state: InterruptedState | None = None) -> str:
-    """The one line for an interrupted run, saying what is true of what it left. Pure."""
-    overwrite = "--overwrite" in argv
+def interrupted_line(*, overwrite: bool, terminated: bool, state: InterruptedState | None = None) -> str:
+    """The one line for an interrupted run (one with --overwrite, or not), saying what is true of
+    what it left. Pure."""
     if state is None:  # Not known (the folder could not be read): say what holds in every case.
         outcome = (
             "any shards finished so far are staged: rerun with "
@@ -237,9 +237,9 @@ def interrupted_line(argv: Sequence[str], *, terminated: bool, state: Interrupte
     return f"{PROG}: error: terminated (SIGTERM); {outcome}" if terminated else f"{PROG}: interrupted; {outcome}"
 
 
-# What the command's SIGTERM line says outside a guarded run: its argv, and the state of its
-# output (nothing yet before the run, the finished version after it).
-_OUTSIDE: dict = {"argv": (), "state": InterruptedState()}
+# What the command's SIGTERM line says outside a guarded run: whether its argv has --overwrite,
+# and the state of its output (nothing yet before the run, the finished version after it).
+_OUTSIDE: dict = {"overwrite": False, "state": InterruptedState()}
 
 
 def state_outside_the_run(state: InterruptedState) -> None:
@@ -268,7 +268,7 @@ def _end_outside_the_run(signum: int, frame: types.FrameType | None) -> None:  #
     flushing = threading.Thread(target=_flush_stdout, name="flush-stdout", daemon=True)
     flushing.start()
     flushing.join(_FLUSH_WAIT_S)
-    line = interrupted_line(_OUTSIDE["argv"], terminated=True, state=_OUTSIDE["state"])
+    line = interrupted_line(overwrite=_OUTSIDE["overwrite"], terminated=True, state=_OUTSIDE["state"])
     with contextlib.suppress(OSError):
         # os.write: the signal may have come in the middle of a write to sys.stderr, which a
         # second write from this handler, on the same thread, would find locked.
@@ -282,7 +282,7 @@ def sigterm_ends_the_command(argv: Sequence[str]) -> None:
     the signal back here when it ends) SIGTERM prints the one line and exits 143 too, before the
     run starts and after its commit. Only the interpreter's own start, before the entry point
     runs, is left to Python's default (the process ends without a line)."""
-    _OUTSIDE["argv"] = tuple(argv)
+    _OUTSIDE["overwrite"] = "--overwrite" in argv
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _end_outside_the_run)
 

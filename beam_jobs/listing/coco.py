@@ -25,29 +25,13 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.listing.discover import resolve_inside_root
+from beam_jobs.listing.discover import IGNORED, LISTING, resolve_inside_root
 from beam_jobs.listing.names import clean_label
 from beam_jobs.paths import redact
 from beam_jobs.records import Annotations, BoxObject, DeadLetter, InputFile
+from beam_jobs.spec import parse_coco_split_files  # noqa: F401 (its public name here, too)
 
 __all__ = ["ListCoco", "coco_image_input", "parse_coco_split_files"]
-
-
-def parse_coco_split_files(text: str) -> list[tuple[str | None, str]]:
-    """``FILE`` or ``train=FILE,validation=FILE`` as [(split or None, file)]."""
-    items = [part.strip() for part in str(text).split(",") if part.strip()]
-    if not items:
-        raise ValueError("--coco_annotations needs a file (or train=FILE,validation=FILE)")
-    pairs: list[tuple[str | None, str]] = []
-    for item in items:
-        name, sep, path = item.partition("=")
-        if sep and "/" not in name and name.strip():
-            pairs.append((name.strip().lower(), path.strip()))
-        else:
-            pairs.append((None, item))
-    if len(pairs) > 1 and any(split is None for split, _ in pairs):
-        raise ValueError(f"--coco_annotations: name each file's split (train=FILE,validation=FILE) (got {text!r})")
-    return pairs
 
 
 def _stream(uri: str, prefix: str) -> Iterator[Any]:
@@ -266,15 +250,17 @@ class ListCoco(beam.PTransform):
         keep_empty: bool,
         allow_outside_root: bool = False,
         masks: bool = False,
+        with_ignored: bool = False,
     ) -> None:
         super().__init__()
+        self._with_ignored = with_ignored  # shaped as ListTree's output: {LISTING, IGNORED (empty)}
         self._masks = masks  # keep each annotation's segmentation, for its instance mask
         self._files = files
         self._root = root.rstrip("/") + "/"
         self._keep_empty = keep_empty
         self._allow_outside_root = allow_outside_root
 
-    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
         """Streams each file's images and annotations, joins them by image id, and makes the inputs."""
         parts = []
         for index, (split, uri) in enumerate(self._files):
@@ -300,4 +286,8 @@ class ListCoco(beam.PTransform):
                     allow_outside_root=self._allow_outside_root,
                 )
             )
-        return tuple(parts) | "CocoListing" >> beam.Flatten()
+        listing = tuple(parts) | "CocoListing" >> beam.Flatten()
+        if not self._with_ignored:
+            return listing
+        # A COCO file names its images one by one: nothing is left out on purpose.
+        return {LISTING: listing, IGNORED: pipeline | "NothingIgnored" >> beam.Create([])}

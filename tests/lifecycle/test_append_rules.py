@@ -160,7 +160,7 @@ def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_pat
 
 
 def test_an_appends_plan_says_nothing_of_the_whole_dataset_from_its_new_inputs_alone():
-    from beam_jobs.pipeline import _append_summary
+    from beam_jobs.convert_images import _append_summary
 
     summary = {
         "num_inputs": 10,

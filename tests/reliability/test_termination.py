@@ -186,7 +186,7 @@ def _assert_says_what_is_staged(line: str, out: pathlib.Path) -> None:
     ],
 )
 def test_the_interrupt_line_says_what_the_run_left(staged, completed, says):
-    line = interrupted_line(["--input", "x"], terminated=False, state=InterruptedState(staged, completed))
+    line = interrupted_line(overwrite=False, terminated=False, state=InterruptedState(staged, completed))
     assert says in line, line
 
 

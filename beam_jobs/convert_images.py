@@ -1,0 +1,563 @@
+"""``ConvertImages(spec)``: the whole job as one transform, read as its data flow.
+
+list -> plan -> convert -> commit, each a named transform of its own module:
+
+    ListInputs (here)          the spec's source as InputFile | DeadLetter (listing/sources.py)
+    HeldInputs (here)          an append's current version: what it holds (writing/append.py)
+    PlanRun    (here)          splits, shards, label ids (planning/transforms.py)
+    ConvertShards (here)       each shard planned, written and staged (writing/convert_shards.py)
+    CommitRun  (here)          dead letters, duplicates, the manifest and the one commit (writing/finalize.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import apache_beam as beam
+
+from beam_jobs.config import ImageConfig
+from beam_jobs.errors import BadInputError
+from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
+from beam_jobs.listing.policy import ignored_note
+from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
+from beam_jobs.paths import redact
+from beam_jobs.planning.rules import (
+    DEFAULT_SPLIT_RULE,
+    DEFAULT_TARGET_SHARD_MB,
+    estimate_example_bytes,
+    label_lineage,
+    with_label_map,
+)
+from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
+from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec, absolute_uri
+from beam_jobs.writing.append import (
+    WHOLE_DATASET_WARNING,
+    annotation_kinds_of,
+    check_source_changes,
+    held_content_keys,
+    held_sidecars,
+    read_held_inputs,
+)
+from beam_jobs.writing.commit import Current, read_current
+from beam_jobs.writing.convert_shards import CONTENT_KEYS, CONVERT_THREADS, DEAD_LETTERS, ConvertShardFn
+from beam_jobs.writing.finalize import (
+    content_duplicate_groups,
+    dead_letter_part,
+    finalize_outputs,
+    plan_line,
+    plan_warning_lines,
+    run_fingerprint,
+    write_dead_letter_part,
+    write_plan,
+)
+from beam_jobs.writing.run_folders import new_run_name, run_dir, run_made_for
+from beam_jobs.writing.shard_progress import write_progress_plan
+
+__all__ = ["LOG_PLAN_STEP", "ConvertImages", "RunContext"]
+
+_LOG = logging.getLogger("beam_jobs")
+_DETAILS = logging.getLogger("beam_jobs.details")
+# The step that logs the plan line on a worker; the launching process prints it from the
+# progress file already (see command_line/progress.py), so the console drops its relayed copy.
+LOG_PLAN_STEP = "LogPlan"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What one run of a spec found and chose before its pipeline was built.
+
+    Attributes:
+      run_id: the run's name: its folder under shards/ and its progress file (None: a plan only).
+      expected: the version current when the run started; it commits only if that still is.
+      change_kind: "create", "overwrite" or "append": what the commit records.
+      convert_threads: images each worker converts at once (ConvertShardFn).
+    """
+
+    run_id: str | None
+    expected: Current | None
+    change_kind: str = "create"
+    convert_threads: int = CONVERT_THREADS
+
+    @property
+    def appended_to(self) -> Current | None:
+        """The version an append adds to (None for any other run)."""
+        if self.change_kind == "append" and self.expected is not None and self.expected.manifest is not None:
+            return self.expected
+        return None
+
+
+class ConvertImages(beam.PTransform):
+    """Lists, plans, converts and commits: the whole job as one transform.
+
+    ``ConvertImages(spec)`` converts what ``spec`` (a ConversionSpec) describes. Applied to a
+    pipeline, it lists the spec's tree, input list or COCO files; applied to a PCollection of rows
+    (dicts with ``uri`` and ``label``, optionally ``split``; read from BigQuery, say) with a spec
+    whose source is ``Source(rows_root=...)``, it converts those. It returns a PCollection of one
+    dict, the ``dataset_info.json`` it committed into the spec's output folder (with
+    ``plan_only``, the plan.json written).
+
+    The keyword form (``ConvertImages(rows_root=..., output_dir=..., image_config=...)``) builds
+    the spec from the command line's settings under their Python names (see from_keywords).
+    """
+
+    def __init__(
+        self,
+        spec: ConversionSpec | None = None,
+        *,
+        run: RunContext | None = None,
+        settings: dict | None = None,
+        **keywords: Any,
+    ) -> None:
+        super().__init__()
+        if spec is None:
+            spec, run = _from_keywords(**keywords)
+        elif keywords:
+            raise TypeError(f"ConvertImages takes a spec or keywords, not both (got {sorted(keywords)})")
+        self._spec = spec
+        self._run = run if run is not None else _context_of(spec)
+        if spec.mode.relabel == "sorted" and self._run.change_kind == "append":
+            raise ValueError(
+                "relabel='sorted' renumbers label ids, and an append keeps the current version's shards with "
+                "their ids: rebuild with overwrite and relabel='sorted' instead"
+            )
+        # What the manifest records and the fingerprint hashes besides the image settings.
+        self._settings = settings if settings is not None else spec.settings
+
+    def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> beam.PCollection:
+        """The data flow, from the listing to the one commit."""
+        spec, run = self._spec, self._run
+        listed = start | "ListInputs" >> ListInputs(spec)
+        # {LISTING: InputFile | DeadLetter, IGNORED: Ignored kind}
+        appended_to = run.appended_to
+        held = (start.pipeline | "HeldInputs" >> HeldInputs(spec.output_dir, appended_to)) if appended_to else {}
+        # an append's {HELD: (identity, record) of each input held, HELD_KEYS: (sha256, (identity, label))}
+        planned = listed | "PlanRun" >> PlanRun(spec, run, held)
+        # {SHARDS: ShardPlan, PLAN_DEAD_LETTERS: DeadLetter, PLAN_SUMMARY: the plan's facts, IGNORED_COUNTS: (kind, n)}
+        if spec.mode.plan_only:
+            return planned | "WritePlanOnly" >> WritePlanOnly(spec, self._settings)
+            # dict: plan.json as written
+        converted = planned[SHARDS] | "ConvertShards" >> ConvertShards(spec, run, self._settings)
+        # {CONVERTED: ShardResult, DEAD_LETTERS: DeadLetter, CONTENT_KEYS: (sha256, (filename, label))}
+        return {**planned, **converted, **held} | "CommitRun" >> CommitRun(spec, run, self._settings)
+        # dict: the dataset_info.json committed
+
+
+SHARDS = "shards"
+CONVERTED = "converted"
+HELD = "held"
+HELD_KEYS = "held_keys"
+IGNORED_COUNTS = "ignored_counts"
+
+
+class ListInputs(beam.PTransform):
+    """The spec's source as inputs; with --dedup content, each with the sha256 of its bytes."""
+
+    def __init__(self, spec: ConversionSpec) -> None:
+        super().__init__()
+        self._source = spec.source
+        self._max_file_bytes = spec.image.max_file_bytes
+
+    def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> dict[str, beam.PCollection]:
+        listed = start | "ListSource" >> ListSource(self._source)
+        listing = listed[LISTING]
+        if self._source.dedup == "content":
+            listing = (
+                listing
+                | "SpreadListing" >> beam.Reshuffle()
+                | "HashContent" >> beam.Map(_with_content_hash, max_file_bytes=self._max_file_bytes)
+                # InputFile(..., content_sha256) | DeadLetter
+            )
+        return {LISTING: listing, IGNORED: listed[IGNORED]}
+
+
+def _with_content_hash(item: InputFile | DeadLetter, *, max_file_bytes: int) -> InputFile | DeadLetter:
+    """For --dedup=content: the sha256 of each input's bytes, before planning (unreadable inputs
+    keep None and are dead-lettered by the conversion as usual)."""
+    if not isinstance(item, InputFile):
+        return item
+    try:
+        data = read_source(item, max_file_bytes)
+    except BadInputError:
+        return item
+    return dataclasses.replace(item, content_sha256=hashlib.sha256(data).hexdigest())
+
+
+class HeldInputs(beam.PTransform):
+    """For an append: what the version appended to holds, read from its shards' sidecars. Empty
+    for any other run (the planner then holds nothing)."""
+
+    def __init__(self, output_dir: str, appended_to: Current | None) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._appended_to = appended_to
+
+    def expand(self, pipeline: beam.Pipeline) -> dict[str, beam.PCollection]:
+        version = self._appended_to
+        assert version is not None and version.manifest is not None  # applied for an append only
+        held = (
+            pipeline
+            | "HeldShards" >> beam.Create(held_sidecars(version.manifest))
+            | "ReadHeldInputs" >> beam.FlatMap(read_held_inputs, output_dir=self._output_dir, version=version.version)
+            # (path relative to the source's root, {state, digests, label, split, ...})
+        )
+        keys = held | "HeldContentKeys" >> beam.FlatMap(held_content_keys)
+        # (sha256, (identity, label)): every example it holds, in the shape of CONTENT_KEYS
+        return {HELD: held, HELD_KEYS: keys}
+
+
+class PlanRun(beam.PTransform):
+    """Inputs -> shard plans, with the plan's dead letters and its summary (label ids included);
+    for an append, refused here when sources changed, before any shard is converted."""
+
+    def __init__(self, spec: ConversionSpec, run: RunContext, held: dict[str, beam.PCollection]) -> None:
+        super().__init__()
+        self._spec = spec
+        self._run = run
+        self._held = held
+
+    def expand(self, listed: dict[str, beam.PCollection]) -> dict[str, beam.PCollection]:
+        spec, run, appended_to = self._spec, self._run, self._run.appended_to
+        image = spec.image
+        planned = listed[LISTING] | "PlanShards" >> PlanShards(
+            held=self._held.get(HELD),
+            known_labels=_label_lineage(spec.output_dir, run.expected, spec.mode.relabel),
+            known_kinds=annotation_kinds_of(appended_to.manifest) if appended_to and appended_to.manifest else (),
+            state_of=partial(source_state, timeout_s=READ_TIMEOUT_S),
+            digests_of=partial(source_digests, timeout_s=READ_TIMEOUT_S),
+            held_content=self._held.get(HELD_KEYS),
+            held_version=appended_to.version if appended_to else None,
+            from_tree=spec.source.kind == "tree",
+            tree_layout=spec.source.tree_layout,
+            source=spec.source.where,
+            split_fractions=None if spec.splits.fractions is None else dict(spec.splits.fractions),
+            split_rule=spec.splits.rule,
+            num_shards=spec.shards.num_shards,
+            example_bytes=estimate_example_bytes(
+                width=image.width, height=image.height, channels=image.channels, encoding=image.encoding
+            ),
+            target_shard_bytes=spec.shards.target_bytes,
+            dedup=spec.source.dedup,
+        )
+        # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
+        # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
+        current = run.expected.manifest if run.expected is not None else None
+        summary = planned[PLAN_SUMMARY] | "LabelIds" >> beam.Map(
+            with_label_map,
+            before=tuple(current["label_names"]) if current else (),
+            retired_before=tuple(current.get("retired_labels", ())) if current else (),
+            relabel=spec.mode.relabel,
+            appending=appended_to is not None,
+        )
+        # the plan's summary, plus retired_labels and label_ids_changed (what its map changes)
+        shards = planned[SHARDS]
+        if appended_to is not None:
+            changes = (
+                planned[PLAN_CHANGES]
+                | "CountSourceChanges" >> beam.CombineGlobally(SourceChangesFn())
+                | "CheckSourceChanges"
+                >> beam.Map(check_source_changes, policy=spec.mode.changed_sources, version=appended_to.version)
+            )
+            summary = summary | "OfTheAppend" >> beam.Map(_append_summary, beam.pvalue.AsSingleton(changes))
+            # Through the check's result, so that no shard is converted before an append is refused.
+            shards = shards | "AfterSourceCheck" >> beam.Map(lambda shard, _: shard, beam.pvalue.AsSingleton(changes))
+        ignored_counts = listed[IGNORED] | "CountIgnored" >> beam.combiners.Count.PerElement()
+        # (Ignored kind, count)
+        return {
+            SHARDS: shards,
+            PLAN_DEAD_LETTERS: planned[PLAN_DEAD_LETTERS],
+            PLAN_SUMMARY: summary,
+            IGNORED_COUNTS: ignored_counts,
+        }
+
+
+def _label_lineage(output_dir: str, expected: Current | None, relabel: str) -> tuple[str, ...]:
+    """The label names whose ids this run keeps, in id order (rules.label_lineage): none for a first
+    version, or with --relabel sorted."""
+    if relabel == "sorted" or expected is None or expected.manifest is None:
+        return ()
+    try:
+        from beam_jobs.versions import history  # pylint: disable=import-outside-toplevel  # cycle
+
+        older = [m for m in history(output_dir) if m.get("version") != expected.version]
+    except Exception as error:  # pylint: disable=broad-except  # the current version's ids, at least, are kept
+        _LOG.warning(
+            "the history of %s is unreadable (%s): label ids follow the current version's", redact(output_dir), error
+        )
+        older = []
+    return label_lineage([expected.manifest, *older])
+
+
+def _append_summary(summary: dict, changes: dict) -> dict:
+    """The plan's facts for an append run: its inputs are those not held yet (the held ones, and
+    the changed ones kept as they are, are not converted again), and the changes found."""
+    # The plan's warnings about the whole dataset (a class missing from a split, --splits that no
+    # input needed) would be about the new inputs alone: finalize states them from the merged counts.
+    warnings = [w for w in summary.get("warnings", []) if not WHOLE_DATASET_WARNING.match(w)]
+    return {
+        **summary,
+        "num_inputs": summary["num_inputs"] - changes["held"] - changes["changed"],
+        "append": changes,
+        "warnings": warnings,
+    }
+
+
+class WritePlanOnly(beam.PTransform):
+    """With --plan_only: the plan's dead letters and plan.json, beside whatever the folder holds."""
+
+    def __init__(self, spec: ConversionSpec, settings: dict) -> None:
+        super().__init__()
+        self._output_dir = spec.output_dir
+        self._max_bad_fraction = spec.limits.max_bad_fraction
+        self._settings = settings
+
+    def expand(self, planned: dict[str, beam.PCollection]) -> beam.PCollection:
+        parts = (
+            planned[PLAN_DEAD_LETTERS]
+            | "KeyPlanDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
+            | "GroupPlanDeadLetters" >> beam.GroupByKey()
+            | "WritePlanDeadLetters"
+            >> beam.Map(write_dead_letter_part, output_dir=self._output_dir, prefix="plan_dead_letters")
+        )
+        return (
+            planned[PLAN_SUMMARY]
+            | "WithIgnored"
+            >> beam.Map(
+                lambda plan, counts: {**plan, "ignored": dict(counts)}, beam.pvalue.AsList(planned[IGNORED_COUNTS])
+            )
+            | "WritePlan"
+            >> beam.Map(
+                write_plan,
+                beam.pvalue.AsList(parts),
+                output_dir=self._output_dir,
+                settings=self._settings,
+                max_bad_fraction=self._max_bad_fraction,
+            )
+        )
+
+
+class ConvertShards(beam.PTransform):
+    """Shard plans -> staged shards in the run's folder, each with its sidecar; the inputs that
+    fail are dead letters, and each example's content key goes on for the duplicate report."""
+
+    def __init__(self, spec: ConversionSpec, run: RunContext, settings: dict) -> None:
+        super().__init__()
+        self._spec = spec
+        self._run = run
+        self._settings = settings
+
+    def expand(self, shards: beam.PCollection) -> dict[str, beam.PCollection]:
+        spec, run, image = self._spec, self._run, self._spec.image
+        appended_to = run.appended_to
+        converted = (
+            shards
+            | "SpreadShards" >> beam.Reshuffle()
+            | "ConvertShards"
+            >> beam.ParDo(
+                ConvertShardFn(
+                    image,
+                    _run_folder(spec, run),
+                    run_fingerprint=run_fingerprint(image, self._settings),
+                    resume=spec.mode.resume,
+                    convert_threads=run.convert_threads,
+                    run_id=run.run_id,
+                    preprocessing={**image.to_json(), **self._settings},
+                    made_for=run_made_for(appended_to.version if appended_to else None),
+                )
+            ).with_outputs(DEAD_LETTERS, CONTENT_KEYS, main="shards")
+        )
+        # shards: ShardResult(split, index, file, num_examples, bytes, sha256); dead_letters: DeadLetter;
+        # content_keys: (sha256 of source bytes, (filename, label))
+        return {
+            CONVERTED: converted.shards,
+            DEAD_LETTERS: converted[DEAD_LETTERS],
+            CONTENT_KEYS: converted[CONTENT_KEYS],
+        }
+
+
+def _run_folder(spec: ConversionSpec, run: RunContext) -> str:
+    """Everything the conversion writes goes into the run's own folder (run_folders.py)."""
+    return spec.output_dir if run.run_id is None else run_dir(spec.output_dir, run.run_id)
+
+
+class CommitRun(beam.PTransform):
+    """The converted shards, the dead letters and the content duplicates -> the manifest, and the
+    one commit of the new version (writing/finalize.py)."""
+
+    def __init__(self, spec: ConversionSpec, run: RunContext, settings: dict) -> None:
+        super().__init__()
+        self._spec = spec
+        self._run = run
+        self._settings = settings
+
+    def expand(self, parts: dict[str, beam.PCollection]) -> beam.PCollection:
+        spec, run = self._spec, self._run
+        folder = _run_folder(spec, run)
+        summary = parts[PLAN_SUMMARY] | LOG_PLAN_STEP >> beam.Map(
+            _log_plan,
+            beam.pvalue.AsList(
+                parts[PLAN_DEAD_LETTERS]
+                | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
+                | "CountPlanReasons" >> beam.CombinePerKey(sum)
+                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})
+            ),
+            beam.pvalue.AsList(parts[IGNORED_COUNTS]),
+            output_dir=folder,
+            run_id=run.run_id,
+        )
+        # An append groups its new examples with the version's own: identical bytes across
+        # versions are reported as in one run (append.merge_appended merges the groups).
+        content_keys = (
+            (parts[CONTENT_KEYS], parts[HELD_KEYS]) | "WithHeldContentKeys" >> beam.Flatten()
+            if HELD_KEYS in parts
+            else parts[CONTENT_KEYS]
+        )
+        duplicates = (
+            content_keys
+            | "GroupByContent" >> beam.GroupByKey()
+            # (sha256, [(filename, label), ...])
+            | "DuplicateGroups" >> beam.FlatMap(_duplicate_groups)
+            # {"sha256", "files", "labels", "conflicting_labels"} for groups of two or more
+        )
+        dead_parts = (
+            (parts[PLAN_DEAD_LETTERS], parts[DEAD_LETTERS])
+            | "AllDeadLetters" >> beam.Flatten()
+            | "KeyDeadLetters" >> beam.Map(lambda d: (dead_letter_part(d), d))
+            | "GroupDeadLetters" >> beam.GroupByKey()
+            # (part, [DeadLetter, ...]): 1/DEAD_LETTER_PARTS of them each
+            | "WriteDeadLetterParts" >> beam.Map(write_dead_letter_part, output_dir=folder)
+            # {"part", "count", "by_reason"}
+        )
+        appended_to = run.appended_to
+        return (
+            parts[CONVERTED]
+            | "GatherShards" >> beam.combiners.ToList()
+            # [ShardResult, ...]: one small record per shard
+            | "WriteManifest"
+            >> beam.Map(
+                finalize_outputs,
+                summary=beam.pvalue.AsSingleton(summary),
+                dead_parts=beam.pvalue.AsList(dead_parts),
+                content_duplicates=beam.pvalue.AsList(duplicates),
+                output_dir=spec.output_dir,
+                run=run.run_id,
+                expected=run.expected,
+                change_kind=run.change_kind,
+                config=spec.image,
+                settings=self._settings,
+                max_bad_fraction=spec.limits.max_bad_fraction,
+                keep_versions=spec.mode.keep_versions,
+                run_id=run.run_id,
+                base=appended_to.manifest if appended_to else None,
+            )
+            # dict: the dataset_info.json that was written
+        )
+
+
+def _duplicate_groups(keyed: tuple[str, Iterable[tuple[str, str]]]) -> list[dict]:
+    return content_duplicate_groups([keyed])
+
+
+def _log_plan(
+    summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str, run_id: str | None
+) -> dict:
+    """Logs the plan's line, and leaves it with the totals for the launching process's watcher.
+    ``ignored`` holds (Ignored kind, count) for the entries the listing left out on purpose."""
+    by_reason: dict[str, int] = {}
+    for part in plan_parts:
+        for reason, count in part["by_reason"].items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    line = "\n".join([plan_line(summary, by_reason) + ignored_note(dict(ignored)), *plan_warning_lines(summary)])
+    _DETAILS.info("%s", line)
+    if run_id is not None:
+        write_progress_plan(output_dir, run_id, line=line, summary=summary)
+    return summary
+
+
+def _context_of(spec: ConversionSpec) -> RunContext:
+    """Used as a library transform (not through the command line), ConvertImages names its own run
+    and starts from whatever version is current when the pipeline is built."""
+    if spec.mode.plan_only:
+        return RunContext(run_id=None, expected=None)
+    expected = read_current(spec.output_dir)
+    kind = "append" if spec.mode.append else "create"
+    if kind == "create" and expected is not None and expected.manifest is not None:
+        kind = "overwrite"
+    return RunContext(run_id=new_run_name(), expected=expected, change_kind=kind)
+
+
+def _from_keywords(
+    *,
+    output_dir: str,
+    input_root: str | None = None,
+    input_list: str | None = None,
+    rows_root: str | None = None,
+    image_config: ImageConfig | None = None,
+    split_fractions: dict[str, float] | None = None,
+    num_shards: int | None = None,
+    target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 2**20,
+    max_bad_fraction: float = 0.01,
+    dedup: str = "path",
+    resume: bool = False,
+    allow_outside_root: bool = False,
+    tree_layout: str = "auto",
+    plan_only: bool = False,
+    run_id: str | None = None,
+    split_rule: str = DEFAULT_SPLIT_RULE,
+    expected: Current | None = None,
+    change_kind: str = "create",
+    keep_versions: int = 2,
+    changed_sources: str = "refuse",
+    convert_threads: int = CONVERT_THREADS,
+    coco_files: list[tuple[str | None, str]] | None = None,
+    keep_unannotated: bool = True,
+    coco_masks: bool = False,
+    relabel: str = "keep",
+) -> tuple[ConversionSpec, RunContext | None]:
+    """The spec (and, when any of its parts is given, the run's context) that ConvertImages'
+    keyword form stands for: the command line's settings under their Python names."""
+    if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
+        raise ValueError(
+            "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
+            "file) and rows_root (applied to a PCollection of rows)"
+        )
+    spec = ConversionSpec(
+        source=Source(
+            root=input_root,
+            input_list=input_list,
+            rows_root=None if rows_root is None else absolute_uri(rows_root),
+            coco_files=tuple(coco_files or ()),
+            keep_unannotated=keep_unannotated,
+            coco_masks=coco_masks,
+            tree_layout=tree_layout,
+            allow_outside_root=allow_outside_root,
+            dedup=dedup,
+        ),
+        output_dir=output_dir,
+        image=image_config if image_config is not None else ImageConfig(),
+        splits=SplitSpec(fractions=split_fractions, rule=split_rule),
+        shards=ShardSpec(num_shards=num_shards, target_shard_mb=target_shard_bytes / 2**20),
+        limits=Limits(max_bad_fraction=max_bad_fraction),
+        mode=RunMode(
+            append=change_kind == "append",
+            resume=resume,
+            plan_only=plan_only,
+            changed_sources=changed_sources,
+            relabel=relabel,
+            keep_versions=keep_versions,
+        ),
+    )
+    if run_id is None and expected is None and change_kind == "create" and convert_threads == CONVERT_THREADS:
+        return spec, None  # the run's context comes from the output folder when the transform is made
+    if not plan_only:
+        run_id = run_id if run_id is not None else new_run_name()
+        expected = expected if expected is not None else read_current(output_dir)
+    if change_kind == "create" and expected is not None and expected.manifest is not None:
+        change_kind = "overwrite"
+    return spec, RunContext(run_id=run_id, expected=expected, change_kind=change_kind, convert_threads=convert_threads)

@@ -1,0 +1,365 @@
+"""A run's lifecycle: pre-flight checks, the lock, building and running the pipeline, watching its
+progress, interruption, the commit's outcome. ``run_spec(spec, options)`` is the one place.
+
+Beneath the entry points (the command line, ``beam_jobs.convert``): it takes the spec they built
+and Beam's options, and returns the dataset_info.json committed (or the plan written). What the
+console prints of it (the summary, the one error line) is the command line's (command_line/job_main.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+
+from beam_jobs.command_line.console import ConsoleFilter, hide_worker_tracebacks
+from beam_jobs.command_line.job_logging import info_stamp
+from beam_jobs.command_line.progress import StagingWatcher
+from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
+from beam_jobs.command_line.runner_ui import watch_hint
+from beam_jobs.command_line.termination import (
+    InterruptedState,
+    child_pids,
+    interrupt_caught,
+    interrupted_line,
+    on_stuck,
+    stop_child_processes,
+)
+from beam_jobs.convert_images import ConvertImages, RunContext
+from beam_jobs.local_runner import local_runner
+from beam_jobs.paths import redact
+from beam_jobs.preflight import (
+    PROGRESS_FILE,
+    SIDECAR,
+    TEMP_FILE,
+    check_endpoint_reachable,
+    check_inputs_exist,
+    check_output_dir,
+    check_output_outside_input,
+    check_plan_file,
+    fingerprint_with_layout_of,
+    make_output_dir,
+    remove_created,
+)
+from beam_jobs.spec import ConversionSpec
+from beam_jobs.storage import delete_exactly, list_folder
+from beam_jobs.writing.commit import read_current
+from beam_jobs.writing.convert_shards import CONVERT_THREADS, METRICS_NAMESPACE
+from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE, run_fingerprint
+from beam_jobs.writing.run_folders import SHARDS_DIR, run_dir
+from beam_jobs.writing.run_lock import acquire_output_lock, release_output_lock
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.runner import PipelineResult
+
+__all__ = ["run_spec"]
+
+_LOG = logging.getLogger("beam_jobs")
+# Per-shard lines, counters and the like: shown with --log_level INFO or DEBUG. By default the
+# console shows the plan, a progress bar and the final table instead (see StagingWatcher).
+_DETAILS = logging.getLogger("beam_jobs.details")
+
+
+def _write_stderr(text: str) -> None:
+    _write_to(sys.stderr, text)
+
+
+def _write_to(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (ValueError, OSError):  # Closed: nowhere left to say it.
+        pass
+
+
+def _abandon(
+    output_dir: str, lock: str, created: list[str], run_id: str | None = None, spare: frozenset[int] = frozenset()
+) -> None:
+    """What an interrupted run leaves, when the interrupt never reached run()'s own cleanup."""
+    _clean_up_interrupted(output_dir, run_id, spare)
+    for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
+        try:
+            names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
+            delete_exactly([path for name, path in names.items() if PROGRESS_FILE.match(name)])
+        except Exception:  # The progress file is hidden and small; the lock matters more.
+            pass
+    release_output_lock(lock)
+    remove_created(created)
+
+
+def _clean_up_interrupted(output_dir: str, run_id: str | None = None, spare: frozenset[int] = frozenset()) -> None:
+    """After Ctrl-C or SIGTERM: ends the local workers, then removes the temp files they left.
+
+    The workers die with the signal when it reached their process group (a terminal, `timeout`),
+    or live on writing when it reached this process only (Docker, Kubernetes); either way a shard
+    half written stays under a temp name. While this run holds the lock no other run writes
+    there, so every temp file in the folder (and in the run's own) is a killed writer's. The run
+    folder's complete shards stay for --resume.
+    """
+    # The runner's threads that wait on each worker report its death as an uncaught exception;
+    # termination.sigterm_as_interrupt's hook already logs those at DEBUG once interrupted.
+    stop_child_processes(spare=spare)  # the processes that were the caller's before the run are not ended
+    for folder in [output_dir] + ([] if run_id is None else [run_dir(output_dir, run_id)]):
+        try:
+            leftovers = [m.path for m in list_folder(folder) if TEMP_FILE.match(m.path.rsplit("/", 1)[-1])]
+            delete_exactly(leftovers)
+        except Exception as error:  # The interrupt is what the user must hear about; a --resume removes them.
+            _LOG.warning("could not remove the temp files in %s: %s", redact(folder), error)
+
+
+def run_spec(spec: ConversionSpec, options: PipelineOptions) -> dict:
+    """Runs the conversion ``spec`` describes with Beam's ``options``, and returns the
+    dataset_info.json it committed (with ``plan_only``, the plan.json it wrote).
+
+    Raises what failed the run, after removing what it wrote; an interrupt (Ctrl-C, SIGTERM as
+    termination.Terminated) is raised with ``state``, what the run left (InterruptedState).
+    """
+    spare = child_pids()  # the caller's own child processes: never the run's to end
+    # The job's own filesystem calls (probes, finalize) need the same options as the workers'
+    # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
+    FileSystems.set_options(options)
+    check_endpoint_reachable(options, [spec.source.where, spec.output_dir])
+    check_inputs_exist(spec)
+    check_output_outside_input(spec)
+    output_dir = spec.output_dir
+    created = make_output_dir(output_dir)
+    lock = None
+    say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
+    run = RunContext(run_id=None, expected=None)
+    info_before = info_stamp(output_dir)
+
+    def state() -> InterruptedState:
+        return _interrupted_state(output_dir, run.run_id, info_before)
+
+    try:
+        lock = acquire_output_lock(output_dir)
+        on_stuck(lambda signum: _abandon(output_dir, lock, created, run.run_id, spare))
+        on_stuck(
+            lambda signum: say["now"](
+                interrupted_line(overwrite=spec.mode.overwrite, terminated=signum == signal.SIGTERM, state=state())
+                + "\n"
+            )
+        )
+        run = _start_run(spec)
+        runner, parallelism = local_runner(options, spec.runner_args, log_level=spec.log_level)
+        if parallelism is not None:
+            run = RunContext(run.run_id, run.expected, run.change_kind, convert_threads=parallelism.convert_threads)
+        _DETAILS.info("converting %s into %s", redact(spec.source.where), redact(output_dir))
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        _ = pipeline | "ConvertImages" >> ConvertImages(spec, run=run)
+        result = _run_watched(pipeline, spec, run, options, say)
+    except BaseException as error:
+        _undo(error, spec, run, lock, created, spare)
+        if isinstance(error, KeyboardInterrupt):
+            try:
+                error.state = state()  # type: ignore[attr-defined]  # what main() reports, read before the line is printed
+            except Exception:  # The line then says what holds in every case.
+                pass
+        raise
+    assert lock is not None  # acquired before the pipeline ran
+    return _outcome(spec, run, lock, result, state)
+
+
+def _start_run(spec: ConversionSpec) -> RunContext:
+    """Reads the version this run starts from (it commits only if that is still the current one)
+    and checks the output folder against the run's mode: the run's name, and what it changes."""
+    output_dir = spec.output_dir
+    current = read_current(output_dir)
+    if spec.mode.plan_only:  # A plan only writes plan.json, beside whatever is there.
+        check_plan_file(output_dir)
+        return RunContext(run_id=None, expected=current, change_kind="create")
+    settings = spec.settings
+    run_id, kind = check_output_dir(
+        output_dir,
+        current,
+        overwrite=spec.mode.overwrite,
+        resume=spec.mode.resume,
+        fingerprint=run_fingerprint(spec.image, settings),
+        preprocessing={**spec.image.to_json(), **settings},
+        append=spec.mode.append,
+        append_fingerprint=fingerprint_with_layout_of(current.manifest, spec.image, settings),
+    )
+    if kind == "create" and current.manifest is not None:
+        kind = "overwrite"
+    return RunContext(run_id=run_id, expected=current, change_kind=kind, convert_threads=CONVERT_THREADS)
+
+
+def _run_watched(
+    pipeline: beam.Pipeline, spec: ConversionSpec, run: RunContext, options: PipelineOptions, say: dict
+) -> PipelineResult:
+    """Runs the pipeline to its end while the console shows its progress (a bar on a terminal,
+    else a line about every 10%), and mutes the workers' dying words when interrupted."""
+    with hide_worker_tracebacks(enabled=spec.log_level != "DEBUG") as console:
+        say["now"] = lambda text: _write_to(console.terminal, text)
+        watcher, display = (
+            (None, None)
+            if run.run_id is None
+            else _watch(console, run_dir(spec.output_dir, run.run_id), run.run_id, plain=spec.log_level == "DEBUG")
+        )
+        succeeded = False
+        try:
+            result = pipeline.run()
+            job_id = getattr(result, "job_id", None)
+            hint = watch_hint(options, job_id() if callable(job_id) else None)
+            if hint:
+                console.emit(hint + "\n")
+            result.wait_until_finish()
+            succeeded = True
+            return result
+        except KeyboardInterrupt:
+            interrupt_caught()
+            console.mute()  # The workers' dying words would bury the one line that matters.
+            raise
+        except Exception as error:
+            interrupt = _interrupt_within(error)
+            if interrupt is None:
+                raise
+            interrupt_caught()
+            console.mute()
+            raise interrupt from None
+        finally:
+            if watcher is not None and display is not None:
+                watcher.stop(succeeded=succeeded)
+                console.sink = None
+                display.close()
+                watcher.remove_progress_file()
+
+
+def _undo(
+    error: BaseException,
+    spec: ConversionSpec,
+    run: RunContext,
+    lock: str | None,
+    created: list[str],
+    spare: frozenset[int],
+) -> None:
+    """What a failed or interrupted run removes: its workers, their temp files, the lock, its run
+    folder when it staged nothing there, and the folders it created."""
+    if isinstance(error, KeyboardInterrupt):
+        interrupt_caught()
+    output_dir = spec.output_dir
+    if lock is not None:
+        # Interrupted or failed (a full disk, a bad step): the workers a failing runner leaves
+        # may still be writing; once they are ended, every temp file is a dead writer's.
+        _clean_up_interrupted(output_dir, run.run_id, spare)
+        release_output_lock(lock)
+    if run.run_id is not None:
+        remove_created([run_dir(output_dir, run.run_id), FileSystems.join(output_dir, SHARDS_DIR)])
+    remove_created(created)
+
+
+def _outcome(
+    spec: ConversionSpec,
+    run: RunContext,
+    lock: str,
+    result: PipelineResult,
+    state: Callable[[], InterruptedState],
+) -> dict:
+    """After the pipeline: the lock released, the counters logged, and what the run wrote read back."""
+    output_dir = spec.output_dir
+    released = False
+    try:
+        release_output_lock(lock)
+        released = True
+        _log_counters(result)
+        written = FileSystems.join(output_dir, PLAN_FILE if spec.mode.plan_only else DATASET_INFO)
+        with FileSystems.open(written) as handle:
+            info = json.loads(handle.read().decode("utf-8"))
+    except KeyboardInterrupt as interrupt:  # The run is over: its line says what it left.
+        interrupt_caught()
+        if not released:
+            release_output_lock(lock)
+        with contextlib.suppress(Exception):
+            finished = InterruptedState(completed=True, plan_only=True) if spec.mode.plan_only else state()
+            interrupt.state = finished  # type: ignore[attr-defined]
+        raise
+    expected = run.expected
+    if spec.mode.append and expected is not None and info.get("version") == expected.version and run.run_id:
+        # finalize found no new example and committed nothing: the new inputs, if any, are dead letters
+        info["nothing_appended"] = _dead_letter_reasons(
+            FileSystems.join(run_dir(output_dir, run.run_id), DEAD_LETTERS_FILE)
+        )
+    return info
+
+
+def _dead_letter_reasons(path: str) -> dict:
+    """{"file": path, "by_reason": {reason: count}} of a run's dead_letters.jsonl ({} by_reason when it has none)."""
+    by_reason: dict[str, int] = {}
+    with contextlib.suppress(Exception):  # none written: no dead letter
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            for line in handle.read().decode("utf-8").splitlines():
+                if line.strip():
+                    reason = json.loads(line).get("reason", "unknown")
+                    by_reason[reason] = by_reason.get(reason, 0) + 1
+    return {"file": path, "by_reason": by_reason}
+
+
+def _interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C, or SIGTERM's Terminated) that ``error`` stands for, if any: in its
+    own process the runner runs the DoFns on the main thread, where the signal's exception lands,
+    and Beam re-raises it as a RuntimeError naming the step, with the interrupt as its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _watch(
+    console: ConsoleFilter, output_dir: str, run_id: str, *, plain: bool
+) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
+    """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
+    tty = not plain and console.terminal.isatty()
+    display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
+    if tty:
+        console.sink = display.write  # Lines that pass the filter print above the bar.
+    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update)
+    return watcher.start(), display
+
+
+def _log_counters(result: PipelineResult) -> None:
+    """Logs the job's Beam counters, the same figures a cluster runner's UI shows."""
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    except Exception:  # Some runners cannot report metrics; the job's outputs are what matter.
+        return
+    totals: dict[str, int] = {}
+    for counter in counters:
+        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (counter.committed or 0)
+    if totals:
+        _DETAILS.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
+
+
+def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple | None) -> InterruptedState:
+    """Reads the folder after an interrupt: this run's staged sidecars, and whether it had finished."""
+    after = info_stamp(output_dir)
+    completed = after is not None and after != info_before
+    if run_id is None:
+        return InterruptedState(completed=completed)
+    staged = 0
+    try:
+        sidecars = [
+            m.path for m in list_folder(run_dir(output_dir, run_id)) if SIDECAR.match(m.path.rsplit("/", 1)[-1])
+        ]
+    except Exception:  # Gone: nothing of this run is there.
+        sidecars = []
+    for path in sidecars:
+        try:
+            with FileSystems.open(path) as handle:
+                staged += json.loads(handle.read().decode("utf-8")).get("run_id") == run_id
+        except (OSError, ValueError, AttributeError):  # Half written or removed meanwhile: not staged.
+            continue
+    return InterruptedState(staged=staged, completed=completed)

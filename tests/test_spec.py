@@ -1,0 +1,133 @@
+"""ConversionSpec: one typed description of a conversion, made the same way from argv and from
+keywords, that validates itself and names the bad value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from beam_jobs.api import spec_from_keywords
+from beam_jobs.command_line.arguments import parse_job_arguments, runner_args_of
+from beam_jobs.config import ImageConfig
+from beam_jobs.errors import UsageError
+from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec
+
+
+def test_the_command_line_and_the_keywords_build_equal_specs():
+    from_line, options = parse_job_arguments(
+        [
+            "--input",
+            "/data/photos",
+            "--output_dir=/data/out",
+            "--splits",
+            "train=0.8,test=0.2",
+            "--image_size",
+            "64x48",
+            "--encoding=png",
+            "--num_shards",
+            "3",
+            "--append",
+            "--changed_sources",
+            "keep",
+            "--direct_num_workers",
+            "2",
+            "-v",
+        ]
+    )
+    from_call, call_options = spec_from_keywords(
+        {
+            "input": "/data/photos",
+            "output_dir": "/data/out",
+            "splits": {"train": 0.8, "test": 0.2},
+            "image_size": (64, 48),
+            "encoding": "png",
+            "num_shards": 3,
+            "append": True,
+            "changed_sources": "keep",
+            "log_level": "info",
+        },
+        {"direct_num_workers": 2},
+    )
+    assert from_call == from_line
+    assert from_line.image == ImageConfig(width=64, height=48, encoding="png")
+    assert from_line.splits.fractions == {"train": 0.8, "test": 0.2}
+    assert from_line.shards.num_shards == 3
+    assert from_line.mode == RunMode(append=True, changed_sources="keep")
+    assert from_line.log_level == "INFO"
+    # Beam's options travel beside the conversion, never mixed with the job's flags.
+    assert from_line.runner_args == ("--direct_num_workers", "2")
+    assert from_call.runner_args == ("--direct_num_workers=2",)
+    assert options.get_all_options()["direct_num_workers"] == call_options.get_all_options()["direct_num_workers"] == 2
+
+
+def test_runner_args_keep_beams_flags_and_drop_the_jobs_with_their_values():
+    argv = ["--input", "/p", "--runner", "FlinkRunner", "--output_dir=/o", "--overwrite", "--flink_master=h:8081"]
+    assert runner_args_of(argv) == ("--runner", "FlinkRunner", "--flink_master=h:8081")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Source(), "exactly one of root"),
+        (lambda: Source(root="/a", input_list="/b.csv"), "exactly one of root"),
+        (lambda: Source(input_list="/b.csv", coco_files=((None, "/c.json"),)), "give --input too"),
+        (lambda: Source(root="/a", dedup="bytes"), "--dedup must be one of path, content (got 'bytes')"),
+        (lambda: SplitSpec(fractions={"train": 0.5}), "must sum to 1"),
+        (lambda: SplitSpec(fractions={"train": 1.0}, rule="random"), "--split_rule must be one of"),
+        (lambda: ShardSpec(num_shards=-1), "--num_shards must be >= 0 (0: derived from --target_shard_mb) (got -1)"),
+        (lambda: ShardSpec(target_shard_mb=0.0), "--target_shard_mb must be a finite number >= 0.01"),
+        (lambda: Limits(max_bad_fraction=1.5), "--max_bad_fraction must be a finite number >= 0.0 and <= 1.0"),
+        (lambda: RunMode(append=True, overwrite=True), "at most one of --append"),
+        (lambda: RunMode(append=True, relabel="sorted"), "--relabel sorted renumbers"),
+        (lambda: RunMode(keep_versions=0), "--keep_versions must be >= 1"),
+        (lambda: ConversionSpec(source=Source(root="/a"), output_dir=""), "--output_dir is required"),
+        (lambda: ConversionSpec(source=Source(root="/a"), output_dir="/o", log_level="LOUD"), "--log_level"),
+    ],
+)
+def test_each_part_validates_itself_and_names_the_bad_value(build, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        build()
+
+
+def test_a_spec_is_frozen_and_replace_validates_again():
+    spec = ConversionSpec(source=Source(root="/a"), output_dir="/o")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.output_dir = "/elsewhere"  # type: ignore[misc]
+    assert spec.replace(mode=RunMode(resume=True)).mode.resume
+    with pytest.raises(UsageError, match="--output_dir is required"):
+        spec.replace(output_dir="")
+
+
+def test_the_settings_the_fingerprint_hashes_are_the_same_however_the_spec_was_made():
+    from_line, _ = parse_job_arguments(["--input", "/p", "--output_dir", "/o", "--splits", "train=0.9,validation=0.1"])
+    direct = ConversionSpec(
+        source=Source(root="/p"), output_dir="/o", splits=SplitSpec(fractions={"train": 0.9, "validation": 0.1})
+    )
+    assert direct.settings == from_line.settings
+    assert from_line.settings == {
+        "splits": {"train": 0.9, "validation": 0.1},
+        "split_rule": "stratified",
+        "num_shards": None,
+        "target_shard_mb": 150,
+        "dedup": "path",
+    }
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"jpeg_quality": 9.5}, "jpeg_quality must be an integer (got 9.5)"),
+        ({"encoding": "webp"}, "encoding must be one of 'jpeg', 'png', 'raw' (got 'webp')"),
+        ({"max_bad_fraction": "lots"}, "max_bad_fraction: 'lots' is not a valid value"),
+        ({"splits": {"train": 0.7}}, "must sum to 1"),
+    ],
+)
+def test_keywords_are_checked_against_their_flags_declaration(keywords, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        spec_from_keywords({"input": "/p", "output_dir": "/o", **keywords})
+
+
+def test_beam_options_may_not_carry_the_jobs_own_flags():
+    with pytest.raises(UsageError, match="image_size is convert\\(\\)'s own keyword"):
+        spec_from_keywords({"input": "/p", "output_dir": "/o"}, {"image_size": 64})
