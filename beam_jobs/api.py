@@ -87,6 +87,7 @@ def convert(
             callers_logging_kept,
             configure_logging_for,
         )
+        from beam_jobs.command_line.run_console import TerminalConsole  # pylint: disable=import-outside-toplevel
         from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
         from beam_jobs.run import run_spec  # pylint: disable=import-outside-toplevel
 
@@ -98,7 +99,7 @@ def convert(
             configure_logging_for(spec.log_level, spec.runner_args, keep_handlers=True)
             try:
                 with sigterm_as_interrupt():
-                    return run_spec(spec, options)
+                    return run_spec(spec, options, TerminalConsole(spec, options))
             except KeyboardInterrupt as interrupt:
                 raise _said(interrupt, overwrite=spec.mode.overwrite) from None
 

@@ -37,6 +37,7 @@ from beam_jobs.planning.rules import (
 from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec, absolute_uri
+from beam_jobs.versions import history
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
     annotation_kinds_of,
@@ -47,8 +48,8 @@ from beam_jobs.writing.append import (
 )
 from beam_jobs.writing.commit import Current, read_current
 from beam_jobs.writing.convert_shards import CONTENT_KEYS, CONVERT_THREADS, DEAD_LETTERS, ConvertShardFn
+from beam_jobs.writing.duplicates import content_duplicate_groups
 from beam_jobs.writing.finalize import (
-    content_duplicate_groups,
     dead_letter_part,
     finalize_outputs,
     plan_line,
@@ -283,8 +284,6 @@ def _label_lineage(output_dir: str, expected: Current | None, relabel: str) -> t
     if relabel == "sorted" or expected is None or expected.manifest is None:
         return ()
     try:
-        from beam_jobs.versions import history  # pylint: disable=import-outside-toplevel  # cycle
-
         older = [m for m in history(output_dir) if m.get("version") != expected.version]
     except Exception as error:  # pylint: disable=broad-except  # the current version's ids, at least, are kept
         _LOG.warning(

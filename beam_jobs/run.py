@@ -11,30 +11,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
-import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 
-from beam_jobs.command_line.console import ConsoleFilter, hide_worker_tracebacks
-from beam_jobs.command_line.job_logging import info_stamp
-from beam_jobs.command_line.progress import StagingWatcher
-from beam_jobs.command_line.progress_display import LineProgress, TtyProgress
-from beam_jobs.command_line.runner_ui import watch_hint
-from beam_jobs.command_line.termination import (
+from beam_jobs.convert_images import ConvertImages, RunContext
+from beam_jobs.interruption import (
     InterruptedState,
     child_pids,
     interrupt_caught,
-    interrupted_line,
     on_stuck,
     stop_child_processes,
 )
-from beam_jobs.convert_images import ConvertImages, RunContext
 from beam_jobs.local_runner import local_runner
 from beam_jobs.paths import redact
 from beam_jobs.preflight import (
@@ -62,7 +54,7 @@ if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.runner import PipelineResult
 
-__all__ = ["run_spec"]
+__all__ = ["QuietConsole", "RunConsole", "ShownRun", "run_spec"]
 
 _LOG = logging.getLogger("beam_jobs")
 # Per-shard lines, counters and the like: shown with --log_level INFO or DEBUG. By default the
@@ -70,16 +62,51 @@ _LOG = logging.getLogger("beam_jobs")
 _DETAILS = logging.getLogger("beam_jobs.details")
 
 
-def _write_stderr(text: str) -> None:
-    _write_to(sys.stderr, text)
+class ShownRun(Protocol):
+    """One run as the console shows it while its pipeline runs."""
+
+    def submitted(self, result: PipelineResult) -> None:
+        """The runner took the job (a cluster's runner has a UI to follow it in)."""
+
+    def finished(self) -> None:
+        """The pipeline ran to its end."""
+
+    def mute(self) -> None:
+        """Interrupted: nothing more from the workers."""
 
 
-def _write_to(stream: TextIO, text: str) -> None:
-    try:
-        stream.write(text)
-        stream.flush()
-    except (ValueError, OSError):  # Closed: nowhere left to say it.
+class RunConsole(Protocol):
+    """What a run tells whoever launched it. The command line's terminal is one
+    (command_line/run_console.py); a run given none shows nothing (QuietConsole)."""
+
+    def stuck(self, signum: int, state: InterruptedState | None) -> None:
+        """An interrupt never reached the run's cleanup: the run was ended by the watchdog."""
+
+    def showing(self, run_id: str | None) -> contextlib.AbstractContextManager[ShownRun]:
+        """The console's view while the pipeline runs."""
+
+
+class _Unshown:
+    def submitted(self, result: PipelineResult) -> None:
         pass
+
+    def finished(self) -> None:
+        pass
+
+    def mute(self) -> None:
+        pass
+
+
+class QuietConsole:
+    """A RunConsole that shows nothing: for runs driven by code that reports on its own."""
+
+    def stuck(self, signum: int, state: InterruptedState | None) -> None:
+        """Says nothing: the caller hears of the interrupt by its exception."""
+
+    @contextlib.contextmanager
+    def showing(self, run_id: str | None) -> Iterator[ShownRun]:
+        """Shows nothing while the pipeline runs."""
+        yield _Unshown()
 
 
 def _abandon(
@@ -117,13 +144,15 @@ def _clean_up_interrupted(output_dir: str, run_id: str | None = None, spare: fro
             _LOG.warning("could not remove the temp files in %s: %s", redact(folder), error)
 
 
-def run_spec(spec: ConversionSpec, options: PipelineOptions) -> dict:
+def run_spec(spec: ConversionSpec, options: PipelineOptions, console: RunConsole | None = None) -> dict:
     """Runs the conversion ``spec`` describes with Beam's ``options``, and returns the
     dataset_info.json it committed (with ``plan_only``, the plan.json it wrote).
 
     Raises what failed the run, after removing what it wrote; an interrupt (Ctrl-C, SIGTERM as
     termination.Terminated) is raised with ``state``, what the run left (InterruptedState).
+    ``console`` shows the run as it goes (the command line passes its terminal's).
     """
+    console = console if console is not None else QuietConsole()
     spare = child_pids()  # the caller's own child processes: never the run's to end
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
@@ -134,7 +163,6 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions) -> dict:
     output_dir = spec.output_dir
     created = make_output_dir(output_dir)
     lock = None
-    say = {"now": _write_stderr}  # where a stuck SIGTERM's line goes: the console's terminal, once there is one
     run = RunContext(run_id=None, expected=None)
     info_before = info_stamp(output_dir)
 
@@ -144,12 +172,7 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions) -> dict:
     try:
         lock = acquire_output_lock(output_dir)
         on_stuck(lambda signum: _abandon(output_dir, lock, created, run.run_id, spare))
-        on_stuck(
-            lambda signum: say["now"](
-                interrupted_line(overwrite=spec.mode.overwrite, terminated=signum == signal.SIGTERM, state=state())
-                + "\n"
-            )
-        )
+        on_stuck(lambda signum: console.stuck(signum, state()))
         run = _start_run(spec)
         runner, parallelism = local_runner(options, spec.runner_args, log_level=spec.log_level)
         if parallelism is not None:
@@ -157,7 +180,7 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions) -> dict:
         _DETAILS.info("converting %s into %s", redact(spec.source.where), redact(output_dir))
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> ConvertImages(spec, run=run)
-        result = _run_watched(pipeline, spec, run, options, say)
+        result = _run_watched(pipeline, run, console)
     except BaseException as error:
         _undo(error, spec, run, lock, created, spare)
         if isinstance(error, KeyboardInterrupt):
@@ -194,45 +217,27 @@ def _start_run(spec: ConversionSpec) -> RunContext:
     return RunContext(run_id=run_id, expected=current, change_kind=kind, convert_threads=CONVERT_THREADS)
 
 
-def _run_watched(
-    pipeline: beam.Pipeline, spec: ConversionSpec, run: RunContext, options: PipelineOptions, say: dict
-) -> PipelineResult:
-    """Runs the pipeline to its end while the console shows its progress (a bar on a terminal,
-    else a line about every 10%), and mutes the workers' dying words when interrupted."""
-    with hide_worker_tracebacks(enabled=spec.log_level != "DEBUG") as console:
-        say["now"] = lambda text: _write_to(console.terminal, text)
-        watcher, display = (
-            (None, None)
-            if run.run_id is None
-            else _watch(console, run_dir(spec.output_dir, run.run_id), run.run_id, plain=spec.log_level == "DEBUG")
-        )
-        succeeded = False
+def _run_watched(pipeline: beam.Pipeline, run: RunContext, console: RunConsole) -> PipelineResult:
+    """Runs the pipeline to its end while the console shows it; an interrupt that Beam re-raised
+    as a step's failure is raised as the interrupt it was."""
+    with console.showing(run.run_id) as shown:
         try:
             result = pipeline.run()
-            job_id = getattr(result, "job_id", None)
-            hint = watch_hint(options, job_id() if callable(job_id) else None)
-            if hint:
-                console.emit(hint + "\n")
+            shown.submitted(result)
             result.wait_until_finish()
-            succeeded = True
+            shown.finished()
             return result
         except KeyboardInterrupt:
             interrupt_caught()
-            console.mute()  # The workers' dying words would bury the one line that matters.
+            shown.mute()
             raise
         except Exception as error:
             interrupt = _interrupt_within(error)
             if interrupt is None:
                 raise
             interrupt_caught()
-            console.mute()
+            shown.mute()
             raise interrupt from None
-        finally:
-            if watcher is not None and display is not None:
-                watcher.stop(succeeded=succeeded)
-                console.sink = None
-                display.close()
-                watcher.remove_progress_file()
 
 
 def _undo(
@@ -318,18 +323,6 @@ def _interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def _watch(
-    console: ConsoleFilter, output_dir: str, run_id: str, *, plain: bool
-) -> tuple[StagingWatcher, LineProgress | TtyProgress]:
-    """Starts watching the output folder: a bar on a terminal, else a line about every 10%."""
-    tty = not plain and console.terminal.isatty()
-    display = (TtyProgress if tty else LineProgress)(console.terminal, console.lock)
-    if tty:
-        console.sink = display.write  # Lines that pass the filter print above the bar.
-    watcher = StagingWatcher(output_dir, run_id, on_plan=display.plan, on_progress=display.update)
-    return watcher.start(), display
-
-
 def _log_counters(result: PipelineResult) -> None:
     """Logs the job's Beam counters, the same figures a cluster runner's UI shows."""
     try:
@@ -341,6 +334,16 @@ def _log_counters(result: PipelineResult) -> None:
         totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (counter.committed or 0)
     if totals:
         _DETAILS.info("counters: %s", ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
+
+
+def info_stamp(output_dir: str) -> tuple | None:
+    """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
+    try:
+        found = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO]
+    except Exception:  # The folder is gone (removed as created by this run) or unreadable.
+        return None
+    meta = found[0] if found else None
+    return None if meta is None else (meta.size_in_bytes, meta.last_updated_in_seconds)
 
 
 def _interrupted_state(output_dir: str, run_id: str | None, info_before: tuple | None) -> InterruptedState:

@@ -16,10 +16,8 @@ from beam_jobs.command_line.arguments import (
 from beam_jobs.command_line.console import RelayedWorkerRecords
 from beam_jobs.convert_images import LOG_PLAN_STEP  # the plan line's step: its relayed copy is not shown
 from beam_jobs.local_runner import QUIET_LOGGERS
-from beam_jobs.storage import list_folder
 from beam_jobs.third_party_warnings import warnings_to_debug_log
 from beam_jobs.writing.finalize import (
-    DATASET_INFO,
     TooManyBadInputsError,
 )
 
@@ -28,7 +26,6 @@ __all__ = [
     "callers_logging_kept",
     "configure_job_logging",
     "configure_logging_for",
-    "info_stamp",
     "peek_log_level",
 ]
 
@@ -179,13 +176,3 @@ def _configure_logging(level: str, *, secrets: Sequence[str] = (), force: bool =
             handler.addFilter(_HideCredentials(list(secrets)))
         if numeric > logging.DEBUG:
             handler.addFilter(_HideRunnerTraces())
-
-
-def info_stamp(output_dir: str) -> tuple | None:
-    """(size, modification time) of the dataset_info.json there, or None: tells whether a run wrote one."""
-    try:
-        found = [m for m in list_folder(output_dir) if m.path.rsplit("/", 1)[-1] == DATASET_INFO]
-    except Exception:  # The folder is gone (removed as created by this run) or unreadable.
-        return None
-    meta = found[0] if found else None
-    return None if meta is None else (meta.size_in_bytes, meta.last_updated_in_seconds)

@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.command_line.arguments import PROG, UsageError, help_parser, parse_job_arguments
 from beam_jobs.command_line.job_logging import configure_job_logging
+from beam_jobs.command_line.run_console import TerminalConsole
 from beam_jobs.command_line.run_summary import next_steps_lines, outputs_lines, split_table
 from beam_jobs.command_line.termination import (
     InterruptedState,
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with sigterm_as_interrupt():
             spec, options = parse_job_arguments(argv)
-            info = run_spec(spec, options)
+            info = run_spec(spec, options, TerminalConsole(spec, options))
             # From here to the process's exit, a SIGTERM's line says that the run had finished.
             state_outside_the_run(InterruptedState(completed=True, plan_only=spec.mode.plan_only))
     except (UsageError, OutputLockedError) as error:  # Refused before any work: exit 2 for both.

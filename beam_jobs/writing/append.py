@@ -24,6 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs.errors import JobError
 from beam_jobs.planning.rules import plan_warnings
 from beam_jobs.writing.convert_shards import sidecar_name
+from beam_jobs.writing.duplicates import conflicting_label_warnings
 
 __all__ = [
     "CHANGED_SOURCE_POLICIES",
@@ -188,7 +189,6 @@ def _merged_warnings(
 ) -> list[str]:
     """The warnings of base and of the append run, without those about the whole dataset, which
     are computed again from the merged per-split class counts and content duplicates; each said once."""
-    from beam_jobs.writing.finalize import conflicting_label_warnings  # pylint: disable=import-outside-toplevel  # cycle
 
     kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
     # The plan's own rule and wording for a class missing from a split, over the merged counts.

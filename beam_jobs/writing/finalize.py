@@ -23,7 +23,8 @@ from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.records import DeadLetter, ShardResult
 from beam_jobs.storage import concatenate_atomically, delete_exactly, list_folder, write_atomically
 from beam_jobs.writing.append import merge_appended
-from beam_jobs.writing.commit import Current, commit_version
+from beam_jobs.writing.commit import DATASET_INFO, Current, commit_version
+from beam_jobs.writing.duplicates import conflicting_label_warnings, content_duplicate_groups  # noqa: F401 (named here too)
 from beam_jobs.writing.run_folders import run_dir, run_prefix, sidecar_name
 from beam_jobs.writing.shard_progress import progress_file_name
 
@@ -57,7 +58,6 @@ _DETAILS = logging.getLogger("beam_jobs.details")
 PLAN_FILE = "plan.json"
 PLAN_DEAD_LETTERS_FILE = "plan_dead_letters.jsonl"
 
-DATASET_INFO = "dataset_info.json"
 DEAD_LETTERS_FILE = "dead_letters.jsonl"
 # Where a refused run's dead letters go when the folder still holds a dataset that they would
 # otherwise contradict (--overwrite keeps the old dataset whole until a run succeeds).
@@ -104,24 +104,6 @@ def run_fingerprint(config: ImageConfig, settings: dict) -> str:
     # tell a version-2 dataset apart, and the fingerprints of earlier runs must not change.
     text = json.dumps({"config": config_json, "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def content_duplicate_groups(keys_by_sha: Iterable[tuple[str, Iterable[tuple[str, str]]]]) -> list[dict]:
-    """Groups of written examples with identical source bytes, for the report in dataset_info.json."""
-    groups = []
-    for sha256, members in keys_by_sha:
-        members = sorted(members)
-        if len(members) > 1:
-            labels = sorted({label for _, label in members})
-            groups.append(
-                {
-                    "sha256": sha256,
-                    "files": [f for f, _ in members],
-                    "labels": labels,
-                    "conflicting_labels": len(labels) > 1,
-                }
-            )
-    return sorted(groups, key=lambda g: g["files"])
 
 
 def build_dataset_info(
@@ -254,27 +236,6 @@ def _emptied_class_warnings(summary: dict, splits: dict) -> list[str]:
                 f"every input of {'it' if len(emptied) == 1 else 'them'} there is a dead letter"
             )
     return warnings
-
-
-def conflicting_label_warnings(content_duplicates: Sequence[dict], *, shown: int = 3) -> list[str]:
-    """One warning when identical images carry different labels (a class folder symlinked into
-    the tree, a file linked or copied into another class): the model is then taught both labels
-    for one image, a wrong dataset that nothing else reports. Names a few groups, counts all."""
-    conflicting = [group for group in content_duplicates if group.get("conflicting_labels")]
-    if not conflicting:
-        return []
-    examples = "; ".join(
-        f"{' = '.join(map(repr, group['files']))} (labels {', '.join(group['labels'])})"
-        for group in conflicting[:shown]
-    )
-    more = f"; and {len(conflicting) - shown} more" if len(conflicting) > shown else ""
-    groups = "image" if len(conflicting) == 1 else "images"
-    return [
-        f"{len(conflicting)} {groups} with identical content {'carries' if len(conflicting) == 1 else 'carry'} "
-        f"more than one label: {examples}{more} "
-        "(a symlinked class folder, or a file linked or copied into another class?); see "
-        f"content_duplicates in {DATASET_INFO} (--dedup content makes them dead letters instead)"
-    ]
 
 
 def _applied(settings: dict, summary: dict) -> dict:
