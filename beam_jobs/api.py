@@ -323,16 +323,9 @@ def convert_argv(
         elif name == "image_size" and isinstance(value, (tuple, list)):
             value = "x".join(str(side) for side in value)
         argv += _as_flag(name, value)
-    if isinstance(beam_options, Mapping):
-        for name, value in beam_options.items():
-            argv += _as_flag(name, value)
-    elif beam_options is not None:
-        if isinstance(beam_options, str):
-            raise TypeError("beam_options is a mapping or a list of '--flag=value' strings, not one string")
-        argv.extend(beam_options)
-    if "-h" in argv or "--help" in argv:  # The command line would print its help and exit 0.
-        raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
-    return argv
+    # Beam's options as spec_from_keywords reads them; here a job flag among them is left to the
+    # command line's parser, which refuses it given twice.
+    return argv + list(_runner_args(None, beam_options, own=set()))
 
 
 def _as_flag(name: str, value: Any) -> list[str]:
