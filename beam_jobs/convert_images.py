@@ -34,7 +34,15 @@ from beam_jobs.planning.rules import (
     label_lineage,
     with_label_map,
 )
-from beam_jobs.planning.transforms import PLAN_CHANGES, PLAN_DEAD_LETTERS, PLAN_SUMMARY, PlanShards, SourceChangesFn
+from beam_jobs.planning.transforms import (
+    IGNORED_COUNTS,
+    PLAN_CHANGES,
+    PLAN_DEAD_LETTERS,
+    PLAN_DEAD_REASONS,
+    PLAN_SUMMARY,
+    PlanShards,
+    SourceChangesFn,
+)
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec, absolute_uri
 from beam_jobs.versions import history
@@ -154,7 +162,6 @@ SHARDS = "shards"
 CONVERTED = "converted"
 HELD = "held"
 HELD_KEYS = "held_keys"
-IGNORED_COUNTS = "ignored_counts"
 
 
 class ListInputs(beam.PTransform):
@@ -245,6 +252,7 @@ class PlanRun(beam.PTransform):
             ),
             target_shard_bytes=spec.shards.target_bytes,
             dedup=spec.source.dedup,
+            ignored=listed[IGNORED],
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
@@ -268,13 +276,12 @@ class PlanRun(beam.PTransform):
             summary = summary | "OfTheAppend" >> beam.Map(_append_summary, beam.pvalue.AsSingleton(changes))
             # Through the check's result, so that no shard is converted before an append is refused.
             shards = shards | "AfterSourceCheck" >> beam.Map(lambda shard, _: shard, beam.pvalue.AsSingleton(changes))
-        ignored_counts = listed[IGNORED] | "CountIgnored" >> beam.combiners.Count.PerElement()
-        # (Ignored kind, count)
         return {
             SHARDS: shards,
             PLAN_DEAD_LETTERS: planned[PLAN_DEAD_LETTERS],
+            PLAN_DEAD_REASONS: planned[PLAN_DEAD_REASONS],  # (reason, count)
             PLAN_SUMMARY: summary,
-            IGNORED_COUNTS: ignored_counts,
+            IGNORED_COUNTS: planned[IGNORED_COUNTS],  # (Ignored kind, count)
         }
 
 
@@ -400,12 +407,7 @@ class CommitRun(beam.PTransform):
         folder = _run_folder(spec, run)
         summary = parts[PLAN_SUMMARY] | LOG_PLAN_STEP >> beam.Map(
             _log_plan,
-            beam.pvalue.AsList(
-                parts[PLAN_DEAD_LETTERS]
-                | "PlanDeadLetterReasons" >> beam.Map(lambda d: (d.reason, 1))
-                | "CountPlanReasons" >> beam.CombinePerKey(sum)
-                | "PlanReasonParts" >> beam.Map(lambda kv: {"by_reason": {kv[0]: kv[1]}})
-            ),
+            beam.pvalue.AsList(parts[PLAN_DEAD_REASONS]),
             beam.pvalue.AsList(parts[IGNORED_COUNTS]),
             output_dir=folder,
             run_id=run.run_id,
@@ -464,14 +466,12 @@ def _duplicate_groups(keyed: tuple[str, Iterable[tuple[str, str]]]) -> list[dict
 
 
 def _log_plan(
-    summary: dict, plan_parts: list[dict], ignored: list | tuple = (), *, output_dir: str, run_id: str | None
+    summary: dict, reasons: list | tuple, ignored: list | tuple = (), *, output_dir: str, run_id: str | None
 ) -> dict:
     """Logs the plan's line, and leaves it with the totals for the launching process's watcher.
-    ``ignored`` holds (Ignored kind, count) for the entries the listing left out on purpose."""
-    by_reason: dict[str, int] = {}
-    for part in plan_parts:
-        for reason, count in part["by_reason"].items():
-            by_reason[reason] = by_reason.get(reason, 0) + count
+    ``reasons`` holds (reason, count) of the plan's dead letters, ``ignored`` (Ignored kind, count)
+    for the entries the listing left out on purpose."""
+    by_reason = dict(reasons)
     line = "\n".join([plan_line(summary, by_reason) + ignored_note(dict(ignored)), *plan_warning_lines(summary)])
     _DETAILS.info("%s", line)
     if run_id is not None:

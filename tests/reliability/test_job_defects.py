@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -452,10 +453,14 @@ def test_a_second_run_into_a_busy_folder_is_refused(photos, tmp_path):
                 break
             time.sleep(0.05)
         assert lock.exists(), "the first run never took the lock"
+        # Held still while the second run starts: a run of 8 images can end within a second, before
+        # the second has imported Beam. A stopped process is a live one, as a slow run's is.
+        first.send_signal(signal.SIGSTOP)
         second = run_cli("--input", photos, "--output_dir", out, "--overwrite", *SMALL, check=False)
         _assert_one_clear_error(second, code=2, says="is writing into")  # refused before any work
         assert f"process {first.pid}" in second.stderr
     finally:
+        first.send_signal(signal.SIGCONT)
         stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr[-3000:]
     assert not lock.exists()

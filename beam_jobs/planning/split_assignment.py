@@ -1,0 +1,106 @@
+"""Splits for the inputs that have none: by hash, or stratified exactly per class.
+
+The stratified rule needs each input's rank in its class's split-hash order. It is found by
+buckets, as shard places are (plan.bucket_offsets), but the per-(class, bucket) offsets (up to
+labels x 4096 of them) are never a side input: they are computed per class (at most 4096 counts
+each) and joined to the inputs of their bucket with CoGroupByKey.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+
+import apache_beam as beam
+
+from beam_jobs.planning.rules import (
+    SPLIT_RULES,
+    assign_splits_by_hash,
+    bucket_offsets,
+    split_at_rank,
+    split_bucket_key,
+    split_order,
+    stratified_counts,
+)
+from beam_jobs.records import InputFile
+
+__all__ = ["AssignSplits"]
+
+
+def _with_hash_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFile:
+    return assign_splits_by_hash([f], fractions)[0]
+
+
+def _in_split(f: InputFile, *, split: str) -> InputFile:
+    return f if f.split is not None else replace(f, split=split)
+
+
+def _split_counts(class_sizes: list[tuple[str, int]], *, fractions: Mapping[str, float]) -> dict:
+    """{label: {split: count}} for the inputs without a split: labels x splits, small."""
+    return stratified_counts(dict(class_sizes), fractions)
+
+
+def _class_bucket_offsets(group: tuple[str, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[str, int], int]]:
+    """((label, bucket), offset) for each bucket of one class: at most NUM_BUCKETS counts."""
+    label, counts = group
+    for bucket, offset in bucket_offsets(dict(counts)).items():
+        yield (label, bucket), offset
+
+
+def _split_bucket(group: tuple[tuple[str, int], Mapping[str, Iterable]], split_counts: dict) -> Iterator[InputFile]:
+    """Gives the inputs of one (class, bucket) their splits: rank in the class's hash order =
+    bucket offset + rank inside the bucket, and the ranks fill the class's split counts in turn."""
+    (label, _), joined = group
+    offset = next(iter(joined["offset"]))
+    for index, f in enumerate(sorted(joined["inputs"], key=split_order)):
+        yield replace(f, split=split_at_rank(offset + index, split_counts[label]))
+
+
+class AssignSplits(beam.PTransform):
+    """InputFile -> InputFile with a split: given splits are kept, the others follow ``rule``."""
+
+    def __init__(self, fractions: Mapping[str, float], rule: str) -> None:
+        super().__init__()
+        if rule not in SPLIT_RULES:
+            raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
+        self._fractions = dict(fractions)
+        self._rule = rule
+
+    def expand(self, inputs: beam.PCollection) -> beam.PCollection:
+        """By hash, a Map; stratified, per-(class, bucket) counts give each class's sizes and each
+        bucket's offset, and the offsets join their bucket's inputs."""
+        if len(self._fractions) == 1:
+            # One split takes every input, by either rule: a Map, not the rule's shuffles.
+            return inputs | "OneSplit" >> beam.Map(_in_split, split=next(iter(self._fractions)))
+        if self._rule == "hash":
+            return inputs | "SplitByHash" >> beam.Map(_with_hash_split, fractions=self._fractions)
+        # The ignore: Beam's type comment asks Partition for a PartitionFn, though it wraps a plain function itself.
+        given, unsplit = inputs | "HasSplit" >> beam.Partition(
+            lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]
+            2,
+        )
+        keyed = unsplit | "KeyByLabelBucket" >> beam.Map(lambda f: (split_bucket_key(f), f))
+        per_class = (
+            keyed
+            | "OneByLabelBucket" >> beam.Map(lambda kv: (kv[0], 1))
+            | "CountPerLabelBucket" >> beam.CombinePerKey(sum)
+            | "KeyBucketCountsByLabel" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+            | "GroupBucketsByLabel" >> beam.GroupByKey()
+            # (label, [(bucket, count), ...]): at most NUM_BUCKETS per class
+        )
+        split_counts = (
+            per_class
+            | "LabelSize" >> beam.Map(lambda group: (group[0], sum(count for _, count in group[1])))
+            | "LabelSizes" >> beam.combiners.ToList()
+            | "SplitCounts" >> beam.Map(_split_counts, fractions=self._fractions)
+        )
+        # {label: {split: count}}: one small element
+        offsets = per_class | "LabelBucketOffsets" >> beam.FlatMap(_class_bucket_offsets)
+        # ((label, bucket), offset)
+        assigned = (
+            {"offset": offsets, "inputs": keyed}
+            | "JoinOffsets" >> beam.CoGroupByKey()
+            # ((label, bucket), {"offset": [offset], "inputs": [InputFile, ...]})
+            | "SplitInBucket" >> beam.FlatMap(_split_bucket, beam.pvalue.AsSingleton(split_counts))
+        )
+        return (given, assigned) | "WithSplits" >> beam.Flatten()
