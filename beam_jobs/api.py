@@ -7,6 +7,7 @@ the very parser the command line uses, and a notebook and a shell run write the 
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -16,8 +17,9 @@ from beam_jobs.errors import UsageError
 
 if TYPE_CHECKING:
     from beam_jobs.spec import ConversionSpec
+    from tfdata_readers.sources.manifest_types import DatasetInfo
 
-__all__ = ["convert", "convert_argv", "in_keyword_terms", "spec_from_keywords"]
+__all__ = ["committed_info", "convert", "convert_argv", "in_keyword_terms", "spec_from_keywords"]
 
 
 def convert(
@@ -59,7 +61,7 @@ def convert(
     runner: str | None = None,
     beam_options: Mapping[str, Any] | Sequence[str] | None = None,
     spec: ConversionSpec | None = None,
-) -> dict:
+) -> DatasetInfo | dict:
     """Converts a folder tree (``input``) or a CSV/JSONL list (``manifest``) into TFRecord shards.
 
     Every keyword is the command line's flag of the same name (``images-to-tfrecords --help``
@@ -68,11 +70,13 @@ def convert(
     ``runner`` and ``beam_options`` (a mapping such as ``{"direct_num_workers": 2}`` or a list of
     ``--flag=value`` strings) go to Beam; with neither, the job runs on every local core.
 
-    Returns the committed version's ``dataset_info.json`` (or, with ``plan_only``, the plan) as a
-    dict. Arguments the command line would refuse raise ``beam_jobs.UsageError`` (a ``ValueError``)
-    with the command line's message (its flags written as keywords: ``overwrite=True`` for
-    ``--overwrite``), before anything is read or written; a run that fails raises
-    the error that failed it, after removing what it had written (the version before it stays the
+    Returns the committed version's manifest as a ``tfdata_readers.DatasetInfo``, the type
+    ``tfdata_readers.load_manifest`` returns (typed fields: ``info.splits["train"].num_examples``,
+    ``info.label_names``; the JSON as before: ``info["splits"]``, ``info.to_json()``); with
+    ``plan_only``, the plan as a dict. Arguments the command line would refuse raise
+    ``beam_jobs.UsageError`` (a ``ValueError``) with the command line's message (its flags written
+    as keywords: ``overwrite=True`` for ``--overwrite``), before anything is read or written; a run
+    that fails raises the error that failed it, after removing what it had written (the version before it stays the
     current one). Ctrl-C (SIGINT) and SIGTERM interrupt it as they do the command line: what the run
     wrote is removed and ``KeyboardInterrupt`` is raised (one that arrives during the commit's own
     few writes waits for them: the new version is then committed, and the exception's ``state``
@@ -99,9 +103,25 @@ def convert(
             configure_logging_for(spec.log_level, spec.runner_args, keep_handlers=True)
             try:
                 with sigterm_as_interrupt():
-                    return run_spec(spec, options, TerminalConsole(spec, options))
+                    written = run_spec(spec, options, TerminalConsole(spec, options))
             except KeyboardInterrupt as interrupt:
                 raise _said(interrupt, overwrite=spec.mode.overwrite) from None
+    return written if spec.mode.plan_only else committed_info(written, spec.output_dir)
+
+
+def committed_info(manifest: dict, output_dir: str) -> DatasetInfo:
+    """The manifest a run committed, typed as the reader's ``load_manifest`` types it (the JSON stays
+    reachable: ``info["splits"]``, ``info.to_json()``)."""
+    # Imported here, as Beam is: `import beam_jobs` stays light. This module imports no TensorFlow.
+    from tfdata_readers.sources.manifest_types import (  # pylint: disable=import-outside-toplevel
+        MANIFEST_NAME,
+        parse_manifest,
+    )
+
+    info, problems = parse_manifest(manifest, data_dir=output_dir, path=os.path.join(output_dir, MANIFEST_NAME))
+    if problems:  # the job wrote it: a problem here is the job's own bug, said as such
+        raise RuntimeError(f"the manifest just committed to {output_dir} has problems: {'; '.join(problems)}")
+    return info
 
 
 def spec_from_keywords(

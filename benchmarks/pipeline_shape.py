@@ -2,6 +2,11 @@
 
     python benchmarks/pipeline_shape.py                 # this checkout
     python benchmarks/pipeline_shape.py --ref 27d40fb   # and an older commit, side by side
+    python benchmarks/pipeline_shape.py --ref 6e47793 --time 5   # and each one's whole run, timed
+
+With ``--time N``, each checkout also converts the same 4 photos N times as a user runs it (a fresh
+process, the local runner with its defaults), interleaved, and the median wall time is printed: on
+so small a job that time is the fixed start-up, which the stage count is part of.
 
 Each checkout's job is built by its own ``beam_jobs.pipeline.run`` on a small photo tree, with a
 runner that runs nothing and keeps the pipeline (so the count is what a real run would submit);
@@ -16,9 +21,11 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -73,9 +80,41 @@ def _measure(code_root: pathlib.Path, photos: pathlib.Path, out: pathlib.Path, e
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _timed_run(code_root: pathlib.Path, photos: pathlib.Path, out: pathlib.Path) -> float:
+    """Seconds for one whole conversion, as a process, from the command to its exit."""
+    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    began = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "32"],
+        cwd=code_root,
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    return time.perf_counter() - began
+
+
+def _time_checkouts(checkouts: list, photos: pathlib.Path, scratch: pathlib.Path, repeats: int) -> None:
+    times: dict[str, list[float]] = {name: [] for name, _ in checkouts}
+    for repeat in range(repeats):
+        order = checkouts if repeat % 2 == 0 else checkouts[::-1]  # neither always runs first
+        for name, root in order:
+            out = scratch / f"timed-{name.replace(' ', '_')}-{repeat}"
+            times[name].append(_timed_run(root, photos, out))
+    print()
+    print(f"| checkout | whole run of 4 photos, median of {repeats} (s) | ratio to the first |")
+    print("|---|---|---|")
+    first = statistics.median(times[checkouts[0][0]])
+    for name, _ in checkouts:
+        median = statistics.median(times[name])
+        print(f"| {name} | {median:.2f} | {median / first:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ref", help="an older commit to measure beside this checkout")
+    parser.add_argument("--time", type=int, default=0, metavar="N", help="also time N whole runs of each checkout")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         scratch_path = pathlib.Path(scratch)
@@ -85,7 +124,7 @@ def main() -> None:
             old = scratch_path / "ref"
             old.mkdir()
             archive = subprocess.run(
-                ["git", "archive", args.ref, "beam_jobs"], cwd=REPO, capture_output=True, check=True
+                ["git", "archive", args.ref, "beam_jobs", "tfdata_readers"], cwd=REPO, capture_output=True, check=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
             checkouts.insert(0, (args.ref, old))
@@ -101,6 +140,8 @@ def main() -> None:
                 print(
                     f"| {name} | {run} | {shape['transforms']} | {shape['leaf_transforms']} | {shape['fused_stages']} |"
                 )
+        if args.time:
+            _time_checkouts(checkouts, photos, scratch_path, args.time)
 
 
 if __name__ == "__main__":

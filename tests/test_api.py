@@ -19,6 +19,7 @@ import pytest
 from apache_beam.runners.portability import fn_api_runner
 
 import beam_jobs
+import tfdata_readers
 from beam_jobs.api import convert_argv, in_keyword_terms
 from beam_jobs.command_line.arguments import parse_job_arguments
 from beam_jobs.command_line.flags import help_parser
@@ -153,7 +154,11 @@ def test_convert_returns_the_manifest_and_writes_what_the_command_line_writes(tm
     finally:
         root_logger.removeHandler(mine)
         root_logger.setLevel(before[1])
-    assert info == json.loads((tmp_path / "api" / "dataset_info.json").read_text())
+    # The reader's own type, equal to what the reader reads back, with the JSON as written.
+    assert isinstance(info, tfdata_readers.DatasetInfo)
+    assert info == tfdata_readers.load_manifest(tmp_path / "api")
+    assert info.to_json() == dict(info) == json.loads((tmp_path / "api" / "dataset_info.json").read_text())
+    assert info.splits["train"].num_examples == info["splits"]["train"]["num_examples"]
     assert sum(s["num_examples"] for s in info["splits"].values()) == len(good)
     assert info["num_dead_letters"] == len(broken)
     run_cli(
