@@ -15,21 +15,17 @@ import dataclasses
 import hashlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import apache_beam as beam
 
-from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import (
-    DEFAULT_SPLIT_RULE,
-    DEFAULT_TARGET_SHARD_MB,
     estimate_example_bytes,
     label_lineage,
     with_label_map,
@@ -44,7 +40,9 @@ from beam_jobs.planning.transforms import (
     SourceChangesFn,
 )
 from beam_jobs.records import DeadLetter, InputFile
-from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec, absolute_uri
+from beam_jobs.run_context import RunContext
+from beam_jobs.spec import ConversionSpec
+from beam_jobs.spec_keywords import spec_of_keywords
 from beam_jobs.versions import history
 from beam_jobs.writing.append import (
     WHOLE_DATASET_WARNING,
@@ -55,7 +53,7 @@ from beam_jobs.writing.append import (
     read_held_inputs,
 )
 from beam_jobs.writing.commit import Current, read_current
-from beam_jobs.writing.convert_shards import CONTENT_KEYS, CONVERT_THREADS, DEAD_LETTERS, ConvertShardFn
+from beam_jobs.writing.convert_shards import CONTENT_KEYS, DEAD_LETTERS, ConvertShardFn
 from beam_jobs.writing.duplicates import content_duplicate_groups
 from beam_jobs.writing.finalize import (
     dead_letter_part,
@@ -76,30 +74,6 @@ _DETAILS = logging.getLogger("beam_jobs.details")
 # The step that logs the plan line on a worker; the launching process prints it from the
 # progress file already (see command_line/progress.py), so the console drops its relayed copy.
 LOG_PLAN_STEP = "LogPlan"
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What one run of a spec found and chose before its pipeline was built.
-
-    Attributes:
-      run_id: the run's name: its folder under shards/ and its progress file (None: a plan only).
-      expected: the version current when the run started; it commits only if that still is.
-      change_kind: "create", "overwrite" or "append": what the commit records.
-      convert_threads: images each worker converts at once (ConvertShardFn).
-    """
-
-    run_id: str | None
-    expected: Current | None
-    change_kind: str = "create"
-    convert_threads: int = CONVERT_THREADS
-
-    @property
-    def appended_to(self) -> Current | None:
-        """The version an append adds to (None for any other run)."""
-        if self.change_kind == "append" and self.expected is not None and self.expected.manifest is not None:
-            return self.expected
-        return None
 
 
 class ConvertImages(beam.PTransform):
@@ -126,7 +100,7 @@ class ConvertImages(beam.PTransform):
     ) -> None:
         super().__init__()
         if spec is None:
-            spec, run = _from_keywords(**keywords)
+            spec, run = spec_of_keywords(**keywords)
         elif keywords:
             raise TypeError(f"ConvertImages takes a spec or keywords, not both (got {sorted(keywords)})")
         self._spec = spec
@@ -489,74 +463,3 @@ def _context_of(spec: ConversionSpec) -> RunContext:
     if kind == "create" and expected is not None and expected.manifest is not None:
         kind = "overwrite"
     return RunContext(run_id=new_run_name(), expected=expected, change_kind=kind)
-
-
-def _from_keywords(
-    *,
-    output_dir: str,
-    input_root: str | None = None,
-    input_list: str | None = None,
-    rows_root: str | None = None,
-    image_config: ImageConfig | None = None,
-    split_fractions: dict[str, float] | None = None,
-    num_shards: int | None = None,
-    target_shard_bytes: int = DEFAULT_TARGET_SHARD_MB * 2**20,
-    max_bad_fraction: float = 0.01,
-    dedup: str = "path",
-    resume: bool = False,
-    allow_outside_root: bool = False,
-    tree_layout: str = "auto",
-    plan_only: bool = False,
-    run_id: str | None = None,
-    split_rule: str = DEFAULT_SPLIT_RULE,
-    expected: Current | None = None,
-    change_kind: str = "create",
-    keep_versions: int = 2,
-    changed_sources: str = "refuse",
-    convert_threads: int = CONVERT_THREADS,
-    coco_files: list[tuple[str | None, str]] | None = None,
-    keep_unannotated: bool = True,
-    coco_masks: bool = False,
-    relabel: str = "keep",
-) -> tuple[ConversionSpec, RunContext | None]:
-    """The spec (and, when any of its parts is given, the run's context) that ConvertImages'
-    keyword form stands for: the command line's settings under their Python names."""
-    if sum(source is not None for source in (input_root, input_list, rows_root)) != 1:
-        raise ValueError(
-            "ConvertImages takes exactly one of input_root (a tree), input_list (a CSV/JSONL "
-            "file) and rows_root (applied to a PCollection of rows)"
-        )
-    spec = ConversionSpec(
-        source=Source(
-            root=input_root,
-            input_list=input_list,
-            rows_root=None if rows_root is None else absolute_uri(rows_root),
-            coco_files=tuple(coco_files or ()),
-            keep_unannotated=keep_unannotated,
-            coco_masks=coco_masks,
-            tree_layout=tree_layout,
-            allow_outside_root=allow_outside_root,
-            dedup=dedup,
-        ),
-        output_dir=output_dir,
-        image=image_config if image_config is not None else ImageConfig(),
-        splits=SplitSpec(fractions=split_fractions, rule=split_rule),
-        shards=ShardSpec(num_shards=num_shards, target_shard_mb=target_shard_bytes / 2**20),
-        limits=Limits(max_bad_fraction=max_bad_fraction),
-        mode=RunMode(
-            append=change_kind == "append",
-            resume=resume,
-            plan_only=plan_only,
-            changed_sources=changed_sources,
-            relabel=relabel,
-            keep_versions=keep_versions,
-        ),
-    )
-    if run_id is None and expected is None and change_kind == "create" and convert_threads == CONVERT_THREADS:
-        return spec, None  # the run's context comes from the output folder when the transform is made
-    if not plan_only:
-        run_id = run_id if run_id is not None else new_run_name()
-        expected = expected if expected is not None else read_current(output_dir)
-    if change_kind == "create" and expected is not None and expected.manifest is not None:
-        change_kind = "overwrite"
-    return spec, RunContext(run_id=run_id, expected=expected, change_kind=change_kind, convert_threads=convert_threads)

@@ -252,10 +252,40 @@ def check_output_dir(
       settings (each shard is verified later against its sidecar and its sources); with a dataset
       of other settings there, only with --overwrite.
     """
+    _remove_temp_files_of_killed_runs(output_dir)
+    _refuse_what_the_flags_do_not_say(
+        output_dir,
+        current,
+        overwrite=overwrite,
+        resume=resume,
+        append=append,
+        fingerprint=fingerprint,
+        append_fingerprint=append_fingerprint,
+        preprocessing=preprocessing,
+    )
+    previous = current.manifest
+    kind = "create" if previous is None else "append" if append else "overwrite"
+    if previous is not None and not append:
+        _LOG.info(
+            "version %s in %s stays current until this run commits the next one",
+            current.version,
+            redact(output_dir),
+        )
+    committed = listed_runs(_committed_manifests(output_dir, current))
+    # An append's shards hold only what the version lacks: its folder is continued only by an
+    # append to the same version, and an overwrite's only by a run that converts every input.
+    own = resume_key(fingerprint, run_made_for(current.version if append else None))
+    if not resume:
+        _warn_of_continuable_runs(output_dir, committed, own, append=append)
+        return new_run_name(), kind
+    return _resumed_run(output_dir, current, committed, own, preprocessing, append=append), kind
+
+
+def _remove_temp_files_of_killed_runs(output_dir: str) -> None:
+    """A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
+    between writing and renaming or deleting it leaves it. This run holds the lock, so no live
+    run is writing one."""
     names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(output_dir)}
-    # A probe or lock temp file is never data: a run killed (SIGKILL, which runs no cleanup)
-    # between writing and renaming or deleting it leaves it. This run holds the lock, so no live
-    # run is writing one.
     leftovers = sorted(name for name in names if _RUN_TEMP_FILE.match(name))
     if leftovers:
         _LOG.info(
@@ -264,7 +294,22 @@ def check_output_dir(
             redact(output_dir),
             ", ".join(leftovers),
         )
-        delete_exactly([names.pop(name) for name in leftovers])
+        delete_exactly([names[name] for name in leftovers])
+
+
+def _refuse_what_the_flags_do_not_say(
+    output_dir: str,
+    current: Current,
+    *,
+    overwrite: bool,
+    resume: bool,
+    append: bool,
+    fingerprint: str,
+    append_fingerprint: str | None,
+    preprocessing: dict,
+) -> None:
+    """A UsageError, before any work, for a folder whose dataset the flags say nothing about (or
+    the wrong thing: an append or a resume with other settings)."""
     previous = current.manifest
     if append:
         if previous is None:
@@ -295,33 +340,31 @@ def check_output_dir(
             f"({_differences(_made_with(previous), preprocessing)}); --resume only continues a run "
             "with the same flags. Pass --overwrite to replace it, or choose another folder"
         )
-    kind = "create" if previous is None else "append" if append else "overwrite"
-    if previous is not None and not append:
-        _LOG.info(
-            "version %s in %s stays current until this run commits the next one",
-            current.version,
+
+
+def _warn_of_continuable_runs(output_dir: str, committed: set[str], own: str, *, append: bool) -> None:
+    """Said before the work, not after: an earlier run's shards that --resume would keep are
+    removed once this run commits."""
+    if any(_continuable(found, own) for _, found in resumable_runs(output_dir, committed)):
+        _LOG.warning(
+            "an interrupted earlier run in %s left shards made with these same settings; this run "
+            "converts %s again and removes them when it commits (stop it now and rerun "
+            "with --resume to keep them)",
             redact(output_dir),
+            "its new inputs" if append else "everything",
         )
-    committed = listed_runs(_committed_manifests(output_dir, current))
-    # An append's shards hold only what the version lacks: its folder is continued only by an
-    # append to the same version, and an overwrite's only by a run that converts every input.
-    own = resume_key(fingerprint, run_made_for(current.version if append else None))
-    if not resume:
-        if any(_continuable(found, own) for _, found in resumable_runs(output_dir, committed)):
-            # Said before the work, not after: the earlier run's shards are removed once this run commits.
-            _LOG.warning(
-                "an interrupted earlier run in %s left shards made with these same settings; this run "
-                "converts %s again and removes them when it commits (stop it now and rerun "
-                "with --resume to keep them)",
-                redact(output_dir),
-                "its new inputs" if append else "everything",
-            )
-        return new_run_name(), kind
+
+
+def _resumed_run(
+    output_dir: str, current: Current, committed: set[str], own: str, preprocessing: dict, *, append: bool
+) -> str:
+    """--resume: the newest uncommitted run folder with shards made with these settings, else a
+    new run's name, with a warning that says why nothing is continued."""
     unkept, differences = 0, set[str]()
     for run, found in resumable_runs(output_dir, committed):
         if _continuable(found, own):
             _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
-            return run, kind
+            return run
         if found:
             unkept += 1
             differences.update(
@@ -339,7 +382,7 @@ def check_output_dir(
             "; ".join(sorted(differences)),
             "its new inputs" if append else "everything",
         )
-    elif previous is not None and not append:
+    elif current.manifest is not None and not append:
         # Said by default (the notice above is INFO): the user asked to finish a run, and this one
         # will replace a complete dataset instead.
         _LOG.warning(
@@ -348,7 +391,7 @@ def check_output_dir(
             redact(output_dir),
             current.version,
         )
-    return new_run_name(), kind
+    return new_run_name()
 
 
 def _purpose_difference(key: str, own: str) -> str:

@@ -35,6 +35,17 @@ An argument the job does not know is an error."""
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the job's flags to ``parser``, in groups that follow the conversion."""
+    _add_input_flags(parser)
+    _add_output_flags(parser)
+    _add_annotation_flags(parser)
+    _add_image_flags(parser)
+    _add_split_flags(parser)
+    _add_robustness_flags(parser)
+    _add_run_flags(parser)
+
+
+def _add_input_flags(parser: argparse.ArgumentParser) -> None:
+    """The "inputs" group of flags."""
     group = parser.add_argument_group("inputs", "what to convert")
     group.add_argument(
         "--input",
@@ -73,6 +84,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "dead letters). With path, identical-content copies are kept and reported in "
         "dataset_info.json (default: %(default)s)",
     )
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The "output" group of flags."""
     group = parser.add_argument_group("output", "where the dataset goes, and its shards")
     group.add_argument("--output_dir", metavar="DIR", help="where shards, dataset_info.json and dead_letters.jsonl go")
     group.add_argument(
@@ -88,6 +103,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="approximate shard size when --num_shards is 0; there are always enough "
         "shards to keep many workers busy (default: %(default)s)",
     )
+
+
+def _add_annotation_flags(parser: argparse.ArgumentParser) -> None:
+    """The "annotations" group of flags."""
     group = parser.add_argument_group("annotations", "boxes and several labels per image (docs/annotations.md)")
     group.add_argument(
         "--coco_annotations",
@@ -115,6 +134,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "its size is refused, since neither tells), stored (the file's pixels as stored) or "
         "upright (the image as shown) (default: %(default)s)",
     )
+
+
+def _add_image_flags(parser: argparse.ArgumentParser) -> None:
+    """The "image" group of flags."""
     group = parser.add_argument_group("image", "what each example holds")
     group.add_argument(
         "--image_size",
@@ -163,6 +186,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="how image/encoded is stored (default: %(default)s)",
     )
     group.add_argument("--jpeg_quality", type=int, default=_DEFAULTS.jpeg_quality, help="1-100 (default: %(default)s)")
+
+
+def _add_split_flags(parser: argparse.ArgumentParser) -> None:
+    """The "splits" group of flags."""
     group = parser.add_argument_group("splits", "which split each input goes to")
     group.add_argument(
         "--splits",
@@ -181,6 +208,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "path, only near the fractions, but adding inputs never moves another "
         "(default: %(default)s)",
     )
+
+
+def _add_robustness_flags(parser: argparse.ArgumentParser) -> None:
+    """The "robustness" group of flags."""
     group = parser.add_argument_group("robustness", "what counts as a bad input, and how much of it a run accepts")
     group.add_argument(
         "--max_pixels",
@@ -214,6 +245,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         default=0.01,
         help="fail the job when more inputs than this are dead letters (default: %(default)s)",
     )
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The "runs" group of flags."""
     group = parser.add_argument_group("runs", "versions, resuming, appending, and what the console shows")
     group.add_argument(
         "--plan_only",
