@@ -1,6 +1,6 @@
 """--append: a new version that lists the current version's shards, untouched, plus new ones.
 
-The current version's inputs are known from its shards' sidecars (convert_shards.py records, per
+The current version's inputs are known from its shards' sidecars (shard_sidecar.py records, per
 shard, each input's path relative to its source's root, the sha256 of its bytes, and the size and
 time its source had when it was converted), so only inputs that no shard holds are planned and
 converted. An input is who it is relative to its root, never where the root is mounted: a dataset

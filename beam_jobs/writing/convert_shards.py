@@ -9,33 +9,33 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import BinaryIO
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
-from beam_jobs.imaging.annotate import BAD_ANNOTATION, StoredObjects, stored_objects
-from beam_jobs.imaging.decode import DecodedImage, DecodedPixels, decode_image, decode_rgb_pixels
-from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
-from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.isolation import IsolatedRunner, needs_isolation
-from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
-from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_state
-from beam_jobs.imaging.resample import ARRAY_METHODS
 from beam_jobs.planning.rules import ShardPlan
-from beam_jobs.records import DeadLetter, InputFile, ShardResult, annotation_digest, content_label
+from beam_jobs.records import DeadLetter, InputFile, ShardResult
 from beam_jobs.storage import temp_name, write_atomically
 from beam_jobs.third_party_warnings import warnings_to_debug_log
+from beam_jobs.writing.example_conversion import ExampleClasses, convert_image
 from beam_jobs.writing.run_folders import sidecar_name
 from beam_jobs.writing.shard_progress import ShardProgressNote
+from beam_jobs.writing.shard_sidecar import (
+    ShardContents,
+    shard_fingerprint,
+    shard_result,
+    sidecar_record,
+    verified_sidecar,
+)
 from beam_jobs.writing.tfrecord_framing import frame_record
 
 __all__ = [
@@ -57,161 +57,6 @@ _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_l
 # Images converted at once by one worker (see ConvertShardFn._conversions). Two fill a second core
 # when the other workers are idle or slow; more only add memory (each holds a decoded image).
 CONVERT_THREADS = 2
-
-
-def convert_image(
-    data: bytes, input_file: InputFile, config: ImageConfig, mask: bytes | None = None
-) -> tuple[bytes, list[str], str, ExampleClasses | None]:
-    """The whole per-image transformation, pure: source bytes (and its semantic mask's, when it
-    has one) to serialized Example bytes.
-
-    Returns (serialized example, events worth counting, sha256 of the source bytes, and for an
-    annotated input the classes and objects the example holds). Raises BadInputError for
-    unusable input.
-    """
-    sha256 = hashlib.sha256(data).hexdigest()
-    draft_size_for = partial(
-        required_source_size, target=config.size, resize_mode=config.resize_mode, max_side=config.max_side
-    )
-    if config.resample in ARRAY_METHODS and config.channels == 3:
-        # The fast path: numpy arrays from decode to encode (decode.py, resample.py).
-        fast = decode_rgb_pixels(
-            data,
-            max_pixels=config.max_pixels,
-            draft_size_for=draft_size_for,
-            normalize=partial(normalize_mode, channels=3),
-        )
-        decoded_size = (fast.pixels.shape[1], fast.pixels.shape[0])
-        placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=True, max_side=config.max_side)
-        decoded: DecodedImage | DecodedPixels = fast
-        if _stored_as_is(decoded, decoded_size, placement, config):
-            encoded = data
-        else:
-            pixels = resize_pixels_by(fast.pixels, placement, config.resample)
-            encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
-    else:
-        decoded_image = decode_image(data, max_pixels=config.max_pixels, draft_size_for=draft_size_for)
-        image = normalize_mode(decoded_image.image, channels=config.channels)
-        decoded_size = image.size
-        placement = place(decoded_size, config.size, config.resize_mode, max_side=config.max_side)
-        decoded = decoded_image
-        if _stored_as_is(decoded, decoded_size, placement, config):
-            encoded = data
-        else:
-            image = resize_image_by(image, placement, config.resample)
-            encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
-    events = list(decoded.events)
-    width, height = placement.output_size
-    fields = ExampleFields(
-        encoded=encoded,
-        format=config.format_name,
-        height=height,
-        width=width,
-        channels=config.channels,
-        label=input_file.label_id,
-        label_text=input_file.label or "",
-        filename=input_file.filename,
-        sha256=sha256,
-        source_id=source_id_for(input_file.filename),
-    )
-    classes = None
-    if input_file.annotations is not None:
-        objects = stored_objects(
-            input_file.annotations,
-            file_size=decoded.source_size,
-            orientation=decoded.orientation,
-            decoded_size=decoded_size,
-            placement=placement,
-            frame=config.annotation_frame,
-        )
-        events += ["object_cut_by_crop"] * objects.dropped
-        ids = _image_classes(input_file, objects)
-        fields = replace(fields, labels=tuple(ids), label_texts=tuple(ids.values()), objects=objects)
-        mask_ids: tuple[int, ...] = ()
-        if "mask" in input_file.annotations.kinds:
-            placed = _semantic_mask(mask, input_file, decoded, decoded_size, placement, config.annotation_frame)
-            mask_ids = tuple(int(i) for i in np.unique(placed))
-            fields = replace(fields, segmentation_png=encode_mask_png(placed))
-        classes = ExampleClasses(tuple(ids.values()), tuple(objects.label_texts), objects.dropped, mask_ids)
-    else:
-        assert input_file.label is not None, "a planned input has its label or its annotations"
-    return serialize_example(fields), events, sha256, classes
-
-
-def _semantic_mask(
-    mask: bytes | None,
-    input_file: InputFile,
-    decoded: DecodedImage | DecodedPixels,
-    decoded_size: tuple[int, int],
-    placement: Placement,
-    frame: str,
-) -> np.ndarray:
-    """The stored image's semantic mask (class ids, the stored image's size); an input of a
-    dataset with masks that has none is refused (its example would be trained as all background)."""
-    if mask is None:
-        raise BadInputError(
-            Stage.PREPROCESS, BAD_ANNOTATION, "no mask: the other inputs of this dataset have one (the mask column)"
-        )
-    return semantic_mask(
-        mask,
-        file_size=decoded.source_size,
-        orientation=decoded.orientation,
-        decoded_size=decoded_size,
-        placement=placement,
-        frame=frame,
-    )
-
-
-@dataclass(frozen=True)
-class ExampleClasses:
-    """What an annotated example holds, for the manifest's counts: its classes (image level),
-    the class of each object it keeps, how many objects the crop cut away, and the ids its mask
-    holds (a mask's ids are the user's own numbers, so the manifest records the ones seen)."""
-
-    classes: tuple[str, ...]
-    objects: tuple[str, ...]
-    dropped: int
-    mask_ids: tuple[int, ...] = ()  # the class ids its semantic mask holds
-
-
-def _image_classes(input_file: InputFile, objects: StoredObjects) -> dict[int, str]:
-    """The image-level classes of an annotated example, id -> name in id order: its label, its
-    listed labels, and the class of each object the stored image still shows."""
-    annotations = input_file.annotations
-    assert annotations is not None
-    ids = dict(zip(annotations.label_ids, annotations.labels, strict=True))
-    ids.update(zip(objects.label_ids, objects.label_texts, strict=True))
-    if input_file.label is not None:
-        ids[input_file.label_id] = input_file.label
-    return dict(sorted(ids.items()))
-
-
-def _stored_as_is(
-    decoded: DecodedImage | DecodedPixels, decoded_size: tuple[int, int], placement: Placement, config: ImageConfig
-) -> bool:
-    """True when the keep mode may store the source file's own bytes: a JPEG, to be stored as JPEG,
-    already upright, in the colour mode asked for, decoded and kept at full size. Anything else is
-    re-encoded from the pixels (a reader would otherwise see it sideways, or in CMYK)."""
-    return (
-        config.keeps_size
-        and config.encoding == "jpeg"
-        and decoded.source_format == "JPEG"
-        and decoded.orientation == 1
-        and decoded.source_mode == ("RGB" if config.channels == 3 else "L")
-        and decoded_size == decoded.source_size
-        and placement.is_identity
-    )
-
-
-def shard_fingerprint(shard: ShardPlan, run_fingerprint: str) -> str:
-    """Identifies what a shard must contain: the run's settings and the shard's inputs (names and
-    labels; their contents are checked separately, see ``source_state``)."""
-    listing = [[f.filename, f.uri, f.label, f.label_id] for f in shard.inputs]
-    if any(f.annotations is not None for f in shard.inputs):
-        # Only for annotated inputs, so that the shards of earlier releases keep their fingerprints.
-        listing.append([repr(f.annotations) for f in shard.inputs])
-    text = json.dumps([run_fingerprint, shard.split, shard.index, shard.num_shards, listing])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class _HashingWriter:
@@ -380,66 +225,85 @@ class ConvertShardFn(beam.DoFn):
         # Before anything is read: a source that changes during the conversion then differs from
         # what the sidecar records, and a later --resume converts it again.
         sources = self._source_states(shard.inputs)
-        if self._resume:
-            done = _verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
-            if done is not None:
-                self._shards_resumed.inc()
-                self._mark_kept(sidecar_path, done)
-                _DETAILS.info("kept %s: complete and verified from an earlier run", shard.file_name)
-                yield from self._outputs(shard, done)
-                return
+        done = self._kept_shard(shard, staged_path, sidecar_path, fingerprint, sources) if self._resume else None
+        if done is None:
+            done = self._converted_shard(shard, staged_path, sidecar_path, fingerprint, sources)
+        yield from self._outputs(shard, done)
+
+    def _kept_shard(
+        self, shard: ShardPlan, staged_path: str, sidecar_path: str, fingerprint: str, sources: list
+    ) -> dict | None:
+        """--resume: the sidecar of the shard an earlier run staged, when it is verified and so kept
+        (marked as kept by this run), else None."""
+        done = verified_sidecar(staged_path, sidecar_path, fingerprint, sources)
+        if done is not None:
+            self._shards_resumed.inc()
+            self._mark_kept(sidecar_path, done)
+            _DETAILS.info("kept %s: complete and verified from an earlier run", shard.file_name)
+        return done
+
+    def _converted_shard(
+        self, shard: ShardPlan, staged_path: str, sidecar_path: str, fingerprint: str, sources: list
+    ) -> dict:
+        """Converts the shard under a temporary name, renames it to ``staged_path`` once complete,
+        then writes its sidecar; returns the sidecar."""
         temp_path = FileSystems.join(self._output_dir, temp_name(shard.file_name))
-        content_keys: list[tuple[str, str, str]] = []
-        # sha256 of each input's source bytes (and its mask's) by filename, dead letters read included
-        digests: dict[str, str] = {}
-        mask_digests: dict[str, str] = {}
-        # Annotated examples: [image-level classes, object classes, objects cut by the crop] each
-        annotated: list[list] = []
-        dead_letters: list[DeadLetter] = []
-        num_examples = 0
         note = None if self._run_id is None else ShardProgressNote(self._output_dir, self._run_id, shard.file_name)
+        contents, writer = self._write_temp_shard(shard, temp_path, note)
+        if self._tearing_down:
+            # The runner is tearing this worker down under us (it died, or cancelled the work):
+            # what was converted may be incomplete, so it is never staged.
+            FileSystems.delete([temp_path])
+            raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
+        FileSystems.rename([temp_path], [staged_path])
+        done = sidecar_record(
+            shard,
+            contents,
+            size=writer.bytes,
+            sha256=writer.sha256.hexdigest(),
+            fingerprint=fingerprint,
+            sources=sources,
+            run_facts=self._run_facts(),
+        )
+        write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
+        if note is not None:  # the sidecar counts the shard's images now
+            note.remove()
+        self._images_written.inc(contents.num_examples)
+        self._bytes_written.inc(writer.bytes)
+        self._shards_written.inc()
+        _DETAILS.info(
+            "wrote %s: %d examples, %.3g MiB, %d dead letters",
+            shard.file_name,
+            contents.num_examples,
+            writer.bytes / 2**20,
+            len(contents.dead_letters),
+        )
+        return done
+
+    def _write_temp_shard(
+        self, shard: ShardPlan, temp_path: str, note: ShardProgressNote | None
+    ) -> tuple[ShardContents, _HashingWriter]:
+        """Writes the shard's examples to ``temp_path`` in plan order; returns what they held and
+        the file's size and hash. On any failure the temporary file is removed (and the note)."""
+        contents = ShardContents()
         handle = FileSystems.create(
             temp_path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
         )
         try:
             writer = _HashingWriter(handle)
-            for input_file, data, isolated, conversion in self._conversions(shard.inputs, mask_digests):
+            for input_file, data, isolated, conversion in self._conversions(shard.inputs, contents.mask_digests):
                 if self._tearing_down:
                     raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
                 if note is not None:  # the inputs done before this one, for the launcher's display
-                    note.count(num_examples + len(dead_letters))
-                try:
-                    if isinstance(data, BadInputError):
-                        raise data
-                    self._images_read.inc()
-                    self._bytes_read.inc(len(data))
-                    if isolated:
-                        # Here, not on the converter thread: Beam's metrics belong to this thread.
-                        Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
-                    try:
-                        record, events, sha256, classes = conversion.result()
-                        digests[input_file.filename] = sha256
-                    except (BadInputError, WorkerShutdownError):
-                        raise
-                    except Exception as error:  # One odd file must not fail the whole shard.
-                        raise BadInputError(
-                            Stage.CONVERT, Reason.UNEXPECTED_ERROR, f"{type(error).__name__}: {error}"
-                        ) from error
-                except BadInputError as error:
-                    dead_letters.append(DeadLetter(input_file.uri, error.stage, error.reason, error.detail))
-                    if isinstance(data, bytes):  # read, then refused: a touch of it must not count as a change
-                        digests[input_file.filename] = hashlib.sha256(data).hexdigest()
-                    self._images_failed.inc()
-                    Metrics.counter(METRICS_NAMESPACE, f"failed_{error.reason}").inc()
+                    note.count(contents.num_done)
+                converted = self._conversion_result(input_file, data, isolated, conversion, contents)
+                if converted is None:
                     continue
+                record, events, sha256, classes = converted
                 for event in events:
                     Metrics.counter(METRICS_NAMESPACE, f"event_{event}").inc()
                 writer.write(frame_record(record))
-                num_examples += 1
-                content_keys.append((sha256, input_file.filename, _key_label(input_file)))
-                if classes is not None:
-                    held = [list(classes.classes), list(classes.objects), classes.dropped]
-                    annotated.append([*held, list(classes.mask_ids)] if classes.mask_ids else held)
+                contents.add_example(input_file, sha256, classes)
             handle.close()
         except BaseException:
             handle.close()
@@ -450,61 +314,55 @@ class ConvertShardFn(beam.DoFn):
             except Exception:  # The original error (a full disk, say) is the one to report.
                 _LOG.warning("could not remove the temporary file %s", temp_path)
             raise
-        if self._tearing_down:
-            # The runner is tearing this worker down under us (it died, or cancelled the work):
-            # what was converted may be incomplete, so it is never staged.
-            FileSystems.delete([temp_path])
-            raise WorkerShutdownError(f"the worker shut down while converting {shard.file_name}")
-        FileSystems.rename([temp_path], [staged_path])
-        done = {
-            "fingerprint": fingerprint,
-            "sources": sources,
-            # Which inputs this shard was made from (in plan order, as ``sources``): --append reads
-            # it to convert only the inputs that the current version does not hold yet.
-            "inputs": [input_file.uri for input_file in shard.inputs],
-            # ... who each is (its path relative to its source's root) and what its bytes were: an
-            # append knows a held input by them wherever its folder is mounted, and compares bytes
-            # when its size or time differ (``sources`` is only a hint; see reading.source_digests).
-            "input_filenames": [input_file.filename for input_file in shard.inputs],
-            "input_sha256": [_source_digests(f, digests, mask_digests) for f in shard.inputs],
-            # ... and what the plan made of each (its label), and the shard's split: an input
-            # relabelled or moved to another split since is a changed input, never silently kept.
-            "input_labels": [input_file.label for input_file in shard.inputs],
-            "split": shard.split,
-            "file": shard.file_name,
-            "num_examples": num_examples,
-            "bytes": writer.bytes,
-            "sha256": writer.sha256.hexdigest(),
-            "dead_letters": [[d.uri, d.stage, d.reason, d.detail] for d in dead_letters],
-            "content_keys": content_keys,
-        }
-        if annotated:
-            done["annotated"] = annotated
-        if any(input_file.annotations is not None for input_file in shard.inputs):
-            # ... and what each input's annotations said: boxes redrawn since make it a changed input.
-            done["input_annotations"] = [annotation_digest(input_file) for input_file in shard.inputs]
+        return contents, writer
+
+    def _conversion_result(
+        self,
+        input_file: InputFile,
+        data: bytes | BadInputError,
+        isolated: bool,
+        conversion: concurrent.futures.Future | None,
+        contents: ShardContents,
+    ) -> tuple[bytes, list[str], str, ExampleClasses | None] | None:
+        """The input's converted example, or None when it is unusable: then its dead letter is in
+        ``contents``, and counted. Any error of one odd file is its dead letter, never the shard's."""
+        try:
+            if isinstance(data, BadInputError):
+                raise data
+            self._images_read.inc()
+            self._bytes_read.inc(len(data))
+            if isolated:
+                # Here, not on the converter thread: Beam's metrics belong to this thread.
+                Metrics.counter(METRICS_NAMESPACE, "isolated_decodes").inc()
+            try:
+                assert conversion is not None, "a read input is converted"
+                converted = conversion.result()
+                contents.digests[input_file.filename] = converted[2]
+            except (BadInputError, WorkerShutdownError):
+                raise
+            except Exception as error:  # One odd file must not fail the whole shard.
+                raise BadInputError(
+                    Stage.CONVERT, Reason.UNEXPECTED_ERROR, f"{type(error).__name__}: {error}"
+                ) from error
+        except BadInputError as error:
+            contents.add_dead_letter(input_file, error, data)
+            self._images_failed.inc()
+            Metrics.counter(METRICS_NAMESPACE, f"failed_{error.reason}").inc()
+            return None
+        return converted
+
+    def _run_facts(self) -> dict:
+        """What each sidecar records of the run, where the run has it."""
+        facts: dict = {}
         if self._run_id is not None:
-            done["run_id"] = self._run_id
+            facts["run_id"] = self._run_id
         if self._run_fingerprint:
-            done["run_fingerprint"] = self._run_fingerprint
+            facts["run_fingerprint"] = self._run_fingerprint
         if self._made_for:
-            done["made_for"] = self._made_for
+            facts["made_for"] = self._made_for
         if self._preprocessing is not None:
-            done["preprocessing"] = self._preprocessing
-        write_atomically(sidecar_path, json.dumps(done, sort_keys=True).encode("utf-8"))
-        if note is not None:  # the sidecar counts the shard's images now
-            note.remove()
-        self._images_written.inc(num_examples)
-        self._bytes_written.inc(writer.bytes)
-        self._shards_written.inc()
-        _DETAILS.info(
-            "wrote %s: %d examples, %.3g MiB, %d dead letters",
-            shard.file_name,
-            num_examples,
-            writer.bytes / 2**20,
-            len(dead_letters),
-        )
-        yield from self._outputs(shard, done)
+            facts["preprocessing"] = self._preprocessing
+        return facts
 
     def _mark_kept(self, sidecar_path: str, done: dict) -> None:
         """Rewrites a kept shard's sidecar with this run's id, so that the watcher counts the shard
@@ -519,39 +377,13 @@ class ConvertShardFn(beam.DoFn):
             _LOG.warning("could not mark %s as kept by this run", sidecar_path)
 
     @staticmethod
-    def _outputs(shard: ShardPlan, done: dict):
+    def _outputs(shard: ShardPlan, done: dict) -> Iterator[ShardResult | beam.pvalue.TaggedOutput]:
+        """The shard's dead letters and content keys, then its ShardResult: all from its sidecar."""
         for uri, stage, reason, detail in done["dead_letters"]:
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
         for sha256, filename, label in done["content_keys"]:
             yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
-        # From the sidecar, so a shard kept by --resume (even one staged by an older version)
-        # reports the same counts as a freshly converted one.
-        objects: collections.Counter[str] = collections.Counter()
-        dropped = 0
-        mask_ids: set[int] = set()
-        if "annotated" in done:
-            # [classes, objects, cut] and, with a semantic mask, its ids.
-            classes = collections.Counter(name for names, *_ in done["annotated"] for name in names)
-            objects.update(name for _, names, *_ in done["annotated"] for name in names)
-            dropped = sum(cut for _, _, cut, *_ in done["annotated"])
-            mask_ids.update(i for _, _, _, *ids in done["annotated"] for i in (ids[0] if ids else ()))
-        else:
-            classes = collections.Counter(label for _, _, label in done["content_keys"])
-        reasons = collections.Counter(reason for _, _, reason, _ in done["dead_letters"])
-        yield ShardResult(
-            split=shard.split,
-            index=shard.index,
-            num_shards=shard.num_shards,
-            file=shard.file_name,
-            num_examples=done["num_examples"],
-            bytes=done["bytes"],
-            sha256=done["sha256"],
-            class_counts=tuple(sorted(classes.items())),
-            dead_letters_by_reason=tuple(sorted(reasons.items())),
-            object_counts=tuple(sorted(objects.items())),
-            mask_ids=tuple(sorted(mask_ids)),
-            objects_cut=dropped,
-        )
+        yield shard_result(shard, done)
 
 
 def _read_with_mask(input_file: InputFile, max_file_bytes: int) -> bytes | tuple[bytes, bytes]:
@@ -566,44 +398,3 @@ def _read_with_mask(input_file: InputFile, max_file_bytes: int) -> bytes | tuple
     except BadInputError as error:
         raise BadInputError(error.stage, error.reason, f"its mask {annotations.mask_uri}: {error.detail}") from None
     return data, mask
-
-
-def _source_digests(input_file: InputFile, digests: dict[str, str], mask_digests: dict[str, str]) -> list:
-    """[sha256 of the source's bytes], then its mask's when it has one (None where unread), in the
-    shape of reading.source_digests."""
-    annotations = input_file.annotations
-    with_mask = annotations is not None and annotations.mask_uri is not None
-    found = [digests.get(input_file.filename)]
-    return [*found, mask_digests.get(input_file.filename)] if with_mask else found
-
-
-def _key_label(input_file: InputFile) -> str:
-    """The label a content key records (the duplicate report names it): records.content_label."""
-    return content_label(input_file)
-
-
-def _file_sha256(path: str) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _verified_sidecar(staged_path: str, sidecar_path: str, fingerprint: str, sources: list) -> dict | None:
-    """The sidecar of a staged shard when the shard on disk is exactly what this run would write:
-    the same settings and inputs, every source unchanged since, and the file intact."""
-    try:
-        if not (FileSystems.exists(staged_path) and FileSystems.exists(sidecar_path)):
-            return None
-        with FileSystems.open(sidecar_path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            done = json.loads(handle.read().decode("utf-8"))
-        if done.get("fingerprint") != fingerprint or done.get("sources") != sources:
-            return None
-        if _file_sha256(staged_path) != (done["bytes"], done["sha256"]):
-            return None
-        return done
-    except (OSError, ValueError, KeyError):
-        return None
