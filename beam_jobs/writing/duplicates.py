@@ -1,5 +1,5 @@
 """Examples with identical source bytes: grouped for dataset_info.json's ``content_duplicates``,
-and the one warning when such a group carries more than one label. Pure; finalize.py (a run's
+and the one warning when such a group carries more than one label. Pure; dataset_info.py (a run's
 own examples) and append.py (an append's, merged with the version's) both use it."""
 
 from __future__ import annotations
