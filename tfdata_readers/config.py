@@ -276,6 +276,22 @@ class ReadConfig:
     s3_profile: str | None = None
 
     def __post_init__(self) -> None:
+        # Frozen: normalised values are set through object.__setattr__, so `image_size` is always
+        # None or a pair, `class_weights` None or sorted pairs, and `cache_dir` absolute.
+        self._check_reading()
+        object.__setattr__(self, "image_size", _image_size(self.image_size))
+        self._check_switches()
+        self._check_pixels()
+        self._check_crops()
+        self._check_service()
+        object.__setattr__(self, "class_weights", _class_weights(self.class_weights))
+        self._check_cache()
+        self._check_s3()
+        if not _is_optional_bool(self.drop_remainder):
+            raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
+
+    def _check_reading(self) -> None:
+        """The interleave, shuffle, map and prefetch sizes, the epochs, and the decode placement."""
         _check_positive_or_autotune("cycle_length", self.cycle_length, allow_none=True)
         if self.cycle_length == AUTOTUNE:
             raise ValueError("ReadConfig.cycle_length must be a positive int or None (got AUTOTUNE)")
@@ -291,13 +307,17 @@ class ReadConfig:
             raise ValueError(
                 f"ReadConfig.decode_placement is {self.decode_placement!r}; expected 'auto', 'element' or 'batch'"
             )
-        # Frozen: normalise through object.__setattr__, so `image_size` is always None or a pair.
-        object.__setattr__(self, "image_size", _image_size(self.image_size))
+
+    def _check_switches(self) -> None:
+        """The on/off options: True or False themselves, and `deterministic` also None."""
         for name in ("shuffle_files", "cache", "skip_corrupt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ReadConfig.{name} must be True or False (got {getattr(self, name)!r})")
         if not _is_optional_bool(self.deterministic):
             raise ValueError(f"ReadConfig.deterministic must be None, True or False (got {self.deterministic!r})")
+
+    def _check_pixels(self) -> None:
+        """The output pixels: `scale`, `dtype` and the JPEG IDCT, and that uint8 is not scaled."""
         if self.scale is not None and (not _is_real(self.scale) or not self.scale > 0):
             raise ValueError(f"ReadConfig.scale must be None or a finite number > 0 (got {self.scale!r})")
         if self.dtype not in ("float32", "uint8"):
@@ -312,6 +332,9 @@ class ReadConfig:
                 f"ReadConfig.dtype='uint8' hands on unscaled pixel values 0-255, so it cannot apply "
                 f"scale={self.scale!r}; scale the pixels on the device instead"
             )
+
+    def _check_crops(self) -> None:
+        """The training crops' area and aspect-ratio ranges: finite, positive, low <= high."""
         for name in ("crop_area_range", "object_crop_area_range"):
             area = getattr(self, name)
             if not _is_pair_of_reals(area) or not 0 < area[0] <= area[1] <= 1:
@@ -322,6 +345,9 @@ class ReadConfig:
                 "ReadConfig.crop_aspect_ratio_range must be finite numbers with 0 < low <= high (got "
                 f"{self.crop_aspect_ratio_range!r})"
             )
+
+    def _check_service(self) -> None:
+        """The tf.data service options; normalises `data_service` to a grpc:// address."""
         if self.data_service is not None:
             from tfdata_readers.service.reading import normalize_address
 
@@ -340,7 +366,9 @@ class ReadConfig:
             raise ValueError(
                 f"ReadConfig.data_service_timeout_s must be a finite number > 0 (got {self.data_service_timeout_s!r})"
             )
-        object.__setattr__(self, "class_weights", _class_weights(self.class_weights))
+
+    def _check_cache(self) -> None:
+        """The shard cache's look-ahead and folder; makes `cache_dir` absolute."""
         if (
             not isinstance(self.cache_lookahead, int)
             or isinstance(self.cache_lookahead, bool)
@@ -356,14 +384,15 @@ class ReadConfig:
                     "ReadConfig.cache_dir cannot be used with data_service: the service's workers read the shards, "
                     "and this process's cache is not theirs"
                 )
+
+    def _check_s3(self) -> None:
+        """The s3:// endpoint (an http(s) URL) and profile (a non-blank name), when given."""
         if not storage.is_endpoint_url(self.s3_endpoint_url):
             raise ValueError(
                 f"ReadConfig.s3_endpoint_url must be an http:// or https:// URL (got {self.s3_endpoint_url!r})"
             )
         if self.s3_profile is not None and not (isinstance(self.s3_profile, str) and self.s3_profile.strip()):
             raise ValueError(f"ReadConfig.s3_profile must be a profile name (got {self.s3_profile!r})")
-        if not _is_optional_bool(self.drop_remainder):
-            raise ValueError(f"ReadConfig.drop_remainder must be None, True or False (got {self.drop_remainder!r})")
 
     def resolved_deterministic(self, seed: int | None, *, training: bool) -> bool:
         """`deterministic`, with None meaning: deterministic when evaluating, and when training with a seed.

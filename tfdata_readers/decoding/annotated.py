@@ -10,6 +10,8 @@ stored mask did not hold. Every random choice is a stateless function of the exa
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
 from tfdata_readers.config import PILLOWS_DCT_METHOD, JpegDctMethod
@@ -59,59 +61,112 @@ def annotated_element(
     [h, w, 1], or [0, 0, 1] without one), and with `instance_pngs` (a PNG per stored object)
     `instance_masks` (uint8 [K, h, w], the kept objects' masks, moved as their boxes are)."""
     pixels = decode_image(encoded, image, size, dct_method=dct_method)
-    shape = tf.shape(pixels)
-    mask = tf.zeros([0, 0, 1], tf.uint8)
-    if mask_png is not None:
-        mask = tf.io.decode_png(mask_png, channels=1)
     count = tf.shape(boxes)[0]
-    kept = tf.range(count, dtype=tf.int32)
-    instances = None
-    if instance_pngs is not None:
-        # Each object's PNG is the stored image's size: [N, H, W, 1], an empty [0, H, W, 1] for none.
-        instances = tf.map_fn(
-            lambda png: tf.io.decode_png(png, channels=1),
-            instance_pngs,
-            fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
-        )
-        instances = tf.reshape(instances, [tf.shape(instance_pngs)[0], shape[0], shape[1], 1])
+    layers = _Layers(
+        pixels=pixels,
+        mask=None if mask_png is None else tf.io.decode_png(mask_png, channels=1),
+        instances=None if instance_pngs is None else _decode_instances(instance_pngs, tf.shape(pixels)),
+        boxes=boxes,
+        kept=tf.range(count, dtype=tf.int32),
+    )
     if training:
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        begin, window_size, window = tf.image.stateless_sample_distorted_bounding_box(
-            shape,
-            bounding_boxes=tf.reshape(boxes, [1, -1, 4]),
-            seed=crop_seed,
-            min_object_covered=min_object_covered,
-            aspect_ratio_range=aspect_ratio_range,
+        layers = _random_crop(
+            layers,
+            crop_seed,
             area_range=area_range,
-            max_attempts=20,
-            use_image_if_no_bounding_boxes=True,
+            aspect_ratio_range=aspect_ratio_range,
+            min_object_covered=min_object_covered,
         )
-        pixels = tf.slice(pixels, begin, window_size)
-        if mask_png is not None:
-            mask = tf.slice(mask, begin, [window_size[0], window_size[1], 1])
-        if instances is not None:
-            instances = instances[:, begin[0] : begin[0] + window_size[0], begin[1] : begin[1] + window_size[1], :]
-        boxes, kept = crop_boxes(boxes, tf.reshape(window, [4]))
-    resized = tf.image.resize(pixels, out_size, method="bilinear")
-    if mask_png is not None:
+    layers = _resized(layers, out_size)
+    if training:
+        layers = _random_flip(layers, flip_seed)
+    return {
+        "pixels": tf.ensure_shape(layers.pixels, (*out_size, image.channels)),
+        "boxes": layers.boxes,
+        "kept": layers.kept,
+        "dropped": count - tf.shape(layers.kept)[0],
+        "mask": tf.zeros([0, 0, 1], tf.uint8) if layers.mask is None else layers.mask,
+        **({"instance_masks": layers.instances[..., 0]} if layers.instances is not None else {}),
+    }
+
+
+class _Layers(NamedTuple):
+    """An example's pixels and everything drawn over them, which every step moves together.
+
+    `mask` (uint8 [h, w, 1]) and `instances` (uint8 [N, h, w, 1]) are None when the example has
+    none; `kept` says which of the stored boxes `boxes` still holds.
+    """
+
+    pixels: tf.Tensor
+    mask: tf.Tensor | None
+    instances: tf.Tensor | None
+    boxes: tf.Tensor
+    kept: tf.Tensor
+
+
+def _decode_instances(instance_pngs: tf.Tensor, shape: tf.Tensor) -> tf.Tensor:
+    """The objects' masks, uint8 [N, H, W, 1], from one PNG each of the stored image's size `shape`."""
+    # An empty [0, H, W, 1] for none: the reshape gives it its height and width.
+    instances = tf.map_fn(
+        lambda png: tf.io.decode_png(png, channels=1),
+        instance_pngs,
+        fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
+    )
+    return tf.reshape(instances, [tf.shape(instance_pngs)[0], shape[0], shape[1], 1])
+
+
+def _random_crop(
+    layers: _Layers,
+    seed: tf.Tensor,
+    *,
+    area_range: tuple[float, float],
+    aspect_ratio_range: tuple[float, float],
+    min_object_covered: float,
+) -> _Layers:
+    """Every layer cut to one random window that covers enough of one object (the whole image when
+    none fits); boxes are re-clipped to it, and those left with no area dropped."""
+    begin, window_size, window = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(layers.pixels),
+        bounding_boxes=tf.reshape(layers.boxes, [1, -1, 4]),
+        seed=seed,
+        min_object_covered=min_object_covered,
+        aspect_ratio_range=aspect_ratio_range,
+        area_range=area_range,
+        max_attempts=20,
+        use_image_if_no_bounding_boxes=True,
+    )
+    mask, instances = layers.mask, layers.instances
+    if mask is not None:
+        mask = tf.slice(mask, begin, [window_size[0], window_size[1], 1])
+    if instances is not None:
+        instances = instances[:, begin[0] : begin[0] + window_size[0], begin[1] : begin[1] + window_size[1], :]
+    boxes, kept = crop_boxes(layers.boxes, tf.reshape(window, [4]))
+    return _Layers(tf.slice(layers.pixels, begin, window_size), mask, instances, boxes, kept)
+
+
+def _resized(layers: _Layers, out_size: tuple[int, int]) -> _Layers:
+    """Every layer at `out_size`: pixels bilinear, masks nearest-neighbour (no class id is invented),
+    and only the kept objects' masks. Normalised boxes do not change."""
+    mask, instances = layers.mask, layers.instances
+    if mask is not None:
         mask = tf.cast(tf.image.resize(mask, out_size, method="nearest"), tf.uint8)
     if instances is not None:
-        instances = tf.gather(tf.cast(tf.image.resize(instances, out_size, method="nearest"), tf.uint8), kept)
-    if training:
-        flip = tf.random.stateless_uniform([], seed=flip_seed) < 0.5
-        resized = tf.cond(flip, lambda: tf.reverse(resized, axis=[1]), lambda: resized)
-        if mask_png is not None:
-            mask = tf.cond(flip, lambda: tf.reverse(mask, axis=[1]), lambda: mask)
-        if instances is not None:
-            instances = tf.cond(flip, lambda: tf.reverse(instances, axis=[2]), lambda: instances)
-        ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
-        flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
-        boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
-    return {
-        "pixels": tf.ensure_shape(resized, (*out_size, image.channels)),
-        "boxes": boxes,
-        "kept": kept,
-        "dropped": count - tf.shape(kept)[0],
-        "mask": mask,
-        **({"instance_masks": instances[..., 0]} if instances is not None else {}),
-    }
+        instances = tf.gather(tf.cast(tf.image.resize(instances, out_size, method="nearest"), tf.uint8), layers.kept)
+    pixels = tf.image.resize(layers.pixels, out_size, method="bilinear")
+    return layers._replace(pixels=pixels, mask=mask, instances=instances)
+
+
+def _random_flip(layers: _Layers, seed: tf.Tensor) -> _Layers:
+    """Every layer flipped left to right, or none of them, half the time."""
+    flip = tf.random.stateless_uniform([], seed=seed) < 0.5
+    pixels, mask, instances, boxes = layers.pixels, layers.mask, layers.instances, layers.boxes
+    pixels = tf.cond(flip, lambda: tf.reverse(pixels, axis=[1]), lambda: pixels)
+    if mask is not None:
+        mask = tf.cond(flip, lambda: tf.reverse(mask, axis=[1]), lambda: mask)
+    if instances is not None:
+        instances = tf.cond(flip, lambda: tf.reverse(instances, axis=[2]), lambda: instances)
+    ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=1)
+    flipped = tf.stack([ymin, 1.0 - xmax, ymax, 1.0 - xmin], axis=1)
+    boxes = tf.cond(flip, lambda: flipped, lambda: boxes)
+    return layers._replace(pixels=pixels, mask=mask, instances=instances, boxes=boxes)

@@ -15,6 +15,7 @@ import heapq
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -229,71 +230,102 @@ def _read_sample(
     training path with `seed` in the same record order (no file or record shuffle), whose crop
     and flip are, by the reader's contract, those of the first training epoch with that seed.
     """
-    common: dict[str, Any] = dict(
-        with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
-    )
-    if cache_dir is not None:
-        common["cache_dir"] = cache_dir  # s3://: the reader reads its shards through a cache
-    if info.image.keeps_size:
-        common["image_size"] = SHEET_SIZE  # images of their own sizes: shown at one size, centre-cropped
+    options = _sample_read_options(info, skip_corrupt=skip_corrupt, cache_dir=cache_dir)
     chosen: list = []  # ((negated score, filename, n), example): a heap whose root is the worst kept
     scanned = 0
     error = None
     try:
-        views = [make_dataset(data_dir, split, _BATCH, **common)]
-        if augmented:
-            views.append(
-                make_dataset(
-                    data_dir,
-                    split,
-                    _BATCH,
-                    training=True,
-                    seed=seed,
-                    shuffle_files=False,
-                    shuffle_buffer_size=1,
-                    drop_remainder=False,
-                    **common,
-                )
-            )
-        for batches in zip(*views, strict=True):
-            (images, labels, meta), train = batches[0], (batches[1] if augmented else None)
-            keys = [k.decode() for k in meta["key"].numpy()]
-            names = [f.decode() for f in meta["filename"].numpy()]
-            if train is not None and [k.decode() for k in train[2]["key"].numpy()] != keys:
-                raise ValueError("the training view read the records in another order than the evaluation view")
-            for i, (key, filename) in enumerate(zip(keys, names, strict=True)):
-                if scanned >= scan:
-                    break
-                scanned += 1
-                rank = (_negate(sample_score(seed, key, filename)), filename, scanned)
-                if len(chosen) >= size and rank <= chosen[0][0]:
-                    continue
-                entry = (
-                    rank,
-                    SampleExample(
-                        **_label_of(labels, meta, i, info),
-                        **_annotations_of(labels, i, info),
-                        **(
-                            {}
-                            if train is None
-                            else {f"augmented_{k}": v for k, v in _annotations_of(train[1], i, info).items()}
-                        ),
-                        filename=filename,
-                        key=key,
-                        image=images[i].numpy(),
-                        augmented=None if train is None else train[0][i].numpy(),
-                    ),
-                )
-                if len(chosen) < size:
-                    heapq.heappush(chosen, entry)
-                else:
-                    heapq.heapreplace(chosen, entry)
+        views = _sample_views(data_dir, split, options, seed=seed, augmented=augmented)
+        for evaluation, training, i, key, filename in _records_of(views):
             if scanned >= scan:
                 break
+            scanned += 1
+            rank = (_negate(sample_score(seed, key, filename)), filename, scanned)
+            if len(chosen) < size or rank > chosen[0][0]:
+                _keep(chosen, (rank, _sample_example(evaluation, training, i, key, filename, info)), size)
+            if scanned >= scan:
+                break  # before the next batch is read
     except (tf.errors.OpError, OSError, ValueError) as failure:
         error = f"{type(failure).__name__}: {tensorflow_reason(getattr(failure, 'message', None) or str(failure))}"
     examples = sorted((entry[1] for entry in chosen), key=lambda e: (e.label_id, e.filename))
     return SplitSample(split=split, examples=tuple(examples), scanned=scanned, error=error)
+
+
+def _sample_read_options(info: DatasetInfo, *, skip_corrupt: bool, cache_dir: str | None) -> dict[str, Any]:
+    """`make_dataset`'s options shared by both views: uint8 pixels and metadata, in a fixed order."""
+    options: dict[str, Any] = dict(
+        with_metadata=True, dtype="uint8", deterministic=True, skip_corrupt=skip_corrupt, version=info.version
+    )
+    if cache_dir is not None:
+        options["cache_dir"] = cache_dir  # s3://: the reader reads its shards through a cache
+    if info.image.keeps_size:
+        options["image_size"] = SHEET_SIZE  # images of their own sizes: shown at one size, centre-cropped
+    return options
+
+
+def _sample_views(
+    data_dir: str, split: str, options: dict[str, Any], *, seed: int, augmented: bool
+) -> list[tf.data.Dataset]:
+    """The evaluation view, and with `augmented` the training view read in the same record order."""
+    views = [make_dataset(data_dir, split, _BATCH, **options)]
+    if augmented:
+        views.append(
+            make_dataset(
+                data_dir,
+                split,
+                _BATCH,
+                training=True,
+                seed=seed,
+                shuffle_files=False,
+                shuffle_buffer_size=1,
+                drop_remainder=False,
+                **options,
+            )
+        )
+    return views
+
+
+def _records_of(views: list[tf.data.Dataset]) -> Iterator[tuple[Any, Any, int, str, str]]:
+    """(evaluation batch, training batch or None, index in the batch, key, filename) of each record.
+
+    The two views must read the same records in the same order, or the sample would pair one
+    example's stored image with another's training view: that is a ValueError.
+    """
+    for batches in zip(*views, strict=True):
+        evaluation, training = batches[0], (batches[1] if len(views) > 1 else None)
+        keys = [k.decode() for k in evaluation[2]["key"].numpy()]
+        names = [f.decode() for f in evaluation[2]["filename"].numpy()]
+        if training is not None and [k.decode() for k in training[2]["key"].numpy()] != keys:
+            raise ValueError("the training view read the records in another order than the evaluation view")
+        for i, (key, filename) in enumerate(zip(keys, names, strict=True)):
+            yield evaluation, training, i, key, filename
+
+
+def _sample_example(
+    evaluation: Any, training: Any, i: int, key: str, filename: str, info: DatasetInfo
+) -> SampleExample:
+    """Record `i` of an (images, labels, metadata) batch, with its training view when there is one."""
+    images, labels, meta = evaluation
+    augmented_annotations = (
+        {} if training is None else {f"augmented_{k}": v for k, v in _annotations_of(training[1], i, info).items()}
+    )
+    return SampleExample(
+        **_label_of(labels, meta, i, info),
+        **_annotations_of(labels, i, info),
+        **augmented_annotations,
+        filename=filename,
+        key=key,
+        image=images[i].numpy(),
+        augmented=None if training is None else training[0][i].numpy(),
+    )
+
+
+def _keep(chosen: list, entry: tuple, size: int) -> None:
+    """Adds `entry` to the heap `chosen`, pushing out its worst once it holds `size`."""
+    if len(chosen) < size:
+        heapq.heappush(chosen, entry)
+    else:
+        heapq.heapreplace(chosen, entry)
 
 
 def _label_of(labels: Any, meta: dict, i: int, info: DatasetInfo) -> dict[str, Any]:

@@ -4,6 +4,7 @@ and its byte offset."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import re
 import sys
@@ -138,6 +139,27 @@ def read_shard(
     expected = tf.cast(expected, tf.int64)
     skip = tf.cast(skip, tf.int64)
     end = expected if take is None else skip + tf.cast(take, tf.int64)  # records 0..end-1 are read
+    piece = _PieceCheck(
+        path=path,
+        name_prefix=tf.strings.join(["shard ", path, " record "]),
+        expected=expected,
+        skip=skip,
+        end=end,
+        expected_bytes=expected_bytes,
+        skip_corrupt=skip_corrupt,
+        describe_errors=describe_errors,
+    )
+    chunks = _chunks_with_end_marker(path, end, buffer_size)  # [serialized], the last one empty
+    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))  # (records read, byte offset)
+    return chunks.scan(initial, piece.step).unbatch().skip(skip)  # (serialized, name)
+
+
+def _chunks_with_end_marker(path: tf.Tensor, end: tf.Tensor, buffer_size: int) -> tf.data.Dataset:
+    """The shard's first `end` records in chunks of _CHECK_CHUNK, then one empty chunk.
+
+    The records are read with `ignore_errors()`, so a bad record ends them early, and the empty
+    chunk is where the check sees how many came.
+    """
     # ignore_errors() retries a file it cannot open for ever, spinning a core (TensorFlow moves on
     # to the next file only after a read error, not after a failed open). So the shard is opened
     # first outside it, reading one byte: a missing or unreadable shard then fails with TensorFlow's
@@ -150,100 +172,135 @@ def read_shard(
         .filter(lambda _: False)  # the byte itself is not a record
     )
     records = opened.concatenate(tf.data.TFRecordDataset(path, buffer_size=buffer_size).ignore_errors()).take(end)
-    chunks = records.batch(_CHECK_CHUNK).concatenate(
+    return records.batch(_CHECK_CHUNK).concatenate(
         tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # end marker: the only empty chunk
     )
-    name_prefix = tf.strings.join(["shard ", path, " record "])
 
-    def check(
-        state: tuple[tf.Tensor, tf.Tensor], chunk: tf.Tensor
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _PieceCheck:
+    """The running check of one piece of a shard, as `read_shard` describes it: what the piece's
+    records are compared against, and what a shortfall does.
+
+    `step` is the `scan` function; the tensors are those of the piece being read.
+    """
+
+    path: tf.Tensor
+    name_prefix: tf.Tensor  # "shard PATH record "
+    expected: tf.Tensor  # records the manifest lists for the whole shard
+    skip: tf.Tensor  # the piece's first record
+    end: tf.Tensor  # one past the piece's last record
+    expected_bytes: tf.Tensor | int | None
+    skip_corrupt: bool
+    describe_errors: bool
+
+    def step(
+        self, state: tuple[tf.Tensor, tf.Tensor], chunk: tf.Tensor
     ) -> tuple[tuple[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+        """Names the chunk's records, and at the end marker checks that the piece read them all."""
         count, offset = state  # records read so far, and the byte offset where the next one starts
         size = tf.shape(chunk, out_type=tf.int64)[0]
         record_bytes = tf.cast(tf.strings.length(chunk), tf.int64) + RECORD_OVERHEAD
+        names = self._record_names(count, offset, size, record_bytes)
+        short = tf.logical_and(tf.equal(size, 0), count < self.end)
+        checked = tf.cond(short, lambda: self._on_short(count, offset), lambda: tf.constant(0, tf.int64))
+        if self.expected_bytes is not None:
+            checked = self._check_unchanged(checked, size, count, offset)
+        with tf.control_dependencies([checked]):
+            return (count + size, offset + tf.reduce_sum(record_bytes)), (tf.identity(chunk), names)
+
+    def _record_names(self, count: tf.Tensor, offset: tf.Tensor, size: tf.Tensor, record_bytes: tf.Tensor) -> tf.Tensor:
+        """ "shard PATH record I at byte offset O" for each record of a chunk, for parse errors."""
         starts = offset + tf.math.cumsum(record_bytes, exclusive=True)
-        names = tf.strings.join(
+        return tf.strings.join(
             [
-                name_prefix,
+                self.name_prefix,
                 tf.strings.as_string(count + tf.range(size)),
                 " at byte offset ",
                 tf.strings.as_string(starts),
             ]
         )
-        short = tf.logical_and(tf.equal(size, 0), count < end)
 
-        def on_short() -> tf.Tensor:
-            lost = end - tf.maximum(count, skip)  # only this piece's records
-            if describe_errors:
-                reason = tf.numpy_function(_read_error_note, [path], tf.string)
-            else:
-                reason = tf.constant("python -m tfdata_readers.verify names the fault")
-            if skip_corrupt:
-                tf.print(
-                    "tfdata_readers: WARNING: skipped",
-                    lost,
-                    "corrupt or unreadable record(s) of shard",
-                    path,
-                    "(its records",
-                    tf.maximum(count, skip),
-                    "to",
-                    end - 1,
-                    "of",
-                    expected,
-                    "read by this pipeline; unreadable from byte offset",
-                    offset,
-                    ":",
-                    reason,
-                    ")",
-                    output_stream=sys.stderr,
-                )
-                return tf.numpy_function(_count_skipped, [path, tf.maximum(count, skip), end], tf.int64)
-            message = tf.strings.join(
-                [
-                    "corrupt or truncated shard ",
-                    path,
-                    ": first unreadable record at byte offset ",
-                    tf.strings.as_string(offset),
-                    " (record ",
-                    tf.strings.as_string(count),
-                    ") - read ",
-                    tf.strings.as_string(count),
-                    " of ",
-                    tf.strings.as_string(expected),
-                    " records the manifest lists; ",
-                    reason,
-                ]
-            )
-            failed = tf.debugging.Assert(False, [message], summarize=1)
-            with tf.control_dependencies([failed]):
-                return tf.identity(lost)
+    def _on_short(self, count: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
+        """The piece's records lost, after counting and logging them (`skip_corrupt`) or failing."""
+        first = tf.maximum(count, self.skip)  # only this piece's records
+        lost = self.end - first
+        if self.describe_errors:
+            reason = tf.numpy_function(_read_error_note, [self.path], tf.string)
+        else:
+            reason = tf.constant("python -m tfdata_readers.verify names the fault")
+        if self.skip_corrupt:
+            self._warn_skipped(lost, first, offset, reason)
+            return tf.numpy_function(_count_skipped, [self.path, first, self.end], tf.int64)
+        failed = tf.debugging.Assert(False, [self._short_message(count, offset, reason)], summarize=1)
+        with tf.control_dependencies([failed]):
+            return tf.identity(lost)
 
-        checked = tf.cond(short, on_short, lambda: tf.constant(0, tf.int64))
-        if expected_bytes is not None:
-            size_bytes = tf.cast(expected_bytes, tf.int64)
-            resized = tf.logical_and(
-                tf.logical_and(tf.equal(size, 0), tf.equal(count, expected)),
-                tf.logical_and(tf.equal(end, expected), tf.not_equal(offset, size_bytes)),
-            )
-            message = tf.strings.join(
-                [
-                    "shard ",
-                    path,
-                    " changed after start-up: its ",
-                    tf.strings.as_string(expected),
-                    " records end at byte offset ",
-                    tf.strings.as_string(offset),
-                    ", but the manifest lists ",
-                    tf.strings.as_string(size_bytes),
-                    " bytes; it was replaced or rewritten, so its records "
-                    "are not those the manifest lists (python -m tfdata_readers.verify checks it)",
-                ]
-            )
-            with tf.control_dependencies([checked]):
-                checked = tf.identity(checked)
-            checked = tf.group(checked, tf.debugging.Assert(tf.logical_not(resized), [message], summarize=1))
+    def _warn_skipped(self, lost: tf.Tensor, first: tf.Tensor, offset: tf.Tensor, reason: tf.Tensor) -> None:
+        """Logs the records `skip_corrupt` passes over to stderr, so they are never lost silently."""
+        tf.print(
+            "tfdata_readers: WARNING: skipped",
+            lost,
+            "corrupt or unreadable record(s) of shard",
+            self.path,
+            "(its records",
+            first,
+            "to",
+            self.end - 1,
+            "of",
+            self.expected,
+            "read by this pipeline; unreadable from byte offset",
+            offset,
+            ":",
+            reason,
+            ")",
+            output_stream=sys.stderr,
+        )
+
+    def _short_message(self, count: tf.Tensor, offset: tf.Tensor, reason: tf.Tensor) -> tf.Tensor:
+        """The error of a short shard: its path, the byte offset of its first unreadable record, and why."""
+        return tf.strings.join(
+            [
+                "corrupt or truncated shard ",
+                self.path,
+                ": first unreadable record at byte offset ",
+                tf.strings.as_string(offset),
+                " (record ",
+                tf.strings.as_string(count),
+                ") - read ",
+                tf.strings.as_string(count),
+                " of ",
+                tf.strings.as_string(self.expected),
+                " records the manifest lists; ",
+                reason,
+            ]
+        )
+
+    def _check_unchanged(self, checked: tf.Tensor, size: tf.Tensor, count: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
+        """`checked`, then a check that a shard read to its last record ends at the manifest's size.
+
+        A shard replaced after start-up by one whose records differ in size would otherwise be
+        read as if it were the one the manifest lists.
+        """
+        size_bytes = tf.cast(self.expected_bytes, tf.int64)
+        resized = tf.logical_and(
+            tf.logical_and(tf.equal(size, 0), tf.equal(count, self.expected)),
+            tf.logical_and(tf.equal(self.end, self.expected), tf.not_equal(offset, size_bytes)),
+        )
+        message = tf.strings.join(
+            [
+                "shard ",
+                self.path,
+                " changed after start-up: its ",
+                tf.strings.as_string(self.expected),
+                " records end at byte offset ",
+                tf.strings.as_string(offset),
+                ", but the manifest lists ",
+                tf.strings.as_string(size_bytes),
+                " bytes; it was replaced or rewritten, so its records "
+                "are not those the manifest lists (python -m tfdata_readers.verify checks it)",
+            ]
+        )
         with tf.control_dependencies([checked]):
-            return (count + size, offset + tf.reduce_sum(record_bytes)), (tf.identity(chunk), names)
-
-    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    return chunks.scan(initial, check).unbatch().skip(skip)  # (serialized, name)
+            checked = tf.identity(checked)
+        return tf.group(checked, tf.debugging.Assert(tf.logical_not(resized), [message], summarize=1))

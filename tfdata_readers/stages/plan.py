@@ -157,15 +157,15 @@ def plan_reader(
     version: int | None,
 ) -> ReaderPlan:
     """`make_dataset`'s arguments, checked and resolved against the manifest (read once, here)."""
-    check_batch_size("batch_size", batch_size)
-    check_seed(seed)
-    check_initial_epoch(initial_epoch)
-    check_initial_step(initial_step, training=training, num_epochs=config.num_epochs, service=config.data_service)
-    if storage.is_s3(os.fspath(data_dir)) and config.cache_dir is None:
-        raise ValueError(
-            f"cannot read {os.fspath(data_dir)} without a cache: TensorFlow has no s3:// filesystem, so its shards "
-            "are read through a local cache; give ReadConfig(cache_dir=..., cache_limit_bytes=...)"
-        )
+    _check_arguments(
+        data_dir,
+        batch_size,
+        training=training,
+        seed=seed,
+        initial_epoch=initial_epoch,
+        initial_step=initial_step,
+        config=config,
+    )
     # The manifest resolves a local data_dir to an absolute path, once: the service's workers open
     # the shard paths in their own working directory, and this process may chdir between passes.
     info = load_manifest(data_dir, version)
@@ -177,22 +177,13 @@ def plan_reader(
     keys, spec, semantic, instance = _features(info, with_metadata=with_metadata, training=training)
     share = _checked_share(info, split, split_info, input_context, config)
     sharding = _checked_service(config, training, share, split, info.data_dir)
-    if info.image.keeps_size and config.image_size is None:
-        raise ValueError(
-            f"{info.manifest_path}: the images of this dataset keep their own sizes (converted with "
-            f"--resize_mode keep), so a batch needs an output size: give image_size=(height, width)"
-        )
+    _check_output_size(info, config)
     drop_remainder = training if config.drop_remainder is None else config.drop_remainder
     batches_per_epoch, per_pass, skipped = _batch_counts(
         split_info, share, batch_size, input_context, drop_remainder, initial_epoch, initial_step, split, info.data_dir
     )
     # Without a seed, each dataset draws its own: the epochs still differ from one another.
     base_seed = seed if seed is not None else random.SystemRandom().randrange(MAX_SEED)
-    placement = _placement(config, info.image, training)
-    if info.task != "classification" or info.image.keeps_size:
-        # Per example: images of varying sizes, and lists of varying lengths, form a batch only
-        # once each is resized and padded.
-        placement = "element"
     return ReaderPlan(
         info=info,
         split=split,
@@ -221,9 +212,40 @@ def plan_reader(
         base_seed=base_seed,
         # Per-pipeline seeds for the piece and record shuffles, so that pipelines draw different orders.
         local_seed=(base_seed + 7919 * share.pipeline_id) % MAX_SEED,
-        placement=placement,
+        placement=_placement(config, info, training),
         cycle_length=config.cycle_length or max(1, min(len(share.pieces), _MAX_AUTO_CYCLE_LENGTH)),
     )
+
+
+def _check_arguments(
+    data_dir: str | os.PathLike[str],
+    batch_size: int,
+    *,
+    training: bool,
+    seed: int | None,
+    initial_epoch: int,
+    initial_step: int,
+    config: ReadConfig,
+) -> None:
+    """Refuses the arguments that are wrong whatever the manifest says, before it is read."""
+    check_batch_size("batch_size", batch_size)
+    check_seed(seed)
+    check_initial_epoch(initial_epoch)
+    check_initial_step(initial_step, training=training, num_epochs=config.num_epochs, service=config.data_service)
+    if storage.is_s3(os.fspath(data_dir)) and config.cache_dir is None:
+        raise ValueError(
+            f"cannot read {os.fspath(data_dir)} without a cache: TensorFlow has no s3:// filesystem, so its shards "
+            "are read through a local cache; give ReadConfig(cache_dir=..., cache_limit_bytes=...)"
+        )
+
+
+def _check_output_size(info: DatasetInfo, config: ReadConfig) -> None:
+    """Refuses to batch images that keep their own sizes without an `image_size` to resize them to."""
+    if info.image.keeps_size and config.image_size is None:
+        raise ValueError(
+            f"{info.manifest_path}: the images of this dataset keep their own sizes (converted with "
+            f"--resize_mode keep), so a batch needs an output size: give image_size=(height, width)"
+        )
 
 
 def _features(
@@ -345,10 +367,15 @@ def _batches_per_epoch(
     return steps * replicas_per_pipeline(input_context)
 
 
-def _placement(config: ReadConfig, image: ImageInfo, training: bool) -> str:
+def _placement(config: ReadConfig, info: DatasetInfo, training: bool) -> str:
+    """Where decoding runs: "element" (a parallel map per example) or "batch" (`map_fn` per batch)."""
+    if info.task != "classification" or info.image.keeps_size:
+        # Per example: images of varying sizes, and lists of varying lengths, form a batch only
+        # once each is resized and padded.
+        return "element"
     if config.decode_placement != "auto":
         return config.decode_placement
-    return _AUTO_PLACEMENT[image.format, training]
+    return _AUTO_PLACEMENT[info.image.format, training]
 
 
 def _service_sharding(config: ReadConfig, training: bool) -> str:
