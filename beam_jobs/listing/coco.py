@@ -25,9 +25,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
-from beam_jobs.listing.discover import IGNORED, LISTING, resolve_inside_root
+from beam_jobs.listing.discover import IGNORED, LISTING
 from beam_jobs.listing.names import clean_label
-from beam_jobs.paths import redact
+from beam_jobs.paths import redact, resolve_inside_root
 from beam_jobs.records import Annotations, BoxObject, DeadLetter, InputFile
 from beam_jobs.spec import parse_coco_split_files  # noqa: F401 (its public name here, too)
 
