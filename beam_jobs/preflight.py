@@ -210,10 +210,22 @@ def _probe_writable(output_dir: str) -> None:
     try:
         delete_exactly([probe])
     except Exception as error:
+        if not _still_there(probe):
+            # Gone already: another run of this folder, holding its lock while this one waits for
+            # it, removed it as a killed run's leftover (check_output_dir). The write was the test.
+            return
         raise OSError(
             f"wrote {probe} but could not delete it ({error}); the job deletes its temp files "
             "as it goes, so it needs delete permission there (remove that object by hand)"
         ) from None
+
+
+def _still_there(path: str) -> bool:
+    """Whether ``path`` exists, True when that cannot be told (the delete's error then stands)."""
+    try:
+        return FileSystems.exists(path)
+    except Exception:  # pylint: disable=broad-except
+        return True
 
 
 # This run's progress file (shard_progress.progress_file_name); only this run's exists while it holds the lock

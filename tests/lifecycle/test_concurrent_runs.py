@@ -3,6 +3,7 @@ the folder holds one whole version of the winner's examples."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -48,3 +49,22 @@ def test_two_runs_at_once_one_wins_one_fails_in_one_line(tmp_path, first_commit)
     verify_clean(out)
     assert examples_read(out) == examples_of_manifest(out, info)
     assert sum(examples_read(out).values()) == 20
+
+
+def test_a_write_probe_removed_by_the_run_holding_the_folder_is_no_error(tmp_path, monkeypatch):
+    """A run checks that it can write before it waits for the folder's lock; the run holding the
+    lock removes any .tmp-...-probe it finds as a killed run's leftover, the waiting run's own
+    included. Its probe then fails to delete because it is gone, which is no permission problem:
+    the run goes on (and is refused on the lock with its one line), no "cannot write" error."""
+    from beam_jobs import preflight  # pylint: disable=import-outside-toplevel
+
+    real_delete = preflight.delete_exactly
+
+    def removed_by_the_other_run_first(paths: list[str]) -> None:
+        for path in paths:
+            os.remove(path)  # the lock holder's leftover clean-up, between the write and the delete
+        real_delete(paths)  # raises: the file is not there
+
+    monkeypatch.setattr(preflight, "delete_exactly", removed_by_the_other_run_first)
+    preflight._probe_writable(str(tmp_path))  # pylint: disable=protected-access
+    assert os.listdir(tmp_path) == []
