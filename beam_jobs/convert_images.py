@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
@@ -113,6 +114,7 @@ class ConvertImages(beam.PTransform):
         # What the manifest records and the fingerprint hashes besides the image settings.
         self._settings = settings if settings is not None else spec.settings
 
+    @no_annotations
     def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> beam.PCollection:
         """The data flow, from the listing to the one commit."""
         spec, run = self._spec, self._run
@@ -146,6 +148,7 @@ class ListInputs(beam.PTransform):
         self._source = spec.source
         self._max_file_bytes = spec.image.max_file_bytes
 
+    @no_annotations
     def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> dict[str, beam.PCollection]:
         listed = start | "ListSource" >> ListSource(self._source)
         listing = listed[LISTING]
@@ -180,6 +183,7 @@ class HeldInputs(beam.PTransform):
         self._output_dir = output_dir
         self._appended_to = appended_to
 
+    @no_annotations
     def expand(self, pipeline: beam.Pipeline) -> dict[str, beam.PCollection]:
         version = self._appended_to
         assert version is not None and version.manifest is not None  # applied for an append only
@@ -204,6 +208,7 @@ class PlanRun(beam.PTransform):
         self._run = run
         self._held = held
 
+    @no_annotations
     def expand(self, listed: dict[str, beam.PCollection]) -> dict[str, beam.PCollection]:
         spec, run, appended_to = self._spec, self._run, self._run.appended_to
         image = spec.image
@@ -297,6 +302,7 @@ class WritePlanOnly(beam.PTransform):
         self._max_bad_fraction = spec.limits.max_bad_fraction
         self._settings = settings
 
+    @no_annotations
     def expand(self, planned: dict[str, beam.PCollection]) -> beam.PCollection:
         parts = (
             planned[PLAN_DEAD_LETTERS]
@@ -332,6 +338,7 @@ class ConvertShards(beam.PTransform):
         self._run = run
         self._settings = settings
 
+    @no_annotations
     def expand(self, shards: beam.PCollection) -> dict[str, beam.PCollection]:
         spec, run, image = self._spec, self._run, self._spec.image
         appended_to = run.appended_to
@@ -376,6 +383,7 @@ class CommitRun(beam.PTransform):
         self._run = run
         self._settings = settings
 
+    @no_annotations
     def expand(self, parts: dict[str, beam.PCollection]) -> beam.PCollection:
         spec, run = self._spec, self._run
         folder = _run_folder(spec, run)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the project with the extras named (default: test) into one environment, unless that,
-# or the test extras (which hold every other), is already installed there for this exact setup.py.
+# or the test extras (which hold every other), is already installed there for this exact setup.py,
+# at the versions launch/tested-versions.txt pins (the ones the suite last passed with).
 # The environment: $VENV when set, else the virtual environment that is active ($VIRTUAL_ENV: the
 # one a user made for the README's Install section, which then serves these scripts too, with
 # what is missing installed into it), else ./.venv, created on first use.
@@ -14,7 +15,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-${VIRTUAL_ENV:-$repo/.venv}}"
 python="${PYTHON:-python3}"
 extras="${1:-test}"
-setup_hash="$(cat "$repo/setup.py" | sha256sum | cut -c1-16)"
+# The stamp names setup.py and the tested versions: a change to either installs again.
+constraints="$repo/launch/tested-versions.txt"
+setup_hash="$(cat "$repo/setup.py" "$constraints" | sha256sum | cut -c1-16)"
 stamp="$venv/.installed-$setup_hash-$extras"
 if [ -f "$venv/.installed-$setup_hash-test" ]; then
   stamp="$venv/.installed-$setup_hash-test"
@@ -50,9 +53,9 @@ if [ ! -f "$stamp" ]; then
     # --compile-bytecode, as pip does: uv leaves the .pyc files to the first import, and where
     # PYTHONDONTWRITEBYTECODE is set no import writes them, so every process compiles Beam (about
     # 4 s of CPU) and TensorFlow (about 10 s) again from source. Compiling costs about 45 s once.
-    "$venv/bin/python" -m uv pip install --quiet --compile-bytecode --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -e "$repo[$extras]" >&2
+    "$venv/bin/python" -m uv pip install --quiet --compile-bytecode --python "$venv/bin/python" ${index_args[@]+"${index_args[@]}"} -c "$constraints" -e "$repo[$extras]" >&2
   else
-    "$venv/bin/python" -m pip install --quiet -e "$repo[$extras]" >&2
+    "$venv/bin/python" -m pip install --quiet -c "$constraints" -e "$repo[$extras]" >&2
   fi
   # Stamps of other setup.py versions are stale; this version's other extras are still installed.
   find "$venv" -maxdepth 1 -name '.installed-*' ! -name ".installed-$setup_hash-*" -delete

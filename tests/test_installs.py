@@ -225,7 +225,8 @@ def test_an_object_store_fixture_fails_with_the_set_ups_line_instead_of_building
 def _stamped_venv(folder, extras: str):
     """A virtual environment that launch/ensure_venv.sh takes for installed with ``extras``."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
-    setup_hash = hashlib.sha256((REPO / "setup.py").read_bytes()).hexdigest()[:16]
+    installed = (REPO / "setup.py").read_bytes() + (REPO / "launch" / "tested-versions.txt").read_bytes()
+    setup_hash = hashlib.sha256(installed).hexdigest()[:16]
     (folder / f".installed-{setup_hash}-{extras}").touch()
     return folder
 

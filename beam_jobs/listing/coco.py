@@ -23,6 +23,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.listing.discover import IGNORED, LISTING
@@ -260,6 +261,7 @@ class ListCoco(beam.PTransform):
         self._keep_empty = keep_empty
         self._allow_outside_root = allow_outside_root
 
+    @no_annotations
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
         """Streams each file's images and annotations, joins them by image id, and makes the inputs."""
         parts = []

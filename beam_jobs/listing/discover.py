@@ -6,9 +6,12 @@ import csv
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from typing import Literal
 
 import apache_beam as beam
 from apache_beam.io.filesystem import FileMetadata
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.listing.input_lists import (  # noqa: F401 (imported from here too)
     LIST_COLUMNS,
@@ -66,6 +69,7 @@ class ListTree(beam.PTransform):
         self._allow_outside_root = allow_outside_root
         self._with_ignored = with_ignored
 
+    @no_annotations
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
         """Lists the root's first level, spreads its folders over the workers, and sorts every entry found."""
         root, allow = self._root, self._allow_outside_root
@@ -89,9 +93,13 @@ class ListTree(beam.PTransform):
         return {LISTING: sorted_entries[LISTING], IGNORED: sorted_entries[IGNORED]}
 
 
+# Beam reads a tagged output's type from this (a bare TaggedOutput would join the main output's type).
+IgnoredOutput = TaggedOutput[Literal["ignored"], str]
+
+
 def _sort_entry(
     entry: FileMetadata | DeadLetter | IgnoredEntry, *, root: str, allow_outside_root: bool
-) -> Iterator[InputFile | DeadLetter | beam.pvalue.TaggedOutput]:
+) -> Iterator[InputFile | DeadLetter | IgnoredOutput]:
     if isinstance(entry, DeadLetter):
         yield entry
     elif isinstance(entry, IgnoredEntry):

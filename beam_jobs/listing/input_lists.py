@@ -15,6 +15,7 @@ from functools import partial
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.listing.annotations import ANNOTATION_COLUMNS, annotations_from_row
@@ -299,6 +300,7 @@ class ListInputList(beam.PTransform):
         self._allow_outside_root = allow_outside_root
         self._root = input_list_root(self._list_uri)
 
+    @no_annotations
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection | dict[str, beam.PCollection]:
         """Expands the argument into its list files and reads each on a worker of its own, row by row."""
         listing = (
@@ -342,6 +344,7 @@ class ListRows(beam.PTransform):
         self._root = root
         self._allow_outside_root = allow_outside_root
 
+    @no_annotations
     def expand(self, rows: beam.PCollection) -> dict[str, beam.PCollection]:
         """Turns each row into an input or a dead letter; IGNORED stays empty, as no row is left out on purpose."""
         listing = rows | "RowsToInputs" >> beam.Map(

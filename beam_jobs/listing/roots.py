@@ -4,6 +4,7 @@ root), and the two outputs every listing transform has."""
 from __future__ import annotations
 
 import os
+from typing import Final
 
 from apache_beam.io.filesystem import FileMetadata
 
@@ -47,4 +48,4 @@ def listed_input(meta: FileMetadata, *, root: str, allow_outside_root: bool) -> 
 
 
 LISTING = "listing"  # the output of ListTree and ListInputList: InputFile | DeadLetter
-IGNORED = "ignored"  # their second output: the Ignored kind of each entry left out on purpose
+IGNORED: Final = "ignored"  # their second output: the Ignored kind of each entry left out on purpose

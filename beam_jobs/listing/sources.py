@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import apache_beam as beam
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.listing.coco import ListCoco
 from beam_jobs.listing.discover import IGNORED, LISTING, ListInputList, ListRows, ListTree
@@ -63,6 +64,7 @@ class ListSource(beam.PTransform):
         super().__init__()
         self._source = source
 
+    @no_annotations
     def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> dict[str, beam.PCollection]:
         """Applies the source kind's own listing transform."""
         listed = start | _LISTERS[self._source.kind](self._source)

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from typing import Final, Literal
 
 import apache_beam as beam
+from apache_beam.pvalue import TaggedOutput
 
 from beam_jobs.errors import Reason, Stage
 from beam_jobs.records import DeadLetter, InputFile, annotation_digest, content_label
 
-__all__ = ["PLAN_CHANGES", "PLAN_DEAD_LETTERS", "SourceChangesFn", "compare_with_held", "held_copy", "with_digest"]
+__all__ = [
+    "PLAN_CHANGES",
+    "PLAN_DEAD_LETTERS",
+    "PlanDeadLetterOutput",
+    "SourceChangesFn",
+    "compare_with_held",
+    "held_copy",
+    "with_digest",
+]
 
-PLAN_DEAD_LETTERS = "plan_dead_letters"
+PLAN_DEAD_LETTERS: Final = "plan_dead_letters"
+# The type of a plan dead letter, for Beam's type hints: a bare TaggedOutput in a function's return
+# type would join the main output's type, and the stages after it would refuse it.
+PlanDeadLetterOutput = TaggedOutput[Literal["plan_dead_letters"], DeadLetter]
 # --append: ("held" | "changed" | "removed", identity) for each input the current version holds:
 # as it was converted, or not.
 PLAN_CHANGES = "plan_changes"
@@ -76,7 +89,7 @@ def _differs(
 
 def held_copy(
     group: tuple[str, Mapping[str, Iterable]], *, version: int, dedup: str
-) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+) -> Iterator[InputFile | PlanDeadLetterOutput]:
     """(sha256, {"new": [InputFile], "held": [(identity, content label)]}) -> the new inputs that
     are not bytes the version holds already (main output), and a dead letter for each that is
     (PLAN_DEAD_LETTERS).

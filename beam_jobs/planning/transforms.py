@@ -23,10 +23,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import apache_beam as beam
+from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.planning.append_joins import (
     PLAN_CHANGES,
     PLAN_DEAD_LETTERS,
+    PlanDeadLetterOutput,
     SourceChangesFn,
     compare_with_held,
     held_copy,
@@ -142,6 +144,7 @@ class PlanShards(beam.PTransform):
         }
         self._ignored = ignored
 
+    @no_annotations
     def expand(self, listing: beam.PCollection) -> dict[str, beam.PCollection]:
         """Plans every listed input into its shard with global state of a few small elements only, and
         gathers the dead letters of every planning step into one output."""
@@ -200,6 +203,7 @@ class _ReadTreeLayout(beam.PTransform):
         super().__init__()
         self._layout = layout
 
+    @no_annotations
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
         facts = (
             inputs
@@ -223,6 +227,7 @@ class _DropRepeats(beam.PTransform):
         super().__init__()
         self._dedup = dedup
 
+    @no_annotations
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
         by_path = (
             inputs
@@ -279,6 +284,7 @@ class _SkipHeld(beam.PTransform):
         self._version = version
         self._dedup = dedup
 
+    @no_annotations
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
         outputs: dict[str, beam.PCollection] = {}
         if self._held is not None:
@@ -322,6 +328,7 @@ class _GatherPlanFacts(beam.PTransform):
         super().__init__()
         self._settings = settings
 
+    @no_annotations
     def expand(self, parts: dict[str, beam.PCollection]) -> beam.PCollection:
         streams = [
             parts[LISTED] | "TagListed" >> beam.Map(lambda _: tagged(LISTED)),
@@ -361,7 +368,7 @@ class _PlaceInShards(beam.PTransform):
         )
 
 
-def _route(item: InputFile | DeadLetter) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+def _route(item: InputFile | DeadLetter) -> Iterator[InputFile | PlanDeadLetterOutput]:
     """InputFile to the main output, DeadLetter to the dead letters."""
     if isinstance(item, DeadLetter):
         yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item)
@@ -401,15 +408,13 @@ class _TreeFactsFn(beam.CombineFn):
 
 def _apply_layout(
     f: InputFile, facts: tuple[set[int], set[str]], *, layout: str
-) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+) -> Iterator[InputFile | PlanDeadLetterOutput]:
     depths, tops = facts
     item = label_from_tree(f, with_split=tree_reads_splits(depths, tops, layout), depths=depths, tops=tops)
     yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item) if isinstance(item, DeadLetter) else item
 
 
-def _kept_by_path(
-    group: tuple[str, Iterable[InputFile]], *, dedup: str
-) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+def _kept_by_path(group: tuple[str, Iterable[InputFile]], *, dedup: str) -> Iterator[InputFile | PlanDeadLetterOutput]:
     filename, rows = group
     kept, dead = resolve_same_path(filename, rows)
     for letter in dead:
@@ -418,7 +423,7 @@ def _kept_by_path(
         yield kept
 
 
-def _kept_by_content(group: tuple[str, Iterable[InputFile]]) -> Iterator[InputFile | beam.pvalue.TaggedOutput]:
+def _kept_by_content(group: tuple[str, Iterable[InputFile]]) -> Iterator[InputFile | PlanDeadLetterOutput]:
     sha256, rows = group
     kept, dead = resolve_same_content(sha256, rows)
     for letter in dead:

@@ -11,12 +11,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
-from typing import BinaryIO
+from typing import Any, BinaryIO, Final, Literal
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Reason, Stage, WorkerShutdownError
@@ -49,8 +50,11 @@ __all__ = [
     "sidecar_name",
 ]
 
-DEAD_LETTERS = "dead_letters"
-CONTENT_KEYS = "content_keys"
+DEAD_LETTERS: Final = "dead_letters"
+CONTENT_KEYS: Final = "content_keys"
+# The tagged outputs' types, for Beam's type hints (a bare TaggedOutput would join the main output's).
+DeadLetterOutput = TaggedOutput[Literal["dead_letters"], DeadLetter]
+ContentKeyOutput = TaggedOutput[Literal["content_keys"], tuple[str, tuple[str, Any]]]
 METRICS_NAMESPACE = "images_to_tfrecords"
 _LOG = logging.getLogger(__name__)
 _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_level INFO shows them
@@ -211,7 +215,7 @@ class ConvertShardFn(beam.DoFn):
                 if conversion is not None:
                     conversion.cancel()
 
-    def process(self, shard: ShardPlan) -> Iterator[ShardResult | beam.pvalue.TaggedOutput]:
+    def process(self, shard: ShardPlan) -> Iterator[ShardResult | DeadLetterOutput | ContentKeyOutput]:
         """Converts one shard into its file and sidecar (or, under --resume, keeps the one an earlier
         run staged once it is verified), then yields its ShardResult, dead letters and content keys."""
         # ShardPlan(split, index, num_shards, inputs) -> ShardResult, plus DeadLetter on DEAD_LETTERS
@@ -377,12 +381,12 @@ class ConvertShardFn(beam.DoFn):
             _LOG.warning("could not mark %s as kept by this run", sidecar_path)
 
     @staticmethod
-    def _outputs(shard: ShardPlan, done: dict) -> Iterator[ShardResult | beam.pvalue.TaggedOutput]:
+    def _outputs(shard: ShardPlan, done: dict) -> Iterator[ShardResult | DeadLetterOutput | ContentKeyOutput]:
         """The shard's dead letters and content keys, then its ShardResult: all from its sidecar."""
         for uri, stage, reason, detail in done["dead_letters"]:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
+            yield DeadLetterOutput(DEAD_LETTERS, DeadLetter(uri, stage, reason, detail))
         for sha256, filename, label in done["content_keys"]:
-            yield beam.pvalue.TaggedOutput(CONTENT_KEYS, (sha256, (filename, label)))
+            yield ContentKeyOutput(CONTENT_KEYS, (sha256, (filename, label)))
         yield shard_result(shard, done)
 
 
