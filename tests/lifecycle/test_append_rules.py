@@ -15,7 +15,9 @@ import pytest
 from beam_jobs.planning.transforms import PLAN_CHANGES, compare_with_held
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
-from beam_jobs.versions import _files_state, _missing_files, garbage
+from beam_jobs.versions import garbage
+from beam_jobs.versions.cli import _files_state
+from beam_jobs.versions.manifests import _missing_files
 from beam_jobs.writing.append import merge_appended
 from beam_jobs.writing.commit import commit_version, read_current
 from tests.conftest import REPO

@@ -1,4 +1,4 @@
-"""Versions of a real dataset (beam_jobs/versions.py): history, reading an old version, rollback,
+"""Versions of a real dataset (beam_jobs/versions/): history, reading an old version, rollback,
 gc under the run lock, and the CLI.
 
 The dataset is one real conversion of real photos by the current job (the flat layout of a
