@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from beam_jobs.errors import UsageError
 
 if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     from beam_jobs.spec import ConversionSpec
     from tfdata_readers.sources.manifest_types import DatasetInfo
 
@@ -86,27 +88,34 @@ def convert(
     """
     arguments = {name: value for name, value in locals().items() if name not in ("beam_options", "spec")}
     with _errors_in_keyword_terms():
-        # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
-        from beam_jobs.command_line.job_logging import (  # pylint: disable=import-outside-toplevel
-            callers_logging_kept,
-            configure_logging_for,
-        )
-        from beam_jobs.command_line.run_console import TerminalConsole  # pylint: disable=import-outside-toplevel
-        from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
-        from beam_jobs.run import run_spec  # pylint: disable=import-outside-toplevel
-
         if spec is None:
             spec, options = spec_from_keywords(arguments, beam_options)
         else:
             options = _spec_given(spec, arguments, beam_options)
-        with callers_logging_kept():
-            configure_logging_for(spec.log_level, spec.runner_args, keep_handlers=True)
-            try:
-                with sigterm_as_interrupt():
-                    written = run_spec(spec, options, TerminalConsole(spec, options))
-            except KeyboardInterrupt as interrupt:
-                raise _said(interrupt, overwrite=spec.mode.overwrite) from None
+        written = _run_as_the_command_line_does(spec, options)
     return written if spec.mode.plan_only else committed_info(written, spec.output_dir)
+
+
+def _run_as_the_command_line_does(spec: ConversionSpec, options: PipelineOptions) -> dict:
+    """Runs ``spec`` with the command line's console, logging and signal handling, inside the
+    caller's process: SIGTERM interrupts it as Ctrl-C does, and the caller's logging
+    configuration is put back afterwards."""
+    # Imported here: Beam's import (a second or more) is paid on the first call, not by `import beam_jobs`.
+    from beam_jobs.command_line.job_logging import (  # pylint: disable=import-outside-toplevel
+        callers_logging_kept,
+        configure_logging_for,
+    )
+    from beam_jobs.command_line.run_console import TerminalConsole  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.termination import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+    from beam_jobs.run import run_spec  # pylint: disable=import-outside-toplevel
+
+    with callers_logging_kept():
+        configure_logging_for(spec.log_level, spec.runner_args, keep_handlers=True)
+        try:
+            with sigterm_as_interrupt():
+                return run_spec(spec, options, TerminalConsole(spec, options))
+        except KeyboardInterrupt as interrupt:
+            raise _said(interrupt, overwrite=spec.mode.overwrite) from None
 
 
 def committed_info(manifest: dict, output_dir: str) -> DatasetInfo:

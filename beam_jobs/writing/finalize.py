@@ -156,15 +156,25 @@ def finalize_outputs(
         dead_letters_by_reason=dict(by_reason),
         run=run,
     )
-    change: dict[str, Any] = {"kind": change_kind, "run": run}
-    if summary.get("label_ids_changed"):
-        change["label_ids"] = summary["label_ids_changed"]  # this version's own: never carried to the next
-    if base is not None:
-        change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
-        info = merge_appended(base, info, changes=summary.get("append"))
+    info, change = _next_version(info, summary, change_kind=change_kind, run=run, base=base)
     committed = commit_version(output_dir, info, expected=expected, change=change)
     _clean_up_after_commit(output_dir, run=run, keep_versions=keep_versions, run_id=run_id)
     return committed
+
+
+def _next_version(info: dict, summary: dict, *, change_kind: str, run: str, base: dict | None) -> tuple[dict, dict]:
+    """The content and the ``change`` record of the version this run commits. Pure.
+
+    An append's content is the base's shards followed by this run's (merge_appended), and its
+    change says how many examples each split gained; a label-id change is this version's own and
+    is never carried to the next."""
+    change: dict[str, Any] = {"kind": change_kind, "run": run}
+    if summary.get("label_ids_changed"):
+        change["label_ids"] = summary["label_ids_changed"]
+    if base is not None:
+        change["added"] = {split: facts["num_examples"] for split, facts in info["splits"].items()}
+        info = merge_appended(base, info, changes=summary.get("append"))
+    return info, change
 
 
 def _dead_letters_by_reason(dead_parts: list[dict]) -> collections.Counter[str]:
