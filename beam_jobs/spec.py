@@ -18,11 +18,14 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from beam_jobs.config import ImageConfig, checked_splits, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "TREE_LAYOUTS",
@@ -42,6 +45,9 @@ DEDUP_MODES = ("path", "content")
 CHANGED_SOURCES = ("refuse", "keep")
 # The smallest shard target worth having: below it every example would be a shard of its own.
 MIN_TARGET_SHARD_MB = 0.01
+
+
+_Part = TypeVar("_Part", bound="DataclassInstance")
 
 
 def _one_of(name: str, value: object, choices: Sequence[object]) -> None:
@@ -311,30 +317,21 @@ class ConversionSpec:
         except ValueError as error:
             raise UsageError(str(error)) from None
         return cls(
-            source=Source(
+            source=_part_from_flags(
+                Source,
+                values,
                 root=absolute_uri(values["input"]) if values.get("input") else None,
                 input_list=absolute_uri(values["manifest"]) if values.get("manifest") else None,
+                rows_root=None,
                 coco_files=coco_files,
                 keep_unannotated=values["unannotated"] == "keep",
-                coco_masks=values["coco_masks"],
-                tree_layout=values["tree_layout"],
-                allow_outside_root=values["allow_outside_root"],
-                dedup=values["dedup"],
             ),
             output_dir=absolute_uri(values["output_dir"]),
             image=image,
             splits=SplitSpec(fractions=fractions, rule=values["split_rule"]),
             shards=ShardSpec(num_shards=values["num_shards"], target_shard_mb=values["target_shard_mb"]),
             limits=Limits(max_bad_fraction=values["max_bad_fraction"]),
-            mode=RunMode(
-                overwrite=values["overwrite"],
-                append=values["append"],
-                resume=values["resume"],
-                plan_only=values["plan_only"],
-                changed_sources=values["changed_sources"],
-                relabel=values["relabel"],
-                keep_versions=values["keep_versions"],
-            ),
+            mode=_part_from_flags(RunMode, values),
             log_level=values["log_level"],
             runner_args=tuple(runner_args),
         )
@@ -348,21 +345,17 @@ def _image_config(values: Mapping[str, Any]) -> ImageConfig:
             "(--max_side caps its longer side)"
         )
     width, height = parse_image_size(size if size is not None else str(ImageConfig().width))
-    return ImageConfig(
-        width=width,
-        height=height,
-        channels=values["channels"],
-        resize_mode=values["resize_mode"],
-        resample=values["resample"],
-        encoding=values["encoding"],
-        jpeg_quality=values["jpeg_quality"],
-        max_pixels=values["max_pixels"],
-        max_file_bytes=max(1, int(values["max_file_mb"] * 2**20)),
-        isolation=values["isolation"],
-        decode_timeout_s=values["decode_timeout_s"],
-        max_side=values["max_side"],
-        annotation_frame=values["annotation_frame"],
+    return _part_from_flags(
+        ImageConfig, values, width=width, height=height, max_file_bytes=max(1, int(values["max_file_mb"] * 2**20))
     )
+
+
+def _part_from_flags(part: type[_Part], values: Mapping[str, Any], **derived: Any) -> _Part:
+    """The spec part ``part`` (a dataclass) whose fields are the flags of the same names, except
+    the ``derived`` ones, given here. Every other field must have its flag in ``values``: a field
+    added to a part without its flag is a KeyError at once, never a default taken silently."""
+    named = {field.name: values[field.name] for field in dataclasses.fields(part) if field.name not in derived}
+    return part(**named, **derived)
 
 
 def _fractions(splits: str | Mapping[str, float] | None) -> dict[str, float] | None:

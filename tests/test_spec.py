@@ -131,3 +131,20 @@ def test_keywords_are_checked_against_their_flags_declaration(keywords, message)
 def test_beam_options_may_not_carry_the_jobs_own_flags():
     with pytest.raises(UsageError, match="image_size is convert\\(\\)'s own keyword"):
         spec_from_keywords({"input": "/p", "output_dir": "/o"}, {"image_size": 64})
+
+
+def test_a_spec_part_takes_each_field_from_the_flag_of_its_name_and_never_defaults_one_silently():
+    from beam_jobs.spec import _part_from_flags  # pylint: disable=import-outside-toplevel
+
+    flags = {"overwrite": False, "append": True, "resume": False, "plan_only": False}
+    flags |= {"changed_sources": "keep", "relabel": "keep", "keep_versions": 3}
+    assert _part_from_flags(RunMode, flags) == RunMode(append=True, changed_sources="keep", keep_versions=3)
+
+    @dataclasses.dataclass(frozen=True)
+    class WithANewField:
+        overwrite: bool = False
+        a_field_without_a_flag: int = 7
+
+    with pytest.raises(KeyError, match="a_field_without_a_flag"):
+        _part_from_flags(WithANewField, flags)
+    assert _part_from_flags(WithANewField, flags, a_field_without_a_flag=1) == WithANewField(False, 1)
