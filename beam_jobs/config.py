@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from beam_jobs.errors import BadInputError
+from beam_jobs.errors import BadInputError, UsageError
 from beam_jobs.imaging.annotate import ANNOTATION_FRAMES
 from beam_jobs.imaging.example import ENCODINGS, FORMAT_NAMES
 from beam_jobs.imaging.geometry import KEEP
@@ -14,6 +14,7 @@ from beam_jobs.imaging.isolation import ISOLATION_POLICIES
 from beam_jobs.imaging.preprocess import RESIZE_MODES
 from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
 from beam_jobs.listing.names import clean_split_name
+from beam_jobs.typed_fields import check_field_types
 
 __all__ = ["ImageConfig", "checked_splits", "parse_image_size", "parse_splits"]
 
@@ -58,6 +59,11 @@ class ImageConfig:
     annotation_frame: str = "auto"
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+        if not math.isfinite(self.decode_timeout_s):
+            raise UsageError(
+                f"ImageConfig.decode_timeout_s must be a finite number of seconds (got {self.decode_timeout_s!r})"
+            )
         if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
             raise ValueError(f"image size must be 1..65535 pixels a side (got {self.width}x{self.height})")
         if self.channels not in (1, 3):

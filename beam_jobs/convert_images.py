@@ -21,7 +21,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
-from beam_jobs.errors import BadInputError
+from beam_jobs.errors import BadInputError, UsageError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
@@ -118,6 +118,7 @@ class ConvertImages(beam.PTransform):
     def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> beam.PCollection:
         """The data flow, from the listing to the one commit."""
         spec, run = self._spec, self._run
+        _check_applied_to(spec, start)
         listed = start | "ListInputs" >> ListInputs(spec)
         # {LISTING: InputFile | DeadLetter, IGNORED: Ignored kind}
         appended_to = run.appended_to
@@ -461,13 +462,36 @@ def _log_plan(
     return summary
 
 
+def _check_applied_to(spec: ConversionSpec, start: beam.pvalue.PBegin | beam.PCollection) -> None:
+    """A rows spec goes on a PCollection of rows, any other on the pipeline itself: said here, in
+    the user's terms, rather than as a type error from deep inside the listing."""
+    on_rows = isinstance(start, beam.PCollection)
+    if on_rows and spec.source.kind != "rows":
+        raise TypeError(
+            f"ConvertImages with a {spec.source.kind} source ({spec.source.where}) lists its own inputs: apply it to "
+            "the pipeline (pipeline | ConvertImages(spec)); a PCollection of rows takes Source(rows_root=...)"
+        )
+    if not on_rows and spec.source.kind == "rows":
+        raise TypeError(
+            f"ConvertImages with Source(rows_root={spec.source.rows_root!r}) converts a PCollection of rows: apply "
+            "it to one (rows | ConvertImages(spec)), or give the spec a root or an input_list to list by itself"
+        )
+
+
 def _context_of(spec: ConversionSpec) -> RunContext:
     """Used as a library transform (not through the command line), ConvertImages names its own run
     and starts from whatever version is current when the pipeline is built."""
     if spec.mode.plan_only:
         return RunContext(run_id=None, expected=None)
     expected = read_current(spec.output_dir)
-    kind = "append" if spec.mode.append else "create"
-    if kind == "create" and expected is not None and expected.manifest is not None:
-        kind = "overwrite"
+    holds_a_dataset = expected is not None and expected.manifest is not None
+    if spec.mode.append:
+        kind = "append"
+    elif holds_a_dataset and not spec.mode.overwrite:
+        raise UsageError(
+            f"{spec.output_dir} already holds a dataset (version {expected.version}): a spec with "
+            "RunMode(overwrite=True) replaces it, one with RunMode(append=True) adds to it"
+        )
+    else:
+        kind = "overwrite" if holds_a_dataset else "create"
     return RunContext(run_id=new_run_name(), expected=expected, change_kind=kind)

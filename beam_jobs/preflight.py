@@ -169,7 +169,7 @@ def make_output_dir(output_dir: str) -> list[str]:
     if "://" not in output_dir:
         if os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise UsageError(f"--output_dir {output_dir} is a file, not a folder")
-        folder = output_dir
+        folder = os.path.abspath(output_dir)  # a relative path: its parents end at the working directory, not at ""
         while not os.path.exists(folder):
             created.append(folder)
             folder = os.path.dirname(folder)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from beam_jobs.config import ImageConfig, checked_splits, parse_image_size, parse_splits
 from beam_jobs.errors import UsageError
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
+from beam_jobs.typed_fields import check_field_types
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -71,11 +72,25 @@ def finite(name: str, value: float, *, low: float, low_inclusive: bool = False, 
     return value
 
 
-def absolute_uri(path: str) -> str:
+def absolute_uri(path: str | os.PathLike[str]) -> str:
     """A local path made absolute (against the working directory), a URI unchanged; no "/" at the end."""
+    path = os.fspath(path)
     if "://" not in path:
         path = os.path.abspath(os.path.expanduser(path))
     return path.rstrip("/") or "/"
+
+
+def _resolved_path(name: str, value: object) -> object:
+    """A path field as the spec keeps it: a str or os.PathLike made an absolute local path (against
+    the working directory of the moment the spec is made, so a later os.chdir changes nothing) or
+    a URI; anything else is returned as it is, for the type check to name."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        if not value.strip():
+            raise UsageError(f"{name} must be a path, not an empty string")
+        return absolute_uri(value)
+    return value
 
 
 def parse_coco_split_files(text: str) -> list[tuple[str | None, str]]:
@@ -121,6 +136,21 @@ class Source:
     dedup: str = "path"
 
     def __post_init__(self) -> None:
+        for name in ("root", "input_list", "rows_root"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _resolved_path(f"Source.{name}", getattr(self, name)))
+        if isinstance(self.coco_files, (tuple, list)):
+            object.__setattr__(
+                self,
+                "coco_files",
+                tuple(
+                    (pair[0], _resolved_path("Source.coco_files", pair[1]))
+                    if isinstance(pair, (tuple, list)) and len(pair) == 2
+                    else pair
+                    for pair in self.coco_files
+                ),
+            )
+        check_field_types(self)
         if sum(source is not None for source in (self.root, self.input_list, self.rows_root)) != 1:
             raise UsageError(
                 "a source is exactly one of root (a tree), input_list (a CSV/JSONL file) and rows_root "
@@ -149,6 +179,36 @@ class Source:
         return self.root or self.input_list or ""
 
 
+class Fractions(Mapping[str, float]):
+    """The split fractions a SplitSpec holds: read like the dict they were given as (and equal to
+    it), but unchangeable and hashable, so that a spec validated once stays valid (no split can
+    be renamed or resized after the check) and can key a cache."""
+
+    def __init__(self, fractions: Mapping[str, float]) -> None:
+        self._items = tuple(fractions.items())
+
+    def __getitem__(self, name: str) -> float:
+        for key, value in self._items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other.items())
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items))
+
+    def __repr__(self) -> str:
+        return repr(dict(self._items))
+
+
 @dataclass(frozen=True)
 class SplitSpec:
     """How inputs without a split of their own get one: ``fractions`` ({"train": 0.9, ...}, summing
@@ -159,13 +219,14 @@ class SplitSpec:
     rule: str = DEFAULT_SPLIT_RULE
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _one_of("--split_rule", self.rule, SPLIT_RULES)
         if self.fractions is not None:
             try:
                 checked = checked_splits(self.fractions.items(), shown=dict(self.fractions))
             except ValueError as error:
                 raise UsageError(str(error)) from None
-            object.__setattr__(self, "fractions", checked)
+            object.__setattr__(self, "fractions", Fractions(checked))
 
 
 @dataclass(frozen=True)
@@ -177,6 +238,7 @@ class ShardSpec:
     target_shard_mb: float = DEFAULT_TARGET_SHARD_MB
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.num_shards == 0 and not isinstance(self.num_shards, bool):
             object.__setattr__(self, "num_shards", None)  # 0, as on the command line: derived
         if self.num_shards is not None and (isinstance(self.num_shards, bool) or self.num_shards < 1):
@@ -197,6 +259,7 @@ class Limits:
     max_bad_fraction: float = 0.01
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         finite("--max_bad_fraction", self.max_bad_fraction, low=0.0, low_inclusive=True, high=1.0)
 
 
@@ -217,6 +280,7 @@ class RunMode:
     keep_versions: int = 2
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.append and self.overwrite:
             raise UsageError("give at most one of --append (add to the current version) and --overwrite (replace it)")
         _one_of("--relabel", self.relabel, RELABEL_CHOICES)
@@ -253,7 +317,7 @@ def run_settings(
 @dataclass(frozen=True)
 class ConversionSpec:
     """A whole conversion: the source, the image settings, splits, shards, limits, the run mode,
-    and where it goes. Paths are as given to the spec (the entry points make local ones absolute).
+    and where it goes. Local paths (str or os.PathLike) are made absolute when the spec is made.
 
     ``runner_args`` are Beam's own options (``--runner``, ``--direct_num_workers``, ...), as
     ``--flag=value`` strings for Beam's PipelineOptions. They are left out of equality: they
@@ -273,6 +337,8 @@ class ConversionSpec:
     def __post_init__(self) -> None:
         if not self.output_dir:
             raise UsageError("--output_dir is required")
+        object.__setattr__(self, "output_dir", _resolved_path("output_dir", self.output_dir))
+        check_field_types(self)
         _one_of("--log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
 
     @property

@@ -71,6 +71,9 @@ def spec_of_keywords(
         shards=ShardSpec(num_shards=num_shards, target_shard_mb=target_shard_bytes / 2**20),
         limits=Limits(max_bad_fraction=max_bad_fraction),
         mode=RunMode(
+            # The keyword form commits a version on every use, as it always has: over a dataset
+            # already there, that is an overwrite.
+            overwrite=change_kind != "append",
             append=change_kind == "append",
             resume=resume,
             plan_only=plan_only,

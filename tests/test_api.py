@@ -256,6 +256,56 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
     with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
         _ = pipeline | "Rows" >> beam.Create([*rows, *bad_rows]) | beam_jobs.ConvertImages(spec)
     assert _shard_bytes(tmp_path / "spec") == _shard_bytes(tmp_path / "out")
+    # The spec's run mode means what it means for convert(): no overwrite, no replacing.
+    with pytest.raises(beam_jobs.UsageError, match=r"already holds a dataset \(version 1\).*RunMode\(overwrite=True\)"):
+        beam_jobs.ConvertImages(spec)
+    overwrite = spec.replace(mode=beam_jobs.RunMode(overwrite=True))
+    with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
+        _ = pipeline | "Rows" >> beam.Create(rows) | beam_jobs.ConvertImages(overwrite)
+    replaced = tfdata_readers.load_manifest(tmp_path / "spec")
+    assert (replaced.version, replaced["change"]["kind"], replaced["num_dead_letters"]) == (2, "overwrite", 0)
+    # A spec applied to the wrong kind of input says so, in the user's terms.
+    with pytest.raises(TypeError, match="converts a PCollection of rows: apply it to one"):
+        with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
+            _ = pipeline | beam_jobs.ConvertImages(overwrite)
+    tree = overwrite.replace(source=beam_jobs.Source(root=str(root)))
+    with pytest.raises(TypeError, match="lists its own inputs: apply it to the pipeline"):
+        with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
+            _ = pipeline | beam.Create(rows) | beam_jobs.ConvertImages(tree)
+
+
+def test_a_spec_of_relative_and_pathlib_paths_converts_and_is_unmoved_by_a_later_chdir(
+    tmp_path, photo_tree, monkeypatch
+):
+    root, good, _ = photo_tree
+    monkeypatch.chdir(root.parent)
+    spec = beam_jobs.ConversionSpec(
+        source=beam_jobs.Source(root=pathlib.Path(root.name)),
+        output_dir=os.path.relpath(tmp_path / "new" / "out"),  # neither it nor its parent exists yet
+        image=ImageConfig(width=16, height=16),
+        limits=beam_jobs.Limits(max_bad_fraction=0.5),
+        runner_args=("--direct_num_workers=1",),
+    )
+    assert (spec.source.root, spec.output_dir) == (str(root), str(tmp_path / "new" / "out"))
+    monkeypatch.chdir(tmp_path)  # the paths were resolved when the spec was made
+    info = beam_jobs.convert(spec=spec)
+    assert info == tfdata_readers.load_manifest(tmp_path / "new" / "out")
+    assert info.data_dir == str(tmp_path / "new" / "out")
+    assert sum(split.num_examples for split in info.splits.values()) == len(good)
+    # A mapping of the manifest's fields, hashable, with a repr that fits a notebook cell.
+    assert list(info) == list(info.keys()) and len(info) == len(info.to_json())
+    assert {info: 1}[tfdata_readers.load_manifest(tmp_path / "new" / "out")] == 1
+    assert repr(info).startswith(f"DatasetInfo(data_dir={str(tmp_path / 'new' / 'out')!r}, version=1")
+    assert len(repr(info)) < 400
+    # The keyword form takes pathlib paths too.
+    again = beam_jobs.convert(
+        pathlib.Path(root),
+        output_dir=tmp_path / "kw",
+        image_size=16,
+        max_bad_fraction=0.5,
+        beam_options=["--direct_num_workers=1"],
+    )
+    assert _shard_bytes(tmp_path / "kw") == _shard_bytes(tmp_path / "new" / "out") and again.version == 1
 
 
 def test_convert_images_takes_one_source():

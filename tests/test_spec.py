@@ -148,3 +148,51 @@ def test_a_spec_part_takes_each_field_from_the_flag_of_its_name_and_never_defaul
     with pytest.raises(KeyError, match="a_field_without_a_flag"):
         _part_from_flags(WithANewField, flags)
     assert _part_from_flags(WithANewField, flags, a_field_without_a_flag=1) == WithANewField(False, 1)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ShardSpec(num_shards=2.5), "ShardSpec.num_shards must be a whole number or None .got 2.5."),
+        (lambda: ShardSpec(num_shards="3"), "ShardSpec.num_shards must be a whole number or None .got '3'."),
+        (lambda: RunMode(overwrite="no"), "RunMode.overwrite must be True or False .got 'no'."),
+        (lambda: RunMode(keep_versions=1.5), "RunMode.keep_versions must be a whole number"),
+        (lambda: ImageConfig(width=64.5), "ImageConfig.width must be a whole number .got 64.5."),
+        (lambda: ImageConfig(jpeg_quality=True), "ImageConfig.jpeg_quality must be a whole number .got True."),
+        (lambda: ImageConfig(decode_timeout_s=float("nan")), "decode_timeout_s must be a finite number"),
+        (lambda: Source(root=123), "Source.root must be a string or None .got 123."),
+        (lambda: Source(root=""), "Source.root must be a path, not an empty string"),
+        (lambda: Source(root="/a", coco_masks="yes"), "Source.coco_masks must be True or False"),
+        (lambda: SplitSpec(fractions="train=1"), "SplitSpec.fractions must be a mapping from a string to a number"),
+        (lambda: ConversionSpec(source="photos", output_dir="/o"), "ConversionSpec.source must be a Source"),
+        (lambda: ConversionSpec(source=Source(root="/a"), output_dir=42), "ConversionSpec.output_dir must be a string"),
+        (
+            lambda: ConversionSpec(source=Source(root="/a"), output_dir="/o", runner_args="--x=1"),
+            "ConversionSpec.runner_args must be a tuple, each item a string",
+        ),
+    ],
+)
+def test_each_part_refuses_a_value_of_the_wrong_type_by_the_fields_name(make, message):
+    with pytest.raises(UsageError, match=message):
+        make()
+
+
+def test_a_made_spec_cannot_be_changed_and_is_a_hashable_value(tmp_path, monkeypatch):
+    import os  # pylint: disable=import-outside-toplevel
+    import pathlib  # pylint: disable=import-outside-toplevel
+    import pickle  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.chdir(tmp_path)
+    spec = ConversionSpec(
+        source=Source(root=pathlib.Path("photos"), coco_files=(("train", "a.json"),)),
+        output_dir="out",
+        splits=SplitSpec(fractions={"train": 0.5, "validation": 0.5}),
+    )
+    assert spec.source.root == os.path.join(tmp_path, "photos") and spec.output_dir == os.path.join(tmp_path, "out")
+    assert spec.source.coco_files == (("train", os.path.join(tmp_path, "a.json")),)
+    assert spec.splits.fractions == {"train": 0.5, "validation": 0.5}
+    with pytest.raises(TypeError):
+        spec.splits.fractions["Hold Out!"] = 0.5  # type: ignore[index]
+    assert spec.settings["splits"] == {"train": 0.5, "validation": 0.5}
+    assert pickle.loads(pickle.dumps(spec)) == spec and {spec: 1}[pickle.loads(pickle.dumps(spec))] == 1
+    assert spec.replace(output_dir="elsewhere").output_dir == os.path.join(tmp_path, "elsewhere")

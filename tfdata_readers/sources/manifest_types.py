@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import KeysView
+from collections.abc import Iterator, KeysView
 from typing import Any
 
 __all__ = [
@@ -124,6 +124,27 @@ class DatasetInfo:
     # (info["splits"]["train"]["num_examples"]) reads the same; to_json() is the dict to write.
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __hash__(self) -> int:
+        # Equal infos are one version of one folder: these three say which (raw, a dict, cannot hash).
+        return hash((self.data_dir, self.version, self.manifest_path))
+
+    def __repr__(self) -> str:
+        # The facts a notebook wants at a glance; every shard is in `splits` and in `raw`.
+        splits = ", ".join(
+            f"{name!r}: {split.num_examples} examples in {len(split.shards)} shards"
+            for name, split in self.splits.items()
+        )
+        return (
+            f"DatasetInfo(data_dir={self.data_dir!r}, version={self.version}, task={self.task!r}, "
+            f"num_classes={self.num_classes}, image={self.image.size_text} {self.image.format}, splits={{{splits}}})"
+        )
 
     def __contains__(self, key: object) -> bool:
         return key in self.raw
