@@ -28,3 +28,21 @@ def test_the_resampling_benchmark_times_scores_and_tests_aliasing_of_every_candi
     bicubic = [row.split("|") for row in rows if row.startswith("| pillow bicubic |")]
     assert all(float(cells[-2]) < 5 for cells in bicubic)
     assert any(float(cells[3]) > 20 for cells in bicubic)  # at 1.2x, the stripes come through
+
+
+def test_the_pipeline_keeps_the_stage_counts_the_docs_state():
+    """README and docs/benchmarks.md state 18 fused stages for a first version (29 with --dedup
+    content and two splits): a change that adds stages back fails here, where it is cheap to see."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "pipeline_shape.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    fused = {
+        cells[2].strip(): int(cells[5])
+        for cells in (line.split("|") for line in done.stdout.splitlines())
+        if len(cells) > 5 and cells[1].strip() == "this checkout"
+    }
+    assert fused == {"a first version": 18, "--dedup content, two splits": 29}, done.stdout

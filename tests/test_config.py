@@ -65,3 +65,7 @@ def test_a_bad_split_item_gets_a_message_naming_what_is_wrong(text, message):
     with pytest.raises(ValueError, match="--splits") as error:
         parse_splits(text)
     assert message in str(error.value)
+
+
+def test_the_default_output_size_is_224_square_the_reference_models_input():
+    assert (ImageConfig().width, ImageConfig().height) == (224, 224)

@@ -219,7 +219,7 @@ def test_manifest_input_with_splits_non_ascii_names_and_png_output(tmp_path):
 def test_existing_dataset_is_not_mixed_with_a_new_one(converted):
     root, _, _, out, _ = converted
     result = run_cli("--input", root, "--output_dir", out, check=False)
-    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert result.returncode == 2 and "--overwrite" in result.stderr and "--resume" in result.stderr
 
 
 def test_help_lists_the_flags():

@@ -287,3 +287,23 @@ def test_train_mirrored_shows_tensorflows_start_up_lines_once(tmp_path):
     assert not repeated, done.stderr[-3000:]
     assert sum("absl::InitializeLog" in line for line in lines) <= 1
     assert any(line.startswith("train_mirrored.py: error: ") for line in lines), done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_run_local_converts_in_the_active_environment(tmp_path, photo_tree):
+    """The README's first command: launch/run_local.sh runs the job in the active environment."""
+    root, good, _ = photo_tree
+    env = {**os.environ, "VIRTUAL_ENV": sys.prefix}
+    env.pop("VENV", None)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [str(REPO / "launch" / "run_local.sh"), "--input", str(root), "--output_dir", str(out), "--image_size", "32"]
+        + ["--max_bad_fraction", "0.5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((out / "dataset_info.json").read_text())
+    assert sum(split["num_examples"] for split in manifest["splits"].values()) == len(good)

@@ -87,3 +87,34 @@ def test_no_import_circle_among_the_modules():
         for names in graph.values():
             names.discard(package)
         assert _cycles(graph) == [], package
+
+
+def test_the_design_table_names_every_module_in_its_folders_row():
+    """docs/design.md's "where things live" table is how a newcomer finds a module: a module
+    added, moved or renamed without its row fails here, not months later in a reader's hands."""
+    import re  # pylint: disable=import-outside-toplevel
+
+    rows: dict[str, set[str]] = {}
+    for line in (REPO / "docs" / "design.md").read_text().splitlines():
+        row = re.match(r"\| `([\w/]+/)` \|[^|]*\|(.*)\|$", line)
+        if row:
+            rows[row.group(1)] = set(re.findall(r"`([\w/.]+)`", row.group(2)))
+    unnamed, gone = [], []
+    for package in ("beam_jobs", "tfdata_readers"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            relative = path.relative_to(REPO)
+            folder = f"{relative.parent}/"
+            if folder in rows:
+                if path.name not in rows[folder]:
+                    unnamed.append(str(relative))
+            elif not (
+                f"{relative.parent.parent}/" in rows
+                and f"{relative.parent.name}/" in rows[f"{relative.parent.parent}/"]
+            ):
+                unnamed.append(f"{relative} (its folder has no row)")
+    for folder, names in rows.items():
+        gone += [f"{folder}{name}" for name in names if name.endswith(".py") and not (REPO / folder / name).exists()]
+    assert not unnamed, f"modules docs/design.md's table does not name: {unnamed}"
+    assert not gone, f"docs/design.md's table names modules that do not exist: {gone}"

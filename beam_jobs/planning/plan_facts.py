@@ -131,7 +131,7 @@ def tagged(tag: str, item: object = None) -> tuple[str, object]:
 
 
 def bucket_key(f: InputFile) -> tuple[str, int]:
-    """(split, bucket): the group an input is ranked in (plan.bucket_offsets)."""
+    """(split, bucket): the group an input is ranked in (planning/hashing.py::bucket_offsets)."""
     assert f.split is not None, "keyed after every input has its split"
     return f.split, bucket_of(shard_digest(f.filename))
 

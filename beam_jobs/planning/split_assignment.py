@@ -1,7 +1,7 @@
 """Splits for the inputs that have none: by hash, or stratified exactly per class.
 
 The stratified rule needs each input's rank in its class's split-hash order. It is found by
-buckets, as shard places are (plan.bucket_offsets), but the per-(class, bucket) offsets (up to
+buckets, as shard places are (planning/hashing.py::bucket_offsets), but the per-(class, bucket) offsets (up to
 labels x 4096 of them) are never a side input: they are computed per class (at most 4096 counts
 each) and joined to the inputs of their bucket with CoGroupByKey.
 """

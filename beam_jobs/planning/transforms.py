@@ -4,7 +4,7 @@ No step holds the listing in one element or one worker: the only global state is
 layout's depths and top folders, and the plan's facts: label names, per-(split, class) and
 per-(split, bucket) counts, O(labels x splits + splits x buckets)), gathered in one combine
 (plan_facts.py). Each input's shard and position follow from its own hash and those counts (see
-``plan.bucket_offsets``), which gives exactly the plan of the in-memory ``plan.plan_dataset``: the
+``planning/hashing.py::bucket_offsets``), which gives exactly the plan of the in-memory ``plan.plan_dataset``: the
 same round-robin over the split's global hash order.
 
     PlanShards: InputFile | DeadLetter

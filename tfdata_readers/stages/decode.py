@@ -45,8 +45,7 @@ def decode_batches(plan: ReaderPlan, batches: tf.data.Dataset, skipped: tf.Tenso
         decoded = decoded.take(plan.batches_per_epoch - skipped)
     # Through the service in training, a global step's batches travel as one element of one
     # pass (see tfdata_readers.service.reading): otherwise a step could hold an example twice.
-    step_group = service_reading.replicas_per_step(plan.input_context) if plan.service and plan.training else 1
-    return service_reading.group_steps(decoded, step_group)
+    return service_reading.group_steps(decoded, plan.replicas_per_step)
 
 
 def _to_features(plan: ReaderPlan, batch: tuple[tf.Tensor, tf.Tensor], epoch_seed: tf.Tensor) -> dict[str, tf.Tensor]:

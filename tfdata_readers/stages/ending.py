@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfdata_readers.config import ReadConfig
 from tfdata_readers.service import reading as service_reading
-from tfdata_readers.stages.plan import ReaderPlan, replicas_per_pipeline
+from tfdata_readers.stages.plan import ReaderPlan
 
 __all__ = ["finish_reader", "reader_identity"]
 
@@ -22,7 +22,7 @@ def finish_reader(plan: ReaderPlan, dataset: tf.data.Dataset) -> tf.data.Dataset
     """The output batches of every pass -> what `make_dataset` returns."""
     config = plan.config
     if not plan.service and (not config.skip_corrupt or plan.batches_per_epoch is not None):
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(_total_batches(plan)))
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(plan.total_batches))
     dataset = dataset.prefetch(config.prefetch)
     if not plan.service:
         return _refusing_other_readers_checkpoints(dataset, reader_identity(_identity(plan), config)).with_options(
@@ -31,15 +31,6 @@ def finish_reader(plan: ReaderPlan, dataset: tf.data.Dataset) -> tf.data.Dataset
     dataset = dataset.with_options(_reader_options())
     # Everything above runs on the service's workers; only what follows runs here.
     return _through_service(plan, dataset)
-
-
-def _total_batches(plan: ReaderPlan) -> int:
-    """The true number of batches, from the manifest: without it Keras shows no step total and
-    warns that the input "ran out of data" every epoch. (Under skip_corrupt a pass may hold fewer
-    batches, unless `records._require_records` holds the pipeline to its count.)"""
-    if plan.config.num_epochs is None:
-        return int(tf.data.INFINITE_CARDINALITY)
-    return plan.per_pass * plan.config.num_epochs - plan.initial_step * replicas_per_pipeline(plan.input_context)
 
 
 def _identity(plan: ReaderPlan) -> dict[str, Any]:

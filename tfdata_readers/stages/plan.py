@@ -137,6 +137,29 @@ class ReaderPlan:
         return self.share.pipeline_id
 
     @property
+    def total_batches(self) -> int:
+        """The true number of batches this pipeline yields over all its epochs (INFINITE_CARDINALITY
+        without num_epochs): without it Keras shows no step total and warns that the input "ran out
+        of data" every epoch."""
+        if self.config.num_epochs is None:
+            return int(tf.data.INFINITE_CARDINALITY)
+        return self.per_pass * self.config.num_epochs - self.initial_step * replicas_per_pipeline(self.input_context)
+
+    @property
+    def records_needed(self) -> int | None:
+        """The records one epoch of this pipeline must hold for its equal step count (None when its
+        count is not held to the others')."""
+        return None if self.batches_per_epoch is None else self.batches_per_epoch * self.batch_size
+
+    @property
+    def replicas_per_step(self) -> int:
+        """How many batches of this pipeline travel as one element through the tf.data service in
+        training (a global step's), so that no step holds an example twice; 1 otherwise."""
+        if self.service and self.training:
+            return service_reading.replicas_per_step(self.input_context)
+        return 1
+
+    @property
     def shuffle_pieces(self) -> bool:
         """Whether each pass shuffles the order of the shard pieces."""
         return self.training and self.config.shuffle_files and len(self.share.pieces) > 1

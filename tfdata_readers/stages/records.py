@@ -96,8 +96,8 @@ def read_pieces(plan: ReaderPlan, through_cache: CachedShards | None, pieces: tf
             else {}
         ),
     )  # (serialized, name)
-    if config.skip_corrupt and plan.batches_per_epoch is not None:
-        needed = plan.batches_per_epoch * plan.batch_size
+    if config.skip_corrupt and plan.records_needed is not None:
+        needed = plan.records_needed
         records = _require_records(
             records,
             needed,
