@@ -1,9 +1,11 @@
-"""Child of test_reader_passes: prints the training order of one seeded dataset, as JSON, after
+"""Child of test_reader_passes: prints the training order of one seeded dataset and a digest of its
+augmented pixels (crops and flips), as JSON, after
 setting TensorFlow's global seed to argv[2] ("none": not set). A child, because the global seed
 is process-wide state that no test should leave behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 
@@ -17,4 +19,8 @@ if global_seed != "none":
 dataset = tfr.make_dataset(
     data_dir, "train", 5, training=True, seed=5, with_metadata=True, config=tfr.ReadConfig(num_epochs=2)
 )
-print(json.dumps([k.decode() for _, _, meta in dataset for k in meta["key"].numpy()]))
+keys, pixels = [], hashlib.sha256()
+for images, _, meta in dataset:
+    keys += [k.decode() for k in meta["key"].numpy()]
+    pixels.update(images.numpy().tobytes())
+print(json.dumps({"keys": keys, "pixels": pixels.hexdigest()}))
