@@ -60,9 +60,11 @@ class ImageConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        if not math.isfinite(self.decode_timeout_s):
+        # One form for one value (60 and 60.0): equal configs make one run fingerprint.
+        object.__setattr__(self, "decode_timeout_s", float(self.decode_timeout_s))
+        if not (math.isfinite(self.decode_timeout_s) and 0 < self.decode_timeout_s <= 86400):
             raise UsageError(
-                f"ImageConfig.decode_timeout_s must be a finite number of seconds (got {self.decode_timeout_s!r})"
+                f"decode_timeout_s must be > 0 and at most 86400 seconds (a day) (got {self.decode_timeout_s!r})"
             )
         if not (1 <= self.width <= 65535 and 1 <= self.height <= 65535):
             raise ValueError(f"image size must be 1..65535 pixels a side (got {self.width}x{self.height})")

@@ -21,7 +21,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
-from beam_jobs.errors import BadInputError, UsageError
+from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
@@ -40,6 +40,7 @@ from beam_jobs.planning.transforms import (
     PlanShards,
     SourceChangesFn,
 )
+from beam_jobs.preflight import start_run
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.run_context import RunContext
 from beam_jobs.spec import ConversionSpec
@@ -53,7 +54,7 @@ from beam_jobs.writing.append import (
     held_sidecars,
     read_held_inputs,
 )
-from beam_jobs.writing.commit import Current, read_current
+from beam_jobs.writing.commit import Current
 from beam_jobs.writing.convert_shards import CONTENT_KEYS, DEAD_LETTERS, ConvertShardFn
 from beam_jobs.writing.duplicates import content_duplicate_groups
 from beam_jobs.writing.finalize import (
@@ -65,7 +66,7 @@ from beam_jobs.writing.finalize import (
     write_dead_letter_part,
     write_plan,
 )
-from beam_jobs.writing.run_folders import new_run_name, run_dir, run_made_for
+from beam_jobs.writing.run_folders import run_dir, run_made_for
 from beam_jobs.writing.shard_progress import write_progress_plan
 
 __all__ = ["LOG_PLAN_STEP", "ConvertImages", "RunContext"]
@@ -479,19 +480,7 @@ def _check_applied_to(spec: ConversionSpec, start: beam.pvalue.PBegin | beam.PCo
 
 
 def _context_of(spec: ConversionSpec) -> RunContext:
-    """Used as a library transform (not through the command line), ConvertImages names its own run
-    and starts from whatever version is current when the pipeline is built."""
-    if spec.mode.plan_only:
-        return RunContext(run_id=None, expected=None)
-    expected = read_current(spec.output_dir)
-    holds_a_dataset = expected is not None and expected.manifest is not None
-    if spec.mode.append:
-        kind = "append"
-    elif holds_a_dataset and not spec.mode.overwrite:
-        raise UsageError(
-            f"{spec.output_dir} already holds a dataset (version {expected.version}): a spec with "
-            "RunMode(overwrite=True) replaces it, one with RunMode(append=True) adds to it"
-        )
-    else:
-        kind = "overwrite" if holds_a_dataset else "create"
-    return RunContext(run_id=new_run_name(), expected=expected, change_kind=kind)
+    """Used as a library transform (not through the command line), ConvertImages decides what its
+    RunMode does to the folder as a run of the command line does (preflight.start_run): refused
+    over a dataset without overwrite or append, resume continuing an interrupted run."""
+    return start_run(spec)

@@ -24,8 +24,10 @@ from beam_jobs.errors import UsageError
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.listing.discover import input_list_files
 from beam_jobs.paths import redact
+from beam_jobs.run_context import RunContext
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
-from beam_jobs.writing.commit import Current
+from beam_jobs.writing.commit import Current, read_current
+from beam_jobs.writing.convert_shards import CONVERT_THREADS
 from beam_jobs.writing.finalize import (
     DATASET_INFO,
     PLAN_FILE,
@@ -49,6 +51,7 @@ __all__ = [
     "check_output_dir",
     "check_output_outside_input",
     "check_plan_file",
+    "start_run",
     "fingerprint_with_layout_of",
     "make_output_dir",
     "remove_created",
@@ -454,3 +457,31 @@ def remove_created(folders: list[str]) -> None:
                 os.rmdir(folder)
         except OSError:  # Not empty (or gone): it holds something worth keeping.
             return
+
+
+def start_run(spec: ConversionSpec) -> RunContext:
+    """Reads the version this run starts from (it commits only if that is still the current one)
+    and checks the output folder against the run's mode: the run's name, and what it changes.
+
+    The one decision of what a spec's RunMode does to a folder, for the command line, convert()
+    and ConvertImages(spec) alike: refused over a dataset without overwrite or append, --resume
+    continuing the newest run folder of the same settings, an append needing a dataset."""
+    output_dir = spec.output_dir
+    current = read_current(output_dir)
+    if spec.mode.plan_only:  # A plan only writes plan.json, beside whatever is there.
+        check_plan_file(output_dir)
+        return RunContext(run_id=None, expected=current, change_kind="create")
+    settings = spec.settings
+    run_id, kind = check_output_dir(
+        output_dir,
+        current,
+        overwrite=spec.mode.overwrite,
+        resume=spec.mode.resume,
+        fingerprint=run_fingerprint(spec.image, settings),
+        preprocessing={**spec.image.to_json(), **settings},
+        append=spec.mode.append,
+        append_fingerprint=fingerprint_with_layout_of(current.manifest, spec.image, settings),
+    )
+    if kind == "create" and current.manifest is not None:
+        kind = "overwrite"
+    return RunContext(run_id=run_id, expected=current, change_kind=kind, convert_threads=CONVERT_THREADS)

@@ -35,18 +35,15 @@ from beam_jobs.preflight import (
     TEMP_FILE,
     check_endpoint_reachable,
     check_inputs_exist,
-    check_output_dir,
     check_output_outside_input,
-    check_plan_file,
-    fingerprint_with_layout_of,
     make_output_dir,
     remove_created,
+    start_run,
 )
 from beam_jobs.spec import ConversionSpec
 from beam_jobs.storage import delete_exactly, list_folder
-from beam_jobs.writing.commit import read_current
-from beam_jobs.writing.convert_shards import CONVERT_THREADS, METRICS_NAMESPACE
-from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE, run_fingerprint
+from beam_jobs.writing.convert_shards import METRICS_NAMESPACE
+from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE
 from beam_jobs.writing.run_folders import SHARDS_DIR, run_dir
 from beam_jobs.writing.run_lock import acquire_output_lock, release_output_lock
 
@@ -173,7 +170,7 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions, console: RunConsole
         lock = acquire_output_lock(output_dir)
         on_stuck(lambda signum: _abandon(output_dir, lock, created, run.run_id, spare))
         on_stuck(lambda signum: console.stuck(signum, state()))
-        run = _start_run(spec)
+        run = start_run(spec)
         runner, parallelism = local_runner(options, spec.runner_args, log_level=spec.log_level)
         if parallelism is not None:
             run = RunContext(run.run_id, run.expected, run.change_kind, convert_threads=parallelism.convert_threads)
@@ -191,30 +188,6 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions, console: RunConsole
         raise
     assert lock is not None  # acquired before the pipeline ran
     return _outcome(spec, run, lock, result, state)
-
-
-def _start_run(spec: ConversionSpec) -> RunContext:
-    """Reads the version this run starts from (it commits only if that is still the current one)
-    and checks the output folder against the run's mode: the run's name, and what it changes."""
-    output_dir = spec.output_dir
-    current = read_current(output_dir)
-    if spec.mode.plan_only:  # A plan only writes plan.json, beside whatever is there.
-        check_plan_file(output_dir)
-        return RunContext(run_id=None, expected=current, change_kind="create")
-    settings = spec.settings
-    run_id, kind = check_output_dir(
-        output_dir,
-        current,
-        overwrite=spec.mode.overwrite,
-        resume=spec.mode.resume,
-        fingerprint=run_fingerprint(spec.image, settings),
-        preprocessing={**spec.image.to_json(), **settings},
-        append=spec.mode.append,
-        append_fingerprint=fingerprint_with_layout_of(current.manifest, spec.image, settings),
-    )
-    if kind == "create" and current.manifest is not None:
-        kind = "overwrite"
-    return RunContext(run_id=run_id, expected=current, change_kind=kind, convert_threads=CONVERT_THREADS)
 
 
 def _run_watched(pipeline: beam.Pipeline, run: RunContext, console: RunConsole) -> PipelineResult:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from beam_jobs.config import ImageConfig, checked_splits, parse_image_size, parse_splits
-from beam_jobs.errors import UsageError
+from beam_jobs.errors import BadInputError, UsageError
+from beam_jobs.listing.names import clean_split_name
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 from beam_jobs.typed_fields import check_field_types
 
@@ -75,6 +76,8 @@ def finite(name: str, value: float, *, low: float, low_inclusive: bool = False, 
 def absolute_uri(path: str | os.PathLike[str]) -> str:
     """A local path made absolute (against the working directory), a URI unchanged; no "/" at the end."""
     path = os.fspath(path)
+    if "://" in path and not path.split("://", 1)[1].strip("/"):
+        raise UsageError(f"{path!r} names no bucket: give gs://BUCKET/FOLDER (or s3://...)")
     if "://" not in path:
         path = os.path.abspath(os.path.expanduser(path))
     return path.rstrip("/") or "/"
@@ -91,6 +94,17 @@ def _resolved_path(name: str, value: object) -> object:
             raise UsageError(f"{name} must be a path, not an empty string")
         return absolute_uri(value)
     return value
+
+
+def _coco_split(name: object) -> object:
+    """A COCO file's split by the one split-name policy (lower case; letters, digits, '_' and '-'),
+    as --splits names are: the split becomes the start of shard file names."""
+    if not isinstance(name, str):
+        return name  # None (the split comes from --splits), or a wrong type for the type check to name
+    try:
+        return clean_split_name(name, where="--coco_annotations")
+    except BadInputError as error:
+        raise UsageError(error.detail) from None
 
 
 def parse_coco_split_files(text: str) -> list[tuple[str | None, str]]:
@@ -144,7 +158,7 @@ class Source:
                 self,
                 "coco_files",
                 tuple(
-                    (pair[0], _resolved_path("Source.coco_files", pair[1]))
+                    (_coco_split(pair[0]), _resolved_path("Source.coco_files", pair[1]))
                     if isinstance(pair, (tuple, list)) and len(pair) == 2
                     else pair
                     for pair in self.coco_files
@@ -185,7 +199,7 @@ class Fractions(Mapping[str, float]):
     be renamed or resized after the check) and can key a cache."""
 
     def __init__(self, fractions: Mapping[str, float]) -> None:
-        self._items = tuple(fractions.items())
+        self._items = tuple((name, float(value)) for name, value in fractions.items())  # 1 and 1.0: one form
 
     def __getitem__(self, name: str) -> float:
         for key, value in self._items:
@@ -239,6 +253,10 @@ class ShardSpec:
 
     def __post_init__(self) -> None:
         check_field_types(self)
+        if isinstance(self.target_shard_mb, float) and self.target_shard_mb.is_integer():
+            # One form for one value: 150.0 (a flag's float) is kept as 150 (the default's int),
+            # so that equal specs hash to one run fingerprint and --resume keeps their shards.
+            object.__setattr__(self, "target_shard_mb", int(self.target_shard_mb))
         if self.num_shards == 0 and not isinstance(self.num_shards, bool):
             object.__setattr__(self, "num_shards", None)  # 0, as on the command line: derived
         if self.num_shards is not None and (isinstance(self.num_shards, bool) or self.num_shards < 1):

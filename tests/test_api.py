@@ -257,13 +257,17 @@ def test_convert_images_converts_a_pcollection_of_rows_in_a_users_pipeline(tmp_p
         _ = pipeline | "Rows" >> beam.Create([*rows, *bad_rows]) | beam_jobs.ConvertImages(spec)
     assert _shard_bytes(tmp_path / "spec") == _shard_bytes(tmp_path / "out")
     # The spec's run mode means what it means for convert(): no overwrite, no replacing.
-    with pytest.raises(beam_jobs.UsageError, match=r"already holds a dataset \(version 1\).*RunMode\(overwrite=True\)"):
+    with pytest.raises(beam_jobs.UsageError, match=r"already holds a dataset \(version 1"):
         beam_jobs.ConvertImages(spec)
     overwrite = spec.replace(mode=beam_jobs.RunMode(overwrite=True))
     with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:
         _ = pipeline | "Rows" >> beam.Create(rows) | beam_jobs.ConvertImages(overwrite)
     replaced = tfdata_readers.load_manifest(tmp_path / "spec")
     assert (replaced.version, replaced["change"]["kind"], replaced["num_dead_letters"]) == (2, "overwrite", 0)
+    # An append needs a dataset to append to, as on the command line.
+    into_nothing = spec.replace(output_dir=str(tmp_path / "empty"), mode=beam_jobs.RunMode(append=True))
+    with pytest.raises(beam_jobs.UsageError, match="no dataset to append to"):
+        beam_jobs.ConvertImages(into_nothing)
     # A spec applied to the wrong kind of input says so, in the user's terms.
     with pytest.raises(TypeError, match="converts a PCollection of rows: apply it to one"):
         with beam.Pipeline(runner=fn_api_runner.FnApiRunner()) as pipeline:

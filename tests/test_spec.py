@@ -159,7 +159,7 @@ def test_a_spec_part_takes_each_field_from_the_flag_of_its_name_and_never_defaul
         (lambda: RunMode(keep_versions=1.5), "RunMode.keep_versions must be a whole number"),
         (lambda: ImageConfig(width=64.5), "ImageConfig.width must be a whole number .got 64.5."),
         (lambda: ImageConfig(jpeg_quality=True), "ImageConfig.jpeg_quality must be a whole number .got True."),
-        (lambda: ImageConfig(decode_timeout_s=float("nan")), "decode_timeout_s must be a finite number"),
+        (lambda: ImageConfig(decode_timeout_s=float("nan")), "decode_timeout_s must be > 0 and at most 86400"),
         (lambda: Source(root=123), "Source.root must be a string or None .got 123."),
         (lambda: Source(root=""), "Source.root must be a path, not an empty string"),
         (lambda: Source(root="/a", coco_masks="yes"), "Source.coco_masks must be True or False"),
@@ -196,3 +196,28 @@ def test_a_made_spec_cannot_be_changed_and_is_a_hashable_value(tmp_path, monkeyp
     assert spec.settings["splits"] == {"train": 0.5, "validation": 0.5}
     assert pickle.loads(pickle.dumps(spec)) == spec and {spec: 1}[pickle.loads(pickle.dumps(spec))] == 1
     assert spec.replace(output_dir="elsewhere").output_dir == os.path.join(tmp_path, "elsewhere")
+
+
+def test_one_value_has_one_form_so_equal_settings_make_one_run_fingerprint():
+    from beam_jobs.writing.dataset_info import run_fingerprint  # pylint: disable=import-outside-toplevel
+
+    default, _ = parse_job_arguments(["--input", "/p", "--output_dir", "/o"])
+    explicit, _ = parse_job_arguments(["--input", "/p", "--output_dir", "/o", "--target_shard_mb", "150"])
+    keywords, _ = spec_from_keywords({"input": "/p", "output_dir": "/o", "decode_timeout_s": 60})
+    prints = {run_fingerprint(spec.image, spec.settings) for spec in (default, explicit, keywords)}
+    assert len(prints) == 1
+    assert default.shards.target_shard_mb == 150 and isinstance(default.shards.target_shard_mb, int)
+    assert SplitSpec(fractions={"train": 1}).fractions == {"train": 1.0}
+    assert ShardSpec(target_shard_mb=0.5).target_shard_mb == 0.5
+
+
+def test_flag_rules_hold_for_parts_made_directly():
+    with pytest.raises(UsageError, match="at most 86400 seconds"):
+        ImageConfig(decode_timeout_s=1e10)
+    assert Source(root="/a", coco_files=(("Train", "/a.json"),)).coco_files == (("train", "/a.json"),)
+    with pytest.raises(UsageError, match="the split 'no such/split!' cannot name shard files"):
+        Source(root="/a", coco_files=(("no such/split!", "/a.json"),))
+    with pytest.raises(UsageError, match="names no bucket"):
+        ConversionSpec(source=Source(root="/a"), output_dir="gs://")
+    with pytest.raises(UsageError, match="cannot name shard files"):
+        parse_job_arguments(["--input", "/p", "--output_dir", "/o", "--coco_annotations", "bad!=/x.json"])
