@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -61,13 +62,15 @@ def acquire_output_lock(output_dir: str) -> str:
     path = FileSystems.join(output_dir, LOCK_NAME)
     data = json.dumps(_holder()).encode("utf-8")
     if "://" not in path:
-        for _ in range(2):
+        for _ in range(40):  # a stale lock's takeover: one run at a time (about 2 s of waiting at most)
             try:
                 descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = _read(path)
+                if not holder and not os.path.exists(path):
+                    continue  # released (or taken away) between the create and the read
                 if _is_stale(holder):
-                    os.remove(path)
+                    _take_away_stale_lock(path, holder)
                     continue
                 raise _locked(output_dir, path, holder) from None
             with os.fdopen(descriptor, "wb") as handle:
@@ -89,6 +92,34 @@ def acquire_output_lock(output_dir: str) -> str:
             write_atomically(path, data)
         return path
     raise _locked(output_dir, path, _read(path))
+
+
+def _take_away_stale_lock(path: str, stale: dict) -> None:
+    """Removes the lock file at ``path`` only while it is still the stale one read (``stale``).
+
+    Of several runs that find one stale lock at once, each would otherwise remove whatever lock
+    file is there by then, the new one another run just created included, and two runs would
+    hold the folder. So the takeover has a lock of its own, created atomically beside it: only
+    its holder reads the lock again and removes it, and a fresh lock cannot appear meanwhile (its
+    atomic create fails while the stale file is there). The others wait a moment and look again.
+    A takeover lock left by a process killed inside these few lines is stale in turn."""
+    guard = path + ".takeover"
+    try:
+        descriptor = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if _is_stale(_read(guard)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(guard)
+        else:
+            time.sleep(0.05)
+        return
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(json.dumps(_holder()).encode("utf-8"))
+        if _read(path) == stale:
+            os.remove(path)
+    finally:
+        os.remove(guard)
 
 
 def _locked(output_dir: str, path: str, holder: dict) -> OutputLockedError:
