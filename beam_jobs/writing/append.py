@@ -57,7 +57,8 @@ def held_sidecars(manifest: dict) -> list[str]:
 
 def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, dict]]:
     """(identity, {"state", "digests", "label", "split", "annotations", "uri", "written",
-    "content_key"}) for each input one shard holds, from its sidecar.
+    "content_key"}) for each input one shard holds as an example, from its sidecar (its dead
+    letters are not held).
 
     The identity is the input's path relative to its source's root (InputFile.filename), the
     key an append joins its listing on. "digests" is the sha256 of its source (and its mask's)
@@ -95,6 +96,10 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
             "rebuild once with --overwrite, then append"
         )
     for uri, name, state, sha256, label, digest in zip(inputs, names, sources, sha256s, labels, digests, strict=True):
+        if name not in content_keys or uri in dead:
+            # A dead letter is not held: the version has no example of it, so an append retries
+            # it (fixed, or still bad), and one that is gone since was never the version's to lose.
+            continue
         yield (
             name,
             {

@@ -173,8 +173,8 @@ def _sidecar(tmp_path: pathlib.Path, record: dict) -> str:
 
 
 def test_an_earlier_releases_sidecar_names_its_inputs_relative_to_the_root_its_examples_show(tmp_path):
-    """Without input_filenames, the root is what a written input's uri has before its filename;
-    a dead letter's uri is named relative to it too, and written inputs keep their digests."""
+    """Without input_filenames, the root is what a written input's uri has before its filename,
+    and written inputs keep their digests; a dead letter is no example, so it is not held."""
     relative = _sidecar(
         tmp_path,
         {
@@ -187,9 +187,9 @@ def test_an_earlier_releases_sidecar_names_its_inputs_relative_to_the_root_its_e
         },
     )
     held = dict(read_held_inputs(relative, output_dir=str(tmp_path), version=1))
-    assert sorted(held) == ["cat/1.jpg", "cat/bad.jpg", "dog/2.jpg"]
+    assert sorted(held) == ["cat/1.jpg", "dog/2.jpg"]
     assert held["cat/1.jpg"]["digests"] == ["s1"] and held["dog/2.jpg"]["digests"] == ["s2"]
-    assert held["cat/bad.jpg"]["digests"] is None and held["cat/bad.jpg"]["written"] is False
+    assert all(facts["written"] for facts in held.values())
 
 
 def test_an_append_reports_content_duplicates_of_the_whole_version_once_per_content():
@@ -213,3 +213,29 @@ def test_an_append_reports_content_duplicates_of_the_whole_version_once_per_cont
     assert merged["content_duplicates"] == [grown]
     [warning] = merged["warnings"]
     assert "'a/1.jpg' = 'b/1.jpg' = 'b/2.jpg' (labels a, b)" in warning, warning
+
+
+@pytest.mark.slow
+def test_an_input_the_version_dead_lettered_is_retried_by_an_append_whether_fixed_or_gone(tmp_path):
+    """The usual repair: fix (or delete) the inputs a version could not use, then append. A dead
+    letter is no example of the version: never "no longer listed", never "changed"."""
+
+    def examples(info) -> int:
+        return sum(split["num_examples"] for split in info["splits"].values())
+
+    for fate in ("fixed", "gone"):
+        photos, out = tmp_path / fate / "photos", tmp_path / fate / "out"
+        paths = _photos(photos, num_images=12)
+        broken = photos / CLASSES[1] / "broken.jpg"
+        broken.write_bytes(paths[1].read_bytes()[:200])  # a truncated JPEG: a dead letter
+        first = beam_jobs.convert(str(photos), output_dir=str(out), max_bad_fraction=0.5, **OPTIONS)
+        assert first["num_dead_letters"] == 1 and examples(first) == 12
+        if fate == "fixed":  # a whole photo under the same name: the append converts it
+            [fixed] = make_photo_tree(tmp_path / "fix", num_images=1, size=(64, 48), seed=77, classes=CLASSES[1:2])
+            broken.write_bytes(fixed.read_bytes())
+        else:  # deleted, and a new photo beside: the append adds the new one and refuses nothing
+            broken.unlink()
+            _one_more_image(photos)
+        second = beam_jobs.convert(str(photos), output_dir=str(out), append=True, **OPTIONS)
+        assert (second.version, examples(second), second["num_dead_letters"]) == (2, 13, 0), fate
+        verify_clean(out)
