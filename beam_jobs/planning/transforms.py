@@ -157,7 +157,10 @@ class PlanShards(beam.PTransform):
         else:
             merged = listing.pipeline | "NoSplitFolders" >> beam.Create([{}])
         # {split: [top folders]} for splits named by several folders: one small element
-        kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup)
+        # An append's held inputs never compete with new ones for "first of the same bytes": the
+        # held are skipped first, and a new copy of held bytes is then the held one's duplicate.
+        appending = self._skip_held is not None
+        kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup, by_content=not appending)
         inputs = kept[_INPUTS]
         dead.append(kept[PLAN_DEAD_LETTERS])
         changes = None
@@ -165,6 +168,10 @@ class PlanShards(beam.PTransform):
             new = inputs | "SkipHeld" >> self._skip_held
             inputs, changes = new[_INPUTS], new.get(PLAN_CHANGES)
             dead.append(new[PLAN_DEAD_LETTERS])
+            if self._dedup == "content":
+                fresh = inputs | "DropNewRepeats" >> _DropRepeats(self._dedup, by_path=False)
+                inputs = fresh[_INPUTS]
+                dead.append(fresh[PLAN_DEAD_LETTERS])
         split = inputs | "AssignSplits" >> AssignSplits(self._fractions, self._split_rule)
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
@@ -223,22 +230,26 @@ class _DropRepeats(beam.PTransform):
     """One input per path (rules.resolve_same_path), and with --dedup content one per content
     (rules.resolve_same_content); each one dropped is a dead letter naming the one kept."""
 
-    def __init__(self, dedup: str) -> None:
+    def __init__(self, dedup: str, *, by_path: bool = True, by_content: bool = True) -> None:
         super().__init__()
         self._dedup = dedup
+        self._by_path = by_path
+        self._by_content = by_content
 
     @no_annotations
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
-        by_path = (
-            inputs
-            | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
-            | "GroupByPath" >> beam.GroupByKey()
-            # (filename, [InputFile, ...]): one group per path, almost always of one
-            | "DropSamePath"
-            >> beam.FlatMap(_kept_by_path, dedup=self._dedup).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
-        )
-        kept, dead = by_path[_INPUTS], [by_path[PLAN_DEAD_LETTERS]]
-        if self._dedup == "content":
+        kept, dead = inputs, []
+        if self._by_path:
+            by_path = (
+                inputs
+                | "KeyByPath" >> beam.Map(lambda f: (f.filename, f))
+                | "GroupByPath" >> beam.GroupByKey()
+                # (filename, [InputFile, ...]): one group per path, almost always of one
+                | "DropSamePath"
+                >> beam.FlatMap(_kept_by_path, dedup=self._dedup).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+            )
+            kept, dead = by_path[_INPUTS], [by_path[PLAN_DEAD_LETTERS]]
+        if self._dedup == "content" and self._by_content:
             hashed, unhashed = kept | "HashKnown" >> beam.Partition(
                 # Beam's type comment asks Partition for a PartitionFn, though it wraps a plain function itself.
                 lambda f, _: 0 if f.content_sha256 is not None else 1,  # type: ignore[arg-type]

@@ -239,3 +239,26 @@ def test_an_input_the_version_dead_lettered_is_retried_by_an_append_whether_fixe
         second = beam_jobs.convert(str(photos), output_dir=str(out), append=True, **OPTIONS)
         assert (second.version, examples(second), second["num_dead_letters"]) == (2, 13, 0), fate
         verify_clean(out)
+
+
+@pytest.mark.slow
+def test_a_new_copy_of_held_bytes_is_its_duplicate_whatever_its_name_sorts_before(tmp_path):
+    """With --dedup content, the first name in sorted order wins among new copies only: a copy
+    named to sort before the held original must not push the original out of the listing."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    paths = _photos(photos, num_images=9)
+    options = {**OPTIONS, "dedup": "content"}
+    beam_jobs.convert(str(photos), output_dir=str(out), **options)
+    held = paths[0]
+    for name in ("aa_copy.jpg", "zz_copy.jpg"):
+        (held.parent / name).write_bytes(held.read_bytes())
+    info = beam_jobs.convert(str(photos), output_dir=str(out), append=True, **options)
+    assert info.version == 1  # nothing new: both copies are the held example's duplicates
+    newest = sorted(out.glob("shards/*/dead_letters.jsonl"))[-1]
+    letters = [json.loads(line) for line in newest.read_text().splitlines()]
+    original = held.relative_to(photos).as_posix()
+    assert sorted((pathlib.Path(d["uri"]).name, d["reason"]) for d in letters) == [
+        ("aa_copy.jpg", "duplicate_content"),
+        ("zz_copy.jpg", "duplicate_content"),
+    ]
+    assert all(original in d["detail"] for d in letters), letters
