@@ -301,6 +301,11 @@ class RunMode:
         check_field_types(self)
         if self.append and self.overwrite:
             raise UsageError("give at most one of --append (add to the current version) and --overwrite (replace it)")
+        if self.plan_only and self.append:
+            raise UsageError(
+                "--plan_only plans a first version, not what --append would add: run the append itself "
+                "(it refuses before converting anything when held inputs changed)"
+            )
         _one_of("--relabel", self.relabel, RELABEL_CHOICES)
         _one_of("--changed_sources", self.changed_sources, CHANGED_SOURCES)
         if self.append and self.relabel == "sorted":

@@ -80,6 +80,7 @@ def test_runner_args_keep_beams_flags_and_drop_the_jobs_with_their_values():
         (lambda: Limits(max_bad_fraction=1.5), "--max_bad_fraction must be a finite number >= 0.0 and <= 1.0"),
         (lambda: RunMode(append=True, overwrite=True), "at most one of --append"),
         (lambda: RunMode(append=True, relabel="sorted"), "--relabel sorted renumbers"),
+        (lambda: RunMode(append=True, plan_only=True), "--plan_only plans a first version, not what --append"),
         (lambda: RunMode(keep_versions=0), "--keep_versions must be >= 1"),
         (lambda: ConversionSpec(source=Source(root="/a"), output_dir=""), "--output_dir is required"),
         (lambda: ConversionSpec(source=Source(root="/a"), output_dir="/o", log_level="LOUD"), "--log_level"),
