@@ -46,3 +46,25 @@ def test_the_pipeline_keeps_the_stage_counts_the_docs_state():
         if len(cells) > 5 and cells[1].strip() == "this checkout"
     }
     assert fused == {"a first version": 18, "--dedup content, two splits": 29}, done.stdout
+
+
+def test_the_spec_is_handed_down_entering_each_module_once():
+    """The redesign's target: following the spec from convert() to the pipeline's submission visits
+    each module once, in data-flow order (no call runs back up into a module already left)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "spec_walk.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    calls = [line for line in done.stdout.splitlines() if ".py:" in line]
+    modules = list(dict.fromkeys(line.split(":")[0] for line in calls))
+    assert modules[modules.index("api.py") :] == [
+        "api.py",
+        "command_line/run_console.py",
+        "run.py",
+        "preflight.py",
+        "convert_images.py",
+    ], calls
+    assert done.stdout.strip().endswith("0 of them entered again after being left"), done.stdout

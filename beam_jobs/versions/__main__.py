@@ -4,4 +4,5 @@ import sys
 
 from beam_jobs.versions.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (a tool that imports every module) runs nothing
+    sys.exit(main())
