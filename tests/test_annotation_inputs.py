@@ -477,3 +477,16 @@ def test_coco_masks_asked_of_a_file_without_segmentations_refuses_it(tmp_path):
 def test_a_category_name_no_dataset_can_hold_refuses_the_file_naming_it(tmp_path):
     with pytest.raises(JobError, match="category 3: the label .* contains control characters"):
         _categories(_coco_file(tmp_path, categories=[{"id": 3, "name": "cat\x07"}]))
+
+
+def test_a_coco_file_that_is_not_json_is_one_line_naming_the_file(tmp_path):
+    """The parser's message holds a snippet and a caret on lines of their own: only its verdict
+    reaches the error, so the command's last word stays one line and nothing is printed before it."""
+    from beam_jobs.listing.coco import _stream  # pylint: disable=import-outside-toplevel
+
+    broken = tmp_path / "nan.json"
+    broken.write_text('{"images": [], "annotations": [{"id": 1, "bbox": [10, 10, NaN, 17]}], "categories": []}')
+    with pytest.raises(JobError) as refused:
+        list(_stream(str(broken), "annotations.item"))
+    message = str(refused.value)
+    assert message.startswith(f"the COCO file {broken} is not valid JSON: ") and "\n" not in message

@@ -42,7 +42,9 @@ def _stream(uri: str, prefix: str) -> Iterator[Any]:
         with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             yield from ijson.items(handle, prefix, use_float=True)
     except ijson.JSONError as error:
-        raise JobError(f"the COCO file {redact(uri)} is not valid JSON: {error}") from None
+        # The parser's message spans several lines (a snippet and a caret): its first is the verdict.
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise JobError(f"the COCO file {redact(uri)} is not valid JSON: {reason}") from None
 
 
 def _id_key(value: object) -> object:
