@@ -106,7 +106,9 @@ class ConvertImages(beam.PTransform):
         elif keywords:
             raise TypeError(f"ConvertImages takes a spec or keywords, not both (got {sorted(keywords)})")
         self._spec = spec
-        self._run = run if run is not None else _context_of(spec)
+        # Without a given context, what the RunMode does to the folder is decided as a command-line
+        # run decides it (preflight.start_run): one rule for every entry point.
+        self._run = run if run is not None else start_run(spec)
         if spec.mode.relabel == "sorted" and self._run.change_kind == "append":
             raise ValueError(
                 "relabel='sorted' renumbers label ids, and an append keeps the current version's shards with "
@@ -477,10 +479,3 @@ def _check_applied_to(spec: ConversionSpec, start: beam.pvalue.PBegin | beam.PCo
             f"ConvertImages with Source(rows_root={spec.source.rows_root!r}) converts a PCollection of rows: apply "
             "it to one (rows | ConvertImages(spec)), or give the spec a root or an input_list to list by itself"
         )
-
-
-def _context_of(spec: ConversionSpec) -> RunContext:
-    """Used as a library transform (not through the command line), ConvertImages decides what its
-    RunMode does to the folder as a run of the command line does (preflight.start_run): refused
-    over a dataset without overwrite or append, resume continuing an interrupted run."""
-    return start_run(spec)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from beam_jobs.config import ImageConfig
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB
 from beam_jobs.run_context import RunContext
-from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec, absolute_uri
+from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec
 from beam_jobs.writing.commit import Current, read_current
 from beam_jobs.writing.convert_shards import CONVERT_THREADS
 from beam_jobs.writing.run_folders import new_run_name
@@ -57,7 +57,7 @@ def spec_of_keywords(
         source=Source(
             root=input_root,
             input_list=input_list,
-            rows_root=None if rows_root is None else absolute_uri(rows_root),
+            rows_root=rows_root,  # Source resolves every path it is given
             coco_files=tuple(coco_files or ()),
             keep_unannotated=keep_unannotated,
             coco_masks=coco_masks,
