@@ -36,7 +36,7 @@ def convert(
     image_size: int | str | tuple[int, int] | None = None,
     resize_mode: str = "crop",
     max_side: int | None = None,
-    resample: str = "bicubic",
+    resample: str | None = None,
     channels: int = 3,
     encoding: str = "jpeg",
     jpeg_quality: int = 95,

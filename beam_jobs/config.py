@@ -30,8 +30,9 @@ class ImageConfig:
         image at its own size: width and height are then not used).
       max_side: with "keep", images whose longer side is larger are shrunk to it (aspect ratio
         kept); None keeps every size.
-      resample: how pixels are resampled to the output size: "bicubic" (the default), "antialias",
-        "area", "bilinear" or "lanczos" (resample.py).
+      resample: how pixels are resampled to the output size: "dct_bicubic", "dct_linear",
+        "antialias", "area", "bilinear", "bicubic" or "lanczos" (resample.py); None (the default):
+        the method of the dataset a run continues (--resume, --append), else DEFAULT_RESAMPLE.
       encoding: "jpeg", "png" or "raw" (uint8 pixels).
       jpeg_quality: 1-100, used when encoding is "jpeg".
       max_pixels: images whose header claims more pixels are refused before decoding.
@@ -48,7 +49,7 @@ class ImageConfig:
     height: int = 224
     channels: int = 3
     resize_mode: str = "crop"
-    resample: str = DEFAULT_RESAMPLE
+    resample: str | None = None
     encoding: str = "jpeg"
     jpeg_quality: int = 95
     max_pixels: int = 100_000_000
@@ -72,7 +73,7 @@ class ImageConfig:
             raise ValueError(f"channels must be 1 or 3 (got {self.channels!r})")
         if self.resize_mode not in RESIZE_MODES:
             raise ValueError(f"resize_mode must be one of {RESIZE_MODES} (got {self.resize_mode!r})")
-        if self.resample not in RESAMPLE_METHODS:
+        if self.resample is not None and self.resample not in RESAMPLE_METHODS:
             raise ValueError(f"resample must be one of {RESAMPLE_METHODS} (got {self.resample!r})")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS} (got {self.encoding!r})")
@@ -97,6 +98,11 @@ class ImageConfig:
             raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
 
     @property
+    def resample_method(self) -> str:
+        """The method images are resampled with: the one chosen, else the default of new datasets."""
+        return self.resample if self.resample is not None else DEFAULT_RESAMPLE
+
+    @property
     def keeps_size(self) -> bool:
         """True when each image keeps its own size (resize_mode keep): no one size for the dataset."""
         return self.resize_mode == KEEP
@@ -114,6 +120,7 @@ class ImageConfig:
     def to_json(self) -> dict:
         """The settings as dataset_info.json records them and the run fingerprint hashes them."""
         settings = asdict(self)
+        settings["resample"] = self.resample_method  # what the images were made with, never "unset"
         # So that runs made before these settings existed keep their fingerprint:
         if self.max_side is None:
             del settings["max_side"]

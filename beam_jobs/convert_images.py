@@ -40,7 +40,7 @@ from beam_jobs.planning.transforms import (
     PlanShards,
     SourceChangesFn,
 )
-from beam_jobs.preflight import start_run
+from beam_jobs.preflight import start_run, with_dataset_defaults
 from beam_jobs.records import DeadLetter, InputFile
 from beam_jobs.run_context import RunContext
 from beam_jobs.spec import ConversionSpec
@@ -105,10 +105,13 @@ class ConvertImages(beam.PTransform):
             spec, run = spec_of_keywords(**keywords)
         elif keywords:
             raise TypeError(f"ConvertImages takes a spec or keywords, not both (got {sorted(keywords)})")
-        self._spec = spec
         # Without a given context, what the RunMode does to the folder is decided as a command-line
-        # run decides it (preflight.start_run): one rule for every entry point.
-        self._run = run if run is not None else start_run(spec)
+        # run decides it (preflight.with_dataset_defaults, start_run): one rule for every entry point.
+        if run is None:
+            spec = with_dataset_defaults(spec)
+            run = start_run(spec)
+        self._spec = spec
+        self._run = run
         if spec.mode.relabel == "sorted" and self._run.change_kind == "append":
             raise ValueError(
                 "relabel='sorted' renumbers label ids, and an append keeps the current version's shards with "

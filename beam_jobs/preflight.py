@@ -8,6 +8,7 @@ extends (the shard layout aside).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import UsageError
-from beam_jobs.imaging.resample import LEGACY_RESAMPLE
+from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, LEGACY_RESAMPLE
 from beam_jobs.listing.discover import input_list_files
 from beam_jobs.paths import redact
 from beam_jobs.run_context import RunContext
@@ -52,6 +53,7 @@ __all__ = [
     "check_output_outside_input",
     "check_plan_file",
     "start_run",
+    "with_dataset_defaults",
     "fingerprint_with_layout_of",
     "make_output_dir",
     "remove_created",
@@ -457,6 +459,37 @@ def remove_created(folders: list[str]) -> None:
                 os.rmdir(folder)
         except OSError:  # Not empty (or gone): it holds something worth keeping.
             return
+
+
+def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
+    """The spec with the settings it leaves to the folder made concrete: without a chosen
+    resampling, a run that continues a dataset keeps the one the dataset was made with (--append:
+    the current version's; --resume: the newest interrupted run folder's, else the current
+    version's), so that a dataset made before the default changed still resumes and appends byte
+    for byte; any other run takes the default of new datasets.
+
+    Called once, under the output lock, before start_run, by every entry point (run.run_spec,
+    ConvertImages): the fingerprints, the manifest and the workers then all see the one method."""
+    if spec.image.resample is not None or not (spec.mode.append or spec.mode.resume) or spec.mode.plan_only:
+        return spec.replace(image=dataclasses.replace(spec.image, resample=spec.image.resample_method))
+    current = read_current(spec.output_dir)
+    made = [_made_with(current.manifest)] if current.manifest is not None else []
+    if spec.mode.resume and not spec.mode.append:
+        committed = listed_runs(_committed_manifests(spec.output_dir, current))
+        interrupted = [
+            {"resample": LEGACY_RESAMPLE, **settings}
+            for _, found in resumable_runs(spec.output_dir, committed)
+            for settings in found.values()
+        ]
+        made = interrupted[:1] + made
+    method = made[0]["resample"] if made else DEFAULT_RESAMPLE
+    if method != DEFAULT_RESAMPLE:
+        _LOG.info(
+            "resampling with %r, the method %s was made with (--resample chooses another)",
+            method,
+            redact(spec.output_dir),
+        )
+    return spec.replace(image=dataclasses.replace(spec.image, resample=method))
 
 
 def start_run(spec: ConversionSpec) -> RunContext:

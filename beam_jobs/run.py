@@ -39,6 +39,7 @@ from beam_jobs.preflight import (
     make_output_dir,
     remove_created,
     start_run,
+    with_dataset_defaults,
 )
 from beam_jobs.spec import ConversionSpec
 from beam_jobs.storage import delete_exactly, list_folder
@@ -170,6 +171,7 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions, console: RunConsole
         lock = acquire_output_lock(output_dir)
         on_stuck(lambda signum: _abandon(output_dir, lock, created, run.run_id, spare))
         on_stuck(lambda signum: console.stuck(signum, state()))
+        spec = with_dataset_defaults(spec)
         run = start_run(spec)
         runner, parallelism = local_runner(options, spec.runner_args, log_level=spec.log_level)
         if parallelism is not None:

@@ -14,6 +14,7 @@ from functools import partial
 
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image, ImageOps
 
 from beam_jobs.config import ImageConfig
@@ -106,7 +107,7 @@ def test_every_method_antialiases_one_pixel_stripes(method):
 
 
 @pytest.mark.parametrize("mode", ["crop", "pad", "stretch"])
-@pytest.mark.parametrize("method", ["antialias", "area"])
+@pytest.mark.parametrize("method", ["dct_linear", "dct_bicubic", "antialias", "area"])
 def test_arrays_and_images_resize_alike(mode, method):
     photo = real_photo("coffee", (333, 222))
     from_image = np.asarray(resize_image(photo, (100, 120), mode, method))
@@ -125,19 +126,34 @@ def _decoded_output(config: ImageConfig, data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(encoded)).convert("RGB")
 
 
-@pytest.mark.parametrize("method", ["bicubic", "antialias"])
-def test_the_default_and_antialias_are_closer_to_lanczos_than_the_usual_bilinear_script(method):
+def _reference_box(data: bytes, method: str) -> tuple[float, float, float, float]:
+    """The source box (in the full decode's pixels) that ``method`` stored, for a 224 px crop: the
+    array methods crop whole pixels of the image as decoded, which the DCT-reduced methods decode
+    at a scale M/8."""
+    from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
+    from beam_jobs.imaging.resample import DCT_MARGIN  # pylint: disable=import-outside-toplevel
+
+    full = Image.open(io.BytesIO(data)).size
+    if method not in ("dct_linear", "dct_bicubic"):
+        return _centre_box(full, (224, 224), whole_pixels=method in ("antialias", "area"))
+    need = required_source_size(full, (224, 224), "crop", margin=DCT_MARGIN)
+    rounded_up = simplejpeg.decode_jpeg(data, min_width=need[0], min_height=need[1]).shape[1::-1]
+    eighths = next(m for m in range(1, 9) if -(-full[0] * m // 8) == rounded_up[0])
+    reduced = (full[0] * eighths // 8, full[1] * eighths // 8)  # whole pixels only (decode.py)
+    return tuple(edge * 8 / eighths for edge in _centre_box(reduced, (224, 224), whole_pixels=True))
+
+
+@pytest.mark.parametrize("method", ["dct_linear", "dct_bicubic", "bicubic", "antialias"])
+def test_the_default_and_the_fast_methods_are_closer_to_lanczos_than_the_usual_bilinear_script(method):
     """The quality bar: the PSNR against a full decode resized with Lanczos (the same crop) is at
     least that of `draft` + ImageOps.fit(BILINEAR), at the same JPEG quality, on real photos."""
-    from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
-
     default, script = [], []
     for name in ("astronaut", "chelsea", "coffee", "rocket", "china", "flower"):
         photo = real_photo(name, (500, 375))
         data = _jpeg(photo)
         full = Image.open(io.BytesIO(data)).convert("RGB")
         ours = _decoded_output(ImageConfig(resample=method), data)
-        box = _centre_box(full.size, (224, 224), whole_pixels=method in ("antialias", "area"))
+        box = _reference_box(data, method)
         default.append(_psnr(ours, full.resize((224, 224), Image.Resampling.LANCZOS, box=box)))
         drafted = Image.open(io.BytesIO(data))
         drafted.draft("RGB", (224, 224))
@@ -147,6 +163,62 @@ def test_the_default_and_antialias_are_closer_to_lanczos_than_the_usual_bilinear
         theirs = Image.open(buffer).convert("RGB")
         script.append(_psnr(theirs, ImageOps.fit(full, (224, 224), Image.Resampling.LANCZOS)))
     assert np.mean(default) >= np.mean(script), (default, script)
+
+
+def _test_patterns(side: int) -> dict[str, np.ndarray]:
+    """1 px stripes along each axis, a checkerboard and a zone plate (its rings finer than a
+    side / 224 shrink can hold are masked in: only they must come out flat), as RGB."""
+    y, x = np.mgrid[0:side, 0:side]
+    stripes = ((x % 2) * 255).astype(np.uint8)
+    zone = (127.5 * (1 + np.cos(np.pi * ((x - side / 2) ** 2 + (y - side / 2) ** 2) / side))).round()
+    return {
+        "stripes along x": stripes,
+        "stripes along y": stripes.T.copy(),
+        "checkerboard": (((x + y) % 2) * 255).astype(np.uint8),
+        "zone plate": zone.astype(np.uint8),
+    }
+
+
+@pytest.mark.parametrize("factor", [1.5, 1.7, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0])
+@pytest.mark.parametrize("method", sorted({ImageConfig().resample_method, "dct_linear"}))
+def test_the_default_and_dct_linear_leave_detail_finer_than_the_output_flat_from_one_and_a_half_times(method, factor):
+    """The aliasing bar (as PNGs, so no DCT reduction helps): every pattern shrunk to 224 px by
+    ``factor`` keeps a standard deviation, where it is finer than the output can show, under 5
+    of 255 or at most Pillow's bicubic's own (the zone plate's band just above the output's
+    Nyquist frequency, which every practical filter's transition lets through in part, and 1 px
+    stripes at 1.5x: 11.8). "dct_linear" keeps every pattern under 5 from 1.5x. The figures per
+    factor: docs/benchmarks.md (benchmarks/resampling.py)."""
+    side = round(224 * factor)
+    oy, ox = np.mgrid[0:224, 0:224]
+    radius = np.hypot((ox + 0.5) * factor - side / 2, (oy + 0.5) * factor - side / 2)
+    fine_ring = (radius / side > 1.2 * 0.5 / factor) & (radius < side / 2)
+    for name, pattern in _test_patterns(side).items():
+        pixels = np.repeat(pattern[..., None], 3, axis=2)
+        spreads = {}
+        for each in (method, "bicubic"):
+            out = resize_pixels(pixels, (224, 224), "stretch", each) if each != "bicubic" else None
+            if out is None:
+                out = np.asarray(Image.fromarray(pixels).resize((224, 224), Image.Resampling.BICUBIC))
+            out = out[..., 0].astype(float)
+            spreads[each] = float((out[fine_ring] if name == "zone plate" else out).std())
+        bar = 5.0 if method == "dct_linear" else max(5.0, spreads["bicubic"] + 0.5)
+        assert spreads[method] < bar, (method, name, factor, spreads)
+
+
+def test_the_dct_reduced_methods_decode_a_jpeg_at_its_smallest_eighth_above_the_need():
+    """500x375 to a 224 px crop needs 299x224 (329x247 with the margin): libjpeg-turbo's 6/8
+    scale (375x281.25) is the smallest that holds it, where Pillow's draft has only 1/1."""
+    data = _jpeg(real_photo("coffee", (500, 375)))
+    need = partial(required_source_size, target=(224, 224), resize_mode="crop", margin=1.1)
+    pixels = decode_rgb_pixels(
+        data,
+        max_pixels=MAX_PIXELS,
+        draft_size_for=need,
+        normalize=partial(normalize_mode, channels=3),
+        any_dct_scale=True,
+    ).pixels
+    assert pixels.shape == (281, 375, 3)  # 281.25 rows: the part-row is dropped
+    assert _fast_pixels(data, (224, 224)).shape == (375, 500, 3)
 
 
 def test_bicubic_is_the_pipeline_of_every_release_before_resample_byte_for_byte():
@@ -176,8 +248,10 @@ def test_bicubic_keeps_the_fingerprint_of_datasets_made_before_resample():
     old_config = {key: value for key, value in config.to_json().items() if key != "resample"}
     text = json.dumps({"config": old_config, "settings": settings, "schema": SCHEMA_VERSION}, sort_keys=True)
     assert run_fingerprint(config, settings) == hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-    assert run_fingerprint(ImageConfig(), settings) == run_fingerprint(config, settings)  # the default
     assert run_fingerprint(ImageConfig(resample="antialias"), settings) != run_fingerprint(config, settings)
+    # The default of new datasets is another method, so its datasets are told apart from bicubic's.
+    assert ImageConfig().resample_method == "dct_bicubic"
+    assert run_fingerprint(ImageConfig(), settings) != run_fingerprint(config, settings)
 
 
 _CONVERT_SOME = r"""
@@ -193,7 +267,7 @@ for name in ("astronaut", "chelsea", "coffee"):
         buffer = io.BytesIO()
         real_photo(name, size).save(buffer, "JPEG", quality=90)
         for mode in ("crop", "pad"):
-            for method in ("antialias", "area"):
+            for method in ("dct_linear", "dct_bicubic", "antialias", "area"):
                 config = ImageConfig(resize_mode=mode, resample=method)
                 digest.update(convert_image(buffer.getvalue(), InputFile("p", "/p", label="a", label_id=0), config)[0])
 import cv2

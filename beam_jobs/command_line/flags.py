@@ -163,14 +163,14 @@ def _add_image_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--resample",
-        default=_DEFAULTS.resample,
+        default=None,
         choices=RESAMPLE_METHODS,
-        help="how pixels are resampled to --image_size: bicubic, bilinear or lanczos (Pillow's, "
-        "antialiased), or the faster "
-        "array methods antialias (a Gaussian prefilter over 2x, then OpenCV's bilinear) and "
-        "area (OpenCV's pixel-area mean), which between a 1x and a 2x shrink let fine "
-        "periodic detail through as moire; their speed and quality: docs/converting.md "
-        "(default: %(default)s)",
+        help="how pixels are resampled to --image_size: dct_bicubic (a JPEG decoded at its smallest "
+        "DCT scale above the output, then Pillow's bicubic), dct_linear (the same reduction, then an "
+        "antialiasing prefilter and OpenCV's bit-exact bilinear: faster, softer), Pillow's bicubic, "
+        "bilinear or lanczos, or antialias and area, which let fine periodic detail through as moire "
+        "between a 1x and a 2x shrink; their speed and quality: docs/converting.md (default: "
+        "dct_bicubic for a new dataset; --resume and --append keep the dataset's own)",
     )
     group.add_argument(
         "--channels",

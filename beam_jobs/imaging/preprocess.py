@@ -111,17 +111,22 @@ def _scale_for(
 
 
 def required_source_size(
-    source: tuple[int, int], target: tuple[int, int], resize_mode: str, max_side: int | None = None
+    source: tuple[int, int],
+    target: tuple[int, int],
+    resize_mode: str,
+    max_side: int | None = None,
+    margin: float = 1.0,
 ) -> tuple[int, int]:
-    """The smallest (width, height) the source may be reduced to before resizing loses nothing.
+    """The smallest (width, height) the source may be reduced to before resizing loses nothing,
+    with ``margin`` times the pixels on each axis (never more than the source has).
 
     JPEG draft decoding may shrink the source to this size or larger, never smaller.
     """
     scale_w, scale_h = _scale_for(source, target, resize_mode, max_side)
     # The epsilon keeps float noise (3000 * (224 / 3000) = 224.00000000000003) from adding a pixel.
     return (
-        min(source[0], max(1, math.ceil(source[0] * scale_w - 1e-9))),
-        min(source[1], max(1, math.ceil(source[1] * scale_h - 1e-9))),
+        min(source[0], max(1, math.ceil(source[0] * scale_w * margin - 1e-9))),
+        min(source[1], max(1, math.ceil(source[1] * scale_h * margin - 1e-9))),
     )
 
 

@@ -1,10 +1,21 @@
 """Resampling an upright 8-bit image to its output size: the --resample methods.
 
-Pillow's filters antialias at every scale; the two array methods only partly (see DEFAULT_RESAMPLE).
-What each costs and how close it comes to a Lanczos
-resize of the full-resolution source (PSNR over real photos) is measured by
-benchmarks/conversion.py and given in the README.
+Pillow's filters antialias at every scale, "antialias" and "area" only partly (see
+DEFAULT_RESAMPLE). What each costs, how close it comes to a Lanczos resize of the full-resolution
+source (PSNR over real photos) and how much fine periodic detail it lets through as moire are
+measured by benchmarks/resampling.py and benchmarks/conversion.py, and given in docs/converting.md.
 
+- "dct_bicubic", the default for new datasets: a JPEG is decoded by libjpeg-turbo at the smallest
+  of its DCT scales M/8 (M = 1..8) that keeps DCT_MARGIN times the pixels the output needs (the
+  scaled inverse DCT drops the frequencies the reduced size cannot hold, so the reduction itself
+  does not alias); then Pillow's bicubic, on the whole pixels the reduction kept. The PSNR of
+  "bicubic" at every photo size measured, and its antialiasing, at a fraction of its decode and
+  resize (a 2000x1500 photo is decoded at 1/4, where Pillow's draft stops at 1/2).
+- "dct_linear": the same reduction; then, on any axis that still shrinks 1.5x or more (a source
+  that is not a JPEG, or a remaining shrink of 1.5x to 2x after the reduction), a Gaussian
+  prefilter of sigma 0.8 * sqrt(s^2 - 1), and OpenCV's bit-exact bilinear sampling. The fastest
+  method that leaves fine stripes, checkerboards and zone plates shrunk 1.5x to 8x flat, but the
+  Gaussian is soft: 1 to 5 dB of PSNR below "dct_bicubic" on real photos.
 - "antialias": where an axis shrinks more than 2x, a Gaussian prefilter of sigma
   (scale - 1) / 2 on it (as scikit-image's resize(anti_aliasing=True) does); then OpenCV's
   bilinear sampling, which up to 2x averages the source pixels between output ones. Both steps
@@ -12,21 +23,24 @@ benchmarks/conversion.py and given in the README.
   the bytes do not depend on which SIMD instructions a worker's CPU has.
 - "area": OpenCV's INTER_AREA, each output pixel the mean of the source area it covers.
 - "bilinear", "bicubic", "lanczos": Pillow's filters (antialiased: their support widens with the
-  scale). "bicubic", the default, is what every version before --resample existed did, byte for
-  byte, so a dataset made then can be resumed or appended to as it was.
+  scale). "bicubic" is what every version before --resample existed did, byte for byte, so a
+  dataset made then can be resumed or appended to as it was.
 
-The first two work on numpy arrays (the job's fast path, pixels.py); Pillow's on PIL images.
+The first four work on numpy arrays (the job's fast path, example_conversion.py); Pillow's on PIL images.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image
 
 __all__ = [
     "ARRAY_METHODS",
+    "DCT_MARGIN",
+    "DCT_REDUCED_METHODS",
     "DEFAULT_RESAMPLE",
     "LEGACY_RESAMPLE",
     "PILLOW_METHODS",
@@ -35,15 +49,23 @@ __all__ = [
     "resample_image",
 ]
 
-ARRAY_METHODS = ("antialias", "area")
+ARRAY_METHODS = ("dct_linear", "dct_bicubic", "antialias", "area")
 PILLOW_METHODS = ("bilinear", "bicubic", "lanczos")
 RESAMPLE_METHODS = ARRAY_METHODS + PILLOW_METHODS
-# The default stays the pipeline of earlier releases: the array methods are faster, but between
-# a 1x and a 2x shrink they let fine periodic detail (stripes, checkerboards) through as moire
-# (measured: 1 px stripes shrunk 1.7x keep a standard deviation of 73 of 255 with "antialias",
-# 20 with "area", 3 with "bicubic"), and "antialias"'s prefilter grows slow for large shrinks of
-# sources that are not JPEGs (no DCT-domain reduction first).
-DEFAULT_RESAMPLE = "bicubic"
+# The methods whose JPEG decode may use any DCT scale M/8, not only Pillow's draft scales (1/2,
+# 1/4, 1/8 where the image is at least twice the need), and the share of pixels above the need
+# they keep: with none, PSNR against a Lanczos resize fell 0.9 dB (a scaled IDCT is a block-wise
+# low-pass, soft near its own cut-off); 1.05 to 1.2 measured alike (benchmarks/resampling.py).
+DCT_REDUCED_METHODS = ("dct_linear", "dct_bicubic")
+DCT_MARGIN = 1.1
+# The default of new datasets (a run that continues one, --resume or --append, keeps the method
+# its manifest or run folder records: preflight.with_dataset_defaults): chosen by measurement
+# (docs/benchmarks.md) as the fastest method with the quality of "bicubic", the PSNR against a
+# Lanczos resize and the antialiasing. "dct_linear" is faster and also antialiases, but is softer
+# (31 against 36 dB on 2000x1500 photos); "antialias" and "area" let fine periodic detail through
+# as moire between a 1x and a 2x shrink (1 px stripes shrunk 1.7x keep a standard deviation of 73
+# of 255 with "antialias", 20 with "area", 3 with "bicubic" and "dct_bicubic").
+DEFAULT_RESAMPLE = "dct_bicubic"
 # The one resampling of releases before --resample (a fingerprint without the setting means it).
 LEGACY_RESAMPLE = "bicubic"
 
@@ -76,8 +98,20 @@ def _prefilter_sigma(scale: float) -> float:
     return (scale - 1) / 2 if scale > 2 else 0.0
 
 
-def _gaussian_prefilter(pixels: np.ndarray, scale_x: float, scale_y: float) -> np.ndarray:
-    sigma_x, sigma_y = _prefilter_sigma(scale_x), _prefilter_sigma(scale_y)
+def _linear_sigma(scale: float) -> float:
+    """0.8 * sqrt(scale^2 - 1), "dct_linear"'s prefilter, from a 1.5x shrink on: the blur that,
+    added to what bilinear sampling at that scale does itself, leaves 1 px stripes, a
+    checkerboard and a zone plate flat (a standard deviation under 5 of 255) at every factor from
+    1.5x to 8x; 0.6 left stripes at 14 (1.5x) and 7 (1.7x). Below 1.5x a prefilter wide enough to
+    flatten stripes blurred photos by 1.3 dB of PSNR, and a JPEG's DCT reduction already removed
+    what is finer than the reduced image holds."""
+    return 0.8 * math.sqrt(scale * scale - 1) if scale >= 1.5 else 0.0
+
+
+def _gaussian_prefilter(
+    pixels: np.ndarray, scale_x: float, scale_y: float, sigma_for: Callable[[float], float] = _prefilter_sigma
+) -> np.ndarray:
+    sigma_x, sigma_y = sigma_for(scale_x), sigma_for(scale_y)
     if sigma_x == 0 and sigma_y == 0:
         return pixels
     # A kernel of +-3 sigma; size 1 (no blur) on an axis that is not shrunk. OpenCV reads a zero
@@ -94,7 +128,14 @@ def resample_array(pixels: np.ndarray, size: tuple[int, int], method: str) -> np
     if (width, height) == tuple(size):
         return pixels
     cv2 = opencv()
-    if method == "antialias":
+    if method == "dct_linear":
+        blurred = _gaussian_prefilter(pixels, width / size[0], height / size[1], sigma_for=_linear_sigma)
+        resized = cv2.resize(blurred, size, interpolation=cv2.INTER_LINEAR_EXACT)
+    elif method == "dct_bicubic":
+        mode = "RGB" if pixels.ndim == 3 and pixels.shape[2] == 3 else "L"
+        image = Image.frombuffer(mode, (width, height), np.ascontiguousarray(pixels), "raw", mode, 0, 1)
+        resized = np.asarray(image.resize(size, Image.Resampling.BICUBIC))
+    elif method == "antialias":
         blurred = _gaussian_prefilter(pixels, width / size[0], height / size[1])
         resized = cv2.resize(blurred, size, interpolation=cv2.INTER_LINEAR_EXACT)
     elif method == "area":

@@ -18,7 +18,7 @@ from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels
 from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
-from beam_jobs.imaging.resample import ARRAY_METHODS
+from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS
 from beam_jobs.records import InputFile
 
 __all__ = ["ExampleClasses", "convert_image"]
@@ -72,10 +72,15 @@ def convert_image(
 def _store_image(data: bytes, config: ImageConfig) -> _StoredImage:
     """Decodes, places and encodes the image as ``config`` asks, on the numpy path where its
     resampling has one (decode.py, resample.py), else with Pillow."""
+    method = config.resample_method
     draft_size_for = partial(
-        required_source_size, target=config.size, resize_mode=config.resize_mode, max_side=config.max_side
+        required_source_size,
+        target=config.size,
+        resize_mode=config.resize_mode,
+        max_side=config.max_side,
+        margin=DCT_MARGIN if method in DCT_REDUCED_METHODS else 1.0,
     )
-    if config.resample in ARRAY_METHODS and config.channels == 3:
+    if method in ARRAY_METHODS and config.channels == 3:
         return _store_as_arrays(data, config, draft_size_for)
     return _store_with_pillow(data, config, draft_size_for)
 
@@ -84,17 +89,19 @@ def _store_as_arrays(
     data: bytes, config: ImageConfig, draft_size_for: Callable[[tuple[int, int]], tuple[int, int]]
 ) -> _StoredImage:
     """The fast path: numpy arrays from decode to encode."""
+    method = config.resample_method
     fast = decode_rgb_pixels(
         data,
         max_pixels=config.max_pixels,
         draft_size_for=draft_size_for,
         normalize=partial(normalize_mode, channels=3),
+        any_dct_scale=method in DCT_REDUCED_METHODS,
     )
     decoded_size = (fast.pixels.shape[1], fast.pixels.shape[0])
     placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=True, max_side=config.max_side)
     if _stored_as_is(fast, decoded_size, placement, config):
         return _StoredImage(fast, decoded_size, placement, data)
-    pixels = resize_pixels_by(fast.pixels, placement, config.resample)
+    pixels = resize_pixels_by(fast.pixels, placement, method)
     encoded = encode_array(pixels, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
     return _StoredImage(fast, decoded_size, placement, encoded)
 
@@ -109,7 +116,7 @@ def _store_with_pillow(
     placement = place(decoded_size, config.size, config.resize_mode, max_side=config.max_side)
     if _stored_as_is(decoded, decoded_size, placement, config):
         return _StoredImage(decoded, decoded_size, placement, data)
-    image = resize_image_by(image, placement, config.resample)
+    image = resize_image_by(image, placement, config.resample_method)
     encoded = encode_pixels(image, encoding=config.encoding, jpeg_quality=config.jpeg_quality)
     return _StoredImage(decoded, decoded_size, placement, encoded)
 
