@@ -62,3 +62,21 @@ def test_the_spec_is_handed_down_entering_each_module_once():
         "convert_images.py",
     ], calls
     assert stdout.strip().endswith("0 of them entered again after being left"), stdout
+
+
+def test_the_peers_benchmark_reads_back_and_scores_what_each_contender_wrote(tmp_path):
+    """Without the peers (CI installs none): the job and the Pillow scripts, timed, read back and
+    scored; none of the peers' environments is made."""
+    peers_venv = tmp_path / "peers-venv"
+    stdout = _benchmark_output(
+        "peers.py",
+        *("--num_images", "12", "--repeats", "1", "--only", "job,pool,pool_bicubic"),
+        *("--work_dir", str(tmp_path), "--peers_venv", str(peers_venv)),
+        timeout=300,
+    )
+    rows = {line.split("|")[1].split(":")[0].strip(): line for line in stdout.splitlines() if line.startswith("| ")}
+    for name in ("job", "pool", "pool_bicubic"):
+        seconds, rate, speed_up, psnr, quality, records = (cell.strip() for cell in rows[name].split("|")[2:-1])
+        assert float(seconds) > 0 and float(rate) > 0 and speed_up.endswith("x"), rows[name]
+        assert 30 < float(psnr) < 60 and quality == "95" and records == "12 ok", rows[name]
+    assert not peers_venv.exists()

@@ -14,7 +14,6 @@ from functools import partial
 
 import numpy as np
 import pytest
-import simplejpeg
 from PIL import Image, ImageOps
 
 from beam_jobs.config import ImageConfig
@@ -127,20 +126,9 @@ def _decoded_output(config: ImageConfig, data: bytes) -> Image.Image:
 
 
 def _reference_box(data: bytes, method: str) -> tuple[float, float, float, float]:
-    """The source box (in the full decode's pixels) that ``method`` stored, for a 224 px crop: the
-    array methods crop whole pixels of the image as decoded, which the DCT-reduced methods decode
-    at a scale M/8."""
-    from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=import-outside-toplevel,protected-access
-    from beam_jobs.imaging.resample import DCT_MARGIN  # pylint: disable=import-outside-toplevel
+    from benchmarks._job_box import job_source_box  # pylint: disable=import-outside-toplevel
 
-    full = Image.open(io.BytesIO(data)).size
-    if method not in ("dct_linear", "dct_bicubic"):
-        return _centre_box(full, (224, 224), whole_pixels=method in ("antialias", "area"))
-    need = required_source_size(full, (224, 224), "crop", margin=DCT_MARGIN)
-    rounded_up = simplejpeg.decode_jpeg(data, min_width=need[0], min_height=need[1]).shape[1::-1]
-    eighths = next(m for m in range(1, 9) if -(-full[0] * m // 8) == rounded_up[0])
-    reduced = (full[0] * eighths // 8, full[1] * eighths // 8)  # whole pixels only (decode.py)
-    return tuple(edge * 8 / eighths for edge in _centre_box(reduced, (224, 224), whole_pixels=True))
+    return job_source_box(data, method)
 
 
 @pytest.mark.parametrize("method", ["dct_linear", "dct_bicubic", "bicubic", "antialias"])
@@ -296,3 +284,54 @@ def test_the_bytes_do_not_depend_on_the_cpus_simd_instructions():
     # OpenCV marks each dispatched feature it was told not to use with "?".
     assert "*AVX2" not in features or "*AVX2?" in disabled, (features, disabled)
     assert len(plain) == 64 and plain == without_simd
+
+
+def _spec(tmp_path, **keywords):
+    from beam_jobs.api import spec_from_keywords  # pylint: disable=import-outside-toplevel
+
+    (tmp_path / "photos" / "a").mkdir(parents=True, exist_ok=True)
+    arguments = {"input": str(tmp_path / "photos"), "output_dir": str(tmp_path / "out"), **keywords}
+    return spec_from_keywords(arguments)[0]
+
+
+def _interrupted_run(out, preprocessing: dict) -> None:
+    from beam_jobs.writing.run_folders import new_run_name  # pylint: disable=import-outside-toplevel
+
+    run = out / "shards" / new_run_name()
+    run.mkdir(parents=True)
+    sidecar = {"run_fingerprint": "0" * 32, "preprocessing": preprocessing}
+    (run / ".train-00000-of-00002.tfrecord.json").write_text(json.dumps(sidecar))
+
+
+@pytest.mark.parametrize(
+    ("keywords", "recorded", "method"),
+    [
+        ({}, None, "dct_bicubic"),  # a new dataset: the default
+        ({"resume": True}, None, "dct_bicubic"),  # nothing to continue
+        ({"resume": True}, {"resample": "bicubic"}, "bicubic"),  # an interrupted run of the old default
+        ({"resume": True}, {}, "bicubic"),  # one of a release before --resample
+        ({"resume": True}, {"resample": "antialias"}, "antialias"),
+        ({"resume": True, "resample": "lanczos"}, {"resample": "bicubic"}, "lanczos"),  # chosen: kept
+        ({}, {"resample": "bicubic"}, "dct_bicubic"),  # not continued: the default
+    ],
+)
+def test_without_a_chosen_resampling_a_resumed_run_keeps_its_own(tmp_path, keywords, recorded, method):
+    from beam_jobs.preflight import with_dataset_defaults  # pylint: disable=import-outside-toplevel
+
+    if recorded is not None:
+        _interrupted_run(tmp_path / "out", recorded)
+    else:
+        (tmp_path / "out").mkdir()
+    spec = with_dataset_defaults(_spec(tmp_path, **keywords))
+    assert spec.image.resample == method and spec.image.to_json()["resample"] == method
+
+
+@pytest.mark.parametrize(("recorded", "method"), [({"resample": "antialias"}, "antialias"), ({}, "bicubic")])
+def test_without_a_chosen_resampling_an_append_keeps_the_versions_own(tmp_path, recorded, method):
+    from beam_jobs.preflight import with_dataset_defaults  # pylint: disable=import-outside-toplevel
+
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest = {"version": 1, "fingerprint": "0" * 32, "preprocessing": {"image_size": "24x24", **recorded}}
+    (out / "dataset_info.json").write_text(json.dumps(manifest))
+    assert with_dataset_defaults(_spec(tmp_path, append=True)).image.resample == method

@@ -177,16 +177,29 @@ def test_an_appends_plan_says_nothing_of_the_whole_dataset_from_its_new_inputs_a
     assert planned["warnings"] == ["the classes 'Cat', 'cat' differ only by case; they are separate classes"]
 
 
+def _encoded_by_filename(out: pathlib.Path) -> dict[str, bytes]:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from beam_jobs.imaging.example_proto import Example  # pylint: disable=import-outside-toplevel
+
+    found = {}
+    for shard in sorted(out.glob("shards/*/*.tfrecord")):
+        for record in tf.data.TFRecordDataset(str(shard)).as_numpy_iterator():
+            feature = Example.FromString(record).features.feature
+            found[feature["image/filename"].bytes_list.value[0].decode()] = feature["image/encoded"].bytes_list.value[0]
+    return found
+
+
 @pytest.mark.slow
 def test_a_dataset_made_before_resample_existed_appends_as_it_was_and_another_resample_is_refused(tmp_path):
-    """Releases before --resample resampled with bicubic only and recorded no such setting; the
-    default is still bicubic, byte for byte: an append with the defaults extends such a dataset,
-    and one with another --resample is refused naming it."""
+    """Releases before --resample resampled with bicubic only and recorded no such setting: an
+    append without --resample extends such a dataset with bicubic, byte for byte (the default of
+    new datasets is another method), and one with another --resample is refused naming it."""
     photos = tmp_path / "photos"
     make_photo_tree(photos, num_images=6, seed=2, classes=["coffee", "china"])
     out = tmp_path / "out"
     job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "24"]
-    subprocess.run(job, cwd=REPO, check=True, capture_output=True)
+    subprocess.run([*job, "--resample", "bicubic"], cwd=REPO, check=True, capture_output=True)
     info = json.loads((out / "dataset_info.json").read_text())
     del info["preprocessing"]["resample"]  # as such a release wrote it
     (out / "dataset_info.json").write_text(json.dumps(info))
@@ -200,6 +213,13 @@ def test_a_dataset_made_before_resample_existed_appends_as_it_was_and_another_re
     assert appended.returncode == 0, appended.stderr[-3000:]
     merged = json.loads((out / "dataset_info.json").read_text())
     assert merged["version"] == 2 and merged["splits"]["train"]["num_examples"] == 9
+    whole = tmp_path / "whole"
+    subprocess.run([*job[:-3], str(whole), *job[-2:], "--resample", "bicubic"], cwd=REPO, check=True)
+    assert _encoded_by_filename(out) == _encoded_by_filename(whole)  # all 9, the 3 appended included
+    default = tmp_path / "default"
+    subprocess.run([*job[:-3], str(default), *job[-2:]], cwd=REPO, check=True)
+    assert json.loads((default / "dataset_info.json").read_text())["preprocessing"]["resample"] == "dct_bicubic"
+    assert _encoded_by_filename(default) != _encoded_by_filename(whole)
 
 
 @pytest.mark.slow
