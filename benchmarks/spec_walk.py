@@ -40,6 +40,8 @@ def main() -> None:
         code = frame.f_code
         if event != "call" or "/beam_jobs/" not in code.co_filename:
             return
+        if frame.f_back is not None and frame.f_back.f_code.co_name == "__post_init__":
+            return  # a spec checking itself as it is built, like a method handed ``self``: no step of the walk
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         if any(type(frame.f_locals.get(name)).__name__ == "ConversionSpec" for name in names if name != "self"):
             walk.append((code.co_filename.split("/beam_jobs/")[-1], code.co_name))
