@@ -479,7 +479,8 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
         interrupted = [
             {"resample": LEGACY_RESAMPLE, **settings}
             for _, found in resumable_runs(spec.output_dir, committed)
-            for settings in found.values()
+            for key, settings in found.items()
+            if key is not None  # a sidecar that names its run's settings
         ]
         made = interrupted[:1] + made
     method = made[0]["resample"] if made else DEFAULT_RESAMPLE

@@ -295,12 +295,17 @@ def _spec(tmp_path, **keywords):
 
 
 def _interrupted_run(out, preprocessing: dict) -> None:
+    """A run folder killed while converting its second shard: the first one's sidecar, and the
+    second one's progress note (which names no settings)."""
     from beam_jobs.writing.run_folders import new_run_name  # pylint: disable=import-outside-toplevel
+    from beam_jobs.writing.shard_progress import progress_note_name  # pylint: disable=import-outside-toplevel
 
-    run = out / "shards" / new_run_name()
+    name = new_run_name()
+    run = out / "shards" / name
     run.mkdir(parents=True)
     sidecar = {"run_fingerprint": "0" * 32, "preprocessing": preprocessing}
     (run / ".train-00000-of-00002.tfrecord.json").write_text(json.dumps(sidecar))
+    (run / progress_note_name(name, "train-00001-of-00002.tfrecord")).write_text(json.dumps({"images": 3}))
 
 
 @pytest.mark.parametrize(
@@ -309,6 +314,7 @@ def _interrupted_run(out, preprocessing: dict) -> None:
         ({}, None, "dct_bicubic"),  # a new dataset: the default
         ({"resume": True}, None, "dct_bicubic"),  # nothing to continue
         ({"resume": True}, {"resample": "bicubic"}, "bicubic"),  # an interrupted run of the old default
+        ({"resume": True}, {"resample": "dct_bicubic"}, "dct_bicubic"),  # one of the default
         ({"resume": True}, {}, "bicubic"),  # one of a release before --resample
         ({"resume": True}, {"resample": "antialias"}, "antialias"),
         ({"resume": True, "resample": "lanczos"}, {"resample": "bicubic"}, "lanczos"),  # chosen: kept

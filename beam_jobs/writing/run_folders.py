@@ -43,8 +43,9 @@ SHARDS_DIR = "shards"
 # "20261201T133000Z-3fa2c1d0": the UTC start, then 8 random hex digits so that two runs started in
 # the same second (on two machines) never share a folder.
 RUN_NAME = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
-# A sidecar of a shard in a run folder (sidecar_name).
-_SIDECAR = re.compile(r"^\..+\.tfrecord\.json$")
+# A sidecar of a shard in a run folder (sidecar_name); not a converting shard's progress note
+# (shard_progress.progress_note_name: ".progress-<run>-<shard>.json"), which holds no settings.
+_SIDECAR = re.compile(r"^\.(?!progress-\d{8}T\d{6}Z-[0-9a-f]{8}-).+\.tfrecord\.json$")
 
 
 def sidecar_name(file_name: str) -> str:

@@ -3,6 +3,7 @@ with the local-disk run, and finding leaked secrets."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import pathlib
 import re
@@ -76,7 +77,15 @@ def assert_matches_local(
         if name.endswith("dead_letters.jsonl"):
             assert sorted(mine.splitlines()) == sorted(theirs.splitlines()) and mine.count(b"\n") == theirs.count(b"\n")
         else:
-            assert mine == theirs, f"{name} differs from the local run's"
+            assert mine == theirs, f"{name} differs from the local run's:\n" + "\n".join(
+                difflib.unified_diff(
+                    theirs.decode("utf-8", "replace").splitlines(),
+                    mine.decode("utf-8", "replace").splitlines(),
+                    "local",
+                    "store",
+                    lineterm="",
+                )
+            )
 
 
 def assert_no_secret(secrets: list[str], **outputs: bytes | str) -> None:
