@@ -27,6 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from beam_jobs.warm_workers import current as current_warm_workers
+from beam_jobs.warm_workers import launcher_command
+
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
@@ -187,11 +190,14 @@ BEAM_WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 WORKER_MODULE = "beam_jobs.local_worker"
 
 
-def worker_command(beam_command: str, runner_pid: int) -> str:
+def worker_command(beam_command: str, runner_pid: int, warm_folder: str | None = None) -> str:
     """The command line that starts a local worker in place of Beam's ``beam_command``: the same
     interpreter, running local_worker.py, which ends with the process ``runner_pid`` and exits
-    quickly once its harness is done."""
+    quickly once its harness is done; where warm workers wait in ``warm_folder``, the launcher
+    that claims one of them (warm_workers.py)."""
     interpreter = beam_command.split(f" -m {BEAM_WORKER_MODULE}")[0]
+    if warm_folder is not None:
+        return launcher_command(interpreter, runner_pid, warm_folder)
     return f"{interpreter} -m {WORKER_MODULE} {runner_pid}"
 
 
@@ -210,7 +216,9 @@ def _with_quick_exit_workers(runner_class: type) -> type:
             for environment in pipeline_proto.components.environments.values():
                 command = environment.payload.decode("utf-8") if environment.urn == python_urns.SUBPROCESS_SDK else ""
                 if command.endswith(f" -m {BEAM_WORKER_MODULE}"):
-                    environment.payload = worker_command(command, os.getpid()).encode("utf-8")
+                    warm = current_warm_workers()
+                    folder = None if warm is None else warm.folder
+                    environment.payload = worker_command(command, os.getpid(), folder).encode("utf-8")
             return super().run_via_runner_api(pipeline_proto, options)
 
     return QuickExitWorkersRunner

@@ -21,18 +21,28 @@ Beam starts each local worker as ``python -m apache_beam.runners.worker.sdk_work
 
 A harness that fails raises, and its process then exits as Python's does (with the traceback and
 a non-zero code), so that the runner sees the failure as before.
+
+``--warm RUNNER_PID SOCKET...`` starts the warm workers (warm_workers.py): one process imports
+what a worker needs while the job builds its pipeline, then forks a worker a SOCKET, each waiting
+for a launcher to hand it the environment the runner gave that launcher, to run the same harness.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import shutil
+import signal
+import socket
 import sys
 import threading
+import traceback
 
 import psutil
 from apache_beam.runners.worker import sdk_worker_main
 
+from beam_jobs import warm_workers
 from beam_jobs.third_party_warnings import warnings_to_debug_log
 
 __all__ = ["RUNNER_GONE_EXIT_CODE", "main"]
@@ -40,6 +50,8 @@ __all__ = ["RUNNER_GONE_EXIT_CODE", "main"]
 # How often a worker looks for the job's process, and its exit code once that process is gone.
 _WATCH_INTERVAL_S = 0.5
 RUNNER_GONE_EXIT_CODE = 3
+# The warm workers' socket folder, in the process that forks them: removed when it ends.
+_WARM_FOLDER: str | None = None
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -61,22 +73,134 @@ def _exit_when_gone(runner: psutil.Process) -> None:
             child.kill()
         except psutil.Error:
             pass
+    if _WARM_FOLDER is not None:  # the warm workers' sockets (warm_workers.py), were the job killed
+        shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
     os._exit(RUNNER_GONE_EXIT_CODE)  # pylint: disable=protected-access
+
+
+def _end_with(process_id: str, program: str) -> None:
+    """Starts the watch that ends this worker with the job's process ``process_id``."""
+    try:
+        runner = psutil.Process(int(process_id))
+    except (ValueError, psutil.Error):
+        sys.exit(f"{program}: the job's process {process_id!r} is not running")
+    threading.Thread(target=_exit_when_gone, args=(runner,), name="runner-watch", daemon=True).start()
+
+
+def _run_harness(program: str) -> None:
+    warnings_to_debug_log()  # Libraries' warnings would reach the job's console through this process's stderr.
+    sdk_worker_main.main([program])
+    gc.freeze()
+
+
+def _exit_when_closed(connection: socket.socket) -> None:
+    """Ends this warm worker, with its children, once its launcher is gone (the runner killed it)."""
+    while True:
+        try:
+            if not connection.recv(1):
+                break
+        except OSError:
+            break
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    os._exit(RUNNER_GONE_EXIT_CODE)  # pylint: disable=protected-access
+
+
+def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
+    """The warm workers: one process listens on every socket first (a launcher that comes early
+    waits for its worker rather than starting cold), imports once what a worker needs, then forks
+    a worker a socket, and waits for them (ending them when it is ended). Forked, the workers
+    share the imports' memory and cost their CPU once: on 2 cores, importing in each worker
+    made the job's own start as slow as the workers' start it overlapped."""
+    global _WARM_FOLDER  # pylint: disable=global-statement
+    _WARM_FOLDER = os.path.dirname(socket_paths[0])
+    listeners = []
+    for path in socket_paths:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        listeners.append(listener)
+    # What a cold worker imports once it unpickles the job's DoFns: the codecs and the converter.
+    import beam_jobs.writing.convert_shards  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+
+    workers = []
+    for listener in listeners:
+        pid = os.fork()
+        if pid == 0:  # a worker: its own watch of the job's process (threads do not survive a fork)
+            for other in listeners:
+                if other is not listener:
+                    other.close()
+            _WARM_FOLDER = None  # the forking process removes it
+            _end_with(runner_pid, program)
+            _serve_one(program, listener)
+            return
+        workers.append(pid)
+    for listener in listeners:
+        listener.close()
+
+    def end_workers(signum: int, _frame: object) -> None:
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(128 + signum)  # pylint: disable=protected-access
+
+    signal.signal(signal.SIGTERM, end_workers)
+    signal.signal(signal.SIGINT, end_workers)
+    for pid in workers:
+        os.waitpid(pid, 0)
+    shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+
+
+def _serve_one(program: str, listener: socket.socket) -> None:
+    """One warm worker: runs the harness for the one launcher that claims it, in that launcher's
+    environment and folder, and tells it the exit code."""
+    listener.settimeout(warm_workers.IDLE_TIMEOUT_S)
+    try:
+        connection, _ = listener.accept()
+    except TimeoutError:
+        return  # never claimed: the launchers have started cold workers, or the run ended early
+    finally:
+        listener.close()
+    connection.settimeout(None)
+    request = b""
+    while not request.endswith(b"\n"):
+        chunk = connection.recv(65536)
+        if not chunk:
+            return  # the launcher went before handing anything over
+        request += chunk
+    handed = json.loads(request)
+    os.chdir(handed["cwd"])
+    os.environ.clear()
+    os.environ.update(handed["env"])
+    connection.sendall(f"started {os.getpid()}\n".encode())
+    threading.Thread(target=_exit_when_closed, args=(connection,), name="launcher-watch", daemon=True).start()
+    code = 0
+    try:
+        _run_harness(program)
+    except BaseException:  # reported as Python reports it, and as the exit code the launcher exits with
+        traceback.print_exc()
+        code = 1
+    connection.sendall(f"exited {code}\n".encode())
+    if code:
+        sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Runs the SDK harness as Beam's own worker does, ended with the job's process (whose pid is
     the one argument) and exited quickly (see the module docstring)."""
     argv = sys.argv if argv is None else argv
+    if len(argv) > 3 and argv[1] == "--warm":
+        _end_with(argv[2], argv[0])
+        _serve_warm(argv[0], argv[2], argv[3:])
+        return
     if len(argv) > 1:
-        try:
-            runner = psutil.Process(int(argv[1]))
-        except (ValueError, psutil.Error):
-            sys.exit(f"{argv[0]}: the job's process {argv[1]!r} is not running")
-        threading.Thread(target=_exit_when_gone, args=(runner,), name="runner-watch", daemon=True).start()
-    warnings_to_debug_log()  # Libraries' warnings would reach the job's console through this process's stderr.
-    sdk_worker_main.main(argv[:1])
-    gc.freeze()
+        _end_with(argv[1], argv[0])
+    _run_harness(argv[0])
 
 
 if __name__ == "__main__":

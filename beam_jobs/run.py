@@ -43,6 +43,7 @@ from beam_jobs.preflight import (
 )
 from beam_jobs.spec import ConversionSpec
 from beam_jobs.storage import delete_exactly, list_folder
+from beam_jobs.warm_workers import current as current_warm_workers
 from beam_jobs.writing.convert_shards import METRICS_NAMESPACE
 from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE
 from beam_jobs.writing.run_folders import SHARDS_DIR, run_dir
@@ -151,7 +152,10 @@ def run_spec(spec: ConversionSpec, options: PipelineOptions, console: RunConsole
     ``console`` shows the run as it goes (the command line passes its terminal's).
     """
     console = console if console is not None else QuietConsole()
-    spare = child_pids()  # the caller's own child processes: never the run's to end
+    warm = current_warm_workers()
+    # The caller's own child processes: never the run's to end (the warm workers started for this
+    # run by the command line are the run's).
+    spare = child_pids() - (warm.pids if warm is not None else frozenset())
     # The job's own filesystem calls (probes, finalize) need the same options as the workers'
     # (S3 endpoint and keys, GCP project); Beam only hands them to its own transforms.
     FileSystems.set_options(options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import subprocess
 import sys
@@ -85,8 +86,9 @@ def test_a_worker_runs_the_same_interpreter_with_the_quick_exit_module():
 
 
 def _worker_processes(pid: int) -> list[psutil.Process]:
-    """The local workers under process ``pid``. Beam starts each through /bin/sh -c: the Python
-    processes only, which run local_worker.py (Beam's harness, with a quick exit)."""
+    """The local workers under process ``pid``: the Python processes that run local_worker.py
+    (Beam's harness, with a quick exit), started cold by Beam through /bin/sh -c or forked warm
+    by the one process that imported for them (which is no worker itself)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -99,7 +101,8 @@ def _worker_processes(pid: int) -> list[psutil.Process]:
                 found.append(child)
         except psutil.Error:
             continue
-    return found
+    forking = {p.ppid() for p in found}
+    return [p for p in found if p.pid not in forking]
 
 
 @pytest.mark.slow
@@ -113,13 +116,19 @@ def test_a_default_run_starts_the_worker_processes_the_policy_names(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    most = 0
+    most, cold = 0, set()
     while process.poll() is None:
-        most = max(most, len(_worker_processes(process.pid)))
+        workers = _worker_processes(process.pid)
+        most = max(most, len(workers))
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                if "--warm" not in worker.cmdline():
+                    cold.add(worker.pid)
         time.sleep(0.05)
     assert process.returncode == 0, process.stderr.read()[-3000:]
     expected = local_parallelism(available_cores())
     assert most == (0 if expected.mode == IN_PROCESS else expected.workers)
+    assert not cold, "the command's warm workers were claimed, none started cold"
 
 
 def _job_with_two_workers(tmp_path: pathlib.Path, *, seed: int) -> tuple[subprocess.Popen, list[psutil.Process]]:

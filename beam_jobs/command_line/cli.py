@@ -17,8 +17,12 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from beam_jobs.command_line.termination import sigterm_ends_the_command
+
+if TYPE_CHECKING:
+    from beam_jobs.warm_workers import WarmWorkers
 
 __all__ = ["main", "misspelt_flag"]
 
@@ -65,21 +69,46 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     sigterm_ends_the_command(argv)  # First: a SIGTERM during the imports that follow ends the run with its line, too.
     try:
-        _run_command(argv)
+        _run_command(argv, warm=True)
     except SystemExit as ending:
         _exit_as_the_interpreter_would(ending.code)
     _exit_as_the_interpreter_would(0)
 
 
-def _run_command(argv: list[str]) -> None:
-    from beam_jobs.command_line.flags import PROG, help_parser  # pylint: disable=import-outside-toplevel
-    from beam_jobs.paths import redact  # pylint: disable=import-outside-toplevel
+def _start_warm_workers(argv: Sequence[str]) -> WarmWorkers | None:
+    """The local runner's workers, started now so that their imports overlap the job's own
+    (warm_workers.py): one a core, as the local runner will ask for, unless the command names a
+    runner or the local runner's mode or worker count (then they start as the runner asks)."""
+    from beam_jobs.local_runner import WORKER_PROCESSES, available_cores, local_parallelism  # pylint: disable=import-outside-toplevel
+    from beam_jobs.warm_workers import start_warm_workers  # pylint: disable=import-outside-toplevel
+
+    chosen = ("--runner", "--direct_running_mode", "--direct_num_workers")
+    if any(token.split("=", 1)[0] in chosen for token in argv):
+        return None
+    parallelism = local_parallelism(available_cores())
+    return start_warm_workers(parallelism.workers) if parallelism.mode == WORKER_PROCESSES else None
+
+
+def _run_command(argv: list[str], *, warm: bool = False) -> None:
+    from beam_jobs.command_line.flags import help_parser  # pylint: disable=import-outside-toplevel
 
     if "-h" in argv or "--help" in argv:
         help_parser().print_help()
         raise SystemExit(0)
     if "--version" in argv:
         help_parser().parse_args(["--version"])  # prints "images-to-tfrecords <version>" and exits 0
+    workers = _start_warm_workers(argv) if warm else None
+    try:
+        _run_checked_command(argv)
+    finally:
+        if workers is not None:
+            workers.close()
+
+
+def _run_checked_command(argv: list[str]) -> None:
+    from beam_jobs.command_line.flags import PROG  # pylint: disable=import-outside-toplevel
+    from beam_jobs.paths import redact  # pylint: disable=import-outside-toplevel
+
     problem = misspelt_flag(argv)
     if problem is not None:
         print(f"{PROG}: error: {redact(problem)}", file=sys.stderr)

@@ -1,0 +1,108 @@
+"""The command's warm workers: claimed once each, a cold start without them, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from beam_jobs import warm_workers
+from beam_jobs.sample_data import make_photo_tree
+from tests.conftest import REPO
+
+
+def _warm_processes(runner_pid: int) -> list[psutil.Process]:
+    """The warm workers (and the process that forked them) started for the command ``runner_pid``."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "--warm" in command and str(runner_pid) in command:
+            found.append(process)
+    return found
+
+
+def test_a_waiting_worker_is_claimed_by_one_launcher_only(tmp_path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "0.sock"))
+    listener.listen(2)
+    with listener:
+        first = warm_workers._claim(str(tmp_path))  # pylint: disable=protected-access
+        second = warm_workers._claim(str(tmp_path))  # pylint: disable=protected-access
+        assert first is not None and second is None
+        first.close()
+    assert not list(tmp_path.iterdir()), "the claimed socket's name is gone: no later launcher tries it"
+
+
+def test_a_launcher_with_no_worker_to_claim_starts_a_cold_one(tmp_path):
+    """Without a waiting worker the launcher becomes local_worker.py; without the endpoints a runner
+    hands a worker, Beam's harness then fails, naming the one it lacks."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_SERVICE_DESCRIPTOR")}
+    done = subprocess.run(
+        [sys.executable, "-m", warm_workers.LAUNCHER_MODULE, str(os.getpid()), str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in done.stderr, done.stderr[-2000:]
+
+
+def _command(photos, out, tmp):
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _gone_soon(runner_pid: int, seconds: float = 5.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + seconds
+    while (left := _warm_processes(runner_pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_a_refused_command_ends_its_unclaimed_warm_workers(tmp_path):
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=4)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = _command(photos, photos / "out", tmp)  # an output folder inside the input: refused
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode != 0 and "inside" in stderr, stderr[-2000:]
+    assert not _warm_processes(process.pid), "no warm worker outlives the command"
+    assert not list(tmp.glob("itt-warm-*")), "their sockets' folder is removed"
+
+
+@pytest.mark.slow
+def test_a_killed_command_takes_its_warm_workers_and_their_folder_with_it(tmp_path):
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=400, seed=5)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = _command(photos, tmp_path / "out", tmp)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_warm_processes(process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _warm_processes(process.pid), "the command started warm workers"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert not _gone_soon(process.pid), "the warm workers end with the command"
+    deadline = time.monotonic() + 5
+    while list(tmp.glob("itt-warm-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(tmp.glob("itt-warm-*")), "their sockets' folder is removed (Beam's own temp folder is Beam's)"
