@@ -78,6 +78,13 @@ def _exit_when_gone(runner: psutil.Process) -> None:
     os._exit(RUNNER_GONE_EXIT_CODE)  # pylint: disable=protected-access
 
 
+def _alive_pid(process_id: str) -> bool:
+    try:
+        return _alive(psutil.Process(int(process_id)))
+    except (ValueError, psutil.Error):
+        return False
+
+
 def _end_with(process_id: str, program: str) -> None:
     """Starts the watch that ends this worker with the job's process ``process_id``."""
     try:
@@ -116,7 +123,6 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
     share the imports' memory and cost their CPU once: on 2 cores, importing in each worker
     made the job's own start as slow as the workers' start it overlapped."""
     global _WARM_FOLDER  # pylint: disable=global-statement
-    _WARM_FOLDER = os.path.dirname(socket_paths[0])
     listeners = []
     for path in socket_paths:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -147,6 +153,7 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        shutil.rmtree(_WARM_FOLDER or "", ignore_errors=True)
         os._exit(128 + signum)  # pylint: disable=protected-access
 
     signal.signal(signal.SIGTERM, end_workers)
@@ -195,6 +202,11 @@ def main(argv: list[str] | None = None) -> None:
     the one argument) and exited quickly (see the module docstring)."""
     argv = sys.argv if argv is None else argv
     if len(argv) > 3 and argv[1] == "--warm":
+        global _WARM_FOLDER  # pylint: disable=global-statement
+        _WARM_FOLDER = os.path.dirname(argv[3])  # removed however this process ends
+        if not _alive_pid(argv[2]):  # the command ended while this process imported: nothing to serve
+            shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+            return
         _end_with(argv[2], argv[0])
         _serve_warm(argv[0], argv[2], argv[3:])
         return

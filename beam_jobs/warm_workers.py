@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +44,8 @@ LAUNCHER_MODULE = "beam_jobs.warm_workers"
 # command starts, unless a run waits for another run's lock on its output folder.
 IDLE_TIMEOUT_S = 300.0
 _SOCKET_SUFFIX = ".sock"
+# The longest Unix socket path every platform binds (Linux allows 107 bytes, macOS 103).
+_SOCKET_PATH_LIMIT = 100
 _STARTED = "started"
 _EXITED = "exited"
 
@@ -78,14 +82,24 @@ def _socket_path(folder: str, index: int) -> str:
     return os.path.join(folder, f"{index}{_SOCKET_SUFFIX}")
 
 
-def start_warm_workers(count: int) -> WarmWorkers:
-    """Starts ``count`` warm workers for this process's coming local run; current() returns them."""
+def start_warm_workers(count: int) -> WarmWorkers | None:
+    """Starts ``count`` warm workers for this process's coming local run (current() returns them),
+    or None where they cannot wait: no writable temporary folder, or one whose path is too long
+    for a Unix socket's (then the runner starts its workers cold, as it would without them)."""
     global _current  # pylint: disable=global-statement
-    # A short path: a Unix socket's path is limited to about 100 bytes.
-    folder = tempfile.mkdtemp(prefix="itt-warm-")
+    try:
+        folder = tempfile.mkdtemp(prefix="itt-warm-")
+    except OSError:
+        return None
     sockets = [_socket_path(folder, index) for index in range(count)]
+    if any(len(os.fsencode(path)) > _SOCKET_PATH_LIMIT for path in sockets):
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
     process = subprocess.Popen(  # pylint: disable=consider-using-with  # waited for by close()
-        [sys.executable, "-m", "beam_jobs.local_worker", "--warm", str(os.getpid()), *sockets]
+        [sys.executable, "-m", "beam_jobs.local_worker", "--warm", str(os.getpid()), *sockets],
+        # Its own session: a terminal's Ctrl-C reaches the command, whose cleanup ends every worker,
+        # and never interrupts a waiting worker's wait (a traceback each).
+        start_new_session=True,
     )
     _current = WarmWorkers(folder, process, count)
     return _current
@@ -97,8 +111,9 @@ def current() -> WarmWorkers | None:
 
 
 def launcher_command(interpreter: str, runner_pid: int, folder: str) -> str:
-    """The command line the runner runs for a worker when warm workers wait in ``folder``."""
-    return f"{interpreter} -m {LAUNCHER_MODULE} {runner_pid} {folder}"
+    """The command line the runner runs for a worker when warm workers wait in ``folder`` (run
+    by /bin/sh: the folder is quoted, as a temporary folder's path may hold spaces)."""
+    return f"{interpreter} -m {LAUNCHER_MODULE} {runner_pid} {shlex.quote(folder)}"
 
 
 def _claim(folder: str) -> socket.socket | None:
@@ -183,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The launcher: ``python -m beam_jobs.warm_workers RUNNER_PID FOLDER`` (see the module docstring)."""
     argv = list(sys.argv if argv is None else argv)
     runner_pid, folder = argv[1], argv[2]
+    # A terminal's Ctrl-C reaches this stand-in too: the command's cleanup ends the worker it
+    # stands in for, and this process then exits with that worker's code, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     connection = _claim(folder)
     if connection is not None:
         with connection:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -55,14 +56,27 @@ def test_a_launcher_with_no_worker_to_claim_starts_a_cold_one(tmp_path):
     assert done.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in done.stderr, done.stderr[-2000:]
 
 
-def _command(photos, out, tmp):
+def test_the_launcher_command_quotes_a_folder_with_spaces():
+    command = warm_workers.launcher_command("/venv/bin/python", 42, "/tmp/a b/itt-warm-x")
+    assert command == f"/venv/bin/python -m {warm_workers.LAUNCHER_MODULE} 42 '/tmp/a b/itt-warm-x'"
+
+
+def test_no_warm_workers_where_their_sockets_path_would_be_too_long(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert warm_workers.start_warm_workers(2) is None
+    assert not list(deep.iterdir()), "nothing is left of the attempt"
+
+
+def _command(photos, out, tmp, stderr=subprocess.PIPE):
     env = {**os.environ, "TMPDIR": str(tmp)}
     return subprocess.Popen(
         [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
 
@@ -87,22 +101,59 @@ def test_a_refused_command_ends_its_unclaimed_warm_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_command_takes_its_warm_workers_and_their_folder_with_it(tmp_path):
+@pytest.mark.parametrize("when", ["while they import", "while they wait"])
+def test_a_killed_command_takes_its_warm_workers_and_their_folder_with_it(tmp_path, when):
     photos = tmp_path / "photos"
     make_photo_tree(photos, num_images=400, seed=5)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    process = _command(photos, tmp_path / "out", tmp)
-    try:
-        deadline = time.monotonic() + 120
-        while len(_warm_processes(process.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _warm_processes(process.pid), "the command started warm workers"
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-    assert not _gone_soon(process.pid), "the warm workers end with the command"
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = _command(photos, tmp_path / "out", tmp, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 120
+            while not _warm_processes(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if when == "while they wait":
+                while len(_warm_processes(process.pid)) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            assert _warm_processes(process.pid), "the command started warm workers"
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        assert not _gone_soon(process.pid, seconds=10), "the warm workers end with the command"
+    assert "local_worker" not in log.read_text(), "nothing of theirs is printed after the command"
     deadline = time.monotonic() + 5
     while list(tmp.glob("itt-warm-*")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not list(tmp.glob("itt-warm-*")), "their sockets' folder is removed (Beam's own temp folder is Beam's)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["while the command imports", "while they wait"])
+def test_ctrl_c_in_a_terminal_ends_the_command_with_one_line_and_leaves_nothing(tmp_path, when):
+    """SIGINT to the command's whole process group, as a terminal's Ctrl-C sends it, while the
+    command still imports Beam or once the warm workers wait: the command's own line, no traceback
+    from any of its processes."""
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=400, seed=6)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(tmp_path / "out")],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(_warm_processes(process.pid)) < (1 if when == "while the command imports" else 3):
+        assert time.monotonic() < deadline, "the command started no warm workers"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert not _gone_soon(process.pid), "no warm worker outlives the command"
+    assert not list(tmp.glob("itt-warm-*")), "their sockets' folder is removed"

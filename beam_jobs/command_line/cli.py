@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from beam_jobs.command_line.termination import sigterm_ends_the_command
+from beam_jobs.command_line.termination import interrupted_outside_the_run_line, sigterm_ends_the_command
 
 if TYPE_CHECKING:
     from beam_jobs.warm_workers import WarmWorkers
@@ -72,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         _run_command(argv, warm=True)
     except SystemExit as ending:
         _exit_as_the_interpreter_would(ending.code)
+    except KeyboardInterrupt:  # Ctrl-C outside the guarded run (in the imports before it): its line, no traceback
+        print(interrupted_outside_the_run_line(), file=sys.stderr)
+        _exit_as_the_interpreter_would(130)
     _exit_as_the_interpreter_would(0)
 
 

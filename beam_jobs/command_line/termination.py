@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import types
 
 __all__ = [
+    "interrupted_outside_the_run_line",
     "STUCK_AFTER_S",
     "InterruptedState",
     "Terminated",
@@ -81,6 +82,12 @@ def state_outside_the_run(state: InterruptedState) -> None:
     """Says what SIGTERM's line reports from now on, outside the guarded run: a finished run's
     dataset (or plan) is complete while the process prints its summary and exits."""
     _OUTSIDE["state"] = state
+
+
+def interrupted_outside_the_run_line() -> str:
+    """The line for a Ctrl-C that lands outside the guarded run (during the imports before it, or
+    its summary after it): what SIGTERM's line would say then, as an interrupt."""
+    return interrupted_line(overwrite=_OUTSIDE["overwrite"], terminated=False, state=_OUTSIDE["state"])
 
 
 # How long SIGTERM's line waits for stdout to take what was printed before it.
