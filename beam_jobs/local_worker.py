@@ -160,7 +160,7 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
     signal.signal(signal.SIGINT, end_workers)
     for pid in workers:
         os.waitpid(pid, 0)
-    shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+    shutil.rmtree(_WARM_FOLDER or "", ignore_errors=True)
 
 
 def _serve_one(program: str, listener: socket.socket) -> None:
