@@ -153,14 +153,16 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        shutil.rmtree(_WARM_FOLDER or "", ignore_errors=True)
+        if _WARM_FOLDER:
+            shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
         os._exit(128 + signum)  # pylint: disable=protected-access
 
     signal.signal(signal.SIGTERM, end_workers)
     signal.signal(signal.SIGINT, end_workers)
     for pid in workers:
         os.waitpid(pid, 0)
-    shutil.rmtree(_WARM_FOLDER or "", ignore_errors=True)
+    if _WARM_FOLDER:
+        shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
 
 
 def _serve_one(program: str, listener: socket.socket) -> None:
