@@ -14,7 +14,8 @@ JPEG encode), written here on its own so that a candidate can be judged before t
 Quality (a): the PSNR of each output against a Lanczos resize of the full decode over the very
 box the candidate cropped, on real photos. Quality (b): aliasing: 1 px stripes (along each axis),
 a checkerboard and a zone plate, each shrunk by factors from 1.2x to 8x (as PNG, so no DCT
-reduction helps); the table gives the standard deviation of the output (0 is flat: the pattern,
+reduction helps), through the candidates and the job's own ``dct_bicubic`` and ``dct_linear``;
+the table gives the standard deviation of the output (0 is flat: the pattern,
 finer than the output can show, is averaged away; 127.5 is the pattern's own), for the zone plate
 only over the ring finer than the output's Nyquist frequency. Only the ratios and the dB and std
 figures mean anything across machines.
@@ -201,10 +202,15 @@ def aliasing() -> dict[str, dict[str, dict[float, float]]]:
     """{resampler: {pattern: {factor: std of the output (over the zone plate's fine ring)}}}."""
     from PIL import Image  # pylint: disable=import-outside-toplevel
 
+    from beam_jobs.imaging.resample import resample_array  # pylint: disable=import-outside-toplevel
+
     resamplers = {
         "pillow bicubic": lambda p: np.asarray(Image.fromarray(p).resize((SIZE, SIZE), Image.Resampling.BICUBIC)),
         "pillow bilinear": lambda p: np.asarray(Image.fromarray(p).resize((SIZE, SIZE), Image.Resampling.BILINEAR)),
         "linear (prefilter from 1.5x)": linear_with_prefilter,
+        # The job's own array methods, as its workers call them on an image that is not a JPEG.
+        "job dct_bicubic": lambda p: resample_array(p, (SIZE, SIZE), "dct_bicubic"),
+        "job dct_linear": lambda p: resample_array(p, (SIZE, SIZE), "dct_linear"),
     }
     table: dict[str, dict[str, dict[float, float]]] = {name: {} for name in resamplers}
     for factor in FACTORS:
