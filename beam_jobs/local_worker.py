@@ -64,18 +64,28 @@ def _alive(process: psutil.Process) -> bool:
 
 
 def _exit_when_gone(runner: psutil.Process) -> None:
-    """Waits, on a daemon thread, for ``runner`` to end, then kills this worker's children and ends
-    it at once: nothing is left to report its work to, and no teardown is worth waiting for."""
+    """Waits, on a daemon thread, for ``runner`` to end, then ends this worker at once (_end_now):
+    nothing is left to report its work to, and no teardown is worth waiting for."""
     while _alive(runner):
         threading.Event().wait(_WATCH_INTERVAL_S)
-    for child in psutil.Process().children(recursive=True):  # an isolated decoder, say
+    _end_now()
+
+
+def _end_now() -> None:
+    """Kills this worker's children (an isolated decoder, say), removes the warm workers' socket
+    folder where this process holds it, and exits without any teardown."""
+    for child in psutil.Process().children(recursive=True):
         try:
             child.kill()
         except psutil.Error:
             pass
-    if _WARM_FOLDER is not None:  # the warm workers' sockets (warm_workers.py), were the job killed
-        shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+    _remove_warm_folder()
     os._exit(RUNNER_GONE_EXIT_CODE)  # pylint: disable=protected-access
+
+
+def _remove_warm_folder() -> None:
+    if _WARM_FOLDER is not None:
+        shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
 
 
 def _alive_pid(process_id: str) -> bool:
@@ -108,12 +118,7 @@ def _exit_when_closed(connection: socket.socket) -> None:
                 break
         except OSError:
             break
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    os._exit(RUNNER_GONE_EXIT_CODE)  # pylint: disable=protected-access
+    _end_now()
 
 
 def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
@@ -153,16 +158,14 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        if _WARM_FOLDER:
-            shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+        _remove_warm_folder()
         os._exit(128 + signum)  # pylint: disable=protected-access
 
     signal.signal(signal.SIGTERM, end_workers)
     signal.signal(signal.SIGINT, end_workers)
     for pid in workers:
         os.waitpid(pid, 0)
-    if _WARM_FOLDER:
-        shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+    _remove_warm_folder()
 
 
 def _serve_one(program: str, listener: socket.socket) -> None:
@@ -186,7 +189,7 @@ def _serve_one(program: str, listener: socket.socket) -> None:
     os.chdir(handed["cwd"])
     os.environ.clear()
     os.environ.update(handed["env"])
-    connection.sendall(f"started {os.getpid()}\n".encode())
+    connection.sendall(f"{warm_workers.STARTED} {os.getpid()}\n".encode())
     threading.Thread(target=_exit_when_closed, args=(connection,), name="launcher-watch", daemon=True).start()
     code = 0
     try:
@@ -194,7 +197,7 @@ def _serve_one(program: str, listener: socket.socket) -> None:
     except BaseException:  # reported as Python reports it, and as the exit code the launcher exits with
         traceback.print_exc()
         code = 1
-    connection.sendall(f"exited {code}\n".encode())
+    connection.sendall(f"{warm_workers.EXITED} {code}\n".encode())
     if code:
         sys.exit(code)
 
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         global _WARM_FOLDER  # pylint: disable=global-statement
         _WARM_FOLDER = os.path.dirname(argv[3])  # removed however this process ends
         if not _alive_pid(argv[2]):  # the command ended while this process imported: nothing to serve
-            shutil.rmtree(_WARM_FOLDER, ignore_errors=True)
+            _remove_warm_folder()
             return
         _end_with(argv[2], argv[0])
         _serve_warm(argv[0], argv[2], argv[3:])

@@ -3,9 +3,10 @@
 A local worker spends about 1.5 s importing Beam, gRPC and the codecs before it can take work,
 and Beam's FnApiRunner starts its workers only once the pipeline is built and submitted: on a
 quiet 2-core machine that start was the largest single part of the 3.4 s from the command to the
-first shard. So the command line starts one warm worker a core as its first act (a process that
-imports what a worker needs, then waits on a Unix socket of its own), and the command the runner
-later runs for each worker is this module's small launcher, which imports nothing of Beam:
+first shard. So the command line starts its workers as its first act (one process imports what a
+worker needs once, then forks a worker a core, each waiting on a Unix socket of its own:
+local_worker.py), and the command the runner later runs for each worker is this module's small
+launcher, which imports nothing of Beam:
 
 - it claims one waiting worker by renaming that worker's socket (atomic: two launchers never
   claim one worker), hands it its environment (the control and logging endpoints and the pipeline
@@ -37,7 +38,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-__all__ = ["IDLE_TIMEOUT_S", "LAUNCHER_MODULE", "WarmWorkers", "current", "launcher_command", "start_warm_workers"]
+__all__ = [
+    "EXITED",
+    "IDLE_TIMEOUT_S",
+    "LAUNCHER_MODULE",
+    "STARTED",
+    "WarmWorkers",
+    "current",
+    "launcher_command",
+    "start_warm_workers",
+]
 
 LAUNCHER_MODULE = "beam_jobs.warm_workers"
 # How long a warm worker waits to be claimed. The pipeline's first stage runs seconds after the
@@ -46,8 +56,9 @@ IDLE_TIMEOUT_S = 300.0
 _SOCKET_SUFFIX = ".sock"
 # The longest Unix socket path every platform binds (Linux allows 107 bytes, macOS 103).
 _SOCKET_PATH_LIMIT = 100
-_STARTED = "started"
-_EXITED = "exited"
+# What a claimed worker tells its launcher: "started PID" once it runs the harness, then "exited CODE".
+STARTED = "started"
+EXITED = "exited"
 
 _current: WarmWorkers | None = None
 
@@ -55,10 +66,9 @@ _current: WarmWorkers | None = None
 class WarmWorkers:
     """The warm workers one command started: the process that forks them, and their sockets' folder."""
 
-    def __init__(self, folder: str, process: subprocess.Popen, count: int) -> None:
+    def __init__(self, folder: str, process: subprocess.Popen) -> None:
         self.folder = folder
         self.process = process
-        self.count = count
 
     @property
     def pids(self) -> frozenset[int]:
@@ -76,6 +86,9 @@ class WarmWorkers:
                 self.process.kill()
                 self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+        global _current  # pylint: disable=global-statement
+        if _current is self:
+            _current = None
 
 
 def _socket_path(folder: str, index: int) -> str:
@@ -101,7 +114,7 @@ def start_warm_workers(count: int) -> WarmWorkers | None:
         # and never interrupts a waiting worker's wait (a traceback each).
         start_new_session=True,
     )
-    _current = WarmWorkers(folder, process, count)
+    _current = WarmWorkers(folder, process)
     return _current
 
 
@@ -181,9 +194,9 @@ def _stand_in(connection: socket.socket) -> int | None:
     pid, code = None, None
     for line in _lines(connection):
         kind, _, value = line.partition(" ")
-        if kind == _STARTED:
+        if kind == STARTED:
             pid = int(value)
-        elif kind == _EXITED:
+        elif kind == EXITED:
             code = int(value)
     if pid is None:
         return None

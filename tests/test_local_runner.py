@@ -97,12 +97,13 @@ def _worker_processes(pid: int) -> list[psutil.Process]:
     for child in children:
         try:
             command = child.cmdline()
-            if "python" in pathlib.Path(command[0]).name and WORKER_MODULE in command:
-                found.append(child)
+            # A process being started or reaped has no command line yet, or none any more.
+            if command and "python" in pathlib.Path(command[0]).name and WORKER_MODULE in command:
+                found.append((child, child.ppid()))
         except psutil.Error:
             continue
-    forking = {p.ppid() for p in found}
-    return [p for p in found if p.pid not in forking]
+    forking = {parent for _, parent in found}
+    return [process for process, _ in found if process.pid not in forking]
 
 
 @pytest.mark.slow
