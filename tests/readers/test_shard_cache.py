@@ -235,3 +235,19 @@ def test_the_cache_touches_only_what_it_put_in_its_folder(jpeg_dir, tmp_path):
     with pytest.raises(ShardCacheError, match=r"in the shard cache is not a file: .*a folder of its own"):
         cache.acquire(str(jpeg_dir / shard["file"]), shard["sha256"], shard["bytes"])
     cache.close()
+
+
+def test_a_cache_that_went_over_its_limit_for_a_reader_trims_back_once_its_shards_are_released(tmp_path):
+    """A download may go over the limit while other readers lease the rest (it never waits); once
+    the leases end, the cache holds its limit again, least recently used shards evicted first."""
+    from tfdata_readers.sources.shard_cache import ShardCache  # pylint: disable=import-outside-toplevel
+
+    cache = ShardCache(str(tmp_path), limit_bytes=100)
+    leased, downloaded = "a" * 64, "b" * 64
+    (tmp_path / f"{leased}.tfrecord").write_bytes(b"x" * 60)
+    assert cache._lease(leased)  # pylint: disable=protected-access
+    (tmp_path / f"{downloaded}.tfrecord").write_bytes(b"y" * 60)  # published over the limit
+    os.utime(tmp_path / f"{leased}.tfrecord", (1, 1))  # the least recently used
+    cache.release(leased)
+    held = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tfrecord")
+    assert held == [f"{downloaded}.tfrecord"]

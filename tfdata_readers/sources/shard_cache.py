@@ -200,6 +200,19 @@ class ShardCache:
                 return
             del self._leases[sha256]
         os.close(fd)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Evicts shards nobody leases, least recently used first, until the cache is within its
+        limit again: a download that had to go over it (``_reserve(over_limit=True)``, while other
+        readers' leases filled it) leaves no excess once those shards are released."""
+        with self._flock(".cache.lock"):
+            total, shards = self._held_bytes(downloading="")
+            for _, name, held in shards:
+                if total <= self.limit_bytes:
+                    break
+                if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
+                    total -= held
 
     # -- room --------------------------------------------------------------------------------
 
