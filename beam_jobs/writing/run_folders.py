@@ -45,7 +45,7 @@ SHARDS_DIR = "shards"
 RUN_NAME = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 # A sidecar of a shard in a run folder (sidecar_name); not a converting shard's progress note
 # (shard_progress.progress_note_name: ".progress-<run>-<shard>.json"), which holds no settings.
-_SIDECAR = re.compile(r"^\.(?!progress-\d{8}T\d{6}Z-[0-9a-f]{8}-).+\.tfrecord\.json$")
+_SIDECAR = re.compile(rf"^\.(?!progress-{RUN_NAME.pattern.strip('^$')}-).+\.tfrecord\.json$")
 
 
 def sidecar_name(file_name: str) -> str:

@@ -207,12 +207,17 @@ class ShardCache:
         limit again: a download that had to go over it (``_reserve(over_limit=True)``, while other
         readers' leases filled it) leaves no excess once those shards are released."""
         with self._flock(".cache.lock"):
-            total, shards = self._held_bytes(downloading="")
-            for _, name, held in shards:
-                if total <= self.limit_bytes:
-                    break
-                if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
-                    total -= held
+            self._evict_until_room(*self._held_bytes(downloading=""), room=0)
+
+    def _evict_until_room(self, total: int, shards: list[tuple[float, str, int]], *, room: int) -> int:
+        """Evicts shards nobody leases, least recently used first, until ``room`` more bytes fit
+        within the limit (or none is left to evict); returns the bytes then held. Under the cache's lock."""
+        for _, name, held in shards:
+            if total + room <= self.limit_bytes:
+                break
+            if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
+                total -= held
+        return total
 
     # -- room --------------------------------------------------------------------------------
 
@@ -277,12 +282,7 @@ class ShardCache:
                 "raise ReadConfig.cache_limit_bytes"
             )
         with self._flock(".cache.lock"):
-            total, shards = self._held_bytes(downloading=sha256)
-            for _, name, held in shards:
-                if total + size <= self.limit_bytes:
-                    break
-                if name[: -len(_SUFFIX)] not in self._leases and self._evict_one(name):
-                    total -= held
+            total = self._evict_until_room(*self._held_bytes(downloading=sha256), room=size)
             if total + size > self.limit_bytes and not over_limit:
                 return None
             if total + size > self.limit_bytes:
