@@ -287,118 +287,40 @@ itt_ensure_job_server_jar() {
   printf '%s\n' "$jar"
 }
 
-# The SDK worker pool for --environment_type=EXTERNAL, bound to one address (Beam's own
-# worker_pool_main binds every interface). Workers are started as `python` from PATH, so the
-# job's interpreter directory goes first on PATH: otherwise workers die with
-# "No module named 'apache_beam'" and the job hangs.
-# Several TaskManagers may share one pool (on one host), and each numbers its workers from 1, so
-# worker ids collide. Beam's pool keeps one process per id, and a StopWorker from one TaskManager
-# kills the other's live worker; that TaskManager then waits 3 minutes for "a client" and fails.
-# This pool never kills on StopWorker: a worker exits by itself when its runner hangs up its
-# control stream (a finished environment, or a killed TaskManager). It only reaps the exited ones,
-# and kills what is left when the pool stops.
-# Beam's pool starts each worker as a bare SdkHarness that never learns the job's pipeline
-# options, so Beam's filesystems there have none: s3:// failed with "Must provide one of client
-# or options" (no endpoint, no keys). This pool starts workers as the SDK container's boot program
-# does: the worker asks the runner's provision service for the options, then runs sdk_worker_main,
-# which hands them to FileSystems (and applies the job's log levels).
-ITT_WORKER_POOL_MARKER=itt-worker-pool
-ITT_WORKER_POOL_PY='
-# itt-worker-pool (the marker that flink_cluster.sh stop looks for in /proc/PID/cmdline)
-import logging, os, subprocess, sys, time
-import grpc
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
-from apache_beam.runners.worker import worker_pool_main
-from apache_beam.utils import thread_pool_executor
-
-
-WORKER_PY = """
-import logging, os, sys
-import grpc
-from google.protobuf import json_format
-from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc
-from apache_beam.runners.worker import sdk_worker_main
-
-CREDENTIALS = {"s3_access_key_id", "s3_secret_access_key", "s3_session_token", "azure_connection_string"}
-
-
-class HideCredentials(logging.Filter):
-    # sdk_worker_main logs every pipeline option at INFO, keys included, into the logs of the runner.
-    def filter(self, record):
-        # A lone dict argument becomes record.args itself (logging treats it as a mapping for %(key)s).
-        if isinstance(record.args, dict):
-            record.args = {k: "<redacted>" if k in CREDENTIALS else v for k, v in record.args.items()}
-        return True
-
-
-logging.getLogger(sdk_worker_main.__name__).addFilter(HideCredentials())
-control, logs, provision, worker_id = sys.argv[1:5]
-with grpc.insecure_channel(provision) as channel:
-    info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
-        beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", worker_id)]).info
-os.environ.update({
-    "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
-    "CONTROL_API_SERVICE_DESCRIPTOR": f"url: {control!r}",
-    "LOGGING_API_SERVICE_DESCRIPTOR": f"url: {logs!r}" if logs else "",
-    "WORKER_ID": worker_id,
-})
-if not logs:
-    del os.environ["LOGGING_API_SERVICE_DESCRIPTOR"]
-sdk_worker_main.main(sys.argv[:1])
-"""
-
-
-class SharedWorkerPool(worker_pool_main.BeamFnExternalWorkerPoolServicer):
-    def __init__(self):
-        super().__init__(use_process=True)
-        self.workers = []
-
-    def StartWorker(self, request, context):
-        try:
-            process = subprocess.Popen(
-                ["python", "-c", WORKER_PY, request.control_endpoint.url, request.logging_endpoint.url,
-                 request.provision_endpoint.url, request.worker_id], close_fds=True)
-        except Exception as error:  # The runner shows this to the user.
-            return beam_fn_api_pb2.StartWorkerResponse(error=str(error))
-        self.workers.append(process)
-        return beam_fn_api_pb2.StartWorkerResponse()
-
-    def StopWorker(self, request, context):
-        self.workers = [p for p in self.workers if p.poll() is None]
-        logging.info("worker %s released; %d workers still running", request.worker_id, len(self.workers))
-        return beam_fn_api_pb2.StopWorkerResponse()
-
-
-host, port = sys.argv[1], int(sys.argv[2])
-os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-logging.basicConfig(level=logging.INFO)
-server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
-                     options=[("grpc.http2.max_pings_without_data", 0),
-                              ("grpc.http2.max_ping_strikes", 0)])
-bound = server.add_insecure_port(f"{host}:{port}")
-if not bound:
-    sys.exit(f"worker pool: cannot bind {host}:{port}")
-pool = SharedWorkerPool()
-beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(pool, server)
-server.start()
-logging.info("worker pool listening on %s:%d", host, bound)
-try:
-    while True:
-        time.sleep(3600)
-finally:
-    for proc in pool.workers:
-        worker_pool_main.kill_process_gracefully(proc)
-'
+# The SDK worker pool for --environment_type=EXTERNAL (launch/sdk_worker_pool.py says how it
+# differs from Beam's own); its file name in /proc/PID/cmdline is how stop knows the process.
+ITT_WORKER_POOL_MARKER=sdk_worker_pool.py
 
 # itt_start_worker_pool HOST PORT PIDFILE LOGFILE: starts the pool in its own session (so that
 # stopping its process group also stops its SDK workers) and waits until it listens.
 itt_start_worker_pool() {
   local host=$1 port=$2 pidfile=$3 logfile=$4 py pid
   py="$(itt_python)"
-  setsid "$py" -c "$ITT_WORKER_POOL_PY" "$host" "$port" >"$logfile" 2>&1 < /dev/null &
+  setsid "$py" "$ITT_REPO_ROOT/launch/sdk_worker_pool.py" "$host" "$port" >"$logfile" 2>&1 < /dev/null &
   pid=$!
   echo "$pid" >"$pidfile"
   itt_wait_port "$host" "$port" 60 "$pid" || { tail -20 "$logfile" >&2; return 1; }
+}
+
+# Beam's Flink job server as flink_cluster.sh keeps it for its cluster: the main class names the
+# process, and a file per Flink master (host_port) in the cache says where it listens, so that
+# submit_flink.sh finds it from --flink_master alone, whatever the cluster's state dir.
+ITT_FLINK_JOB_SERVER_MAIN=org.apache.beam.runners.flink.FlinkJobServerDriver
+itt_job_server_record() {
+  local master=${1/#localhost:/127.0.0.1:}
+  printf '%s/job-servers/%s\n' "$(itt_cache_dir)" "${master/:/_}"
+}
+
+# itt_cluster_job_endpoint HOST:PORT: prints "ENDPOINT JAR" of the job server kept for the Flink
+# master HOST:PORT, when its process still runs (JAR: what its jobs ship, see flink_cluster.sh);
+# fails otherwise.
+itt_cluster_job_endpoint() {
+  local record pid endpoint jar
+  record=$(itt_job_server_record "$1")
+  [[ -f "$record" ]] || return 1
+  read -r pid endpoint jar <"$record" || true
+  [[ -n "$endpoint" && -f "$jar" ]] && itt_pid_is "$pid" "$ITT_FLINK_JOB_SERVER_MAIN" || return 1
+  printf '%s %s\n' "$endpoint" "$jar"
 }
 
 ITT_JOB_SERVICE_MARKER=apache_beam.runners.portability.local_job_service_main

@@ -11,8 +11,9 @@ usage() {
   cat <<EOF
 Usage: launch/flink_cluster.sh start|stop|status|fetch [options]
 
-  start   install Flink (first run), write a loopback config, start a JobManager, the
-          TaskManager(s) and a Beam SDK worker pool; waits until all are ready
+  start   install Flink and build Beam's job server (first run), write a loopback config, start
+          a JobManager, the TaskManager(s), a Beam SDK worker pool and Beam's Flink job server;
+          waits until all are ready
           and prints the submit_flink.sh flags that reach it; refuses while the state dir's
           cluster is still running
   stop    stop everything that 'start' started in the same --state_dir (safe to repeat)
@@ -30,6 +31,9 @@ Options (defaults in brackets):
   --rest_port P            JobManager REST / web UI port [8081]
   --rpc_port P             JobManager RPC port [6123]
   --worker_pool_port P     SDK worker pool port [50000]; 0 = no worker pool
+  --job_server_port P      Beam's Flink job server, kept up for every job [8099]; 0 = none: then
+                           submit_flink.sh starts one per job, and Beam's runner is not on the
+                           cluster's classpath, so each stage starts its own SDK workers
   --taskmanagers N         TaskManager processes [1]
   --slots N                task slots per TaskManager [2]
   --taskmanager_memory M   process size of each TaskManager [2048m]
@@ -61,6 +65,7 @@ state_dir="$(itt_cache_dir)/cluster"
 rest_port=8081
 rpc_port=6123
 worker_pool_port=50000
+job_server_port=8099
 taskmanagers=1
 slots=2
 tm_memory=2048m
@@ -76,6 +81,7 @@ while (($#)); do
     --rest_port) itt_need_value "$@"; rest_port=$2; given_ports+="rest_port "; shift 2 ;;
     --rpc_port) itt_need_value "$@"; rpc_port=$2; given_ports+="rpc_port "; shift 2 ;;
     --worker_pool_port) itt_need_value "$@"; worker_pool_port=$2; given_ports+="worker_pool_port "; shift 2 ;;
+    --job_server_port) itt_need_value "$@"; job_server_port=$2; given_ports+="job_server_port "; shift 2 ;;
     --taskmanagers) itt_need_value "$@"; taskmanagers=$2; shift 2 ;;
     --slots) itt_need_value "$@"; slots=$2; shift 2 ;;
     --taskmanager_memory) itt_need_value "$@"; tm_memory=$2; shift 2 ;;
@@ -99,7 +105,7 @@ ports_file="$state_dir/ports"
 if [[ "$command" == stop || "$command" == status ]] && [[ -f "$ports_file" ]]; then
   while IFS='=' read -r key value; do
     case "$key" in
-      rest_port|rpc_port|worker_pool_port)
+      rest_port|rpc_port|worker_pool_port|job_server_port)
         [[ "$given_ports" == *" $key "* ]] || printf -v "$key" '%s' "$value" ;;
     esac
   done <"$ports_file"
@@ -107,12 +113,14 @@ fi
 itt_need_port --rest_port "$rest_port"
 itt_need_port --rpc_port "$rpc_port"
 itt_need_port --worker_pool_port "$worker_pool_port" 0
+itt_need_port --job_server_port "$job_server_port" 0
 itt_need_int --taskmanagers "$taskmanagers" 1
 itt_need_int --slots "$slots" 1
 itt_need_int --timeout "$timeout" 1
 itt_need_int --restart_attempts "$restart_attempts" 0
 itt_need_int --heartbeat_timeout_ms "$heartbeat_timeout_ms" 1
 rest_port=$((10#$rest_port)) rpc_port=$((10#$rpc_port)) worker_pool_port=$((10#$worker_pool_port))
+job_server_port=$((10#$job_server_port))
 
 host=127.0.0.1
 # What /proc/PID/cmdline of a process in the pid files must contain for stop to kill it.
@@ -121,11 +129,21 @@ conf_dir="$state_dir/conf"
 log_dir="$state_dir/log"
 pid_dir="$state_dir/pid"
 pool_pidfile="$pid_dir/worker-pool.pid"
+job_server_pidfile="$pid_dir/job-server.pid"
+job_server_record=$(itt_job_server_record "$host:$rest_port")
 
 flink_env() {
   # Flink's daemon scripts keep their pid files in FLINK_PID_DIR: one per state dir, so several
   # clusters (tests) can run side by side.
   export FLINK_HOME FLINK_CONF_DIR="$conf_dir" FLINK_LOG_DIR="$log_dir" FLINK_PID_DIR="$pid_dir"
+}
+
+# with_beam_runner JAR: Beam's runner on the daemons' classpath (see write_config), after Flink's
+# own jars: the job server jar also holds the Flink 1.19.0 classes it was built against, which in
+# Flink's lib/ came first and replaced the cluster's own (its REST API then said "1.19.0"). Flink's
+# scripts put HADOOP_CLASSPATH last on the classpath, so every class Flink has is Flink's.
+with_beam_runner() {
+  export HADOOP_CLASSPATH="${HADOOP_CLASSPATH:+$HADOOP_CLASSPATH:}$1"
 }
 
 write_config() {
@@ -162,6 +180,14 @@ taskmanager.memory.managed.fraction: 0.1
 # threads; Flink reserves none for tasks by default, and a 1M-row plan died with
 # "OutOfMemoryError: Direct buffer memory".
 taskmanager.memory.task.off-heap.size: 256mb
+$(if (( job_server_port != 0 )); then
+  # Beam's runner classes come from the cluster's classpath (see with_beam_runner), not from each
+  # job's copy: Beam keeps a job's SDK workers from one stage to the next
+  # (--environment_cache_millis) only when its classes are loaded by Flink's own class loader, and
+  # otherwise starts new Python workers for every stage. Parent-first for every class: Beam's from
+  # the cluster with its dependencies (joda-time, ...) from the job's jar failed to cast.
+  printf 'classloader.resolve-order: parent-first\n'
+fi)
 parallelism.default: 1
 rest.address: $host
 rest.bind-address: $host
@@ -190,9 +216,30 @@ io.tmp.dirs: $state_dir/tmp
 EOF
   mkdir -p "$state_dir/tmp"
   printf '%s\n' "$FLINK_HOME" >"$state_dir/flink_home"
-  printf 'rest_port=%s\nrpc_port=%s\nworker_pool_port=%s\n' "$rest_port" "$rpc_port" "$worker_pool_port" >"$ports_file"
+  printf 'rest_port=%s\nrpc_port=%s\nworker_pool_port=%s\njob_server_port=%s\n' \
+    "$rest_port" "$rpc_port" "$worker_pool_port" "$job_server_port" >"$ports_file"
   printf '%s:%s\n' "$host" "$rest_port" >"$conf_dir/masters"
   printf '%s\n' "$host" >"$conf_dir/workers"
+}
+
+# start_job_server JAR: Beam's Flink job server for every job of this cluster. Started per job, it
+# cost 5-6 s of JVM start and 6-7 s more of translation in a cold JVM before Flink saw the job.
+start_job_server() {
+  local pid
+  setsid java -cp "$1" "$ITT_FLINK_JOB_SERVER_MAIN" --flink-master "http://$host:$rest_port" \
+    --job-host "$host" --job-port "$job_server_port" --artifact-port 0 --expansion-port 0 \
+    --artifacts-dir "$state_dir/artifacts" >"$log_dir/job-server.log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$job_server_pidfile"
+  itt_wait_port "$host" "$job_server_port" "$timeout" "$pid" || { tail -n 15 "$log_dir/job-server.log" >&2; return 1; }
+  # What each job ships to the cluster (Beam's filesToStage, by default the job server's own
+  # 157 MB jar, uploaded for every job: about 5 s on 2 busy cores): nothing but a manifest, since
+  # the cluster's own classpath holds the runner and loads it first.
+  "$(itt_python)" -c 'import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as jar:
+    jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")' "$state_dir/runner-on-the-classpath.jar"
+  mkdir -p "$(dirname "$job_server_record")"
+  printf '%s %s:%s %s\n' "$pid" "$host" "$job_server_port" "$state_dir/runner-on-the-classpath.jar" >"$job_server_record"
 }
 
 rest_get() {
@@ -220,6 +267,8 @@ live_pids() {
     while read -r pid; do
       if [[ "$f" == "$pool_pidfile" ]]; then
         itt_pid_is "$pid" "$ITT_WORKER_POOL_MARKER" && echo "$pid"
+      elif [[ "$f" == "$job_server_pidfile" ]]; then
+        itt_pid_is "$pid" "$ITT_FLINK_JOB_SERVER_MAIN" && echo "$pid"
       else
         itt_pid_is "$pid" "${FLINK_DAEMON_CLASSES[@]}" && echo "$pid"
       fi
@@ -233,8 +282,14 @@ do_stop() {
   # Only pids whose command line is a Flink daemon's (or the worker pool's) are killed; a stale
   # pid file (a crash, a reboot) may name a process of someone else by now.
   itt_stop_pid "$pool_pidfile" 15 "$ITT_WORKER_POOL_MARKER" &
+  # The record of our job server only: another state dir's cluster may have taken the port since.
+  if [[ -f "$job_server_record" && -f "$job_server_pidfile" ]] \
+      && [[ "$(cut -d' ' -f1 "$job_server_record")" == "$(head -n 1 "$job_server_pidfile")" ]]; then
+    rm -f "$job_server_record"
+  fi
+  itt_stop_pid "$job_server_pidfile" 15 "$ITT_FLINK_JOB_SERVER_MAIN" &
   for f in "$pid_dir"/*.pid; do
-    [[ -f "$f" && "$f" != "$pool_pidfile" ]] || continue
+    [[ -f "$f" && "$f" != "$pool_pidfile" && "$f" != "$job_server_pidfile" ]] || continue
     while read -r pid; do
       [[ -n "$pid" ]] || continue
       if itt_pid_is "$pid" "${FLINK_DAEMON_CLASSES[@]}"; then
@@ -280,10 +335,16 @@ case "$command" in
     itt_need_free_port "$host" "$rest_port" --rest_port
     itt_need_free_port "$host" "$rpc_port" --rpc_port
     (( worker_pool_port == 0 )) || itt_need_free_port "$host" "$worker_pool_port" --worker_pool_port
+    (( job_server_port == 0 )) || itt_need_free_port "$host" "$job_server_port" --job_server_port
     FLINK_HOME=$(itt_ensure_flink_dist "$flink_version") || exit 2
     rm -f "$pid_dir"/*.pid  # stale ones (nothing in them runs any more, checked above)
+    jar=""
+    if (( job_server_port != 0 )); then
+      jar=$(itt_ensure_job_server_jar "$(itt_flink_minor "$flink_version")" "$beam_runner_version") || exit 2
+    fi
     write_config
     flink_env
+    [[ -z "$jar" ]] || with_beam_runner "$jar"
     trap 'itt_log "start failed; stopping what was started"; do_stop' ERR
     trap 'trap - ERR; itt_log "interrupted; stopping what was started"; do_stop; exit 130' INT TERM
     "$FLINK_HOME/bin/jobmanager.sh" start >/dev/null
@@ -306,6 +367,7 @@ case "$command" in
     if (( worker_pool_port != 0 )); then
       itt_start_worker_pool "$host" "$worker_pool_port" "$pool_pidfile" "$log_dir/worker-pool.log"
     fi
+    [[ -z "$jar" ]] || start_job_server "$jar"
     trap - ERR INT TERM
     summary="$taskmanagers TaskManager(s) x $slots slots"
     submit_flags="--flink_master $host:$rest_port"
@@ -314,6 +376,10 @@ case "$command" in
       submit_flags+=" --environment_config $host:$worker_pool_port"
     else
       submit_flags+=" --environment_type DOCKER (no worker pool: --worker_pool_port 0)"
+    fi
+    if (( job_server_port != 0 )); then
+      summary+=", job server $host:$job_server_port"
+      submit_flags+=" --job_endpoint $host:$job_server_port"
     fi
     itt_log "Flink $flink_version up: web UI http://$host:$rest_port, $summary"
     itt_log "submit with: launch/submit_flink.sh $submit_flags --parallelism N (N <= $((taskmanagers * slots))) JOB_ARGS"
@@ -342,6 +408,11 @@ case "$command" in
       echo "worker pool: running (pid $(cat "$pool_pidfile"), port $worker_pool_port)"
     else
       echo "worker pool: not running"
+    fi
+    if [[ -f "$job_server_pidfile" ]] && itt_pid_is "$(head -n 1 "$job_server_pidfile")" "$ITT_FLINK_JOB_SERVER_MAIN"; then
+      echo "job server: running (pid $(cat "$job_server_pidfile"), port $job_server_port)"
+    else
+      echo "job server: not running"
     fi
     ;;
 esac

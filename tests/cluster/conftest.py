@@ -119,6 +119,7 @@ class FlinkCluster:
         self.rest_port = free_port()
         self.rpc_port = free_port()
         self.worker_pool_port = free_port()
+        self.job_server_port = free_port()
         self.taskmanagers = taskmanagers
         self.slots = slots
         self.restart_attempts = restart_attempts
@@ -143,6 +144,8 @@ class FlinkCluster:
             str(self.rpc_port),
             "--worker_pool_port",
             str(self.worker_pool_port),
+            "--job_server_port",
+            str(self.job_server_port),
             "--flink_version",
             FLINK_VERSION,
             "--taskmanagers",
@@ -201,6 +204,13 @@ class FlinkCluster:
         job = rest_get(self.rest_port, f"/jobs/{job_id}")
         (vertex,) = [v for v in job["vertices"] if name_part in v["name"]]
         return rest_get(self.rest_port, f"/jobs/{job_id}/vertices/{vertex['id']}")["subtasks"]
+
+    def sdk_workers_started(self, job_name: str) -> int:
+        """How many Python SDK workers the job started: each logs its pipeline options, job name
+        included, into its TaskManager's log once it is up."""
+        logs = (self.state_dir / "log").glob("*taskexecutor*.log")
+        lines = [line for log in logs for line in log.read_text().splitlines()]
+        return sum("Pipeline_options" in line and job_name in line for line in lines)
 
     def taskmanagers_used(self, job_id: str) -> set[str]:
         job = rest_get(self.rest_port, f"/jobs/{job_id}")

@@ -34,7 +34,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 BIG_TREE_FLAGS = ["--image_size", "224", "--num_shards", "8"]
 
 
-def _submit_args(cluster: FlinkCluster, jar: str, *, parallelism: int, job_args: list[str]) -> list[str]:
+def _submit_args(cluster: FlinkCluster, *, parallelism: int, job_args: list[str]) -> list[str]:
+    """submit_flink.sh against the cluster, with the job server that flink_cluster.sh keeps for it
+    (the S3 test and the interrupt test submit with a job server started for the job)."""
     return [
         str(LAUNCH / "submit_flink.sh"),
         "--flink_master",
@@ -43,8 +45,6 @@ def _submit_args(cluster: FlinkCluster, jar: str, *, parallelism: int, job_args:
         cluster.worker_pool,
         "--parallelism",
         str(parallelism),
-        "--flink_job_server_jar",
-        jar,
         *job_args,
     ]
 
@@ -103,10 +103,10 @@ def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> 
     return victim
 
 
-def _run_and_kill(cluster: FlinkCluster, jar: str, images: pathlib.Path, out: pathlib.Path):
+def _run_and_kill(cluster: FlinkCluster, images: pathlib.Path, out: pathlib.Path):
     job = subprocess.Popen(
         _submit_args(
-            cluster, jar, parallelism=2, job_args=["--input", str(images), "--output_dir", str(out), *BIG_TREE_FLAGS]
+            cluster, parallelism=2, job_args=["--input", str(images), "--output_dir", str(out), *BIG_TREE_FLAGS]
         ),
         env=job_env(),
         stdout=subprocess.PIPE,
@@ -137,17 +137,20 @@ def test_two_taskmanagers_with_parallelism_4_match_local(
     proc = run_script(
         _submit_args(
             flink_cluster,
-            flink_job_server_jar,
             parallelism=4,
             job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
         ),
         timeout=540,
     )
     assert "--runner=FlinkRunner" in proc.stderr
+    assert f"job server: 127.0.0.1:{flink_cluster.job_server_port}" in proc.stderr  # the cluster's own
     assert_same_output(out, local_output)
     job = flink_cluster.new_job(before)
     assert job["state"] == "FINISHED", job
     assert flink_cluster.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
+    # One SDK worker per task slot for the whole job (2 TaskManagers x 2): they serve every stage.
+    # Without Beam's runner on the cluster's classpath, each of the job's 9 stages started its own.
+    assert flink_cluster.sdk_workers_started(job["name"]) == 4
     # The job's counters reach Flink as an accumulator, which the web UI shows per job.
     accumulators = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/accumulators")
     assert "images_written" in str(accumulators["user-task-accumulators"])
@@ -161,7 +164,7 @@ def test_killed_taskmanager_job_restarts_and_matches_local(flink_job_server_jar,
     cluster = FlinkCluster(tmp_path / "flink", taskmanagers=2, slots=2)
     try:
         cluster.start()
-        victim, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
+        victim, returncode, log = _run_and_kill(cluster, images, out)
         assert returncode == 0, log[-6000:]
         job = cluster.only_job()
         assert job["state"] == "FINISHED", job
@@ -195,10 +198,10 @@ def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothi
         pids = cluster.all_pids()
         processes = [p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
         ports = _listening_ports(pids)
-        # JobManager, 2 TaskManagers and the worker pool; REST, RPC and worker pool ports among theirs.
-        assert len(pids) == 4, pids
-        assert {cluster.rest_port, cluster.rpc_port, cluster.worker_pool_port} <= ports, ports
-        _, returncode, log = _run_and_kill(cluster, flink_job_server_jar, images, out)
+        # JobManager, 2 TaskManagers, the worker pool and the job server, with their ports.
+        assert len(pids) == 5, pids
+        assert {cluster.rest_port, cluster.rpc_port, cluster.worker_pool_port, cluster.job_server_port} <= ports, ports
+        _, returncode, log = _run_and_kill(cluster, images, out)
         assert returncode != 0, log[-6000:]
         assert cluster.only_job()["state"] == "FAILED"
     finally:

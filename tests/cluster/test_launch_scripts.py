@@ -30,6 +30,7 @@ VALUE_OPTIONS = {
         "--rest_port",
         "--rpc_port",
         "--worker_pool_port",
+        "--job_server_port",
         "--taskmanagers",
         "--slots",
         "--taskmanager_memory",
@@ -47,6 +48,7 @@ VALUE_OPTIONS = {
         "--flink_version",
         "--beam_runner_version",
         "--flink_job_server_jar",
+        "--job_endpoint",
         "--job_module",
     ],
     ("run_portable.sh", None): [
@@ -146,13 +148,19 @@ def test_flink_cluster_fetch_without_maven_is_one_line(path_without, tmp_path):
     assert not (tmp_path / "empty-cache").exists()
 
 
-@pytest.mark.parametrize("option", ["--rest_port", "--rpc_port", "--worker_pool_port"])
+@pytest.mark.parametrize("option", ["--rest_port", "--rpc_port", "--worker_pool_port", "--job_server_port"])
 def test_flink_cluster_start_on_a_port_in_use_is_one_line(option, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        ports = {"--rest_port": free_port(), "--rpc_port": free_port(), "--worker_pool_port": free_port(), option: port}
+        ports = {
+            "--rest_port": free_port(),
+            "--rpc_port": free_port(),
+            "--worker_pool_port": free_port(),
+            "--job_server_port": free_port(),
+            option: port,
+        }
         proc = _run(
             [
                 str(LAUNCH / "flink_cluster.sh"),
@@ -315,7 +323,7 @@ def _ours(pid: int) -> bool:
         cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return any(mark in cmdline for mark in (b"fake_daemon.py", b"SharedWorkerPool", b"org.apache.flink."))
+    return any(mark in cmdline for mark in (b"fake_daemon.py", b"sdk_worker_pool.py", b"org.apache.flink."))
 
 
 @pytest.fixture
@@ -346,6 +354,8 @@ def fake_flink(tmp_path):
     env["IMAGES_TO_TFRECORDS_CACHE"] = str(tmp_path / "cache")
 
     def run(command: str, *args: str, cwd=None, extra_env=None) -> subprocess.CompletedProcess:
+        if command == "start" and "--job_server_port" not in args:
+            args = (*args, "--job_server_port", "0")  # a Java job server needs the real Flink
         return subprocess.run(
             [str(LAUNCH / "flink_cluster.sh"), command, *args],
             env={**env, **(extra_env or {})},
@@ -478,6 +488,8 @@ def test_interrupting_flink_cluster_start_stops_what_it_started(fake_flink, tmp_
             *_ports("--rpc_port"),
             "--worker_pool_port",
             "0",
+            "--job_server_port",
+            "0",
             "--timeout",
             "600",
         ],
@@ -537,6 +549,7 @@ def test_a_jobmanager_that_dies_ends_the_wait_with_its_error(fake_flink, tmp_pat
         ("--rest_port", "0", "port number from 1 to 65535"),
         ("--rpc_port", "70000", "port number from 1 to 65535"),
         ("--worker_pool_port", "65536", "port number from 0 to 65535"),
+        ("--job_server_port", "x", "port number from 0 to 65535"),
         ("--slots", "0", "at least 1"),
         ("--taskmanagers", "0", "at least 1"),
         ("--slots", "abc", "expected a number (got 'abc')"),
@@ -808,6 +821,8 @@ def test_a_rest_port_answered_by_another_cluster_is_not_taken_for_ours(fake_flin
             str(rest),
             *_ports("--rpc_port"),
             "--worker_pool_port",
+            "0",
+            "--job_server_port",
             "0",
             "--timeout",
             "600",
