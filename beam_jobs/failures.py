@@ -52,6 +52,9 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
                 + "; nothing was committed (dataset_info.json, and the version it names, if any, are as "
                 "they were; the shards completed so far stay in the run's folder for --resume)"
             ), False
+    lost = _lost_job_service(error)
+    if lost:
+        return lost, False
     if any(needle in text for needle in _WORKER_LOST):
         return (
             "a worker process of the local runner ended without finishing its work (was it killed, or "
@@ -66,3 +69,18 @@ def describe_failure(error: BaseException) -> tuple[str, bool]:
     name, message = lines[-1].group(1), _STEP.sub("", lines[-1].group(2)).strip()
     in_step = f" (in step {step[-1]})" if step else ""
     return f"{name}: {message[:500]}{in_step}", True
+
+
+def _lost_job_service(error: BaseException) -> str | None:
+    """The line for a portable runner whose job service went away mid-run (its process was
+    killed, say), where the error is gRPC's stream object, whose text names no cause."""
+    import grpc  # Beam's own dependency; here only when a run has failed
+
+    if not isinstance(error, grpc.RpcError) or not callable(getattr(error, "code", None)):
+        return None
+    code = error.code()
+    details = error.details() if callable(getattr(error, "details", None)) else ""
+    return redact(
+        f"lost the connection to the runner's job service (gRPC {getattr(code, 'name', code)}: {details}); "
+        "its job may still be running on the cluster, and commit: look at the cluster before a --resume"
+    )

@@ -311,16 +311,17 @@ itt_job_server_record() {
   printf '%s/job-servers/%s\n' "$(itt_cache_dir)" "${master/:/_}"
 }
 
-# itt_cluster_job_endpoint HOST:PORT: prints "ENDPOINT JAR" of the job server kept for the Flink
-# master HOST:PORT, when its process still runs (JAR: what its jobs ship, see flink_cluster.sh);
-# fails otherwise.
+# itt_cluster_job_endpoint HOST:PORT: prints the endpoint of the job server kept for the Flink
+# master HOST:PORT, when its process still runs and holds that port; fails otherwise.
 itt_cluster_job_endpoint() {
-  local record pid endpoint jar
+  local record pid endpoint
   record=$(itt_job_server_record "$1")
   [[ -f "$record" ]] || return 1
-  read -r pid endpoint jar <"$record" || true
-  [[ -n "$endpoint" && -f "$jar" ]] && itt_pid_is "$pid" "$ITT_FLINK_JOB_SERVER_MAIN" || return 1
-  printf '%s %s\n' "$endpoint" "$jar"
+  read -r pid endpoint _ <"$record" || true
+  [[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || return 1
+  # The recorded process must be a job server and hold the recorded port itself.
+  itt_pid_is "$pid" "$ITT_FLINK_JOB_SERVER_MAIN" && itt_port_owner "${endpoint##*:}" "$pid" >/dev/null || return 1
+  printf '%s\n' "$endpoint"
 }
 
 ITT_JOB_SERVICE_MARKER=apache_beam.runners.portability.local_job_service_main

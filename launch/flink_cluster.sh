@@ -38,7 +38,8 @@ Options (defaults in brackets):
   --slots N                task slots per TaskManager [2]
   --taskmanager_memory M   process size of each TaskManager [2048m]
   --restart_attempts N     fixed-delay restart strategy attempts [3]; 0 disables restarts
-  --restart_delay D        delay between restarts [2 s]
+  --restart_delay D        delay between restarts [5 s]; a killed TaskManager is known lost only
+                           after two missed heartbeats (4 s): sooner, a restart deploys to it again
   --heartbeat_timeout_ms T how long a silent TaskManager is waited for [30000]
   --timeout S              seconds to wait for each service [90]
   -h, --help               this help
@@ -70,7 +71,7 @@ taskmanagers=1
 slots=2
 tm_memory=2048m
 restart_attempts=3
-restart_delay="2 s"
+restart_delay="5 s"
 heartbeat_timeout_ms=30000
 timeout=90
 given_ports=" "
@@ -121,6 +122,14 @@ itt_need_int --restart_attempts "$restart_attempts" 0
 itt_need_int --heartbeat_timeout_ms "$heartbeat_timeout_ms" 1
 rest_port=$((10#$rest_port)) rpc_port=$((10#$rpc_port)) worker_pool_port=$((10#$worker_pool_port))
 job_server_port=$((10#$job_server_port))
+# Each service its own port: a collision otherwise shows only after the others started.
+declare -A port_option=()
+for option in rest_port rpc_port worker_pool_port job_server_port; do
+  port=${!option}
+  (( port != 0 )) || continue
+  [[ -z "${port_option[$port]:-}" ]] || itt_die "--${port_option[$port]} and --$option are both $port: give each its own port"
+  port_option[$port]=$option
+done
 
 host=127.0.0.1
 # What /proc/PID/cmdline of a process in the pid files must contain for stop to kill it.
@@ -232,14 +241,8 @@ start_job_server() {
   pid=$!
   echo "$pid" >"$job_server_pidfile"
   itt_wait_port "$host" "$job_server_port" "$timeout" "$pid" || { tail -n 15 "$log_dir/job-server.log" >&2; return 1; }
-  # What each job ships to the cluster (Beam's filesToStage, by default the job server's own
-  # 157 MB jar, uploaded for every job: about 5 s on 2 busy cores): nothing but a manifest, since
-  # the cluster's own classpath holds the runner and loads it first.
-  "$(itt_python)" -c 'import sys, zipfile
-with zipfile.ZipFile(sys.argv[1], "w") as jar:
-    jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")' "$state_dir/runner-on-the-classpath.jar"
   mkdir -p "$(dirname "$job_server_record")"
-  printf '%s %s:%s %s\n' "$pid" "$host" "$job_server_port" "$state_dir/runner-on-the-classpath.jar" >"$job_server_record"
+  printf '%s %s:%s\n' "$pid" "$host" "$job_server_port" >"$job_server_record"
 }
 
 rest_get() {

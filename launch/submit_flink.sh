@@ -63,6 +63,9 @@ beam_runner_version=$ITT_BEAM_RUNNER_VERSION_DEFAULT
 job_server_jar=""
 job_endpoint=""
 cmd_tail=()  # options found by probing the cluster, before the job's own arguments
+# The Flink job's name: how this script tells its own job from others submitted to the same cluster
+# meanwhile (an interrupt cancels only its own). A --job_name among the job's arguments wins.
+job_name="images-to-tfrecords-$(date -u +%Y%m%dT%H%M%SZ)-$$"
 job_module=beam_jobs
 dry_run=0
 job_args=()
@@ -99,6 +102,12 @@ done
 [[ "$flink_master" =~ ^[^:/]+:[0-9]+$ ]] || itt_die "--flink_master must be HOST:PORT (got '$flink_master')"
 [[ -z "$job_endpoint" || "$job_endpoint" =~ ^[^:/]+:[0-9]+$ ]] \
   || itt_die "--job_endpoint must be HOST:PORT (got '$job_endpoint')"
+for ((i = 0; i < ${#job_args[@]}; i++)); do
+  case "${job_args[i]}" in
+    --job_name=*) job_name=${job_args[i]#*=} ;;
+    --job_name) job_name=${job_args[i + 1]:-$job_name} ;;
+  esac
+done
 flink_minor=$(itt_flink_minor "$flink_version")
 case "$flink_minor" in
   1.19|1.20|2.0|2.1|2.2) ;;
@@ -134,9 +143,22 @@ case "$environment_type" in
 esac
 
 # The job server that flink_cluster.sh keeps for this cluster, unless a jar or an endpoint is given.
-ships=""
-if [[ -z "$job_endpoint" && -z "$job_server_jar" ]] && found=$(itt_cluster_job_endpoint "$flink_master"); then
-  read -r job_endpoint ships <<<"$found"
+if [[ -z "$job_endpoint" && -z "$job_server_jar" ]]; then
+  if found=$(itt_cluster_job_endpoint "$flink_master"); then
+    job_endpoint=$found
+  elif [[ -e "$(itt_job_server_record "$flink_master")" ]] && (( ! dry_run )); then
+    itt_log "the job server that flink_cluster.sh started for $flink_master is not running (flink_cluster.sh status says so; stop and start the cluster to have it back): starting one for this job"
+  fi
+elif [[ -n "$job_endpoint" ]] && (( ! dry_run )); then
+  # A given endpoint that nothing answers (or that speaks no gRPC) would hang the job silently.
+  itt_port_open "${job_endpoint%:*}" "${job_endpoint##*:}" \
+    || itt_die "nothing listens at --job_endpoint $job_endpoint: start the cluster's job server (launch/flink_cluster.sh start) or leave --job_endpoint out to start one for this job"
+  "$py" -c 'import sys, grpc
+try:
+    grpc.channel_ready_future(grpc.insecure_channel(sys.argv[1])).result(timeout=15)
+except grpc.FutureTimeoutError:
+    sys.exit(1)' "$job_endpoint" 2>/dev/null \
+    || itt_die "no Beam job server answers at --job_endpoint $job_endpoint (gRPC, 15 s): start the cluster's (launch/flink_cluster.sh start) or leave --job_endpoint out to start one for this job"
 fi
 
 # The job's own argument checks, before contacting the cluster or building anything; with a job
@@ -147,7 +169,7 @@ fi
 # it): a Flink job of this pipeline started 9 workers, one per stage, each importing Beam again.
 pipeline_args=(--runner=FlinkRunner "--flink_master=$flink_master" "--flink_version=$flink_minor"
   "--parallelism=$parallelism" "--environment_type=$environment_type"
-  "--environment_config=$environment_config" --environment_cache_millis=10000)
+  "--environment_config=$environment_config" --environment_cache_millis=10000 "--job_name=$job_name")
 if (( ! dry_run )); then
   # Quiet when they pass (the job prints its own start); the job's one line when they do not.
   if [[ -z "$job_endpoint" ]]; then
@@ -209,12 +231,10 @@ cmd=("$py" -m "$job_module"
   "--parallelism=$parallelism"
   "--environment_type=$environment_type"
   "--environment_config=$environment_config"
-  --environment_cache_millis=10000)
+  --environment_cache_millis=10000
+  "--job_name=$job_name")
 if [[ -n "$job_endpoint" ]]; then
   cmd+=("--job_endpoint=$job_endpoint")
-  # The cluster's own job server: Beam's runner is on the cluster's classpath, so the job ships
-  # an empty jar instead of the job server's (Beam's filesToStage; see flink_cluster.sh).
-  [[ -z "$ships" ]] || cmd+=("--files_to_stage=$ships")
 else
   cmd+=("--flink_job_server_jar=$job_server_jar")
 fi
@@ -226,22 +246,27 @@ if (( dry_run )); then
   exit 0
 fi
 
-# jobs_rest [CANCEL_NEW_SINCE]: without an argument, prints the ids of the cluster's jobs; with
-# the ids printed before the submission, cancels every job submitted since that has not ended.
+# jobs_rest: prints the ids of the cluster's jobs. jobs_rest BEFORE cancel|show: the jobs of this
+# script (named $job_name, not among the ids BEFORE printed before the submission) that have not
+# ended: cancels them, or only prints them; prints their ids either way.
 jobs_rest() {
-  "$py" - "http://$flink_master" "$@" <<'EOF'
+  "$py" - "http://$flink_master" "$@" "$job_name" <<'EOF'
 import json, sys, urllib.request
 base = sys.argv[1]
 jobs = json.load(urllib.request.urlopen(base + "/jobs/overview", timeout=5))["jobs"]
-if len(sys.argv) < 3:
+if len(sys.argv) < 4:
     print(" ".join(j["jid"] for j in jobs))
     sys.exit()
-before = set(sys.argv[2].split())
+before, action, name = set(sys.argv[2].split()), sys.argv[3], sys.argv[4]
 for job in jobs:
-    if job["jid"] not in before and job["state"] not in ("FINISHED", "FAILED", "CANCELED", "CANCELLING"):
+    if job["jid"] in before or job.get("name") != name:
+        continue
+    if job["state"] in ("FINISHED", "FAILED", "CANCELED", "CANCELLING"):
+        continue
+    if action == "cancel":
         request = urllib.request.Request(f"{base}/jobs/{job['jid']}?mode=cancel", method="PATCH")
         urllib.request.urlopen(request, timeout=5).close()
-        print(job["jid"])
+    print(job["jid"])
 EOF
 }
 
@@ -291,7 +316,7 @@ on_signal() {
   local cancelled=""
   trap - INT TERM
   if [[ "$jobs_before" != "?" ]]; then
-    cancelled=$(jobs_rest "${jobs_before:- }" 2>/dev/null | tr '\n' ' ' || true)
+    cancelled=$(jobs_rest "${jobs_before:- }" cancel 2>/dev/null | tr '\n' ' ' || true)
   fi
   itt_log "interrupted: ${cancelled:+cancelled Flink job(s) ${cancelled% } at http://$flink_master; }stopping the job's driver"
   kill -TERM "$job_pid" 2>/dev/null || true
@@ -303,4 +328,11 @@ trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 status=0
 wait "$job_pid" || status=$?
+if (( status != 0 )) && [[ "$jobs_before" != "?" ]]; then
+  # The driver ended in error (it lost the job server, say) while its Flink job may still run.
+  running=$(jobs_rest "${jobs_before:- }" show 2>/dev/null | tr '\n' ' ' || true)
+  if [[ -n "$running" ]]; then
+    itt_log "the job's driver ended (exit $status), but its Flink job ${running% } still runs at http://$flink_master and may still commit: watch it there, or cancel it (curl -X PATCH 'http://$flink_master/jobs/${running%% *}?mode=cancel')"
+  fi
+fi
 exit "$status"

@@ -159,7 +159,7 @@ class FlinkCluster:
             "--restart_attempts",
             str(self.restart_attempts),
             "--restart_delay",
-            "1 s",
+            "5 s",  # 1 s: the restarts (3) all went to the killed TaskManager before Flink knew it lost
         ]
 
     def start(self) -> None:

@@ -622,7 +622,12 @@ class _FakeRest:
                 if self.path == "/overview":
                     body = {"flink-version": FLINK_VERSION, "slots-total": slots, "taskmanagers": 1}
                 else:
-                    body = {"jobs": [{"jid": "0123abcd", "state": "RUNNING"}] if rest.submitted.is_set() else []}
+                    # Its job, and one that someone else submitted to the same cluster meanwhile.
+                    jobs = [
+                        {"jid": "0123abcd", "name": "sleepy", "state": "RUNNING"},
+                        {"jid": "4567cdef", "name": "someone-elses", "state": "RUNNING"},
+                    ]
+                    body = {"jobs": jobs if rest.submitted.is_set() else []}
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(json.dumps(body).encode())
@@ -724,6 +729,8 @@ def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
             "sleepy_job",
             "--input",
             "x",
+            "--job_name",
+            "sleepy",
         ],
         env=env,
         cwd=REPO_ROOT,
@@ -743,7 +750,7 @@ def test_interrupted_submit_flink_cancels_its_job(fake_rest, tmp_path):
         if submit.poll() is None:
             os.killpg(submit.pid, signal.SIGKILL)
     assert submit.returncode == 143, err
-    assert rest.patches == ["/jobs/0123abcd?mode=cancel"], err
+    assert rest.patches == ["/jobs/0123abcd?mode=cancel"], err  # its own job only
     assert "cancelled Flink job(s) 0123abcd" in err
     # The job server that the script started for the job ends with it.
     java_pid = int((tmp_path / "java.pid").read_text())
