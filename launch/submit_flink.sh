@@ -224,15 +224,7 @@ if [[ -z "$job_server_jar" && -z "$job_endpoint" ]]; then
   fi
 fi
 
-cmd=("$py" -m "$job_module"
-  --runner=FlinkRunner
-  "--flink_master=$flink_master"
-  "--flink_version=$flink_minor"
-  "--parallelism=$parallelism"
-  "--environment_type=$environment_type"
-  "--environment_config=$environment_config"
-  --environment_cache_millis=10000
-  "--job_name=$job_name")
+cmd=("$py" -m "$job_module" "${pipeline_args[@]}")
 if [[ -n "$job_endpoint" ]]; then
   cmd+=("--job_endpoint=$job_endpoint")
 else
