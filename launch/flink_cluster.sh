@@ -17,8 +17,8 @@ Usage: launch/flink_cluster.sh start|stop|status|fetch [options]
           and prints the submit_flink.sh flags that reach it; refuses while the state dir's
           cluster is still running
   stop    stop everything that 'start' started in the same --state_dir (safe to repeat)
-  status  print the cluster overview from the REST API and the worker pool's state;
-          exits 1 when the cluster is not up
+  status  print the cluster overview from the REST API, the worker pool's and the job
+          server's state; exits 1 when the cluster is not up or a part of it is down
           (stop and status read the ports that start saved in the state dir, unless given)
   fetch   install the Flink distribution and build Beam's Flink job server jar into the cache
           (start and submit_flink.sh do it on first use; fetch does it ahead of time)
@@ -407,15 +407,24 @@ case "$command" in
       exit 1
     fi
     echo "Flink at http://$host:$rest_port: $overview"
+    # Exit 1 when a part that start started is down: a job submitted now would hang or fail.
+    down=()
+    [[ "$overview" =~ \"taskmanagers\":[[:space:]]*0[,}] ]] && down+=("every TaskManager")
     if [[ -f "$pool_pidfile" ]] && itt_pid_is "$(head -n 1 "$pool_pidfile")" "$ITT_WORKER_POOL_MARKER"; then
       echo "worker pool: running (pid $(cat "$pool_pidfile"), port $worker_pool_port)"
     else
       echo "worker pool: not running"
+      (( worker_pool_port == 0 )) || down+=("the worker pool")
     fi
     if [[ -f "$job_server_pidfile" ]] && itt_pid_is "$(head -n 1 "$job_server_pidfile")" "$ITT_FLINK_JOB_SERVER_MAIN"; then
       echo "job server: running (pid $(cat "$job_server_pidfile"), port $job_server_port)"
     else
       echo "job server: not running"
+      (( job_server_port == 0 )) || down+=("the job server")
+    fi
+    if (( ${#down[@]} )); then
+      echo "down: $(IFS=,; echo "${down[*]}" | sed 's/,/, /g') (launch/flink_cluster.sh stop, then start, brings them back)"
+      exit 1
     fi
     ;;
 esac

@@ -459,6 +459,15 @@ def test_flink_cluster_remembers_its_ports_and_prints_the_submit_flags(fake_flin
     assert "worker pool: running" in status.stdout and f"port {pool})" in status.stdout
     pids = _pids_under(tmp_path / "state")
     assert len(pids) == 3
+    # A part that start started and that is gone makes status fail: a job submitted now would not run.
+    (pool_pid,) = [int(p) for p in (tmp_path / "state" / "pid" / "worker-pool.pid").read_text().split()]
+    os.kill(pool_pid, signal.SIGKILL)
+    wait_for_death = time.monotonic() + 30
+    while _alive(pool_pid) and time.monotonic() < wait_for_death:
+        time.sleep(0.1)
+    status = run("status", "--state_dir", state)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "worker pool: not running" in status.stdout and "down: the worker pool" in status.stdout
     assert run("stop", "--state_dir", state).returncode == 0
     assert not any(map(_alive, pids))
     assert not port_in_use(rest) and not port_in_use(pool)
