@@ -168,6 +168,16 @@ def _serve_warm(program: str, runner_pid: str, socket_paths: list[str]) -> None:
     _remove_warm_folder()
 
 
+def _take_streams(numbers: list[int], received: list[int]) -> None:
+    """Makes the launcher's standard streams this worker's, as a cold worker inherits them: its
+    output then passes through whatever the runner put there (the job's console filter)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for number, fd in zip(numbers, received, strict=True):
+        os.dup2(fd, number)
+        os.close(fd)
+
+
 def _serve_one(program: str, listener: socket.socket) -> None:
     """One warm worker: runs the harness for the one launcher that claims it, in that launcher's
     environment and folder, and tells it the exit code."""
@@ -179,13 +189,16 @@ def _serve_one(program: str, listener: socket.socket) -> None:
     finally:
         listener.close()
     connection.settimeout(None)
-    request = b""
-    while not request.endswith(b"\n"):
+    request, streams, _, _ = socket.recv_fds(connection, 65536, len(warm_workers.STANDARD_STREAMS))
+    while request and not request.endswith(b"\n"):
         chunk = connection.recv(65536)
         if not chunk:
-            return  # the launcher went before handing anything over
+            break
         request += chunk
+    if not request.endswith(b"\n"):
+        return  # the launcher went before handing everything over
     handed = json.loads(request)
+    _take_streams(handed["streams"], streams)
     os.chdir(handed["cwd"])
     os.environ.clear()
     os.environ.update(handed["env"])

@@ -59,6 +59,7 @@ _SOCKET_PATH_LIMIT = 100
 # What a claimed worker tells its launcher: "started PID" once it runs the harness, then "exited CODE".
 STARTED = "started"
 EXITED = "exited"
+STANDARD_STREAMS = (0, 1, 2)
 
 _current: WarmWorkers | None = None
 
@@ -186,11 +187,29 @@ def _pid_exists(pid: int) -> bool:
     return True
 
 
+def _open_standard_streams() -> list[int]:
+    """Which of stdin, stdout and stderr this process has open (a runner may close one)."""
+    opened = []
+    for fd in STANDARD_STREAMS:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        opened.append(fd)
+    return opened
+
+
 def _stand_in(connection: socket.socket) -> int | None:
-    """Hands the claimed worker this process's environment and folder, then waits for it: its exit
-    code, or None when it ended before starting its harness (then nothing of the run reached it)."""
-    request = {"cwd": os.getcwd(), "env": dict(os.environ)}
-    connection.sendall(json.dumps(request).encode("utf-8") + b"\n")
+    """Hands the claimed worker this process's environment, folder and standard streams, then
+    waits for it: its exit code, or None when it ended before starting its harness (then nothing
+    of the run reached it).
+
+    The streams travel as file descriptors (SCM_RIGHTS): the warm worker was forked before the
+    job's console filter took the job's stderr, so without them a worker's dying traceback went
+    straight to the user's terminal, past the filter a cold worker's output passes through."""
+    streams = _open_standard_streams()
+    request = {"cwd": os.getcwd(), "env": dict(os.environ), "streams": streams}
+    socket.send_fds(connection, [json.dumps(request).encode("utf-8") + b"\n"], streams)
     pid, code = None, None
     for line in _lines(connection):
         kind, _, value = line.partition(" ")

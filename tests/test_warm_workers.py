@@ -56,6 +56,44 @@ def test_a_launcher_with_no_worker_to_claim_starts_a_cold_one(tmp_path):
     assert done.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in done.stderr, done.stderr[-2000:]
 
 
+def test_a_claimed_worker_writes_to_its_launchers_streams_not_to_those_it_was_forked_with(tmp_path):
+    """A warm worker is forked before the job's console filter takes stderr; once claimed, what it
+    prints (here the harness's failure without a runner's endpoints) must go where a cold worker's
+    would: to the launcher's stderr, which the runner gave it."""
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_SERVICE_DESCRIPTOR")}
+    forked_with = tmp_path / "forked-with.txt"
+    with forked_with.open("w") as stream:
+        warm = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "beam_jobs.local_worker", "--warm", str(os.getpid()), str(folder / "0.sock")],
+            cwd=REPO,
+            env=env,
+            stdout=stream,
+            stderr=stream,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "0.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher = subprocess.run(
+            [sys.executable, "-m", warm_workers.LAUNCHER_MODULE, str(os.getpid()), str(folder)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        warm.wait(timeout=60)
+    finally:
+        if warm.poll() is None:
+            warm.kill()
+            warm.wait()
+    assert launcher.returncode != 0 and "CONTROL_API_SERVICE_DESCRIPTOR" in launcher.stderr, launcher.stderr[-2000:]
+    assert "CONTROL_API_SERVICE_DESCRIPTOR" not in forked_with.read_text(), "nothing went past the launcher's stderr"
+
+
 def test_the_launcher_command_quotes_a_folder_with_spaces():
     command = warm_workers.launcher_command("/venv/bin/python", 42, "/tmp/a b/itt-warm-x")
     assert command == f"/venv/bin/python -m {warm_workers.LAUNCHER_MODULE} 42 '/tmp/a b/itt-warm-x'"
