@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs or builds everything the test suite needs, before its first test; ./run_tests.sh runs it.
 #
-#   .ci/install_test_prerequisites.sh [venv] [chromium] [object-stores] [flink]   # default: all four
+#   .ci/install_test_prerequisites.sh [venv] [chromium] [object-stores] [flink] [spark]   # default: all five
 #
 #   venv           the Python environment with .[test] (launch/ensure_venv.sh test)
 #   chromium       a headless Chromium for the inspection report's browser test (Debian's
 #                  chromium-headless-shell), unless $CHROME_BIN or one on PATH is found
 #   object-stores  MinIO and fake-gcs-server, built from Go (.ci/install_object_stores.sh all)
 #   flink          Flink and Beam's Flink job server jar (launch/flink_cluster.sh fetch: Java, Maven)
+#   spark          Spark (PyPI's pyspark) and Beam's Spark job server jar (launch/spark_cluster.sh fetch)
 #
 # Go, Java, Maven and Chromium are installed with apt-get when missing, where it can (as root, or
 # with sudo that asks no password). Each step has its own time limit (below), apart from the
@@ -31,6 +32,7 @@ APT_TIMEOUT_S=${APT_TIMEOUT_S:-1200}
 VENV_TIMEOUT_S=${VENV_TIMEOUT_S:-2400}
 OBJECT_STORES_TIMEOUT_S=${OBJECT_STORES_TIMEOUT_S:-3600}
 FLINK_TIMEOUT_S=${FLINK_TIMEOUT_S:-1800}
+SPARK_TIMEOUT_S=${SPARK_TIMEOUT_S:-1800}
 
 say() { printf '[run_tests] %s\n' "$*" >&2; }
 
@@ -97,7 +99,7 @@ system_packages() {
     case "$step" in
       chromium) have_browser || packages+=(chromium-headless-shell) ;;
       object-stores) command -v go >/dev/null 2>&1 || packages+=(golang-go) ;;
-      flink)
+      flink|spark)
         have_java || packages+=(openjdk-17-jdk-headless)
         [[ -n "${FLINK_JOB_SERVER_JAR:-}" ]] || command -v mvn >/dev/null 2>&1 || packages+=(maven)
         ;;
@@ -160,6 +162,27 @@ step_flink() {
   fi
 }
 
+step_spark() {
+  local rc=0 python
+  if ! have_java; then
+    missing spark "Spark and Beam's Spark job server (for the Spark tests)" \
+      "Java is missing and apt-get could not install it: install a JDK 17 and Maven (apt-get install openjdk-17-jdk-headless maven)"
+    return
+  fi
+  if ! python=$(pip_python); then
+    missing spark "Spark and Beam's Spark job server" "no Python with pip to install Spark's files (python3 -m pip, or the venv's)"
+    return
+  fi
+  PYTHON=$python timeout "$SPARK_TIMEOUT_S" "$repo/launch/spark_cluster.sh" fetch >"$logs/spark.log" 2>&1 || rc=$?
+  if (( rc == 0 )); then
+    say "Spark and its job server: $(sed -n 's/.*job server jar: //p' "$logs/spark.log" | tail -n 1)"
+  elif (( rc == 124 )); then
+    missing spark "Spark and Beam's Spark job server" "fetching them took longer than ${SPARK_TIMEOUT_S} s (SPARK_TIMEOUT_S; log: $logs/spark.log)"
+  else
+    missing spark "Spark and Beam's Spark job server" "$(grep -m 1 'error:' "$logs/spark.log" | sed 's/^\[[^]]*\] error: //' | grep . || tail -n 1 "$logs/spark.log") (log: $logs/spark.log)"
+  fi
+}
+
 # A Python with pip for Flink's files: python3, else the venv's once it is ready (when it is wanted).
 pip_python() {
   local waited=0
@@ -177,11 +200,11 @@ pip_python() {
 }
 
 wanted=("$@")
-(( ${#wanted[@]} )) || wanted=(venv chromium object-stores flink)
+(( ${#wanted[@]} )) || wanted=(venv chromium object-stores flink spark)
 for step in "${wanted[@]}"; do
   case "$step" in
-    venv|chromium|object-stores|flink) ;;
-    *) say "error: unknown prerequisite '$step' (expected venv, chromium, object-stores or flink)"; exit 2 ;;
+    venv|chromium|object-stores|flink|spark) ;;
+    *) say "error: unknown prerequisite '$step' (expected venv, chromium, object-stores, flink or spark)"; exit 2 ;;
   esac
 done
 mkdir -p "$logs"
@@ -194,7 +217,11 @@ want() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
   system_packages "${wanted[@]}"
   want chromium && step_chromium
   if want object-stores; then step_object_stores & fi
-  if want flink; then step_flink & fi
+  # Flink's and Spark's job servers one after the other: each is a CPU-bound Maven build, and
+  # both write to one local Maven repository.
+  if want flink || want spark; then
+    { if want flink; then step_flink; fi; if want spark; then step_spark; fi; } &
+  fi
   wait
 ) &
 background=$!

@@ -202,7 +202,9 @@ itt_stop_pid() {
   [[ -f "$pidfile" ]] || return 0
   pid=$(head -n 1 "$pidfile")
   if [[ -n "$marker" ]] && ! itt_pid_is "$pid" "$marker"; then
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && itt_log "pid $pid in $pidfile is not ours any more; not stopped"
+    # (A zombie, dead but not yet reaped by its new parent, has no command line: not worth a word.)
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && [[ -s "/proc/$pid/cmdline" ]] \
+      && itt_log "pid $pid in $pidfile is not ours any more; not stopped"
     pid=""
   fi
   if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
@@ -305,22 +307,26 @@ itt_start_worker_pool() {
 # Beam's Flink job server as flink_cluster.sh keeps it for its cluster: the main class names the
 # process, and a file per Flink master (host_port) in the cache says where it listens, so that
 # submit_flink.sh finds it from --flink_master alone, whatever the cluster's state dir.
+# spark_cluster.sh keeps Spark's the same way, its records named spark-<host>_<port>.
 ITT_FLINK_JOB_SERVER_MAIN=org.apache.beam.runners.flink.FlinkJobServerDriver
+ITT_SPARK_JOB_SERVER_MAIN=org.apache.beam.runners.spark.SparkJobServerDriver
+# itt_job_server_record HOST:PORT [PREFIX]: the record's path (PREFIX "spark-" for a Spark master).
 itt_job_server_record() {
   local master=${1/#localhost:/127.0.0.1:}
-  printf '%s/job-servers/%s\n' "$(itt_cache_dir)" "${master/:/_}"
+  printf '%s/job-servers/%s%s\n' "$(itt_cache_dir)" "${2:-}" "${master/:/_}"
 }
 
-# itt_cluster_job_endpoint HOST:PORT: prints the endpoint of the job server kept for the Flink
-# master HOST:PORT, when its process still runs and holds that port; fails otherwise.
+# itt_cluster_job_endpoint HOST:PORT [MAIN_CLASS PREFIX]: prints the endpoint of the job server
+# kept for the master HOST:PORT (Flink's unless MAIN_CLASS and PREFIX say otherwise), when its
+# process still runs and holds that port; fails otherwise.
 itt_cluster_job_endpoint() {
-  local record pid endpoint
-  record=$(itt_job_server_record "$1")
+  local record pid endpoint main=${2:-$ITT_FLINK_JOB_SERVER_MAIN}
+  record=$(itt_job_server_record "$1" "${3:-}")
   [[ -f "$record" ]] || return 1
   read -r pid endpoint _ <"$record" || true
   [[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || return 1
   # The recorded process must be a job server and hold the recorded port itself.
-  itt_pid_is "$pid" "$ITT_FLINK_JOB_SERVER_MAIN" && itt_port_owner "${endpoint##*:}" "$pid" >/dev/null || return 1
+  itt_pid_is "$pid" "$main" && itt_port_owner "${endpoint##*:}" "$pid" >/dev/null || return 1
   printf '%s\n' "$endpoint"
 }
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import FLINK_VERSION, LAUNCH, FlinkCluster, run_script
+from tests.cluster.conftest import FLINK_VERSION, LAUNCH, SPARK_VERSION, FlinkCluster, SparkCluster, run_script
 from tests.photos import make_test_tree
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -72,6 +72,37 @@ def flink_job_server_jar() -> str:
         if "job server jar: " in line:
             return line.split("job server jar: ", 1)[1].strip()
     raise AssertionError(f"flink_cluster.sh fetch did not name the jar:\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def spark_job_server_jar() -> str:
+    """Spark (from PyPI's pyspark) and Beam's Spark job server jar, fetched and built once into the
+    cache by the launch scripts; without Java or Maven the Spark tests fail naming it."""
+    missing = prerequisite_missing("spark")
+    if missing:
+        pytest.fail(missing)
+    if not shutil.which("java"):
+        pytest.fail("Java is missing: the Spark tests need a JDK 11 or 17 on PATH")
+    proc = run_script(
+        [str(LAUNCH / "spark_cluster.sh"), "fetch", "--spark_version", SPARK_VERSION], timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"Spark or Beam's Spark job server could not be had: {proc.stderr[-1500:]}")
+    for line in proc.stderr.splitlines():
+        if "job server jar: " in line:
+            return line.split("job server jar: ", 1)[1].strip()
+    raise AssertionError(f"spark_cluster.sh fetch did not name the jar:\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(spark_job_server_jar, tmp_path_factory):  # pylint: disable=unused-argument,redefined-outer-name
+    """1 Worker x 2 cores, shared by the Spark tests that kill nothing in it."""
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 # Beam's local runner starts a worker process per core for every run, and each imports Beam: about

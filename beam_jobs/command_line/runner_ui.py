@@ -1,4 +1,4 @@
-"""Where to watch a job that runs elsewhere: the Flink or Dataflow UI shows its stages and counters."""
+"""Where to watch a job that runs elsewhere: the Flink, Spark or Dataflow UI shows its stages."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
     PipelineOptions,
     PortableOptions,
+    SparkRunnerOptions,
     StandardOptions,
 )
 
@@ -34,6 +35,15 @@ def watch_hint(options: PipelineOptions, job_id: str | None = None) -> str | Non
             return "running on an embedded Flink cluster (no web UI); its counters are logged at the end"
         address = master if "://" in master else f"http://{master}"
         return f"watch the job in the Flink web UI: {address}/#/job/running (stages, records, the job's counters)"
+    if name.startswith("spark"):
+        master = options.view_as(SparkRunnerOptions).spark_master_url
+        if not master.startswith("spark://"):
+            return f"running on Spark ({master}); its counters are logged at the end"
+        host = master.removeprefix("spark://").rsplit(":", 1)[0]
+        return (
+            f"watch the job in the Spark Master's web UI, http://{host}:8080 unless the cluster set another "
+            "port (its stages and executors)"
+        )
     if name.startswith("dataflow"):
         cloud = options.view_as(GoogleCloudOptions)
         if job_id:

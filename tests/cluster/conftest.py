@@ -1,5 +1,5 @@
 """Fixtures for the cluster tests: test data, a local-runner reference output, and loopback services
-(a Flink cluster with an SDK worker pool) that are always stopped, even when a test fails."""
+(a Flink or Spark cluster with an SDK worker pool) that are always stopped, even when a test fails."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAUNCH = REPO_ROOT / "launch"
 # The defaults of launch/flink_cluster.sh and submit_flink.sh (pinned in launch/flink_job_server/pom.xml).
 FLINK_VERSION = "1.19.3"
+# launch/spark_cluster.sh's default (pinned in launch/spark_job_server/pom.xml).
+SPARK_VERSION = "3.5.5"
 # The test tree has 7 broken files among 43 inputs: far above the job's default bad-input limit.
 JOB_FLAGS = ["--image_size", "224", "--num_shards", "4", "--max_bad_fraction", "0.5"]
+# Large enough that converting it takes several seconds on a cluster, so a kill lands mid-job.
+BIG_TREE_FLAGS = ["--image_size", "224", "--num_shards", "8"]
 
 
 def pytest_configure(config):
@@ -107,6 +111,29 @@ def local_output(photo_tree, tmp_path_factory) -> pathlib.Path:
         timeout=300,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def big_tree(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """800 real photos (500x375) and their conversion on the local runner, the reference."""
+    from beam_jobs.sample_data import make_photo_tree
+
+    root = tmp_path_factory.mktemp("big")
+    make_photo_tree(root / "images", num_images=800, size=(500, 375), seed=3)
+    run_script(
+        [
+            sys.executable,
+            "-m",
+            "beam_jobs",
+            "--input",
+            str(root / "images"),
+            "--output_dir",
+            str(root / "local"),
+            *BIG_TREE_FLAGS,
+        ],
+        timeout=400,
+    )
+    return root / "images", root / "local"
 
 
 class FlinkCluster:
@@ -219,6 +246,87 @@ class FlinkCluster:
             info = rest_get(self.rest_port, f"/jobs/{job_id}/vertices/{vertex['id']}/taskmanagers")
             used |= {tm["taskmanager-id"] for tm in info["taskmanagers"]}
         return used
+
+
+class SparkCluster:
+    """A loopback Spark standalone cluster started with launch/spark_cluster.sh in its own state dir."""
+
+    def __init__(self, state_dir: pathlib.Path, *, workers: int = 1, cores: int = 2) -> None:
+        self.state_dir = state_dir
+        self.master_port = free_port()
+        self.webui_port = free_port()
+        self.worker_pool_port = free_port()
+        self.job_server_port = free_port()
+        self.workers = workers
+        self.cores = cores
+
+    @property
+    def spark_master(self) -> str:
+        return f"127.0.0.1:{self.master_port}"
+
+    @property
+    def worker_pool(self) -> str:
+        return f"127.0.0.1:{self.worker_pool_port}"
+
+    def args(self, command: str) -> list[str]:
+        return [
+            str(LAUNCH / "spark_cluster.sh"),
+            command,
+            "--state_dir",
+            str(self.state_dir),
+            "--master_port",
+            str(self.master_port),
+            "--webui_port",
+            str(self.webui_port),
+            "--worker_pool_port",
+            str(self.worker_pool_port),
+            "--job_server_port",
+            str(self.job_server_port),
+            "--spark_version",
+            SPARK_VERSION,
+            "--workers",
+            str(self.workers),
+            "--cores",
+            str(self.cores),
+            "--worker_memory",
+            "1536m",
+        ]
+
+    def start(self) -> None:
+        run_script(self.args("start"), timeout=600)  # the first run installs Spark and builds the job server
+
+    def stop(self) -> None:
+        run_script(self.args("stop"), timeout=120, check=False)
+
+    def submit_args(self, job_args: list[str]) -> list[str]:
+        """submit_spark.sh against this cluster, with the job server spark_cluster.sh keeps for it."""
+        return [
+            str(LAUNCH / "submit_spark.sh"),
+            "--spark_master",
+            self.spark_master,
+            "--environment_config",
+            self.worker_pool,
+            *job_args,
+        ]
+
+    def overview(self) -> dict:
+        return rest_get(self.webui_port, "/json/")
+
+    def all_pids(self) -> list[int]:
+        """Every process that start launched: the Master, the Workers' supervisors, the worker pool
+        and the job server."""
+        return [int(f.read_text().split()[0]) for f in (self.state_dir / "pid").glob("*.pid") if f.read_text().strip()]
+
+    def worker_jvms(self) -> list[int]:
+        """The Worker JVMs now running under the supervisors (a restarted Worker has a new pid)."""
+        import psutil  # pylint: disable=import-outside-toplevel
+
+        pids = []
+        for f in (self.state_dir / "pid").glob("worker-*.pid"):
+            for child in psutil.Process(int(f.read_text().split()[0])).children(recursive=True):
+                if child.name() == "java" and "org.apache.spark.deploy.worker.Worker" in child.cmdline():
+                    pids.append(child.pid)
+        return pids
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 1.0, what: str = "condition"):

@@ -10,12 +10,12 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 
 import psutil
 import pytest
 
 from tests.cluster.conftest import (
+    BIG_TREE_FLAGS,
     FLINK_VERSION,
     JOB_FLAGS,
     LAUNCH,
@@ -29,9 +29,6 @@ from tests.cluster.conftest import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-# Large enough that converting it takes several seconds on Flink, so a kill lands mid-job.
-BIG_TREE_FLAGS = ["--image_size", "224", "--num_shards", "8"]
 
 
 def _submit_args(cluster: FlinkCluster, *, parallelism: int, job_args: list[str]) -> list[str]:
@@ -57,29 +54,6 @@ def _final_names(folder: pathlib.Path) -> list[str]:
         if folder.exists()
         else []
     )
-
-
-@pytest.fixture(scope="module")
-def big_tree(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
-    """800 real photos (500x375) and their conversion on the local runner, the reference."""
-    from beam_jobs.sample_data import make_photo_tree
-
-    root = tmp_path_factory.mktemp("big")
-    make_photo_tree(root / "images", num_images=800, size=(500, 375), seed=3)
-    run_script(
-        [
-            sys.executable,
-            "-m",
-            "beam_jobs",
-            "--input",
-            str(root / "images"),
-            "--output_dir",
-            str(root / "local"),
-            *BIG_TREE_FLAGS,
-        ],
-        timeout=400,
-    )
-    return root / "images", root / "local"
 
 
 def _kill_a_converting_taskmanager(cluster: FlinkCluster, out: pathlib.Path) -> str:
