@@ -1,16 +1,19 @@
 """What a cluster runner costs: the same 2000 real photos through the local runner, the portable job
-service, and FlinkRunner on a loopback Flink cluster with one and with two TaskManagers.
+service, FlinkRunner on a loopback Flink cluster with one and with two TaskManagers, and SparkRunner
+on a loopback Spark standalone cluster with one Worker of 2 cores.
 
-    python benchmarks/runners.py [--num_images 2000] [--resample antialias] [--work_dir DIR] [--json FILE]
+    python benchmarks/runners.py [--num_images 2000] [--runners local,portable,flink1,flink2,spark]
+                                 [--resample antialias] [--work_dir DIR] [--json FILE]
 
 Each job runs as a whole process through its launch script, and its time is split where the
 first shard starts being written (the first `.tmp-` file in the run's folder):
 - start-up: the runner itself, job submission, SDK workers, listing and planning;
 - conversion: from the first shard written to the process exit (decode, resize, encode, write,
   manifest).
-The cluster's own start (`flink_cluster.sh start`) is a separate column: a long-lived cluster pays
-it once. Every runner's output is checked byte-identical to the local runner's. This is a
-benchmark, not a test: numbers on a shared 2-core machine are noisy, so quote them with the run.
+The cluster's own start (`flink_cluster.sh start`, `spark_cluster.sh start`) is a separate
+column: a long-lived cluster pays it once. Every runner's output is checked byte-identical to the
+local runner's. This is a benchmark, not a test: numbers on a shared 2-core machine are noisy,
+so quote them with the run.
 """
 
 from __future__ import annotations
@@ -84,38 +87,46 @@ def same_output(a: pathlib.Path, b: pathlib.Path) -> bool:
     return contents(a) == contents(b)
 
 
-class Cluster:
+class FlinkBenchCluster:
+    """flink_cluster.sh's cluster of ``taskmanagers`` x 2 slots, and how a job is submitted to it."""
+
     def __init__(self, state_dir: pathlib.Path, taskmanagers: int) -> None:
-        self.args = [
-            "--state_dir",
-            str(state_dir),
-            "--rest_port",
-            str(_free_port()),
-            "--rpc_port",
-            str(_free_port()),
-            "--worker_pool_port",
-            str(_free_port()),
-            "--job_server_port",
-            str(_free_port()),
-            "--taskmanagers",
-            str(taskmanagers),
-            "--slots",
-            "2",
-            "--taskmanager_memory",
-            "1536m",
-        ]
-        self.flink_master = f"127.0.0.1:{self.args[3]}"
-        self.worker_pool = f"127.0.0.1:{self.args[7]}"
+        rest, worker_pool = _free_port(), _free_port()
+        self.parallelism = 2 * taskmanagers
+        self.name = f"FlinkRunner, {taskmanagers} TaskManager(s) x 2 slots, parallelism {self.parallelism}"
+        self.script = LAUNCH / "flink_cluster.sh"
+        self.args = ["--state_dir", str(state_dir), "--rest_port", str(rest), "--rpc_port", str(_free_port())]
+        self.args += ["--worker_pool_port", str(worker_pool), "--job_server_port", str(_free_port())]
+        self.args += ["--taskmanagers", str(taskmanagers), "--slots", "2", "--taskmanager_memory", "1536m"]
+        self.submit = [str(LAUNCH / "submit_flink.sh"), "--flink_master", f"127.0.0.1:{rest}"]
+        self.submit += ["--environment_config", f"127.0.0.1:{worker_pool}", "--parallelism", str(self.parallelism)]
 
-    def start(self) -> float:
-        start = time.perf_counter()
-        subprocess.run(
-            [str(LAUNCH / "flink_cluster.sh"), "start", *self.args], env=_env(), check=True, capture_output=True
-        )
-        return time.perf_counter() - start
 
-    def stop(self) -> None:
-        subprocess.run([str(LAUNCH / "flink_cluster.sh"), "stop", *self.args], env=_env(), capture_output=True)
+class SparkBenchCluster:
+    """spark_cluster.sh's cluster of one Worker of 2 cores, and how a job is submitted to it."""
+
+    def __init__(self, state_dir: pathlib.Path) -> None:
+        master, worker_pool = _free_port(), _free_port()
+        self.name = "SparkRunner, 1 Worker x 2 cores"
+        self.script = LAUNCH / "spark_cluster.sh"
+        self.args = ["--state_dir", str(state_dir), "--master_port", str(master), "--webui_port", str(_free_port())]
+        self.args += ["--worker_pool_port", str(worker_pool), "--job_server_port", str(_free_port())]
+        self.args += ["--workers", "1", "--cores", "2", "--worker_memory", "1536m"]
+        self.submit = [str(LAUNCH / "submit_spark.sh"), "--spark_master", f"127.0.0.1:{master}"]
+        self.submit += ["--environment_config", f"127.0.0.1:{worker_pool}"]
+
+
+def start_cluster(cluster: FlinkBenchCluster | SparkBenchCluster) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(cluster.script), "start", *cluster.args], env=_env(), check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def stop_cluster(cluster: FlinkBenchCluster | SparkBenchCluster) -> None:
+    subprocess.run([str(cluster.script), "stop", *cluster.args], env=_env(), capture_output=True)
+
+
+RUNNERS = ("local", "portable", "flink1", "flink2", "spark")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,8 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_images", type=int, default=2000)
     parser.add_argument("--work_dir", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
+    parser.add_argument(
+        "--runners",
+        default=",".join(RUNNERS),
+        help=f"which runners, comma-separated (the local runner always runs): {RUNNERS}",
+    )
     parser.add_argument("--resample", default=None, help="the job's --resample (default: the job's default)")
     args = parser.parse_args(argv)
+    chosen = set(args.runners.split(",")) | {"local"}
+    if chosen - set(RUNNERS):
+        parser.error(f"--runners: unknown {sorted(chosen - set(RUNNERS))} (known: {', '.join(RUNNERS)})")
     flags = [*JOB_FLAGS, *(["--resample", args.resample] if args.resample else [])]
     work = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="runners-bench-"))
     images = work / "images"
@@ -145,60 +164,56 @@ def main(argv: list[str] | None = None) -> None:
             **timed_job([sys.executable, "-m", "beam_jobs", *job_args(local)], local),
         }
     )
-    portable = work / "out-portable"
-    shutil.rmtree(portable, ignore_errors=True)
-    rows.append(
-        {
-            "runner": "portable job service + worker pool (run_portable.sh)",
-            "cluster_s": 0.0,
-            **timed_job([str(LAUNCH / "run_portable.sh"), *job_args(portable)], portable),
-        }
-    )
-    rows[-1]["same_bytes"] = same_output(portable, local)
-    for taskmanagers, parallelism in ((1, 2), (2, 4)):
-        cluster = Cluster(work / f"flink-{taskmanagers}tm", taskmanagers)
+    if "portable" in chosen:
+        portable = work / "out-portable"
+        shutil.rmtree(portable, ignore_errors=True)
+        rows.append(
+            {
+                "runner": "portable job service + worker pool (run_portable.sh)",
+                "cluster_s": 0.0,
+                **timed_job([str(LAUNCH / "run_portable.sh"), *job_args(portable)], portable),
+            }
+        )
+        rows[-1]["same_bytes"] = same_output(portable, local)
+    clusters = {
+        "flink1": lambda: FlinkBenchCluster(work / "flink-1tm", 1),
+        "flink2": lambda: FlinkBenchCluster(work / "flink-2tm", 2),
+        "spark": lambda: SparkBenchCluster(work / "spark"),
+    }
+    for key, make in clusters.items():
+        if key not in chosen:
+            continue
+        cluster = make()
         try:
-            cluster_s = cluster.start()
+            cluster_s = start_cluster(cluster)
             # The first job after the cluster's start, then one on a cluster that has run a job
             # (its job server's JVM warm), as a long-lived cluster runs most of its jobs.
             for job in ("first job", "next job"):
-                out = work / f"out-flink-{taskmanagers}tm-{job.split()[0]}"
+                out = work / f"out-{key}-{job.split()[0]}"
                 shutil.rmtree(out, ignore_errors=True)
-                timing = timed_job(
-                    [
-                        str(LAUNCH / "submit_flink.sh"),
-                        "--flink_master",
-                        cluster.flink_master,
-                        "--environment_config",
-                        cluster.worker_pool,
-                        "--parallelism",
-                        str(parallelism),
-                        *job_args(out),
-                    ],
-                    out,
-                )
+                timing = timed_job([*cluster.submit, *job_args(out)], out)
                 rows.append(
                     {
-                        "runner": f"FlinkRunner, {taskmanagers} TaskManager(s) x 2 slots, parallelism {parallelism},"
-                        f" {job}",
+                        "runner": f"{cluster.name}, {job}",
                         "cluster_s": cluster_s if job == "first job" else 0.0,
                         **timing,
                         "same_bytes": same_output(out, local),
                     }
                 )
         finally:
-            cluster.stop()
+            stop_cluster(cluster)
 
     n = args.num_images
     print(f"{n} real photos 500x375 -> 224 px JPEG, 8 shards, {' '.join(flags)}; {os.cpu_count()} cores")
     print(
-        "| runner | cluster start s | job start-up s | conversion s | job total s | img/s conversion | img/s job |"
-        " same bytes as local |"
+        "| runner | cluster start s | job start-up s | conversion s | conversion / local | job total s"
+        " | img/s conversion | img/s job | same bytes as local |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r['runner']} | {r['cluster_s']:.1f} | {r['startup_s']:.1f} | {r['conversion_s']:.1f} | "
+            f"{r['conversion_s'] / rows[0]['conversion_s']:.2f}x | "
             f"{r['job_s']:.1f} | {n / r['conversion_s']:.0f} | {n / r['job_s']:.0f} | "
             f"{'yes' if r.get('same_bytes', True) else 'NO'} |"
         )
