@@ -140,46 +140,29 @@ step_object_stores() {
   fi
 }
 
-step_flink() {
-  local rc=0 python
+# step_engine NAME ENGINE TIMEOUT_VARIABLE: an engine's distribution and Beam's job server for it,
+# through launch/<name>_cluster.sh fetch (pip installs the engine's files into the cache, never
+# into the venv; Maven builds the job server jar).
+step_engine() {
+  local name=$1 engine=$2 limit_var=$3 rc=0 python log
+  local what="$engine and Beam's $engine job server"
+  log="$logs/$name.log"
   if ! have_java; then
-    missing flink "Flink and Beam's Flink job server (for the Flink tests)" \
+    missing "$name" "$what (for the $engine tests)" \
       "Java is missing and apt-get could not install it: install a JDK 17 and Maven (apt-get install openjdk-17-jdk-headless maven)"
     return
   fi
   if ! python=$(pip_python); then
-    missing flink "Flink and Beam's Flink job server" "no Python with pip to install Flink's files (python3 -m pip, or the venv's)"
+    missing "$name" "$what" "no Python with pip to install $engine's files (python3 -m pip, or the venv's)"
     return
   fi
-  # pip installs Flink's files into the cache (never into the venv).
-  PYTHON=$python timeout "$FLINK_TIMEOUT_S" "$repo/launch/flink_cluster.sh" fetch >"$logs/flink.log" 2>&1 || rc=$?
+  PYTHON=$python timeout "${!limit_var}" "$repo/launch/${name}_cluster.sh" fetch >"$log" 2>&1 || rc=$?
   if (( rc == 0 )); then
-    say "Flink and its job server: $(sed -n 's/.*job server jar: //p' "$logs/flink.log" | tail -n 1)"
+    say "$engine and its job server: $(sed -n 's/.*job server jar: //p' "$log" | tail -n 1)"
   elif (( rc == 124 )); then
-    missing flink "Flink and Beam's Flink job server" "fetching them took longer than ${FLINK_TIMEOUT_S} s (FLINK_TIMEOUT_S; log: $logs/flink.log)"
+    missing "$name" "$what" "fetching them took longer than ${!limit_var} s ($limit_var; log: $log)"
   else
-    missing flink "Flink and Beam's Flink job server" "$(grep -m 1 'error:' "$logs/flink.log" | sed 's/^\[[^]]*\] error: //' | grep . || tail -n 1 "$logs/flink.log") (log: $logs/flink.log)"
-  fi
-}
-
-step_spark() {
-  local rc=0 python
-  if ! have_java; then
-    missing spark "Spark and Beam's Spark job server (for the Spark tests)" \
-      "Java is missing and apt-get could not install it: install a JDK 17 and Maven (apt-get install openjdk-17-jdk-headless maven)"
-    return
-  fi
-  if ! python=$(pip_python); then
-    missing spark "Spark and Beam's Spark job server" "no Python with pip to install Spark's files (python3 -m pip, or the venv's)"
-    return
-  fi
-  PYTHON=$python timeout "$SPARK_TIMEOUT_S" "$repo/launch/spark_cluster.sh" fetch >"$logs/spark.log" 2>&1 || rc=$?
-  if (( rc == 0 )); then
-    say "Spark and its job server: $(sed -n 's/.*job server jar: //p' "$logs/spark.log" | tail -n 1)"
-  elif (( rc == 124 )); then
-    missing spark "Spark and Beam's Spark job server" "fetching them took longer than ${SPARK_TIMEOUT_S} s (SPARK_TIMEOUT_S; log: $logs/spark.log)"
-  else
-    missing spark "Spark and Beam's Spark job server" "$(grep -m 1 'error:' "$logs/spark.log" | sed 's/^\[[^]]*\] error: //' | grep . || tail -n 1 "$logs/spark.log") (log: $logs/spark.log)"
+    missing "$name" "$what" "$(grep -m 1 'error:' "$log" | sed 's/^\[[^]]*\] error: //' | grep . || tail -n 1 "$log") (log: $log)"
   fi
 }
 
@@ -220,7 +203,8 @@ want() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
   # Flink's and Spark's job servers one after the other: each is a CPU-bound Maven build, and
   # both write to one local Maven repository.
   if want flink || want spark; then
-    { if want flink; then step_flink; fi; if want spark; then step_spark; fi; } &
+    { if want flink; then step_engine flink Flink FLINK_TIMEOUT_S; fi
+      if want spark; then step_engine spark Spark SPARK_TIMEOUT_S; fi; } &
   fi
   wait
 ) &

@@ -194,18 +194,22 @@ def test_the_test_set_up_says_in_one_line_what_it_cannot_have_and_the_fixtures_f
     line per missing prerequisite, naming what to install, and keeps it for the fixtures."""
     env = _bare_machine(tmp_path)
     done = subprocess.run(
-        [str(_SET_UP), "flink", "chromium"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [str(_SET_UP), "flink", "spark", "chromium"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     flink = [line for line in lines if "Flink" in line]
+    spark = [line for line in lines if "Spark" in line]
     chromium = [line for line in lines if "Chromium" in line]
-    assert len(flink) == 1 and len(chromium) == 1 and len(lines) == 2, done.stderr
-    assert "Java is missing" in flink[0] and "apt-get install openjdk-17-jdk-headless maven" in flink[0]
+    assert len(flink) == 1 and len(spark) == 1 and len(chromium) == 1 and len(lines) == 3, done.stderr
+    for line in (flink[0], spark[0]):
+        assert "Java is missing" in line and "apt-get install openjdk-17-jdk-headless maven" in line
+    assert spark[0].startswith("[run_tests] Spark and Beam's Spark job server (for the Spark tests) cannot be had")
     assert "no apt-get on this machine" in chromium[0] and "chromium-headless-shell" in chromium[0]
     assert all("the tests that need it fail naming it" in line for line in lines)
     kept = tmp_path / "cache" / "test-prerequisites"
     assert (kept / "flink.missing").read_text().strip() == flink[0].removeprefix("[run_tests] ")
+    assert (kept / "spark.missing").read_text().strip() == spark[0].removeprefix("[run_tests] ")
 
 
 def test_an_object_store_fixture_fails_with_the_set_ups_line_instead_of_building(tmp_path, monkeypatch):
