@@ -77,6 +77,72 @@ itt_need_free_port() {
   fi
 }
 
+# itt_load_saved_ports FILE GIVEN KEY...: for stop and status, sets each variable KEY from the
+# KEY=VALUE lines that start saved in FILE, unless GIVEN (" key1 key2 ") names it as given.
+itt_load_saved_ports() {
+  local file=$1 given=$2 key value
+  shift 2
+  [[ -f "$file" ]] || return 0
+  while IFS='=' read -r key value; do
+    if [[ " $* " == *" $key "* && "$given" != *" $key "* ]]; then printf -v "$key" '%s' "$value"; fi
+  done <"$file"
+  return 0
+}
+
+# itt_need_distinct_ports OPTION...: dies naming two options (variables of the same names) that
+# hold the same port (0, "none", excepted): a collision otherwise shows only after the others started.
+itt_need_distinct_ports() {
+  local option port
+  local -A seen=()
+  for option in "$@"; do
+    port=${!option}
+    (( port != 0 )) || continue
+    [[ -z "${seen[$port]:-}" ]] || itt_die "--${seen[$port]} and --$option are both $port: give each its own port"
+    seen[$port]=$option
+  done
+}
+
+# itt_environment_config TYPE CONFIG DEFAULT_POOL SDK_IMAGE: prints the --environment_config for
+# --environment_type TYPE: EXTERNAL, CONFIG or DEFAULT_POOL (a worker pool's HOST:PORT); DOCKER,
+# SDK_IMAGE or Beam's image for this Python and Beam; PROCESS, CONFIG (a boot command's JSON).
+# Dies with one line (callers: `|| exit 2`, as it runs in a command substitution).
+itt_environment_config() {
+  local type=$1 config=$2 pool=$3 image=$4
+  case "$type" in
+    EXTERNAL)
+      config=${config:-$pool}
+      [[ "$config" =~ ^[^:]+:[0-9]+$ ]] \
+        || itt_die "EXTERNAL needs --environment_config HOST:PORT of a worker pool (got '$config')"
+      ;;
+    DOCKER)
+      config=${image:-$(printf 'apache/beam_python%s_sdk:%s' \
+        "$("$(itt_python)" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" "$(itt_beam_version)")}
+      ;;
+    PROCESS)
+      [[ -n "$config" ]] || itt_die "PROCESS needs --environment_config '{\"command\": \"/path/to/boot\"}'"
+      ;;
+    *) itt_die "--environment_type must be EXTERNAL, DOCKER or PROCESS (got '$type')" ;;
+  esac
+  printf '%s\n' "$config"
+}
+
+# itt_pip_files_into_cache ROOT WHAT PACKAGE...: installs PACKAGEs' files (pip --target, --no-deps:
+# their Python dependencies must never enter the job's environment) into ROOT in the cache,
+# replacing it only once complete, so a killed install leaves no half of one.
+itt_pip_files_into_cache() {
+  local root=$1 what=$2 tmp
+  shift 2
+  mkdir -p "$(itt_cache_dir)"
+  tmp=$(mktemp -d "$(itt_cache_dir)/.$(basename "$root").XXXXXX")
+  itt_log "installing $what from PyPI into $root (first run only, about a minute)"
+  if ! "$(itt_python)" -m pip install --quiet --disable-pip-version-check --no-deps --target "$tmp" "$@" >&2; then
+    rm -rf "$tmp"
+    itt_die "could not install $* from PyPI"
+  fi
+  rm -rf "$root"
+  mv "$tmp" "$root"
+}
+
 # Where downloads (Flink distribution, job server jar) are kept between runs.
 itt_cache_dir() {
   printf '%s\n' "${IMAGES_TO_TFRECORDS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/images-to-tfrecords}"
@@ -224,24 +290,14 @@ itt_stop_pid() {
 # PyPI's apache-flink + apache-flink-libraries (files only, --no-deps: their Python dependencies
 # pin an old apache-beam and must never enter the job's environment).
 itt_ensure_flink_dist() {
-  local version=$1 root home tmp
+  local version=$1 root
   root="$(itt_cache_dir)/flink-$version"
-  home="$root/pyflink"
-  if [[ ! -x "$home/bin/jobmanager.sh" || ! -f "$home/lib/flink-dist-$version.jar" ]]; then
+  if [[ ! -x "$root/pyflink/bin/jobmanager.sh" || ! -f "$root/pyflink/lib/flink-dist-$version.jar" ]]; then
     command -v java >/dev/null || itt_die "Flink needs Java (11 or 17) on PATH"
-    mkdir -p "$(itt_cache_dir)"
-    tmp=$(mktemp -d "$(itt_cache_dir)/.flink-$version.XXXXXX")
-    itt_log "installing Flink $version from PyPI into $root (first run only, ~30 s)"
-    if ! "$(itt_python)" -m pip install --quiet --disable-pip-version-check --no-deps \
-        --target "$tmp" "apache-flink==$version" "apache-flink-libraries==$version" >&2; then
-      rm -rf "$tmp"
-      itt_die "could not install apache-flink==$version from PyPI"
-    fi
-    chmod +x "$tmp"/pyflink/bin/*
-    rm -rf "$root"
-    mv "$tmp" "$root"
+    itt_pip_files_into_cache "$root" "Flink $version" "apache-flink==$version" "apache-flink-libraries==$version"
+    chmod +x "$root"/pyflink/bin/*
   fi
-  printf '%s\n' "$home"
+  printf '%s\n' "$root/pyflink"
 }
 
 # itt_job_server_jar_name FLINK_MINOR BEAM_RUNNER_VERSION: the jar's file name, as Beam names it.

@@ -24,24 +24,14 @@ ITT_SPARK_JAVA_OPTIONS=(-XX:+IgnoreUnrecognizedVMOptions
 # itt_ensure_spark_dist VERSION: prints SPARK_HOME of a Spark distribution: PyPI's pyspark, which
 # ships Spark's jars and bin/spark-class (files only, --no-deps, into the cache, never the venv).
 itt_ensure_spark_dist() {
-  local version=$1 root home tmp
+  local version=$1 root
   root="$(itt_cache_dir)/spark-$version"
-  home="$root/pyspark"
-  if [[ ! -x "$home/bin/spark-class" || ! -f "$home/jars/spark-core_2.12-$version.jar" ]]; then
+  if [[ ! -x "$root/pyspark/bin/spark-class" || ! -f "$root/pyspark/jars/spark-core_2.12-$version.jar" ]]; then
     command -v java >/dev/null || itt_die "Spark needs Java (11 or 17) on PATH"
-    mkdir -p "$(itt_cache_dir)"
-    tmp=$(mktemp -d "$(itt_cache_dir)/.spark-$version.XXXXXX")
-    itt_log "installing Spark $version from PyPI (pyspark) into $root (first run only, about a minute)"
-    if ! "$(itt_python)" -m pip install --quiet --disable-pip-version-check --no-deps \
-        --target "$tmp" "pyspark==$version" >&2; then
-      rm -rf "$tmp"
-      itt_die "could not install pyspark==$version from PyPI"
-    fi
-    chmod +x "$tmp"/pyspark/bin/*
-    rm -rf "$root"
-    mv "$tmp" "$root"
+    itt_pip_files_into_cache "$root" "Spark $version (pyspark)" "pyspark==$version"
+    chmod +x "$root"/pyspark/bin/*
   fi
-  printf '%s\n' "$home"
+  printf '%s\n' "$root/pyspark"
 }
 
 itt_spark_job_server_jar_name() { printf 'beam-runners-spark-3-job-server-%s-spark-%s.jar\n' "$2" "$1"; }

@@ -103,13 +103,8 @@ done
 state_dir=$(realpath -m -- "$state_dir")
 ports_file="$state_dir/ports"
 # stop and status use the ports that start saved, unless given.
-if [[ "$command" == stop || "$command" == status ]] && [[ -f "$ports_file" ]]; then
-  while IFS='=' read -r key value; do
-    case "$key" in
-      rest_port|rpc_port|worker_pool_port|job_server_port)
-        [[ "$given_ports" == *" $key "* ]] || printf -v "$key" '%s' "$value" ;;
-    esac
-  done <"$ports_file"
+if [[ "$command" == stop || "$command" == status ]]; then
+  itt_load_saved_ports "$ports_file" "$given_ports" rest_port rpc_port worker_pool_port job_server_port
 fi
 itt_need_port --rest_port "$rest_port"
 itt_need_port --rpc_port "$rpc_port"
@@ -123,13 +118,7 @@ itt_need_int --heartbeat_timeout_ms "$heartbeat_timeout_ms" 1
 rest_port=$((10#$rest_port)) rpc_port=$((10#$rpc_port)) worker_pool_port=$((10#$worker_pool_port))
 job_server_port=$((10#$job_server_port))
 # Each service its own port: a collision otherwise shows only after the others started.
-declare -A port_option=()
-for option in rest_port rpc_port worker_pool_port job_server_port; do
-  port=${!option}
-  (( port != 0 )) || continue
-  [[ -z "${port_option[$port]:-}" ]] || itt_die "--${port_option[$port]} and --$option are both $port: give each its own port"
-  port_option[$port]=$option
-done
+itt_need_distinct_ports rest_port rpc_port worker_pool_port job_server_port
 
 host=127.0.0.1
 # What /proc/PID/cmdline of a process in the pid files must contain for stop to kill it.

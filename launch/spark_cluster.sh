@@ -95,13 +95,8 @@ done
 [[ -n "$state_dir" ]] || itt_die "--state_dir must not be empty"
 state_dir=$(realpath -m -- "$state_dir")
 ports_file="$state_dir/ports"
-if [[ "$command" == stop || "$command" == status ]] && [[ -f "$ports_file" ]]; then
-  while IFS='=' read -r key value; do
-    case "$key" in
-      master_port|webui_port|worker_pool_port|job_server_port|workers)
-        [[ "$given_ports" == *" $key "* ]] || printf -v "$key" '%s' "$value" ;;
-    esac
-  done <"$ports_file"
+if [[ "$command" == stop || "$command" == status ]]; then
+  itt_load_saved_ports "$ports_file" "$given_ports" master_port webui_port worker_pool_port job_server_port workers
 fi
 itt_need_port --master_port "$master_port"
 itt_need_port --webui_port "$webui_port"
@@ -113,13 +108,7 @@ itt_need_int --restart_delay "$restart_delay" 0
 itt_need_int --timeout "$timeout" 1
 master_port=$((10#$master_port)) webui_port=$((10#$webui_port)) worker_pool_port=$((10#$worker_pool_port))
 job_server_port=$((10#$job_server_port))
-declare -A port_option=()
-for option in master_port webui_port worker_pool_port job_server_port; do
-  port=${!option}
-  (( port != 0 )) || continue
-  [[ -z "${port_option[$port]:-}" ]] || itt_die "--${port_option[$port]} and --$option are both $port: give each its own port"
-  port_option[$port]=$option
-done
+itt_need_distinct_ports master_port webui_port worker_pool_port job_server_port
 
 host=127.0.0.1
 master_url="spark://$host:$master_port"

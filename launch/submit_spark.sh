@@ -106,24 +106,7 @@ elif [[ -n "${SPARK_JOB_SERVER_JAR:-}" ]]; then
 fi
 
 py=$(itt_python)
-case "$environment_type" in
-  EXTERNAL)
-    environment_config=${environment_config:-127.0.0.1:50001}
-    [[ "$environment_config" =~ ^[^:]+:[0-9]+$ ]] \
-      || itt_die "EXTERNAL needs --environment_config HOST:PORT of a worker pool (got '$environment_config')"
-    ;;
-  DOCKER)
-    if [[ -z "$sdk_image" ]]; then
-      sdk_image=$(printf 'apache/beam_python%s_sdk:%s' \
-        "$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" "$(itt_beam_version)")
-    fi
-    environment_config=$sdk_image
-    ;;
-  PROCESS)
-    [[ -n "$environment_config" ]] || itt_die "PROCESS needs --environment_config '{\"command\": \"/path/to/boot\"}'"
-    ;;
-  *) itt_die "--environment_type must be EXTERNAL, DOCKER or PROCESS (got '$environment_type')" ;;
-esac
+environment_config=$(itt_environment_config "$environment_type" "$environment_config" 127.0.0.1:50001 "$sdk_image") || exit 2
 
 # The job server that spark_cluster.sh keeps for this cluster, unless a jar or an endpoint is given.
 record=$(itt_job_server_record "$spark_master" spark-)
