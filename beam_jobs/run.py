@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -200,6 +201,7 @@ def _run_watched(pipeline: beam.Pipeline, run: RunContext, console: RunConsole) 
     """Runs the pipeline to its end while the console shows it; an interrupt that Beam re-raised
     as a step's failure is raised as the interrupt it was."""
     with console.showing(run.run_id) as shown:
+        result = None
         try:
             result = pipeline.run()
             shown.submitted(result)
@@ -209,6 +211,7 @@ def _run_watched(pipeline: beam.Pipeline, run: RunContext, console: RunConsole) 
         except KeyboardInterrupt:
             interrupt_caught()
             shown.mute()
+            _cancel_on_the_runner(result)
             raise
         except Exception as error:
             interrupt = _interrupt_within(error)
@@ -216,7 +219,32 @@ def _run_watched(pipeline: beam.Pipeline, run: RunContext, console: RunConsole) 
                 raise
             interrupt_caught()
             shown.mute()
+            _cancel_on_the_runner(result)
             raise interrupt from None
+
+
+def _cancel_on_the_runner(result: PipelineResult | None, timeout_s: float = 10.0) -> None:
+    """Cancels the job of an interrupted driver where a job service runs it (Spark's, Flink's, the
+    portable one): otherwise it ran on, and could still commit a dataset, after the driver had
+    reported the interrupt. The local runner's result only comes once its job is over (None here);
+    a Dataflow job outlives its launcher by design (its console cancels it). On a thread, waited
+    for ``timeout_s`` at most: a job service that is gone must not hold up the interrupt's cleanup."""
+    from apache_beam.runners.portability.portable_runner import (  # pylint: disable=import-outside-toplevel
+        PipelineResult as JobServiceResult,
+    )
+
+    if not isinstance(result, JobServiceResult):
+        return
+
+    def cancel() -> None:
+        try:
+            result.cancel()
+        except Exception as error:  # pylint: disable=broad-exception-caught  # gone, or already ended
+            _DETAILS.info("the runner did not take the cancel: %s", error)
+
+    canceller = threading.Thread(target=cancel, name="cancel-on-runner", daemon=True)
+    canceller.start()
+    canceller.join(timeout_s)
 
 
 def _undo(

@@ -386,6 +386,20 @@ itt_cluster_job_endpoint() {
   printf '%s\n' "$endpoint"
 }
 
+# itt_need_job_service ENDPOINT START_HINT: dies with one line unless a Beam job service answers at
+# ENDPOINT (HOST:PORT): nothing listening, or a port that speaks no gRPC (a web UI, a Master), would
+# otherwise hang the job for minutes and end in a timeout that names nothing.
+itt_need_job_service() {
+  itt_port_open "${1%:*}" "${1##*:}" \
+    || itt_die "nothing listens at --job_endpoint $1: $2, or leave --job_endpoint out to start one for this job"
+  "$(itt_python)" -c 'import sys, grpc
+try:
+    grpc.channel_ready_future(grpc.insecure_channel(sys.argv[1])).result(timeout=15)
+except grpc.FutureTimeoutError:
+    sys.exit(1)' "$1" 2>/dev/null \
+    || itt_die "no Beam job server answers at --job_endpoint $1 (gRPC, 15 s): $2, or leave --job_endpoint out to start one for this job"
+}
+
 ITT_JOB_SERVICE_MARKER=apache_beam.runners.portability.local_job_service_main
 
 # itt_start_job_service HOST PORT PIDFILE LOGFILE: Beam's Python portable job service (it runs

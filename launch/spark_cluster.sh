@@ -144,16 +144,42 @@ write_config() {
 # for a Worker to come back, and then finishes), until stop ends its whole process group.
 start_worker() {
   local i=$1
-  setsid bash -c 'spark_class=$1 master=$2 cores=$3 memory=$4 work=$5 delay=$6 log=$7
+  # The Worker runs in the background of its supervisor so that a SIGTERM to the supervisor (or to
+  # its group) ends the Worker too, instead of leaving it without one; the Worker's class is
+  # passed in two parts, so that the supervisor's own command line does not name it.
+  setsid bash -c 'spark_class=$1 package=$2 master=$3 cores=$4 memory=$5 work=$6 delay=$7 log=$8 worker=""
+    trap '"'"'[[ -z "$worker" ]] || kill -TERM "$worker" 2>/dev/null; wait; exit 143'"'"' TERM INT
     while :; do
       printf "[%s] starting the Worker\n" "$(date -u +%FT%TZ)" >>"$log"
-      "$spark_class" org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --webui-port 0 \
-        --cores "$cores" --memory "$memory" --work-dir "$work" "$master" >>"$log" 2>&1 </dev/null || true
+      "$spark_class" "$package.Worker" --host 127.0.0.1 --webui-port 0 \
+        --cores "$cores" --memory "$memory" --work-dir "$work" "$master" >>"$log" 2>&1 </dev/null &
+      worker=$!
+      wait "$worker" || true
+      worker=""
       printf "[%s] the Worker exited; starting it again in %s s\n" "$(date -u +%FT%TZ)" "$delay" >>"$log"
       sleep "$delay"
-    done' "$SUPERVISOR_MARKER" "$SPARK_HOME/bin/spark-class" "$master_url" "$cores" "$worker_memory" \
-    "$state_dir/work" "$restart_delay" "$log_dir/worker-$i.log" >/dev/null 2>&1 </dev/null &
+    done' "$SUPERVISOR_MARKER" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker "$master_url" "$cores" \
+    "$worker_memory" "$state_dir/work" "$restart_delay" "$log_dir/worker-$i.log" >/dev/null 2>&1 </dev/null &
   echo "$!" >"$pid_dir/worker-$i.pid"
+}
+
+# stop_worker_group PIDFILE: ends the process group of a Worker's supervisor (the supervisor, its
+# Worker, the executors that Worker started), even when the supervisor itself is gone: its Worker
+# then still runs in that group, and would join the next cluster's Master. Only processes whose
+# command line is one of these is signalled.
+stop_worker_group() {
+  local group members=() pid waited=0
+  group=$(head -n 1 "$1" 2>/dev/null || true)
+  rm -f "$1"
+  [[ "$group" =~ ^[0-9]+$ ]] || return 0
+  while read -r pid; do
+    itt_pid_is "$pid" "$SUPERVISOR_MARKER" org.apache.spark.deploy.worker.Worker CoarseGrainedExecutorBackend \
+      && members+=("$pid")
+  done < <(ps -e -o pid= -o pgid= | awk -v group="$group" '$2 == group { print $1 }')
+  (( ${#members[@]} )) || return 0
+  kill -TERM "${members[@]}" 2>/dev/null || true
+  while kill -0 "${members[@]}" 2>/dev/null && (( waited < 20 )); do sleep 1; waited=$((waited + 1)); done
+  kill -KILL "${members[@]}" 2>/dev/null || true
 }
 
 # master_json: the Master's state (its web UI's /json/), one line of JSON.
@@ -210,20 +236,24 @@ live_pids() {
 }
 
 do_stop() {
-  local f
+  local f stoppers=()
   # Only pids whose command line is ours are stopped: a stale pid file may name someone else's.
   if [[ -f "$job_server_record" && -f "$job_server_pidfile" ]] \
       && [[ "$(cut -d' ' -f1 "$job_server_record")" == "$(head -n 1 "$job_server_pidfile")" ]]; then
     rm -f "$job_server_record"
   fi
+  # Side by side, and waited for by pid: a bare `wait` in a failed start also waited for the
+  # Master, which that start launched as its own child and which nothing had stopped yet.
   itt_stop_pid "$job_server_pidfile" 15 "$ITT_SPARK_JOB_SERVER_MAIN" &
+  stoppers+=($!)
   itt_stop_pid "$pool_pidfile" 15 "$ITT_WORKER_POOL_MARKER" &
-  # Each supervisor's process group holds its Worker and the executors that Worker started.
+  stoppers+=($!)
   for f in "$pid_dir"/worker-*.pid; do
     [[ -f "$f" ]] || continue
-    itt_stop_pid "$f" 20 "$SUPERVISOR_MARKER" &
+    stop_worker_group "$f" &
+    stoppers+=($!)
   done
-  wait || true
+  wait "${stoppers[@]}" || true
   itt_stop_pid "$master_pidfile" 20 "$SPARK_MASTER_CLASS"
   rm -rf "$state_dir/work" "$state_dir/tmp"
 }
@@ -294,6 +324,10 @@ case "$command" in
     itt_log "stopped (state dir $state_dir, master $master_url)"
     ;;
   status)
+    if [[ ! -f "$ports_file" ]]; then
+      echo "Spark: no cluster was started with state dir $state_dir"
+      exit 1
+    fi
     # Only this state dir's Master counts: another cluster may answer on the same port.
     master_pid=$(head -n 1 "$master_pidfile" 2>/dev/null || true)
     if ! overview=$(master_json 2>/dev/null); then

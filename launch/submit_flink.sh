@@ -132,15 +132,7 @@ if [[ -z "$job_endpoint" && -z "$job_server_jar" ]]; then
     itt_log "the job server that flink_cluster.sh started for $flink_master is not running (flink_cluster.sh status says so; stop and start the cluster to have it back): starting one for this job"
   fi
 elif [[ -n "$job_endpoint" ]] && (( ! dry_run )); then
-  # A given endpoint that nothing answers (or that speaks no gRPC) would hang the job silently.
-  itt_port_open "${job_endpoint%:*}" "${job_endpoint##*:}" \
-    || itt_die "nothing listens at --job_endpoint $job_endpoint: start the cluster's job server (launch/flink_cluster.sh start) or leave --job_endpoint out to start one for this job"
-  "$py" -c 'import sys, grpc
-try:
-    grpc.channel_ready_future(grpc.insecure_channel(sys.argv[1])).result(timeout=15)
-except grpc.FutureTimeoutError:
-    sys.exit(1)' "$job_endpoint" 2>/dev/null \
-    || itt_die "no Beam job server answers at --job_endpoint $job_endpoint (gRPC, 15 s): start the cluster's (launch/flink_cluster.sh start) or leave --job_endpoint out to start one for this job"
+  itt_need_job_service "$job_endpoint" "start the cluster's job server (launch/flink_cluster.sh start)"
 fi
 
 # The job's own argument checks, before contacting the cluster or building anything; with a job

@@ -109,23 +109,38 @@ py=$(itt_python)
 environment_config=$(itt_environment_config "$environment_type" "$environment_config" 127.0.0.1:50001 "$sdk_image") || exit 2
 
 # The job server that spark_cluster.sh keeps for this cluster, unless a jar or an endpoint is given.
+# It runs one job at a time: Spark allows one context per JVM, and a second job failed at once with
+# "Only one SparkContext should be running in this JVM". So a submit holds the record's lock while
+# its job runs, and one that finds it held starts a job server of its own (Spark then queues the
+# two applications). A job submitted to that job server by other means is not seen.
 record=$(itt_job_server_record "$spark_master" spark-)
 webui=""
+[[ ! -f "$record" ]] || read -r _ _ webui _ <"$record" || true
 if [[ -z "$job_endpoint" && -z "$job_server_jar" ]]; then
   if found=$(itt_cluster_job_endpoint "$spark_master" "$ITT_SPARK_JOB_SERVER_MAIN" spark-); then
-    job_endpoint=$found
-    read -r _ _ webui _ <"$record" || true
+    if (( dry_run )); then
+      job_endpoint=$found
+    elif exec {cluster_lock}>>"$record.lock" && flock -n "$cluster_lock"; then
+      job_endpoint=$found  # the lock is held until this script exits, with its job
+    else
+      itt_log "the cluster's job server ($found) is running another job, and runs one at a time: starting one for this job"
+    fi
   elif [[ -e "$record" ]] && (( ! dry_run )); then
     itt_log "the job server that spark_cluster.sh started for $spark_master is not running (spark_cluster.sh status says so; stop and start the cluster to have it back): starting one for this job"
   fi
 elif [[ -n "$job_endpoint" ]] && (( ! dry_run )); then
-  itt_port_open "${job_endpoint%:*}" "${job_endpoint##*:}" \
-    || itt_die "nothing listens at --job_endpoint $job_endpoint: start the cluster's job server (launch/spark_cluster.sh start) or leave --job_endpoint out to start one for this job"
+  itt_need_job_service "$job_endpoint" "start the cluster's job server (launch/spark_cluster.sh start)"
 fi
 if (( ! dry_run )); then
   # A Master that is not there fails much later inside the job server, as a Java stack trace.
   itt_port_open "${spark_master%:*}" "${spark_master##*:}" \
     || itt_die "no Spark Master answers at spark://$spark_master: start a cluster (launch/spark_cluster.sh start) or pass --spark_master HOST:PORT"
+  # So does a worker pool that is not there (each task fails 4 times, "Connection refused" deep in
+  # the trace); one on this machine can be checked from here.
+  if [[ "$environment_type" == EXTERNAL && "${environment_config%:*}" =~ ^(127\.0\.0\.1|localhost)$ ]]; then
+    itt_port_open "${environment_config%:*}" "${environment_config##*:}" \
+      || itt_die "no SDK worker pool listens at --environment_config $environment_config: start the cluster (launch/spark_cluster.sh start; status says whether its pool runs) or pass the pool's HOST:PORT"
+  fi
 fi
 
 # --environment_cache_millis: a job's SDK workers serve its next stage too instead of one started
@@ -206,32 +221,42 @@ else
 fi
 
 # cancel_own_jobs: cancels, through the job server's job service, the jobs named $job_name that
-# have not ended; prints their ids. The driver alone would leave its job running on the cluster.
+# have not ended; prints the ids of those it cancelled or found cancelled. The driver cancels its
+# own job when interrupted (beam_jobs/run.py); this covers a driver that could not.
 cancel_own_jobs() {
   "$py" - "$job_endpoint" "$job_name" <<'EOF'
 import sys
 import grpc
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
-ENDED = {beam_job_api_pb2.JobState.DONE, beam_job_api_pb2.JobState.FAILED, beam_job_api_pb2.JobState.CANCELLED}
+State = beam_job_api_pb2.JobState
 with grpc.insecure_channel(sys.argv[1]) as channel:
     service = beam_job_api_pb2_grpc.JobServiceStub(channel)
     for job in service.GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info:
-        if job.job_name == sys.argv[2] and job.state not in ENDED:
+        if job.job_name != sys.argv[2] or job.state in (State.DONE, State.FAILED):
+            continue
+        if job.state not in (State.CANCELLED, State.CANCELLING):
             service.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job.job_id), timeout=10)
-            print(job.job_id)
+        print(job.job_id)
 EOF
 }
 
 itt_log "running: $(itt_quote_command_redacted "${cmd[@]}")"
 PATH="$(dirname "$py"):$PATH" "${cmd[@]}" &
 job_pid=$!
+# Interrupted: the driver first (it cancels its job at once, through the job service it holds),
+# then a cancel from here for a driver that could not. A job that had already committed is said
+# to have, with the driver's exit status: the interrupt came too late to stop it.
 on_signal() {
-  local cancelled
+  local cancelled status=0
   trap - INT TERM
-  cancelled=$(cancel_own_jobs 2>/dev/null | tr '\n' ' ' || true)
-  itt_log "interrupted: ${cancelled:+cancelled job(s) ${cancelled% } at the job server $job_endpoint; }stopping the job's driver"
   kill -TERM "$job_pid" 2>/dev/null || true
-  wait "$job_pid" 2>/dev/null || true
+  wait "$job_pid" 2>/dev/null || status=$?
+  if (( status == 0 )); then
+    itt_log "interrupted, but the job had already finished: its dataset is committed"
+    exit 0
+  fi
+  cancelled=$(cancel_own_jobs 2>/dev/null | tr '\n' ' ' || true)
+  itt_log "interrupted: ${cancelled:+cancelled job(s) ${cancelled% } at the job server $job_endpoint; }the job's driver has stopped"
   exit "$1"
 }
 trap 'on_signal 130' INT

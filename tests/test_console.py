@@ -442,7 +442,7 @@ def test_split_table_adds_up_and_gives_listing_dead_letters_a_row():
         ([], None),
         (["--runner=FlinkRunner", "--flink_master=10.0.0.5:8081"], "http://10.0.0.5:8081/#/job/running"),
         (["--runner=FlinkRunner"], "embedded Flink"),
-        (["--runner=SparkRunner", "--spark_master_url=spark://10.0.0.6:7077"], "http://10.0.0.6:8080 unless"),
+        (["--runner=SparkRunner", "--spark_master_url=spark://10.0.0.6:7077"], "Spark Master on 10.0.0.6"),
         (["--runner=SparkRunner"], "running on Spark (local[4])"),
         (
             ["--runner=DataflowRunner", "--project=p1", "--region=europe-west4"],

@@ -41,8 +41,8 @@ def watch_hint(options: PipelineOptions, job_id: str | None = None) -> str | Non
             return f"running on Spark ({master}); its counters are logged at the end"
         host = master.removeprefix("spark://").rsplit(":", 1)[0]
         return (
-            f"watch the job in the Spark Master's web UI, http://{host}:8080 unless the cluster set another "
-            "port (its stages and executors)"
+            f"watch the job in the web UI of the Spark Master on {host} (its stages and executors; port 8080 "
+            "by default, launch/spark_cluster.sh status names it)"
         )
     if name.startswith("dataflow"):
         cloud = options.view_as(GoogleCloudOptions)

@@ -324,8 +324,11 @@ class SparkCluster:
         pids = []
         for f in (self.state_dir / "pid").glob("worker-*.pid"):
             for child in psutil.Process(int(f.read_text().split()[0])).children(recursive=True):
-                if child.name() == "java" and "org.apache.spark.deploy.worker.Worker" in child.cmdline():
-                    pids.append(child.pid)
+                try:  # a killed executor may be a zombie its Worker has not reaped yet
+                    if child.name() == "java" and "org.apache.spark.deploy.worker.Worker" in child.cmdline():
+                        pids.append(child.pid)
+                except psutil.Error:
+                    continue
         return pids
 
 

@@ -136,6 +136,12 @@ def test_a_killed_worker_and_a_killed_executor_are_survived_and_stop_leaves_noth
         os.killpg(int((cluster.state_dir / "pid" / "worker-pool.pid").read_text()), signal.SIGKILL)
         status = _status(cluster)
         assert status.returncode == 1 and "down: the worker pool" in status.stdout, status.stdout
+        # A Worker's supervisor SIGKILLed leaves its Worker running in its process group: stop
+        # (below) must end that Worker too, or it would join the next cluster's Master.
+        orphans = cluster.worker_jvms()
+        os.kill(int((cluster.state_dir / "pid" / "worker-0.pid").read_text()), signal.SIGKILL)
+        assert "the supervisor of Worker 0" in _status(cluster).stdout
+        processes += [psutil.Process(pid) for pid in orphans]
     finally:
         cluster.stop()
     # The stop leaves no process (the restarted Worker and every executor included), no port, no
@@ -177,6 +183,62 @@ def test_an_interrupted_submit_cancels_its_job_and_resume_finishes_it(spark_clus
     assert not (out / "dataset_info.json").exists(), "nothing under a final name"
     run_script([*args, "--resume", *BIG_TREE_FLAGS], timeout=600)
     assert_same_output(out, reference)
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_two_submits_at_once_both_finish_the_second_on_a_job_server_of_its_own(
+    spark_cluster, local_output, photo_tree, tmp_path
+):
+    """The cluster's job server runs one Spark context at a time (Spark allows one per JVM): a
+    second job submitted meanwhile failed at once. The second submit now starts its own."""
+    jobs = [
+        subprocess.Popen(
+            spark_cluster.submit_args(["--input", str(photo_tree), "--output_dir", str(tmp_path / name), *JOB_FLAGS]),
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    logs = [job.communicate(timeout=600)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], logs
+    assert sum("is running another job, and runs one at a time: starting one for this job" in log for log in logs) == 1
+    for name in ("a", "b"):
+        assert_same_output(tmp_path / name, local_output)
+
+
+def test_submit_checks_the_endpoint_and_the_worker_pool_before_the_job(spark_cluster, tmp_path):
+    """A port that speaks no gRPC as --job_endpoint, or a worker pool that is not there, hung the job
+    or failed it after minutes with a Java trace: each is one line before anything runs."""
+    base = [str(LAUNCH / "submit_spark.sh"), "--spark_master", spark_cluster.spark_master]
+    job = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o")]
+    web_ui = f"127.0.0.1:{spark_cluster.webui_port}"
+    proc = run_script([*base, "--job_endpoint", web_ui, *job], timeout=120, check=False)
+    assert proc.returncode == 2 and f"no Beam job server answers at --job_endpoint {web_ui}" in proc.stderr
+    nothing = f"127.0.0.1:{SparkCluster(tmp_path).master_port}"  # a free port
+    proc = run_script([*base, "--environment_config", nothing, *job], timeout=120, check=False)
+    assert proc.returncode == 2 and f"no SDK worker pool listens at --environment_config {nothing}" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_failed_start_ends_in_one_line_and_leaves_nothing(spark_job_server_jar, tmp_path):
+    """A start whose Master is not up in time (--timeout 1) stopped what it started, then waited
+    for ever on the Master it had launched itself."""
+    cluster = SparkCluster(tmp_path / "spark")
+    proc = run_script([*cluster.args("start"), "--timeout", "1"], timeout=120, check=False)
+    assert proc.returncode == 2 and "error: the Master did not come up" in proc.stderr, proc.stderr
+    assert not [
+        p.pid for p in psutil.process_iter(["cmdline"]) if str(cluster.state_dir) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not port_open(cluster.master_port) and not port_open(cluster.webui_port)
+
+
+def test_status_of_a_state_dir_with_no_cluster_says_so(tmp_path):
+    proc = run_script(
+        [str(LAUNCH / "spark_cluster.sh"), "status", "--state_dir", str(tmp_path)], timeout=60, check=False
+    )
+    assert proc.returncode == 1 and proc.stdout.strip() == f"Spark: no cluster was started with state dir {tmp_path}"
 
 
 def test_submit_refuses_a_master_that_is_not_there_in_one_line(tmp_path):
