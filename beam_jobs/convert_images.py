@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import re
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.errors import BadInputError
+from beam_jobs.imaging.perceptual_hash import perceptual_hash
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, read_source, source_digests, source_state
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
@@ -154,31 +156,56 @@ class ListInputs(beam.PTransform):
         super().__init__()
         self._source = spec.source
         self._max_file_bytes = spec.image.max_file_bytes
+        self._max_pixels = spec.image.max_pixels
+        self._near_copies = spec.splits.groups == "near_copies"
+        self._group_pattern = spec.splits.group_pattern
 
     @no_annotations
     def expand(self, start: beam.pvalue.PBegin | beam.PCollection) -> dict[str, beam.PCollection]:
         listed = start | "ListSource" >> ListSource(self._source)
         listing = listed[LISTING]
-        if self._source.dedup == "content":
+        if self._group_pattern is not None:
+            listing = listing | "GroupByPattern" >> beam.Map(_with_pattern_group, pattern=self._group_pattern)
+        if self._source.dedup == "content" or self._near_copies:
             listing = (
                 listing
                 | "SpreadListing" >> beam.Reshuffle()
-                | "HashContent" >> beam.Map(_with_content_hash, max_file_bytes=self._max_file_bytes)
-                # InputFile(..., content_sha256) | DeadLetter
+                | "HashContent"
+                >> beam.Map(
+                    _with_content_hash,
+                    max_file_bytes=self._max_file_bytes,
+                    max_pixels=self._max_pixels if self._near_copies else None,
+                    sha256=self._source.dedup == "content",
+                )
+                # InputFile(..., content_sha256, phash) | DeadLetter
             )
         return {LISTING: listing, IGNORED: listed[IGNORED]}
 
 
-def _with_content_hash(item: InputFile | DeadLetter, *, max_file_bytes: int) -> InputFile | DeadLetter:
+def _with_pattern_group(item: InputFile | DeadLetter, *, pattern: str) -> InputFile | DeadLetter:
+    """--group_pattern: the input's user group is the capture of the pattern in its relative
+    path (re.search; no match, no group). A group column of an input list wins."""
+    if not isinstance(item, InputFile) or item.user_group is not None:
+        return item
+    match = re.search(pattern, item.filename)
+    return item if match is None or not match.group(1) else dataclasses.replace(item, user_group=match.group(1))
+
+
+def _with_content_hash(
+    item: InputFile | DeadLetter, *, max_file_bytes: int, max_pixels: int | None = None, sha256: bool = True
+) -> InputFile | DeadLetter:
     """For --dedup=content: the sha256 of each input's bytes, before planning (unreadable inputs
-    keep None and are dead-lettered by the conversion as usual)."""
+    keep None and are dead-lettered by the conversion as usual); for --split_groups near_copies
+    (``max_pixels`` given), its perceptual hash too, from the same read."""
     if not isinstance(item, InputFile):
         return item
     try:
         data = read_source(item, max_file_bytes)
     except BadInputError:
         return item
-    return dataclasses.replace(item, content_sha256=hashlib.sha256(data).hexdigest())
+    phash = perceptual_hash(data, max_pixels=max_pixels) if max_pixels is not None else None
+    digest = hashlib.sha256(data).hexdigest() if sha256 else item.content_sha256
+    return dataclasses.replace(item, content_sha256=digest, phash=phash)
 
 
 class HeldInputs(beam.PTransform):
@@ -239,6 +266,7 @@ class PlanRun(beam.PTransform):
             target_shard_bytes=spec.shards.target_bytes,
             dedup=spec.source.dedup,
             ignored=listed[IGNORED],
+            split_groups=_split_groups(spec),
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}
@@ -269,6 +297,15 @@ class PlanRun(beam.PTransform):
             PLAN_SUMMARY: summary,
             IGNORED_COUNTS: planned[IGNORED_COUNTS],  # (Ignored kind, count)
         }
+
+
+def _split_groups(spec: ConversionSpec) -> dict | None:
+    """The groups PlanShards looks for: those asked for by flags, and for input lists and rows
+    always the group column's (empty when the list has none); None: no grouping step at all."""
+    settings = spec.splits.group_settings()
+    if settings is None and spec.source.kind in ("list", "rows"):
+        return {}
+    return settings
 
 
 def _label_lineage(output_dir: str, expected: Current | None, relabel: str) -> tuple[str, ...]:

@@ -122,6 +122,12 @@ class InputFile:
     mtime: float | None = None
     origin: str | None = None  # where an input list named it ("list.csv:12"), for messages
     annotations: Annotations | None = None  # multi-label or boxes, from an input list or a COCO file
+    # --split_groups: the 64-bit perceptual hash of the upright image (None: not hashed, or no image),
+    # the user's group (an input list's group column, or --group_pattern's capture), and the id of
+    # the split group planning put it in (None: a group of its own).
+    phash: int | None = None
+    user_group: str | None = None
+    split_group: str | None = None
 
 
 def annotation_digest(f: InputFile) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beam_jobs.config import ImageConfig, checked_splits, parse_image_size, parse_splits
 from beam_jobs.errors import BadInputError, UsageError
 from beam_jobs.listing.names import clean_split_name
+from beam_jobs.planning.group_rules import DEFAULT_NEAR_COPY_BITS, MAX_NEAR_COPY_BITS, PERCEPTUAL_HASH, SPLIT_GROUPS
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 from beam_jobs.typed_fields import check_field_types
 
@@ -231,10 +233,43 @@ class SplitSpec:
 
     fractions: Mapping[str, float] | None = None
     rule: str = DEFAULT_SPLIT_RULE
+    # --split_groups near_copies: inputs whose perceptual hashes are at most ``near_copy_bits``
+    # apart share a split; ``group_pattern``: a tree's inputs whose relative paths give the same
+    # capture of this regular expression share one too (an input list's group column does so).
+    groups: str = "none"
+    near_copy_bits: int = DEFAULT_NEAR_COPY_BITS
+    group_pattern: str | None = None
+
+    def group_settings(self) -> dict[str, Any] | None:
+        """What the run fingerprint and the manifest record of the groups (None: none asked for)."""
+        settings: dict[str, Any] = {}
+        if self.groups == "near_copies":
+            settings.update(method=PERCEPTUAL_HASH, near_copy_bits=self.near_copy_bits)
+        if self.group_pattern is not None:
+            settings["group_pattern"] = self.group_pattern
+        return settings or None
 
     def __post_init__(self) -> None:
         check_field_types(self)
         _one_of("--split_rule", self.rule, SPLIT_RULES)
+        _one_of("--split_groups", self.groups, SPLIT_GROUPS)
+        if not 0 <= self.near_copy_bits <= MAX_NEAR_COPY_BITS:
+            raise UsageError(
+                f"--near_copy_bits must be between 0 and {MAX_NEAR_COPY_BITS} of the hash's 64 bits "
+                f"(got {self.near_copy_bits}); distinct photos are about 32 bits apart"
+            )
+        if self.group_pattern is not None:
+            try:
+                compiled = re.compile(self.group_pattern)
+            except re.error as error:
+                raise UsageError(
+                    f"--group_pattern {self.group_pattern!r} is not a regular expression: {error}"
+                ) from None
+            if compiled.groups != 1:
+                raise UsageError(
+                    f"--group_pattern {self.group_pattern!r} must have exactly one capture group, the group's "
+                    f"name (it has {compiled.groups}), e.g. '^(patient_[0-9]+)_'"
+                )
         if self.fractions is not None:
             try:
                 checked = checked_splits(self.fractions.items(), shown=dict(self.fractions))
@@ -324,6 +359,7 @@ def run_settings(
     num_shards: int | None,
     target_shard_mb: float,
     dedup: str,
+    split_groups: Mapping[str, Any] | None = None,
 ) -> dict:
     """The settings besides ImageConfig that shape the output, as dataset_info.json records them and
     the run fingerprint hashes them: one shape however the spec was made, so that the same
@@ -334,6 +370,8 @@ def run_settings(
         "num_shards": num_shards,
         "target_shard_mb": target_shard_mb,
         "dedup": dedup,
+        # Only when some are asked for: the fingerprints of runs made without groups never change.
+        **({"split_groups": dict(split_groups)} if split_groups else {}),
     }
 
 
@@ -363,6 +401,14 @@ class ConversionSpec:
         object.__setattr__(self, "output_dir", _resolved_path("output_dir", self.output_dir))
         check_field_types(self)
         _one_of("--log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
+        if self.mode.append and self.splits.groups == "near_copies":
+            # The held examples' hashes are not read back yet, so a new near-copy of a held image
+            # could land in another split: refused, rather than a leak no one sees.
+            raise UsageError(
+                "--append with --split_groups near_copies is not supported yet: a new input's near-copies "
+                "among the examples already held would not be found; convert the whole collection again "
+                "(--overwrite), or append with --split_groups none to a dataset made without groups"
+            )
 
     @property
     def settings(self) -> dict:
@@ -373,6 +419,7 @@ class ConversionSpec:
             num_shards=self.shards.num_shards,
             target_shard_mb=self.shards.target_shard_mb,
             dedup=self.source.dedup,
+            split_groups=self.splits.group_settings(),
         )
 
     def replace(self, **changes: Any) -> ConversionSpec:
@@ -417,7 +464,13 @@ class ConversionSpec:
             ),
             output_dir=absolute_uri(values["output_dir"]),
             image=image,
-            splits=SplitSpec(fractions=fractions, rule=values["split_rule"]),
+            splits=SplitSpec(
+                fractions=fractions,
+                rule=values["split_rule"],
+                groups=values["split_groups"],
+                near_copy_bits=values["near_copy_bits"],
+                group_pattern=values["group_pattern"] or None,
+            ),
             shards=ShardSpec(num_shards=values["num_shards"], target_shard_mb=values["target_shard_mb"]),
             limits=Limits(max_bad_fraction=values["max_bad_fraction"]),
             mode=_part_from_flags(RunMode, values),

@@ -8,6 +8,7 @@ context is given, the RunContext) that ``ConvertImages(spec)`` takes.
 from __future__ import annotations
 
 from beam_jobs.config import ImageConfig
+from beam_jobs.planning.group_rules import DEFAULT_NEAR_COPY_BITS
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB
 from beam_jobs.run_context import RunContext
 from beam_jobs.spec import ConversionSpec, Limits, RunMode, ShardSpec, Source, SplitSpec
@@ -36,6 +37,9 @@ def spec_of_keywords(
     plan_only: bool = False,
     run_id: str | None = None,
     split_rule: str = DEFAULT_SPLIT_RULE,
+    split_groups: str = "none",
+    near_copy_bits: int = DEFAULT_NEAR_COPY_BITS,
+    group_pattern: str | None = None,
     expected: Current | None = None,
     change_kind: str = "create",
     keep_versions: int = 2,
@@ -67,7 +71,13 @@ def spec_of_keywords(
         ),
         output_dir=output_dir,
         image=image_config if image_config is not None else ImageConfig(),
-        splits=SplitSpec(fractions=split_fractions, rule=split_rule),
+        splits=SplitSpec(
+            fractions=split_fractions,
+            rule=split_rule,
+            groups=split_groups,
+            near_copy_bits=near_copy_bits,
+            group_pattern=group_pattern,
+        ),
         shards=ShardSpec(num_shards=num_shards, target_shard_mb=target_shard_bytes / 2**20),
         limits=Limits(max_bad_fraction=max_bad_fraction),
         mode=RunMode(

@@ -15,6 +15,7 @@ from beam_jobs import __version__
 from beam_jobs.command_line.program import PROG
 from beam_jobs.config import ImageConfig
 from beam_jobs.imaging.resample import RESAMPLE_METHODS
+from beam_jobs.planning.group_rules import DEFAULT_NEAR_COPY_BITS, SPLIT_GROUPS
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 
 __all__ = ["LOG_LEVELS", "PROG", "add_job_flags", "help_parser", "unknown_flag_message"]
@@ -207,6 +208,29 @@ def _add_split_flags(parser: argparse.ArgumentParser) -> None:
         "as splits in every split; hash: each input by its own stable hash of the relative "
         "path, only near the fractions, but adding inputs never moves another "
         "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--split_groups",
+        default="none",
+        choices=SPLIT_GROUPS,
+        help="near_copies: inputs whose perceptual hashes (a 64-bit DCT hash of the upright image, "
+        "computed before planning) are at most --near_copy_bits apart, and byte-identical inputs, "
+        "form one group, and a group never spans two splits, so that no validation image is a "
+        "re-encoded, resized or slightly cropped copy of a training one (default: %(default)s)",
+    )
+    group.add_argument(
+        "--near_copy_bits",
+        type=int,
+        default=DEFAULT_NEAR_COPY_BITS,
+        help="the largest Hamming distance between two hashes of near-copies, of 64 bits "
+        "(default: %(default)s; docs/leakage.md measures recall and false groups per value)",
+    )
+    group.add_argument(
+        "--group_pattern",
+        default=None,
+        help="a regular expression with one capture group: a tree's inputs whose relative paths "
+        "give the same capture share a split (e.g. '(patient_[0-9]+)_' or '^[^/]+/(video[0-9]+)_'); "
+        "an input list's group column does the same",
     )
 
 

@@ -45,7 +45,7 @@ __all__ = [
 _REQUIRED_COLUMNS = ("uri", "label")
 # Every column the job reads. Any other is refused, not ignored: a misspelt "object" or "boxes"
 # would otherwise give an image stored with no boxes, and a dataset that looks whole.
-LIST_COLUMNS = ("uri", "label", "split", *ANNOTATION_COLUMNS)
+LIST_COLUMNS = ("uri", "label", "split", "group", *ANNOTATION_COLUMNS)
 
 
 def _unknown_columns(columns: Iterable[object]) -> str | None:
@@ -86,7 +86,11 @@ def _json_value_not_text(row: dict) -> str | None:
     its value: a dataset silently different from the user's numbering. CSV values are always text.
     """
     # bytes: only a user's rows (ConvertImages) can hold them; str() would make a class "b'cat'".
-    odd = [column for column in ("uri", "label", "split") if isinstance(row.get(column), (list, dict, bool, bytes))]
+    odd = [
+        column
+        for column in ("uri", "label", "split", "group")
+        if isinstance(row.get(column), (list, dict, bool, bytes))
+    ]
     if odd:
         return f"{', '.join(odd)} must be text (got {', '.join(repr(row[c]) for c in odd)})"
     for column in ("label", "uri", "split"):
@@ -155,7 +159,11 @@ def _row_to_input(
         refused = check_listed_file(uri)  # a FIFO, a folder, a dangling symlink: never opened
         if refused is not None:
             return DeadLetter(where, refused.stage, refused.reason, f"{entry!r}: {refused.detail}")
-    return InputFile(filename=filename, uri=uri, label=label, split=split, origin=where, annotations=annotations)
+    # A group is only compared for equality (a patient, a video): a JSON number is its digits.
+    group = str(row.get("group") if row.get("group") is not None else "").strip() or None
+    return InputFile(
+        filename=filename, uri=uri, label=label, split=split, origin=where, annotations=annotations, user_group=group
+    )
 
 
 def _text_lines(data: bytes | str | Iterable[str]) -> Iterator[str]:

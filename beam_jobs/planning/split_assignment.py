@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import apache_beam as beam
 
+from beam_jobs.planning.group_rules import one_split_per_group
 from beam_jobs.planning.rules import (
     SPLIT_RULES,
     assign_splits_by_hash,
@@ -59,14 +60,29 @@ def _split_bucket(group: tuple[tuple[str, int], Mapping[str, Iterable]], split_c
 class AssignSplits(beam.PTransform):
     """InputFile -> InputFile with a split: given splits are kept, the others follow ``rule``."""
 
-    def __init__(self, fractions: Mapping[str, float], rule: str) -> None:
+    def __init__(self, fractions: Mapping[str, float], rule: str, *, grouped: bool = False) -> None:
         super().__init__()
         if rule not in SPLIT_RULES:
             raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
         self._fractions = dict(fractions)
         self._rule = rule
+        self._grouped = grouped
 
     def expand(self, inputs: beam.PCollection) -> beam.PCollection:
+        """The rule's splits; with split groups, then one split per group (see _OneSplitPerGroup)."""
+        if not self._grouped:
+            return self._by_rule(inputs)
+        given, unsplit = inputs | "SplitGiven" >> beam.Partition(
+            lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]  # as in _by_rule
+            2,
+        )
+        tagged = (
+            given | "TagGiven" >> beam.Map(lambda f: (f, True)),
+            self._by_rule(unsplit) | "TagAssigned" >> beam.Map(lambda f: (f, False)),
+        ) | "TaggedSplits" >> beam.Flatten()
+        return tagged | "OneSplitPerGroup" >> _OneSplitPerGroup()
+
+    def _by_rule(self, inputs: beam.PCollection) -> beam.PCollection:
         """By hash, a Map; stratified, per-(class, bucket) counts give each class's sizes and each
         bucket's offset, and the offsets join their bucket's inputs."""
         if len(self._fractions) == 1:
@@ -104,3 +120,32 @@ class AssignSplits(beam.PTransform):
             | "SplitInBucket" >> beam.FlatMap(_split_bucket, beam.pvalue.AsSingleton(split_counts))
         )
         return (given, assigned) | "WithSplits" >> beam.Flatten()
+
+
+def _keyed_by_group(tagged: tuple[InputFile, bool]) -> tuple[str, tuple[InputFile, bool]]:
+    return tagged[0].split_group or "", tagged
+
+
+def _settled(group: tuple[str, Iterable[tuple[InputFile, bool]]]) -> list[InputFile]:
+    return one_split_per_group(group[1])
+
+
+class _OneSplitPerGroup(beam.PTransform):
+    """(InputFile, split given?) -> InputFile: the members of each split group in one split
+    (group_rules.one_split_per_group). Only grouped inputs are shuffled, by their group's id: a
+    group is small, and most inputs are in none."""
+
+    def expand(self, tagged: beam.PCollection) -> beam.PCollection:
+        grouped, alone = tagged | "InAGroup" >> beam.Partition(
+            lambda member, _: 0 if member[0].split_group is not None else 1,  # type: ignore[arg-type]
+            2,
+        )
+        settled = (
+            grouped
+            | "KeyByGroup" >> beam.Map(_keyed_by_group)
+            | "GroupMembers" >> beam.GroupByKey()
+            # (group id, [(InputFile, given), ...])
+            | "SplitOfGroup" >> beam.FlatMap(_settled)
+        )
+        alone = alone | "Ungrouped" >> beam.Map(lambda member: member[0])
+        return (settled, alone) | "WithGroupSplits" >> beam.Flatten()

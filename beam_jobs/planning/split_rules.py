@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from fractions import Fraction
 
+from beam_jobs.planning.group_rules import one_split_per_group, split_key
 from beam_jobs.planning.hashing import (
     _digest,
     bucket_of,
@@ -27,13 +28,14 @@ def split_digest(filename: str) -> bytes:
 
 
 def split_order(f: InputFile) -> tuple[bytes, str]:
-    """An input's place in its class's split-hash order (the filename breaks a digest tie)."""
-    return split_digest(f.filename), f.filename
+    """An input's place in its class's split-hash order (the filename breaks a digest tie). The
+    hash is of its split group's id (group_rules.split_key), so a group's members are adjacent."""
+    return split_digest(split_key(f)), f.filename
 
 
 def split_bucket_key(f: InputFile) -> tuple[str, int]:
     """(label, bucket of the split hash): the unit in which a class's hash order is counted."""
-    return f.label or "", bucket_of(split_digest(f.filename))
+    return f.label or "", bucket_of(split_digest(split_key(f)))
 
 
 def _exact_shares(fractions: Mapping[str, float]) -> dict[str, Fraction]:
@@ -177,7 +179,7 @@ def assign_splits_by_hash(files: Iterable[InputFile], fractions: Mapping[str, fl
     result = []
     for f in files:
         if f.split is None:
-            position = stable_fraction(f.filename, "split") * total
+            position = stable_fraction(split_key(f), "split") * total
             split = next((n for n, bound in zip(names, bounds, strict=True) if position < bound), names[-1])
             f = replace(f, split=split)
         result.append(f)
@@ -190,4 +192,12 @@ def assign_splits(
     """Gives each input without a split one by ``rule`` (see SPLIT_RULES); given splits are kept."""
     if rule not in SPLIT_RULES:
         raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
-    return (assign_splits_stratified if rule == "stratified" else assign_splits_by_hash)(files, fractions)
+    files = list(files)
+    given = {id(f) for f in files if f.split is not None}
+    assigned = (assign_splits_stratified if rule == "stratified" else assign_splits_by_hash)(files, fractions)
+    groups: dict[str, list[tuple[InputFile, bool]]] = defaultdict(list)
+    for before, after in zip(files, assigned, strict=True):
+        if after.split_group is not None:
+            groups[after.split_group].append((after, id(before) in given))
+    settled = {f.filename: f for members in groups.values() for f in one_split_per_group(members)}
+    return [settled.get(f.filename, f) if f.split_group is not None else f for f in assigned]

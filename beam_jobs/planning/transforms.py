@@ -63,6 +63,7 @@ from beam_jobs.planning.rules import (
     tree_reads_splits,
 )
 from beam_jobs.planning.split_assignment import AssignSplits
+from beam_jobs.planning.split_groups import FindSplitGroups, split_group_report
 from beam_jobs.records import Annotations, DeadLetter, InputFile
 
 __all__ = [
@@ -117,8 +118,11 @@ class PlanShards(beam.PTransform):
         held_content: beam.PCollection | None = None,
         held_version: int | None = None,
         ignored: beam.PCollection | None = None,
+        split_groups: dict | None = None,
     ) -> None:
         super().__init__()
+        # None: no groups; else the groups' settings (near_copy_bits, ...; {} for user groups only).
+        self._split_groups = split_groups
         self._from_tree = from_tree
         self._tree_layout = tree_layout
         self._source = source
@@ -172,7 +176,15 @@ class PlanShards(beam.PTransform):
                 fresh = inputs | "DropNewRepeats" >> _DropRepeats(self._dedup, by_path=False)
                 inputs = fresh[_INPUTS]
                 dead.append(fresh[PLAN_DEAD_LETTERS])
-        split = inputs | "AssignSplits" >> AssignSplits(self._fractions, self._split_rule)
+        found = None
+        if self._split_groups is not None:
+            found = inputs | "FindSplitGroups" >> FindSplitGroups(
+                near_copy_bits=self._split_groups.get("near_copy_bits")
+            )
+            inputs = found["inputs"]
+        split = inputs | "AssignSplits" >> AssignSplits(
+            self._fractions, self._split_rule, grouped=self._split_groups is not None
+        )
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         parts = {LISTED: listing, UNSPLIT: inputs, PLANNED: split, DEAD: dead_letters}
@@ -187,6 +199,8 @@ class PlanShards(beam.PTransform):
             requested=self._requested,
             split_rule=self._split_rule,
         )
+        if found is not None:
+            summary = summary | "WithSplitGroups" >> _WithGroupReport(split, found, self._split_groups or {})
         shards = split | "PlaceInShards" >> _PlaceInShards(plan)
         # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
         outputs = {
@@ -471,3 +485,40 @@ def _to_shard_plan(group: tuple[tuple[str, int], Iterable[tuple[int, InputFile]]
     (split, index), members = group
     ordered = tuple(f for _, f in sorted(members, key=lambda member: member[0]))
     return ShardPlan(split, index, plan["layout"][split]["num_shards"], ordered)
+
+
+def _grouped_split(f: InputFile) -> list[tuple[str, str]]:
+    return [(f.filename, f.split)] if f.split_group is not None and f.split is not None else []
+
+
+def _with_report(summary: dict, pairs: list, groups: dict, splits: dict, *, settings: dict) -> dict:
+    report = split_group_report(
+        pairs, groups, splits, method=settings.get("method"), threshold=settings.get("near_copy_bits")
+    )
+    if not settings and not report["groups"]:
+        return summary  # an input list without a group column, and no group asked for: nothing to say
+    return {**summary, "split_groups": {**settings, **report}}
+
+
+class _WithGroupReport(beam.PTransform):
+    """The plan's summary with its split groups' report (split_groups.split_group_report)."""
+
+    def __init__(self, split: beam.PCollection, found: dict, settings: dict) -> None:
+        super().__init__()
+        self._split = split
+        self._found = found
+        self._settings = settings
+
+    @no_annotations
+    def expand(self, summary: beam.PCollection) -> beam.PCollection:
+        splits = (
+            self._split | "GroupedSplits" >> beam.FlatMap(_grouped_split) | "GroupedSplitMap" >> beam.combiners.ToDict()
+        )
+        # {name: split} of the grouped inputs only
+        return summary | "Report" >> beam.Map(
+            _with_report,
+            beam.pvalue.AsSingleton(self._found["pairs"]),
+            beam.pvalue.AsSingleton(self._found["groups"]),
+            beam.pvalue.AsSingleton(splits),
+            settings=self._settings,
+        )

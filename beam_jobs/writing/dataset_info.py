@@ -109,6 +109,9 @@ def build_dataset_info(
         "fingerprint": run_fingerprint(config, settings),
         # Examples whose source bytes are identical (kept: --dedup=path); --dedup=content drops them.
         "content_duplicates": list(content_duplicates),
+        # --split_groups and group columns: how groups were found, the largest, and the near-copy
+        # pairs across splits (none unless the user gave the two splits).
+        **({"split_groups": summary["split_groups"]} if summary.get("split_groups") else {}),
     }
     if annotated:
         info.update(_annotation_facts(summary, label_names))

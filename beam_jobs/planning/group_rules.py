@@ -1,0 +1,146 @@
+"""Split groups, pure: which inputs must share a split (near-copies, and the user's own groups).
+
+Near-copies are found without comparing all pairs, and without missing one: two 64-bit hashes
+at most ``t`` bits apart agree exactly on at least one of ``t + 1`` disjoint bands of their bits
+(pigeonhole), so each input is keyed by each of its bands, and only inputs sharing a band value
+are compared. A pair is reported by the first band on which it agrees, so each pair once. Groups
+are then the connected components of the pairs: every pair within the threshold ends in one
+group, so no such pair can span two splits (single linkage: a chain of near-copies is one group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from beam_jobs.records import InputFile
+
+__all__ = [
+    "DEFAULT_NEAR_COPY_BITS",
+    "SPLIT_GROUPS",
+    "band_keys",
+    "connected_groups",
+    "group_edges",
+    "hamming",
+    "one_split_per_group",
+    "pairs_in_band",
+    "split_key",
+]
+
+SPLIT_GROUPS = ("none", "near_copies")
+# The largest distance at which two hashes are near-copies: measured by benchmarks/near_copies.py
+# (docs/leakage.md has the table of recall and false pairs per threshold).
+DEFAULT_NEAR_COPY_BITS = 10
+HASH_BITS = 64  # imaging/perceptual_hash.py's
+# Beyond this, the bands are too narrow to narrow anything (and unrelated photos are ~32 bits apart).
+MAX_NEAR_COPY_BITS = 24
+PERCEPTUAL_HASH = "dct64"  # imaging/perceptual_hash.py's method, as manifests name it
+
+
+def hamming(a: int, b: int) -> int:
+    """How many bits two hashes differ in."""
+    return (a ^ b).bit_count()
+
+
+def _bands(threshold: int) -> list[tuple[int, int]]:
+    """(shift, width) of the threshold + 1 disjoint bands that cover the hash's bits."""
+    count = threshold + 1
+    widths = [HASH_BITS // count + (1 if index < HASH_BITS % count else 0) for index in range(count)]
+    bands, shift = [], 0
+    for width in widths:
+        bands.append((shift, width))
+        shift += width
+    return bands
+
+
+def band_keys(phash: int, threshold: int) -> list[tuple[int, int]]:
+    """(band index, the hash's bits in that band) for each band: the keys under which an input
+    meets every input within ``threshold`` bits of it."""
+    return [(index, (phash >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
+
+
+def _first_equal_band(a: int, b: int, threshold: int) -> int:
+    pairs = zip(band_keys(a, threshold), band_keys(b, threshold), strict=True)
+    return next(index for index, (x, y) in enumerate(pairs) if x == y)
+
+
+def pairs_in_band(band: int, members: Iterable[tuple[str, int]], threshold: int) -> Iterator[tuple[str, str, int]]:
+    """(name, name, distance) for each pair of ``members`` ((name, hash) sharing one band value)
+    within ``threshold`` bits whose first equal band is ``band``, names in order. The distances
+    of a band's members are computed as one numpy matrix: a band of a large dataset holds many."""
+    ordered = sorted(members)
+    if len(ordered) < 2:
+        return
+    names = [name for name, _ in ordered]
+    hashes = np.array([h for _, h in ordered], dtype=np.uint64)
+    for row in range(len(ordered) - 1):
+        # popcount of the XOR: numpy's bitwise_count, one vector op per row.
+        distances = np.bitwise_count(hashes[row + 1 :] ^ hashes[row])
+        for offset in np.flatnonzero(distances <= threshold):
+            other = row + 1 + int(offset)
+            if _first_equal_band(int(hashes[row]), int(hashes[other]), threshold) == band:
+                yield names[row], names[other], int(distances[offset])
+
+
+def group_edges(members: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """The members of one user group (a ``group`` column's value, a name's captured group) as a
+    chain of pairs: enough to join them all in one component, with one pair per member."""
+    ordered = sorted(set(members))
+    yield from zip(ordered, ordered[1:], strict=False)  # each member with the next
+
+
+def connected_groups(edges: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """{name: its group's id} for every name in a pair: the connected components of the pairs,
+    each named by its smallest name, so that the same pairs give the same groups on any runner."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        parent.setdefault(name, name)
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]  # path halving
+            name = parent[name]
+        return name
+
+    for a, b in edges:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)  # the smaller name is the root: components named by their minimum
+    return {name: root(name) for name in parent}
+
+
+def split_key(f: InputFile) -> str:
+    """What an input's split is decided by: its group's id when it has one, else its own name;
+    so every member of a group has the same split hash, and lies in one run of the hash order."""
+    return f.split_group or f.filename
+
+
+def _anchor_split(members: list[tuple[InputFile, bool]]) -> str | None:
+    """The split a group takes: the first given split (a split folder, a split column) of its
+    members by name, else the split its own id (its smallest name) was assigned."""
+    given = sorted((f.filename, f.split) for f, was_given in members if was_given and f.split is not None)
+    if given:
+        return given[0][1]
+    return min((f for f, _ in members), key=lambda f: f.filename).split
+
+
+def one_split_per_group(members: Iterable[tuple[InputFile, bool]]) -> list[InputFile]:
+    """The members of one group ((input, whether its split was given)), all in the group's split
+    (the anchor's; see _anchor_split).
+
+    The split rules give a group one split already when its members share a class and fall in
+    one split's range of its hash order; this settles the rest: a group across classes, across
+    a boundary between two splits, or joined to an input whose split was given. A member whose
+    split was given keeps it (it is the user's), so a group given two splits stays split: the
+    leakage report counts such pairs."""
+    members = list(members)
+    split = _anchor_split(members)
+    return [f if was_given else replace(f, split=split) for f, was_given in members]
+
+
+def group_sizes(groups: Mapping[str, str]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for group in groups.values():
+        sizes[group] = sizes.get(group, 0) + 1
+    return sizes

@@ -1,0 +1,114 @@
+"""--split_groups in Beam: which inputs must share a split, found before splits are assigned.
+
+    FindSplitGroups: InputFile -> InputFile with split_group (None: a group of its own)
+      KeyByBand       -> ((band, bits), (name, hash)) for each of the threshold + 1 bands
+      GroupByBand     -> the inputs that agree on one band: the only ones ever compared
+      PairsInBand     -> (name, name, distance) within the threshold, each pair once
+      UserGroups      -> a chain of pairs per user group (a group column, --group_pattern)
+      Components      -> {name: group id} for every name in a pair (one small element)
+
+Only pairs travel to the one element that joins them into groups: their number grows with the
+near-copies a collection holds, not with its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+
+import apache_beam as beam
+
+from beam_jobs.planning.group_rules import band_keys, connected_groups, group_edges, group_sizes, pairs_in_band
+from beam_jobs.records import InputFile
+
+__all__ = ["FindSplitGroups", "split_group_report"]
+
+# How many of the largest groups the manifest names.
+LARGEST_GROUPS = 10
+
+
+def _band_items(f: InputFile, *, threshold: int) -> Iterator[tuple[tuple[int, int], tuple[str, int]]]:
+    if f.phash is not None:
+        for key in band_keys(f.phash, threshold):
+            yield key, (f.filename, f.phash)
+
+
+def _pairs(group: tuple[tuple[int, int], Iterable[tuple[str, int]]], *, threshold: int) -> Iterator[tuple[str, str]]:
+    (band, _), members = group
+    for a, b, _ in pairs_in_band(band, members, threshold):
+        yield a, b
+
+
+def _user_group_edges(group: tuple[str, Iterable[str]]) -> Iterator[tuple[str, str]]:
+    return group_edges(group[1])
+
+
+def _with_group(f: InputFile, groups: Mapping[str, str]) -> InputFile:
+    group = groups.get(f.filename)
+    return f if group is None else replace(f, split_group=group)
+
+
+def split_group_report(
+    near_pairs: list[tuple[str, str]],
+    groups: Mapping[str, str],
+    splits: Mapping[str, str],
+    *,
+    method: str | None,
+    threshold: int | None,
+) -> dict:
+    """What dataset_info.json records of the groups: how they were found, how many there are, the
+    largest, and the near-copy pairs whose two inputs ended in different splits (only possible
+    where the user gave both splits: the planner puts a group in one split)."""
+    sizes = group_sizes(groups)
+    largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
+    across = sorted((a, b) for a, b in near_pairs if splits.get(a) != splits.get(b))
+    return {
+        "method": method,
+        "near_copy_bits": threshold,
+        "near_copy_pairs": len(near_pairs),
+        "groups": len(sizes),
+        "grouped_inputs": len(groups),
+        "largest_groups": [{"id": group, "inputs": size} for group, size in largest],
+        "pairs_across_splits": len(across),
+        "pairs_across_splits_examples": [list(pair) for pair in across[:LARGEST_GROUPS]],
+    }
+
+
+class FindSplitGroups(beam.PTransform):
+    """InputFile -> InputFile with its split group; tagged output ``pairs``: one list of the
+    near-copy pairs, and ``groups``: one dict {name: group id} of the grouped inputs."""
+
+    def __init__(self, *, near_copy_bits: int | None) -> None:
+        super().__init__()
+        self._threshold = near_copy_bits
+
+    def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
+        """Near pairs by band, user groups as chains, then one union of all pairs into groups."""
+        edges = []
+        if self._threshold is not None:
+            near = (
+                inputs
+                | "KeyByBand" >> beam.FlatMap(_band_items, threshold=self._threshold)
+                | "GroupByBand" >> beam.GroupByKey()
+                # ((band, bits), [(name, hash), ...]): the inputs that agree on one band
+                | "PairsInBand" >> beam.FlatMap(_pairs, threshold=self._threshold)
+            )
+            edges.append(near)
+        else:
+            near = inputs.pipeline | "NoNearCopies" >> beam.Create([])
+        users = (
+            inputs
+            | "UserGroupMembers" >> beam.FlatMap(lambda f: [(f.user_group, f.filename)] if f.user_group else [])
+            | "UserGroups" >> beam.GroupByKey()
+            | "UserGroupChains" >> beam.FlatMap(_user_group_edges)
+        )
+        edges.append(users)
+        groups = (
+            tuple(edges)
+            | "AllPairs" >> beam.Flatten()
+            | "PairList" >> beam.combiners.ToList()
+            | "Components" >> beam.Map(connected_groups)
+        )
+        # {name: group id}: only the inputs in a pair
+        grouped = inputs | "WithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
+        return {"inputs": grouped, "pairs": near | "NearPairList" >> beam.combiners.ToList(), "groups": groups}
