@@ -43,7 +43,7 @@ def convert(
     splits: str | Mapping[str, float] | None = None,
     split_rule: str = "stratified",
     split_groups: str = "none",
-    near_copy_bits: int = 10,
+    near_copy_bits: int = 14,
     group_pattern: str | None = None,
     tree_layout: str = "auto",
     num_shards: int = 0,

@@ -213,16 +213,17 @@ def _add_split_flags(parser: argparse.ArgumentParser) -> None:
         "--split_groups",
         default="none",
         choices=SPLIT_GROUPS,
-        help="near_copies: inputs whose perceptual hashes (a 64-bit DCT hash of the upright image, "
-        "computed before planning) are at most --near_copy_bits apart, and byte-identical inputs, "
-        "form one group, and a group never spans two splits, so that no validation image is a "
-        "re-encoded, resized or slightly cropped copy of a training one (default: %(default)s)",
+        help="near_copies: inputs whose perceptual signatures (a 64-bit DCT hash of the upright "
+        "image in grey, and its colours, computed before planning) are within --near_copy_bits, "
+        "and byte-identical inputs, form one group, and a group never spans two splits, so that "
+        "no validation image is a re-encoded, resized or slightly cropped copy of a training one "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--near_copy_bits",
         type=int,
         default=DEFAULT_NEAR_COPY_BITS,
-        help="the largest Hamming distance between two hashes of near-copies, of 64 bits "
+        help="the largest Hamming distance between the grey hashes of near-copies, of 64 bits "
         "(default: %(default)s; docs/leakage.md measures recall and false groups per value)",
     )
     group.add_argument(

@@ -1,12 +1,20 @@
-"""A 64-bit perceptual hash of an image's bytes: near-copies (re-encoded, resized, slightly cropped,
-brightened or blurred) get hashes a few bits apart, distinct photos about 32 bits apart.
+"""A perceptual signature of an image's bytes: near-copies (re-encoded, resized, slightly cropped,
+brightened or blurred) get signatures close to each other, distinct photos far apart.
 
-The DCT hash ("pHash"): the upright image in grey, reduced to 32x32, its 8x8 lowest DCT
-frequencies, one bit per frequency above their median. The reduction starts in the JPEG decoder
-(Pillow's ``draft`` decodes at 1/2, 1/4 or 1/8 scale from the DCT coefficients), so a 500x375 JPEG
-costs well under a millisecond. ``benchmarks/near_copies.py`` measured this hash against a 16x16
-reduction and a 6x6 block of frequencies (fewer bits), and against real-valued correlation of the
-coefficients: at the same recall of near-copies this one grouped the fewest distinct photos.
+Two parts of one 128-bit int, both of the upright image reduced to 32x32:
+
+- the high 64 bits: the DCT hash ("pHash") of its grey levels: its 8x8 lowest DCT frequencies,
+  one bit per frequency above their median. Near-copies are a few bits apart, distinct photos
+  about 32.
+- the low 64 bits: the chromaticity (r and g over r + g + b, one byte each) of its four quadrants.
+  It does not change with brightness, and it tells apart what the grey hash cannot: smooth
+  gradients of different colours (a yellow blur and a blue sky hash alike in grey).
+
+The reduction starts in the JPEG decoder (Pillow's ``draft`` decodes at 1/2, 1/4 or 1/8 scale
+from the DCT coefficients), so a 500x375 JPEG costs about half a millisecond.
+``benchmarks/near_copies.py`` measures recall and false pairs per threshold; docs/leakage.md has
+the table, and the variants measured before this one (a 16x16 reduction, 6x6 frequencies, the
+coefficients' correlation, the grey hash alone).
 """
 
 from __future__ import annotations
@@ -17,10 +25,8 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["HASH_BITS", "PERCEPTUAL_HASH", "perceptual_hash"]
+__all__ = ["perceptual_hash"]
 
-PERCEPTUAL_HASH = "dct64"  # the method's name, as manifests record it
-HASH_BITS = 64
 _SIDE = 32
 _KEEP = 8
 
@@ -35,19 +41,22 @@ def _dct_rows() -> np.ndarray:
 
 
 def perceptual_hash(data: bytes, *, max_pixels: int) -> int | None:
-    """The image's 64-bit DCT hash, or None when the bytes are no image Pillow can decode (or
-    claim more than ``max_pixels``): such an input is dead-lettered by its conversion, and an
-    input without a hash is simply in no near-copy group."""
+    """The image's 128-bit near-copy signature (see the module's docstring), or None when the
+    bytes are no image Pillow can decode (or claim more than ``max_pixels``): such an input is
+    dead-lettered by its conversion, and an input without a signature is in no near-copy group."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > max_pixels:
                 return None
-            image.draft("L", (_SIDE, _SIDE))  # the JPEG decoder's own reduction; a no-op for other formats
-            upright = ImageOps.exif_transpose(image).convert("L")
-            pixels = np.asarray(upright.resize((_SIDE, _SIDE), Image.Resampling.BOX), dtype=np.float32)
+            image.draft("RGB", (_SIDE, _SIDE))  # the JPEG decoder's own reduction; a no-op for other formats
+            small = ImageOps.exif_transpose(image).convert("RGB").resize((_SIDE, _SIDE), Image.Resampling.BOX)
     except Exception:  # pylint: disable=broad-except  # any undecodable image: no hash, its conversion says why
         return None
     rows = _dct_rows()
-    frequencies = (rows @ pixels @ rows.T).ravel()
-    bits = frequencies > np.median(frequencies)
-    return int.from_bytes(np.packbits(bits).tobytes(), "big")
+    luma = np.asarray(small.convert("L"), dtype=np.float32)
+    frequencies = (rows @ luma @ rows.T).ravel()
+    luma_hash = int.from_bytes(np.packbits(frequencies > np.median(frequencies)).tobytes(), "big")
+    quadrants = np.asarray(small, dtype=np.float32).reshape(2, _SIDE // 2, 2, _SIDE // 2, 3).mean(axis=(1, 3))
+    chromaticity = quadrants[:, :, :2] / np.maximum(quadrants.sum(axis=2, keepdims=True), 1e-6)
+    chroma = int.from_bytes(np.round(chromaticity.ravel() * 255).astype(np.uint8).tobytes(), "big")
+    return luma_hash << 64 | chroma

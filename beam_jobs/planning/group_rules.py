@@ -1,11 +1,14 @@
 """Split groups, pure: which inputs must share a split (near-copies, and the user's own groups).
 
-Near-copies are found without comparing all pairs, and without missing one: two 64-bit hashes
-at most ``t`` bits apart agree exactly on at least one of ``t + 1`` disjoint bands of their bits
-(pigeonhole), so each input is keyed by each of its bands, and only inputs sharing a band value
-are compared. A pair is reported by the first band on which it agrees, so each pair once. Groups
-are then the connected components of the pairs: every pair within the threshold ends in one
-group, so no such pair can span two splits (single linkage: a chain of near-copies is one group).
+An input's signature (imaging/perceptual_hash.py) is a 64-bit grey hash and 8 bytes of
+chromaticity; two inputs are near-copies when their grey hashes are at most ``t`` bits apart and
+no chromaticity byte differs by more than MAX_CHROMA_STEP. They are found without comparing all
+pairs, and without missing one: two hashes at most ``t`` bits apart agree exactly on at least one
+of ``t + 1`` disjoint bands of their bits (pigeonhole), so each input is keyed by each of its
+bands, and only inputs sharing a band value are compared. A pair is reported by the first band
+on which it agrees, so each pair once. Groups are then the connected components of the pairs:
+every pair of near-copies ends in one group, so no such pair can span two splits (single
+linkage: a chain of near-copies is one group).
 """
 
 from __future__ import annotations
@@ -32,16 +35,29 @@ __all__ = [
 SPLIT_GROUPS = ("none", "near_copies")
 # The largest distance at which two hashes are near-copies: measured by benchmarks/near_copies.py
 # (docs/leakage.md has the table of recall and false pairs per threshold).
-DEFAULT_NEAR_COPY_BITS = 10
-HASH_BITS = 64  # imaging/perceptual_hash.py's
+DEFAULT_NEAR_COPY_BITS = 14
+# The largest difference of one quadrant's chromaticity byte (of 255) between near-copies: 0.05,
+# above the 99th percentile of the held-out copies' (0.023), below what tells smooth images apart.
+MAX_CHROMA_STEP = 13
+HASH_BITS = 64  # of the grey hash
 # Beyond this, the bands are too narrow to narrow anything (and unrelated photos are ~32 bits apart).
 MAX_NEAR_COPY_BITS = 24
-PERCEPTUAL_HASH = "dct64"  # imaging/perceptual_hash.py's method, as manifests name it
+PERCEPTUAL_HASH = "dct64+chroma4"  # imaging/perceptual_hash.py's signature, as manifests name it
 
 
 def hamming(a: int, b: int) -> int:
-    """How many bits two hashes differ in."""
-    return (a ^ b).bit_count()
+    """How many bits the grey hashes of two signatures differ in."""
+    return ((a ^ b) >> 64).bit_count()
+
+
+def _chroma(signature: int) -> np.ndarray:
+    return np.frombuffer((signature & (2**64 - 1)).to_bytes(8, "big"), dtype=np.uint8)
+
+
+def near_copies(a: int, b: int, threshold: int) -> bool:
+    """Whether two signatures are near-copies (the module's docstring)."""
+    close_colours = int(np.abs(_chroma(a).astype(np.int16) - _chroma(b)).max()) <= MAX_CHROMA_STEP
+    return hamming(a, b) <= threshold and close_colours
 
 
 def _bands(threshold: int) -> list[tuple[int, int]]:
@@ -55,10 +71,11 @@ def _bands(threshold: int) -> list[tuple[int, int]]:
     return bands
 
 
-def band_keys(phash: int, threshold: int) -> list[tuple[int, int]]:
-    """(band index, the hash's bits in that band) for each band: the keys under which an input
-    meets every input within ``threshold`` bits of it."""
-    return [(index, (phash >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
+def band_keys(signature: int, threshold: int) -> list[tuple[int, int]]:
+    """(band index, the grey hash's bits in that band) for each band: the keys under which an
+    input meets every input whose grey hash is within ``threshold`` bits of its own."""
+    grey = signature >> 64
+    return [(index, (grey >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
 
 
 def _first_equal_band(a: int, b: int, threshold: int) -> int:
@@ -67,20 +84,21 @@ def _first_equal_band(a: int, b: int, threshold: int) -> int:
 
 
 def pairs_in_band(band: int, members: Iterable[tuple[str, int]], threshold: int) -> Iterator[tuple[str, str, int]]:
-    """(name, name, distance) for each pair of ``members`` ((name, hash) sharing one band value)
-    within ``threshold`` bits whose first equal band is ``band``, names in order. The distances
-    of a band's members are computed as one numpy matrix: a band of a large dataset holds many."""
+    """(name, name, grey distance) for each pair of ``members`` ((name, signature) sharing one band
+    value) that are near-copies and whose first equal band is ``band``, names in order. A band's
+    distances are computed by numpy a row at a time: a band of a large dataset holds many."""
     ordered = sorted(members)
     if len(ordered) < 2:
         return
     names = [name for name, _ in ordered]
-    hashes = np.array([h for _, h in ordered], dtype=np.uint64)
+    grey = np.array([signature >> 64 for _, signature in ordered], dtype=np.uint64)
+    chroma = np.stack([_chroma(signature) for _, signature in ordered]).astype(np.int16)
     for row in range(len(ordered) - 1):
-        # popcount of the XOR: numpy's bitwise_count, one vector op per row.
-        distances = np.bitwise_count(hashes[row + 1 :] ^ hashes[row])
-        for offset in np.flatnonzero(distances <= threshold):
+        distances = np.bitwise_count(grey[row + 1 :] ^ grey[row])  # popcount of the XOR
+        colours = np.abs(chroma[row + 1 :] - chroma[row]).max(axis=1)
+        for offset in np.flatnonzero((distances <= threshold) & (colours <= MAX_CHROMA_STEP)):
             other = row + 1 + int(offset)
-            if _first_equal_band(int(hashes[row]), int(hashes[other]), threshold) == band:
+            if _first_equal_band(ordered[row][1], ordered[other][1], threshold) == band:
                 yield names[row], names[other], int(distances[offset])
 
 

@@ -1,0 +1,213 @@
+"""Near-copies: the recall and false groups of the perceptual hash per threshold, and what
+``--split_groups near_copies`` adds to a conversion.
+
+Recall and precision are measured on real photographs that are distinct by construction:
+non-overlapping 480x360 tiles of large photographs (Debian's ``plasma-workspace-wallpapers`` and
+``mate-backgrounds``, fetched once with ``apt-get download`` into the cache, when the machine can;
+always the photographs scikit-image and scikit-learn ship). Each distinct image gets held-out
+near-copies, one per edit: re-encoded as JPEG at quality 30-90, resized to 0.5-0.9x, cropped by
+up to 5% per side, brightness within 10%, a Gaussian blur of radius 0.5-1.5, and all of them at
+once. Recall: the share of copies that are near-copies of their original (grey hashes within the
+threshold and, in the second table, chromaticity within MAX_CHROMA_STEP). False pairs: pairs of
+distinct images that are, and their number as a share of the distinct images.
+
+The cost: the command on a sample tree, with and without ``--split_groups near_copies``, whole
+processes, interleaved and alternating which goes first; the ratio of medians.
+
+    python benchmarks/near_copies.py                       # recall, precision, cost at 2,000 photos
+    python benchmarks/near_copies.py --num_images 8000 --repeats 3
+    python benchmarks/near_copies.py --skip_cost           # the hash's table only
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import pathlib
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from PIL import Image, ImageEnhance, ImageFilter
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from beam_jobs.imaging.perceptual_hash import perceptual_hash  # noqa: E402
+from beam_jobs.planning.group_rules import MAX_CHROMA_STEP, hamming, near_copies  # noqa: E402
+from beam_jobs.sample_data import make_photo_tree, source_photo_paths  # noqa: E402
+
+CACHE = (
+    pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "images-to-tfrecords" / "photos"
+)
+PACKAGES = ("plasma-workspace-wallpapers", "mate-backgrounds")
+TILE = (480, 360)
+EDITS = ("jpeg", "resize", "crop", "brightness", "blur", "all")
+THRESHOLDS = (6, 8, 10, 12, 14, 16, 18)
+MAX_PIXELS = 100_000_000
+
+
+def _wallpapers() -> list[pathlib.Path]:
+    """The largest JPEG of each wallpaper the Debian packages hold (fetched once); [] offline."""
+    folder = CACHE / "debian"
+    if not folder.exists():
+        download = pathlib.Path(tempfile.mkdtemp())
+        try:
+            subprocess.run(
+                ["apt-get", "download", *PACKAGES], cwd=download, check=True, capture_output=True, timeout=600
+            )
+            for deb in download.glob("*.deb"):
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(download / "x")], check=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(download / "x"), str(folder))
+        except (OSError, subprocess.SubprocessError) as error:
+            print(f"(no Debian wallpapers: {error}; the shipped photographs only)", file=sys.stderr)
+            return []
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+    largest: dict[str, pathlib.Path] = {}
+    for path in sorted(folder.rglob("*.jpg")):
+        # plasma: <name>/contents/images/WxH.jpg; mate: <name>[_WxH].jpg
+        key = str(path).split("/contents/")[0] if "/contents/" in str(path) else path.stem.split("_")[0]
+        if key not in largest or path.stat().st_size > largest[key].stat().st_size:
+            largest[key] = path
+    return list(largest.values())
+
+
+def distinct_images() -> list[Image.Image]:
+    """Non-overlapping tiles of each large photograph, and the shipped photographs whole."""
+    images = []
+    for path in _wallpapers():
+        photo = Image.open(path).convert("RGB")
+        photo = photo.resize((1920, round(1920 * photo.height / photo.width)), Image.Resampling.LANCZOS)
+        for left in range(0, photo.width - TILE[0] + 1, TILE[0]):
+            for top in range(0, photo.height - TILE[1] + 1, TILE[1]):
+                images.append(photo.crop((left, top, left + TILE[0], top + TILE[1])))
+    images += [Image.open(path).convert("RGB") for path in source_photo_paths().values()]
+    return images
+
+
+def _jpeg(image: Image.Image, quality: int = 90) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def near_copy(image: Image.Image, edit: str, rng: random.Random) -> bytes:
+    """One held-out near-copy of ``image`` by ``edit`` (see the module's docstring)."""
+    w, h = image.size
+    every = edit == "all"
+    if edit == "crop" or every:
+        sides = [rng.uniform(0, 0.05) for _ in range(4)]
+        image = image.crop((round(sides[0] * w), round(sides[1] * h), w - round(sides[2] * w), h - round(sides[3] * h)))
+    if edit == "resize" or every:
+        scale = rng.uniform(0.5, 0.9)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
+    if edit == "brightness" or every:
+        image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.9, 1.1))
+    if edit == "blur" or every:
+        image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.5, 1.5)))
+    return _jpeg(image, rng.randint(30, 90) if edit in ("jpeg", "all") else 90)
+
+
+def _chroma(signatures: np.ndarray) -> np.ndarray:
+    """The 8 chromaticity bytes of each signature, as int16 rows."""
+    low = [int(s) & (2**64 - 1) for s in signatures]
+    return np.frombuffer(b"".join(v.to_bytes(8, "big") for v in low), dtype=np.uint8).reshape(-1, 8).astype(np.int16)
+
+
+def hash_table() -> None:
+    """Recall per edit and false pairs per threshold, by the grey hash alone and with the colours."""
+    images = distinct_images()
+    rng = random.Random(0)
+    originals = [perceptual_hash(_jpeg(image), max_pixels=MAX_PIXELS) for image in images]
+    copies = {edit: [] for edit in EDITS}
+    for image in images:
+        for edit in EDITS:
+            copies[edit].append(perceptual_hash(near_copy(image, edit, rng), max_pixels=MAX_PIXELS))
+    grey = np.array([s >> 64 for s in originals], dtype=np.uint64)
+    chroma = _chroma(originals)
+    pairs = np.triu_indices(len(images), 1)
+    apart = np.bitwise_count(grey[:, None] ^ grey[None, :])[pairs]
+    colours = np.abs(chroma[:, None, :] - chroma[None, :, :]).max(axis=2)[pairs]
+    blobs = [_jpeg(image) for image in images[:200]]
+    start = time.perf_counter()
+    for blob in blobs:
+        perceptual_hash(blob, max_pixels=MAX_PIXELS)
+    ms = (time.perf_counter() - start) / len(blobs) * 1000
+    print(f"{len(images)} distinct photos ({TILE[0]}x{TILE[1]} tiles and whole photos), one copy per edit each;")
+    print(
+        f"signature: {ms:.2f} ms per 480x360 JPEG, one process; "
+        f"distinct pairs: median {np.median(apart):.0f} bits apart"
+    )
+    for with_colours in (False, True):
+        rule = f"grey hash and colours (chromaticity step <= {MAX_CHROMA_STEP})" if with_colours else "grey hash alone"
+        print(f"\n{rule}\n")
+        print("| bits | " + " | ".join(EDITS) + " | recall, all edits | false pairs | per input |")
+        print("|---|" + "---|" * (len(EDITS) + 3))
+        for threshold in THRESHOLDS:
+            found = {
+                edit: [
+                    near_copies(o, c, threshold) if with_colours else hamming(o, c) <= threshold
+                    for o, c in zip(originals, copies[edit], strict=True)
+                ]
+                for edit in EDITS
+            }
+            every = [hit for hits in found.values() for hit in hits]
+            false = int(((apart <= threshold) & ((colours <= MAX_CHROMA_STEP) | (not with_colours))).sum())
+            print(
+                f"| {threshold} | "
+                + " | ".join(f"{np.mean(found[edit]):.1%}" for edit in EDITS)
+                + f" | {np.mean(every):.1%} | {false} | {false / len(images):.2%} |"
+            )
+
+
+def _convert(tree: pathlib.Path, out: pathlib.Path, grouped: bool) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "beam_jobs", "--input", str(tree), "--output_dir", str(out)]
+    command += ["--splits", "train=0.9,validation=0.1"]
+    if grouped:
+        command += ["--split_groups", "near_copies"]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    return time.perf_counter() - start
+
+
+def cost_table(num_images: int, repeats: int) -> None:
+    """The conversion with and without the groups, interleaved."""
+    with tempfile.TemporaryDirectory() as scratch:
+        tree, out = pathlib.Path(scratch) / "photos", pathlib.Path(scratch) / "out"
+        make_photo_tree(tree, num_images=num_images)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for repeat in range(repeats):
+            for grouped in (False, True) if repeat % 2 == 0 else (True, False):
+                times[grouped].append(_convert(tree, out, grouped))
+    plain, grouped = statistics.median(times[False]), statistics.median(times[True])
+    print(f"\n{num_images} sample photos (500x375) to 224 px, the command on every core, median of {repeats}\n")
+    print("| run | seconds | vs without groups |")
+    print("|---|---|---|")
+    print(f"| --split_groups none | {plain:.1f} | 1.00x |")
+    print(f"| --split_groups near_copies | {grouped:.1f} | {grouped / plain:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num_images", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip_cost", action="store_true")
+    parser.add_argument("--skip_hash", action="store_true")
+    args = parser.parse_args()
+    if not args.skip_hash:
+        hash_table()
+    if not args.skip_cost:
+        cost_table(args.num_images, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
