@@ -43,7 +43,7 @@ from beam_jobs.planning.transforms import (
     SourceChangesFn,
 )
 from beam_jobs.preflight import start_run, with_dataset_defaults
-from beam_jobs.records import DeadLetter, InputFile
+from beam_jobs.records import NO_SIGNATURE, DeadLetter, InputFile
 from beam_jobs.run_context import RunContext
 from beam_jobs.spec import ConversionSpec
 from beam_jobs.spec_keywords import spec_of_keywords
@@ -203,7 +203,10 @@ def _with_content_hash(
         data = read_source(item, max_file_bytes)
     except BadInputError:
         return item
-    phash = perceptual_hash(data, max_pixels=max_pixels) if max_pixels is not None else None
+    phash = None
+    if max_pixels is not None:
+        signature = perceptual_hash(data, max_pixels=max_pixels)
+        phash = NO_SIGNATURE if signature is None else signature
     digest = hashlib.sha256(data).hexdigest() if sha256 else item.content_sha256
     return dataclasses.replace(item, content_sha256=digest, phash=phash)
 

@@ -102,6 +102,11 @@ class Annotations:
         )
 
 
+# InputFile.phash of an input hashed for --split_groups whose bytes gave no signature (no image
+# Pillow decodes): its example then holds an empty signature, and it is in no near-copy group.
+NO_SIGNATURE = -1
+
+
 @dataclass(frozen=True, order=True)
 class InputFile:
     """One listed input.
@@ -122,7 +127,7 @@ class InputFile:
     mtime: float | None = None
     origin: str | None = None  # where an input list named it ("list.csv:12"), for messages
     annotations: Annotations | None = None  # multi-label or boxes, from an input list or a COCO file
-    # --split_groups: the 64-bit perceptual hash of the upright image (None: not hashed, or no image),
+    # --split_groups: the perceptual signature of the upright image (None: not hashed; NO_SIGNATURE: no image),
     # the user's group (an input list's group column, or --group_pattern's capture), and the id of
     # the split group planning put it in (None: a group of its own).
     phash: int | None = None

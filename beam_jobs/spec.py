@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beam_jobs.config import ImageConfig, checked_splits, parse_image_size, parse_splits
 from beam_jobs.errors import BadInputError, UsageError
 from beam_jobs.listing.names import clean_split_name
-from beam_jobs.planning.group_rules import DEFAULT_NEAR_COPY_BITS, MAX_NEAR_COPY_BITS, PERCEPTUAL_HASH, SPLIT_GROUPS
+from beam_jobs.planning.group_rules import (
+    DEFAULT_NEAR_COPY_BITS,
+    MAX_CHROMA_STEP,
+    MAX_NEAR_COPY_BITS,
+    PERCEPTUAL_HASH,
+    SPLIT_GROUPS,
+)
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
 from beam_jobs.typed_fields import check_field_types
 
@@ -244,7 +250,7 @@ class SplitSpec:
         """What the run fingerprint and the manifest record of the groups (None: none asked for)."""
         settings: dict[str, Any] = {}
         if self.groups == "near_copies":
-            settings.update(method=PERCEPTUAL_HASH, near_copy_bits=self.near_copy_bits)
+            settings.update(method=PERCEPTUAL_HASH, near_copy_bits=self.near_copy_bits, max_chroma_step=MAX_CHROMA_STEP)
         if self.group_pattern is not None:
             settings["group_pattern"] = self.group_pattern
         return settings or None

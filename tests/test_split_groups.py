@@ -240,7 +240,11 @@ def test_plan_shards_with_groups_equals_the_in_memory_plan_and_no_group_spans_tw
 
 def test_group_settings_are_checked_and_recorded_only_when_asked_for():
     assert SplitSpec().group_settings() is None
-    assert SplitSpec(groups="near_copies").group_settings() == {"method": "dct64+chroma4", "near_copy_bits": 14}
+    assert SplitSpec(groups="near_copies").group_settings() == {
+        "method": "dct64+chroma4",
+        "near_copy_bits": 14,
+        "max_chroma_step": 13,
+    }
     assert SplitSpec(group_pattern="^(p[0-9]+)_").group_settings() == {"group_pattern": "^(p[0-9]+)_"}
     with pytest.raises(UsageError, match="exactly one capture group"):
         SplitSpec(group_pattern="p[0-9]+")
@@ -293,6 +297,18 @@ def _near_pairs(hashes: dict[str, int], threshold: int = 14) -> list[tuple[str, 
     ]
 
 
+def _verify_leakage(out):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.verify", str(out), "--leakage"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.slow
 def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
     from tests.conftest import run_cli
@@ -318,6 +334,16 @@ def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
     assert report["method"] == "dct64+chroma4" and report["near_copy_bits"] == 14
     counts = {split: sum(1 for s in grouped.values() if s == split) for split in ("train", "validation")}
     assert min(counts.values()) >= 0.35 * len(hashes), counts  # groups are small: near the fractions
+
+    info = manifest(tmp_path / "grouped")
+    assert info["features"]["image/near_copy/signature"] == {"dtype": "string", "shape": []}
+    checked = _verify_leakage(tmp_path / "grouped")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"leakage: 0 near-copy pair(s) across splits among {len(hashes)} example(s), by the signatures stored" in (
+        checked.stdout
+    )
+    leaky = _verify_leakage(tmp_path / "plain")  # made before groups: signatures of the stored images
+    assert leaky.returncode == 1 and "LEAK " in leaky.stderr and "(an estimate)" in leaky.stdout, leaky.stdout
 
     refused = run_cli(
         *common, "--output_dir", tmp_path / "grouped", "--split_groups", "near_copies", "--append", check=False

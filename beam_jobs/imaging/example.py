@@ -46,6 +46,9 @@ FEATURE_DTYPES: dict[str, str] = {
     "image/key/sha256": "string",
     "image/source_id": "string",
 }
+# --split_groups near_copies: each example's source signature, so that a check of the dataset
+# (verify-tfrecords --leakage) and a later append compare what the planner compared.
+NEAR_COPY_KEY = "image/near_copy/signature"
 # What an annotated example holds instead of, or beside, the keys above (lists of any length),
 # spelled as TensorFlow Model Garden's decoders read them (tf_example_decoder.py and
 # classification_input.py with is_multilabel).
@@ -90,6 +93,8 @@ class ExampleFields:
     label_texts: tuple[str, ...] = ()
     objects: StoredObjects | None = None
     segmentation_png: bytes | None = None  # the semantic mask, a PNG of class ids
+    # --split_groups near_copies: the source's perceptual signature (16 bytes; empty: none found).
+    near_copy_signature: bytes | None = None
 
 
 def encode_pixels(image: Image.Image, *, encoding: str, jpeg_quality: int) -> bytes:
@@ -156,6 +161,8 @@ def serialize_example(fields: ExampleFields) -> bytes:
     put_bytes("image/filename", fields.filename.encode("utf-8"))
     put_bytes("image/key/sha256", fields.sha256.encode("ascii"))
     put_bytes("image/source_id", fields.source_id.encode("ascii"))
+    if fields.near_copy_signature is not None:
+        put_bytes(NEAR_COPY_KEY, fields.near_copy_signature)
     return example.SerializeToString(deterministic=True)
 
 

@@ -28,7 +28,7 @@ LARGEST_GROUPS = 10
 
 
 def _band_items(f: InputFile, *, threshold: int) -> Iterator[tuple[tuple[int, int], tuple[str, int]]]:
-    if f.phash is not None:
+    if f.phash is not None and f.phash >= 0:  # not NO_SIGNATURE
         for key in band_keys(f.phash, threshold):
             yield key, (f.filename, f.phash)
 

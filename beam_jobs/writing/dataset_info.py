@@ -11,7 +11,13 @@ from typing import Any
 
 import beam_jobs
 from beam_jobs.config import ImageConfig
-from beam_jobs.imaging.example import FEATURE_DTYPES, INSTANCE_MASK_DTYPES, LIST_FEATURE_DTYPES, SEMANTIC_MASK_DTYPES
+from beam_jobs.imaging.example import (
+    FEATURE_DTYPES,
+    INSTANCE_MASK_DTYPES,
+    LIST_FEATURE_DTYPES,
+    NEAR_COPY_KEY,
+    SEMANTIC_MASK_DTYPES,
+)
 from beam_jobs.imaging.masks import PAD_CLASS
 from beam_jobs.imaging.resample import LEGACY_RESAMPLE
 from beam_jobs.records import ShardResult
@@ -91,7 +97,11 @@ def build_dataset_info(
             "channels": config.channels,
             "format": config.format_name,
         },
-        "features": feature_declarations(annotated, summary.get("annotation_kinds", ())),
+        "features": feature_declarations(
+            annotated,
+            summary.get("annotation_kinds", ()),
+            near_copies=bool((summary.get("split_groups") or {}).get("method")),
+        ),
         "preprocessing": {**config.to_json(), **applied_settings(settings, summary)},
         "splits": splits,
         # What the plan found worth a warning (merged split folders, classes missing from a split,
@@ -180,7 +190,7 @@ def _annotation_facts(summary: dict, label_names: list[str]) -> dict:
     return facts
 
 
-def feature_declarations(annotated: bool, kinds: Sequence[str] = ()) -> dict:
+def feature_declarations(annotated: bool, kinds: Sequence[str] = (), *, near_copies: bool = False) -> dict:
     """The manifest's `features`: each key's dtype and shape, [] for one value, [null] for a list."""
     features: dict[str, dict[str, Any]] = {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURE_DTYPES.items()}
     if annotated:
@@ -189,6 +199,8 @@ def feature_declarations(annotated: bool, kinds: Sequence[str] = ()) -> dict:
         features.update({key: {"dtype": dtype, "shape": [None]} for key, dtype in INSTANCE_MASK_DTYPES.items()})
     if "mask" in kinds:
         features.update({key: {"dtype": dtype, "shape": []} for key, dtype in SEMANTIC_MASK_DTYPES.items()})
+    if near_copies:
+        features[NEAR_COPY_KEY] = {"dtype": "string", "shape": []}
     return features
 
 

@@ -19,7 +19,7 @@ from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
 from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS
-from beam_jobs.records import InputFile
+from beam_jobs.records import NO_SIGNATURE, InputFile
 
 __all__ = ["ExampleClasses", "convert_image"]
 
@@ -135,7 +135,14 @@ def _example_fields(stored: _StoredImage, input_file: InputFile, config: ImageCo
         filename=input_file.filename,
         sha256=sha256,
         source_id=source_id_for(input_file.filename),
+        near_copy_signature=_signature_bytes(input_file.phash),
     )
+
+
+def _signature_bytes(phash: int | None) -> bytes | None:
+    if phash is None:
+        return None
+    return b"" if phash == NO_SIGNATURE else phash.to_bytes(16, "big")
 
 
 def _with_annotations(

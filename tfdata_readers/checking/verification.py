@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.checking.annotations import annotation_problems
+from tfdata_readers.checking.leakage import leakage_command_lines
 from tfdata_readers.decoding.parse import (
     FEATURE_DTYPES,
     check_declared_features,
@@ -243,7 +244,7 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
     return problems
 
 
-def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int | None) -> int:
+def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int | None, leakage: bool = False) -> int:
     """Checks a dataset and prints what the command prints; returns its exit status."""
     try:
         info, manifest_problems = read_manifest(data_dir, version)
@@ -260,7 +261,12 @@ def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int 
         f"{_version_line(info.version, current)}: checked {total} shard(s) of split(s) {', '.join(names)}: "
         f"{len(problems)} problem(s)"
     )
-    return 1 if problems else 0
+    leaks = 0
+    if leakage:
+        leaks, lines = leakage_command_lines(info)
+        for line in lines:
+            print(line, file=sys.stderr if line.startswith(("LEAK", "...")) else sys.stdout)
+    return 1 if problems or leaks else 0
 
 
 def _version_line(version: int, current: int | None) -> str:

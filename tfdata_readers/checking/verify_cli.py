@@ -45,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="dataset version to check (an int >= 1); default: the current one",
     )
+    built.add_argument(
+        "--leakage",
+        action="store_true",
+        help="also report near-copies in different splits (by the perceptual signatures the job stored "
+        "with --split_groups near_copies, or else computed from the stored images); exits 1 if any",
+    )
     return built
 
 
@@ -54,4 +60,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     import_tensorflow_for_command(PROG)
     from tfdata_readers.checking.verification import verify_command  # pylint: disable=import-outside-toplevel
 
-    return verify_command(args.data_dir, splits=args.split, version=args.version)
+    return verify_command(args.data_dir, splits=args.split, version=args.version, leakage=args.leakage)

@@ -1,0 +1,132 @@
+"""verify-tfrecords --leakage: the near-copy pairs whose two examples are in different splits.
+
+Each example's perceptual signature (docs/FORMAT.md, ``image/near_copy/signature``: a 64-bit DCT
+hash of the source in grey, then 8 bytes of its quadrants' chromaticity) is read from the
+example where the job stored it. A dataset made without ``--split_groups near_copies`` has none:
+the signature is then computed here, with TensorFlow's ops, from the stored image (the job
+computed its own from the source, before any crop or resize, with Pillow: the two agree on what
+is a near-copy, not bit for bit, so an older dataset's report is an estimate).
+
+Pairs are found as the job finds them, without comparing all pairs (two hashes at most ``t`` bits
+apart agree on one of ``t + 1`` bands), written here in numpy over sorted band values: this
+package does not import the job's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from tfdata_readers.sources.manifest_types import DatasetInfo
+
+__all__ = ["DEFAULT_BITS", "DEFAULT_CHROMA_STEP", "cross_split_pairs", "leakage_command_lines"]
+
+SIGNATURE_KEY = "image/near_copy/signature"
+DEFAULT_BITS = 14  # the job's default --near_copy_bits
+DEFAULT_CHROMA_STEP = 13  # the job's MAX_CHROMA_STEP
+_SIDE = 32
+
+
+def _dct_rows() -> tf.Tensor:
+    k = np.arange(8)[:, None]
+    i = np.arange(_SIDE)[None, :]
+    return tf.constant(np.cos(np.pi * (2 * i + 1) * k / (2 * _SIDE)), dtype=tf.float32)
+
+
+def _signature_of_image(encoded: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """16 bytes: the grey DCT hash and the chromaticity, of a stored image (JPEG, PNG)."""
+    pixels = tf.cast(tf.image.decode_image(encoded, channels=3, expand_animations=False), tf.float32)
+    small = tf.image.resize(pixels, (_SIDE, _SIDE), method="area")
+    grey = tf.squeeze(tf.image.rgb_to_grayscale(small), -1)
+    frequencies = tf.reshape(rows @ grey @ tf.transpose(rows), [-1])
+    median = tf.sort(frequencies)[31:33]
+    bits = tf.cast(frequencies > tf.reduce_mean(median), tf.uint8)  # numpy's median of 64: the middle two
+    quadrants = tf.reduce_mean(tf.reshape(small, (2, _SIDE // 2, 2, _SIDE // 2, 3)), axis=(1, 3))
+    chromaticity = quadrants[:, :, :2] / tf.maximum(tf.reduce_sum(quadrants, axis=2, keepdims=True), 1e-6)
+    chroma = tf.cast(tf.round(tf.reshape(chromaticity, [-1]) * 255), tf.uint8)
+    packed = tf.reduce_sum(tf.reshape(bits, (8, 8)) * tf.constant([128, 64, 32, 16, 8, 4, 2, 1], tf.uint8), axis=1)
+    return tf.concat([packed, chroma], axis=0)
+
+
+def _signatures(info: DatasetInfo, split: str, stored: bool) -> Iterator[tuple[str, bytes | None]]:
+    """(filename, 16 signature bytes or None) of every example of ``split``."""
+    spec = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
+    spec[SIGNATURE_KEY if stored else "image/encoded"] = tf.io.FixedLenFeature([], tf.string)
+    rows = _dct_rows()
+    files = [shard.path for shard in info.split(split).shards]
+    records = tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec))
+    if not stored:
+        records = records.map(
+            lambda e: {"image/filename": e["image/filename"], "bytes": _signature_of_image(e["image/encoded"], rows)},
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    for example in records.as_numpy_iterator():
+        name = example["image/filename"].decode("utf-8", "replace")
+        value = example[SIGNATURE_KEY] if stored else example["bytes"].tobytes()
+        yield name, (bytes(value) if len(value) == 16 else None)
+
+
+def cross_split_pairs(
+    names: list[str], splits: list[str], signatures: np.ndarray, *, bits: int, chroma_step: int
+) -> list[tuple[int, int, int]]:
+    """(i, j, grey distance) of the near-copy pairs (``signatures``: N x 16 uint8 rows) whose
+    examples are in different splits, i < j, each pair once."""
+    grey = signatures[:, :8].copy().view(">u8").ravel().astype(np.uint64)
+    chroma = signatures[:, 8:].astype(np.int16)
+    split_ids = np.unique(np.array(splits), return_inverse=True)[1]
+    found: set[tuple[int, int, int]] = set()
+    count = bits + 1
+    widths = [64 // count + (1 if index < 64 % count else 0) for index in range(count)]
+    shift = 0
+    for width in widths:
+        values = (grey >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+        shift += width
+        order = np.argsort(values, kind="stable")
+        boundaries = np.flatnonzero(np.diff(values[order])) + 1
+        for run in np.split(order, boundaries):
+            if len(run) < 2:
+                continue
+            for position, i in enumerate(run[:-1]):
+                others = run[position + 1 :]
+                distances = np.bitwise_count(grey[others] ^ grey[i])
+                near = (
+                    (distances <= bits)
+                    & (np.abs(chroma[others] - chroma[i]).max(axis=1) <= chroma_step)
+                    & (split_ids[others] != split_ids[i])
+                )
+                for j, distance in zip(others[near], distances[near], strict=True):
+                    found.add((min(int(i), int(j)), max(int(i), int(j)), int(distance)))
+    return sorted(found)
+
+
+def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, list[str]]:
+    """(pairs across splits, the lines the command prints) for the dataset ``info`` describes."""
+    groups = info.raw.get("split_groups") or {}
+    bits = int(groups.get("near_copy_bits") or DEFAULT_BITS)
+    chroma_step = int(groups.get("max_chroma_step") or DEFAULT_CHROMA_STEP)
+    stored = SIGNATURE_KEY in (info.features or {})
+    names, splits, rows = [], [], []
+    unsigned = 0
+    for split in sorted(info.splits):
+        for name, signature in _signatures(info, split, stored):
+            if signature is None:
+                unsigned += 1
+                continue
+            names.append(name)
+            splits.append(split)
+            rows.append(np.frombuffer(signature, dtype=np.uint8))
+    table = np.stack(rows) if rows else np.zeros((0, 16), np.uint8)
+    pairs = cross_split_pairs(names, splits, table, bits=bits, chroma_step=chroma_step)
+    source = "the signatures stored in its examples" if stored else "signatures of the stored images (an estimate)"
+    lines = [
+        f"leakage: {len(pairs)} near-copy pair(s) across splits among {len(names)} example(s), by {source}, "
+        f"at {bits} bits" + (f"; {unsigned} example(s) without a signature" if unsigned else "")
+    ]
+    for i, j, distance in pairs[:shown]:
+        lines.append(f"LEAK {splits[i]}/{names[i]} ~ {splits[j]}/{names[j]} ({distance} bits)")
+    if len(pairs) > shown:
+        lines.append(f"... and {len(pairs) - shown} more")
+    return len(pairs), lines
