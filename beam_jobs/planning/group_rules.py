@@ -42,6 +42,8 @@ MAX_CHROMA_STEP = 13
 HASH_BITS = 64  # of the grey hash
 # Beyond this, the bands are too narrow to narrow anything (and unrelated photos are ~32 bits apart).
 MAX_NEAR_COPY_BITS = 24
+# Rows of a band compared at once: a block's distances are _BLOCK x members bytes.
+_BLOCK = 256
 PERCEPTUAL_HASH = "dct64+chroma4"  # imaging/perceptual_hash.py's signature, as manifests name it
 
 
@@ -78,28 +80,35 @@ def band_keys(signature: int, threshold: int) -> list[tuple[int, int]]:
     return [(index, (grey >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
 
 
-def _first_equal_band(a: int, b: int, threshold: int) -> int:
-    pairs = zip(band_keys(a, threshold), band_keys(b, threshold), strict=True)
-    return next(index for index, (x, y) in enumerate(pairs) if x == y)
-
-
 def pairs_in_band(band: int, members: Iterable[tuple[str, int]], threshold: int) -> Iterator[tuple[str, str, int]]:
     """(name, name, grey distance) for each pair of ``members`` ((name, signature) sharing one band
-    value) that are near-copies and whose first equal band is ``band``, names in order. A band's
-    distances are computed by numpy a row at a time: a band of a large dataset holds many."""
+    value) that are near-copies and whose first equal band is ``band``, names in order.
+
+    A band of a large dataset holds thousands of members (real photos' hashes are far from
+    uniform), so all of it is numpy: the distances of a block of rows to every later member, the
+    colours of the pairs within the threshold, and their earlier bands, compared at once."""
     ordered = sorted(members)
     if len(ordered) < 2:
         return
     names = [name for name, _ in ordered]
     grey = np.array([signature >> 64 for _, signature in ordered], dtype=np.uint64)
     chroma = np.stack([_chroma(signature) for _, signature in ordered]).astype(np.int16)
-    for row in range(len(ordered) - 1):
-        distances = np.bitwise_count(grey[row + 1 :] ^ grey[row])  # popcount of the XOR
-        colours = np.abs(chroma[row + 1 :] - chroma[row]).max(axis=1)
-        for offset in np.flatnonzero((distances <= threshold) & (colours <= MAX_CHROMA_STEP)):
-            other = row + 1 + int(offset)
-            if _first_equal_band(ordered[row][1], ordered[other][1], threshold) == band:
-                yield names[row], names[other], int(distances[offset])
+    earlier = np.stack(
+        [(grey >> np.uint64(shift)) & np.uint64((1 << width) - 1) for shift, width in _bands(threshold)[:band]]
+        or [np.zeros(len(ordered), np.uint64)],
+        axis=1,
+    )
+    for start in range(0, len(ordered) - 1, _BLOCK):
+        rows = np.arange(start, min(start + _BLOCK, len(ordered) - 1))
+        distances = np.bitwise_count(grey[rows, None] ^ grey[None, :])
+        candidates = (distances <= threshold) & (rows[:, None] < np.arange(len(ordered))[None, :])
+        i, j = np.nonzero(candidates)
+        i = rows[i]
+        near = np.abs(chroma[i] - chroma[j]).max(axis=1) <= MAX_CHROMA_STEP
+        if band:  # a pair equal on an earlier band is that band's to report
+            near &= ~(earlier[i] == earlier[j]).any(axis=1)
+        for a, b in zip(i[near], j[near], strict=True):
+            yield names[a], names[b], int(distances[a - start, b])
 
 
 def group_edges(members: Iterable[str]) -> Iterator[tuple[str, str]]:
