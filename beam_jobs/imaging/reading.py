@@ -210,6 +210,11 @@ class SourceReaders:
                     self._start_thread()  # the one blocked in this read is lost
                     raise _timed_out(self._timeout_s) from None
 
+    def call(self, call: Callable[[], _T]) -> _T:
+        """``call()`` on a reader thread, or BadInputError ``read_timeout`` after ``timeout_s``: one
+        read at a time, without a thread started per read (as ``read_source``'s own timeout does)."""
+        return self._result(*self._submit(call))
+
     def read_ahead(self, items: Iterable, read: Callable, *, window: int) -> Iterator:
         """Yields (item, ``read(item)`` or its BadInputError) in the order of ``items``, reading ahead of the caller."""
         pending: collections.deque = collections.deque()
