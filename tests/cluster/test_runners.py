@@ -4,6 +4,9 @@ letters. FlinkRunner itself is tested in test_flink.py."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 from tests.cluster.conftest import JOB_FLAGS, LAUNCH, assert_same_output, output_files, run_script
@@ -60,3 +63,21 @@ def test_portable_job_service_with_the_clusters_worker_pool(flink_cluster, local
         timeout=600,
     )
     assert_same_output(out, local_output)
+
+
+@pytest.mark.timeout(900)
+def test_split_groups_on_a_portable_job_service_match_local(photo_tree, tmp_path):
+    """Near-copy groups are planned by shuffles and one combined element: the same groups, splits
+    and bytes on another runner (the sample photos are crops of nine photographs: many groups)."""
+    flags = [*JOB_FLAGS, "--splits", "train=0.5,validation=0.5", "--split_groups", "near_copies"]
+    local, portable = tmp_path / "local", tmp_path / "portable"
+    run_script(
+        [sys.executable, "-m", "beam_jobs", "--input", str(photo_tree), "--output_dir", str(local), *flags], timeout=300
+    )
+    run_script(
+        [str(LAUNCH / "run_portable.sh"), "--input", str(photo_tree), "--output_dir", str(portable), *flags],
+        timeout=600,
+    )
+    info = json.loads((local / "dataset_info.json").read_text(encoding="utf-8"))
+    assert info["split_groups"]["groups"] > 0 and info["split_groups"]["pairs_across_splits"] == 0
+    assert_same_output(portable, local)
