@@ -336,7 +336,7 @@ class PlanRun(beam.PTransform):
 def _split_groups(spec: ConversionSpec) -> dict | None:
     """The groups PlanShards looks for: those asked for by flags, and for input lists and rows
     always the group column's (empty when the list has none); None: no grouping step at all."""
-    settings = spec.splits.group_settings()
+    settings = spec.splits.group_settings(grey=spec.image.channels == 1)
     if settings is None and spec.source.kind in ("list", "rows"):
         return {}
     return settings

@@ -246,11 +246,17 @@ class SplitSpec:
     near_copy_bits: int = DEFAULT_NEAR_COPY_BITS
     group_pattern: str | None = None
 
-    def group_settings(self) -> dict[str, Any] | None:
-        """What the run fingerprint and the manifest record of the groups (None: none asked for)."""
+    def group_settings(self, *, grey: bool = False) -> dict[str, Any] | None:
+        """What the run fingerprint and the manifest record of the groups (None: none asked for).
+        ``grey``: the dataset is stored in grey (--channels 1), so near-copies are compared by the
+        grey hash alone: a colour photo and its grey copy are one stored image."""
         settings: dict[str, Any] = {}
         if self.groups == "near_copies":
-            settings.update(method=PERCEPTUAL_HASH, near_copy_bits=self.near_copy_bits, max_chroma_step=MAX_CHROMA_STEP)
+            settings.update(
+                method=PERCEPTUAL_HASH,
+                near_copy_bits=self.near_copy_bits,
+                max_chroma_step=None if grey else MAX_CHROMA_STEP,
+            )
         if self.group_pattern is not None:
             settings["group_pattern"] = self.group_pattern
         return settings or None
@@ -264,6 +270,8 @@ class SplitSpec:
                 f"--near_copy_bits must be between 0 and {MAX_NEAR_COPY_BITS} of the hash's 64 bits "
                 f"(got {self.near_copy_bits}); distinct photos are about 32 bits apart"
             )
+        if self.groups != "near_copies" and self.near_copy_bits != DEFAULT_NEAR_COPY_BITS:
+            raise UsageError(f"--near_copy_bits {self.near_copy_bits} has no effect without --split_groups near_copies")
         if self.group_pattern is not None:
             try:
                 compiled = re.compile(self.group_pattern)
@@ -407,6 +415,11 @@ class ConversionSpec:
         object.__setattr__(self, "output_dir", _resolved_path("output_dir", self.output_dir))
         check_field_types(self)
         _one_of("--log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
+        if self.mode.append and self.splits.group_pattern is not None:
+            raise UsageError(
+                "--append with --group_pattern is not supported yet: a new member of a group the version "
+                "holds would not be put in that group's split; convert the whole collection again (--overwrite)"
+            )
         if self.mode.append and self.splits.groups == "near_copies":
             # The held examples' hashes are not read back yet, so a new near-copy of a held image
             # could land in another split: refused, rather than a leak no one sees.
@@ -425,7 +438,7 @@ class ConversionSpec:
             num_shards=self.shards.num_shards,
             target_shard_mb=self.shards.target_shard_mb,
             dedup=self.source.dedup,
-            split_groups=self.splits.group_settings(),
+            split_groups=self.splits.group_settings(grey=self.image.channels == 1),
         )
 
     def replace(self, **changes: Any) -> ConversionSpec:

@@ -254,6 +254,27 @@ def test_group_settings_are_checked_and_recorded_only_when_asked_for():
         SplitSpec(groups="near_copies", near_copy_bits=40)
     with pytest.raises(UsageError, match="--split_groups"):
         SplitSpec(groups="faces")
+    with pytest.raises(UsageError, match="--near_copy_bits 10 has no effect without --split_groups near_copies"):
+        SplitSpec(near_copy_bits=10)
+    # Stored in grey, a colour photo and its grey copy are one image: compared by the grey hash alone.
+    assert SplitSpec(groups="near_copies").group_settings(grey=True)["max_chroma_step"] is None
+
+
+def test_a_grey_copy_is_near_by_the_grey_hash_alone_and_16_bit_images_are_scaled_not_clipped():
+    photo = real_photo("coffee")
+    colour = perceptual_hash(encode(photo, "JPEG", quality=90), max_pixels=MAX_PIXELS)
+    grey = perceptual_hash(encode(photo.convert("L"), "JPEG", quality=90), max_pixels=MAX_PIXELS)
+    assert not near_copies(colour, grey, 14) and near_copies(colour, grey, 14, chroma_step=None)
+    import numpy as np
+
+    deep = Image.fromarray(np.asarray(photo.convert("L"), dtype=np.uint16) * 257)
+    sixteen = perceptual_hash(encode(deep, "PNG"), max_pixels=MAX_PIXELS)
+    assert near_copies(grey, sixteen, 6)  # Pillow's convert would clip it to white, a hash of noise
+    other = perceptual_hash(
+        encode(Image.fromarray(np.asarray(real_photo("rocket").convert("L"), dtype=np.uint16) * 257), "PNG"),
+        max_pixels=MAX_PIXELS,
+    )
+    assert not near_copies(sixteen, other, 14)
 
 
 # End to end: the command on real photographs and their near-copies.
@@ -377,3 +398,47 @@ def test_a_group_column_and_a_group_pattern_keep_each_group_in_one_split(tmp_pat
             by_patient.setdefault(name.split("/")[-1].split("_")[0], set()).add(split)
         assert all(len(s) == 1 for s in by_patient.values()), (out, by_patient)
         assert {s for (s,) in by_patient.values()} == {"train", "validation"}, out
+
+    # A pattern that matches nothing says so; an append of groups is refused in one line.
+    typo = run_cli("--input", photos, "--output_dir", tmp_path / "typo", "--group_pattern", r"/(P[0-9]+)_", *common)
+    assert "--group_pattern '/(P[0-9]+)_' matched no input's relative path" in typo.stderr + typo.stdout
+    extra = photos / "chelsea" / "p1_9.jpg"
+    extra.write_bytes(encode(_tile("chelsea", 3).rotate(90, expand=True), "JPEG", quality=80))
+    (tmp_path / "more.csv").write_text("\n".join([*rows, f"{extra},chelsea,,p1"]) + "\n", encoding="utf-8")
+    refused = run_cli(
+        "--manifest", tmp_path / "more.csv", "--output_dir", tmp_path / "by_column", "--append", *common, check=False
+    )
+    assert refused.returncode == 1 and "--append of an input list with a group column is not supported" in (
+        refused.stderr
+    )
+    assert "Traceback" not in refused.stderr
+    refused = run_cli(
+        "--input",
+        photos,
+        "--output_dir",
+        tmp_path / "by_pattern",
+        "--group_pattern",
+        r"/(p[0-9]+)_",
+        "--append",
+        *common,
+        check=False,
+    )
+    assert refused.returncode == 2 and "--append with --group_pattern is not supported" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_group_given_two_splits_is_reported(tmp_path):
+    from tests.conftest import run_cli
+    from tests.lifecycle.checks import manifest
+
+    rows = ["uri,label,split,group"]
+    for index in range(4):
+        path = tmp_path / "photos" / f"{index}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode(_tile("chelsea", index), "JPEG", quality=90))
+        rows.append(f"{path},cat,{['train', 'validation', '', ''][index]},p1")
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    run_cli("--manifest", tmp_path / "list.csv", "--output_dir", tmp_path / "out", "--image_size", "32")
+    info = manifest(tmp_path / "out")
+    assert info["split_groups"]["groups_across_splits"] == 1
+    assert any("1 group(s) hold inputs whose given splits differ" in w for w in info["warnings"])

@@ -56,9 +56,10 @@ def _chroma(signature: int) -> np.ndarray:
     return np.frombuffer((signature & (2**64 - 1)).to_bytes(8, "big"), dtype=np.uint8)
 
 
-def near_copies(a: int, b: int, threshold: int) -> bool:
-    """Whether two signatures are near-copies (the module's docstring)."""
-    close_colours = int(np.abs(_chroma(a).astype(np.int16) - _chroma(b)).max()) <= MAX_CHROMA_STEP
+def near_copies(a: int, b: int, threshold: int, chroma_step: int | None = MAX_CHROMA_STEP) -> bool:
+    """Whether two signatures are near-copies (the module's docstring); ``chroma_step`` None: by
+    the grey hash alone (a dataset stored in grey, where colour tells nothing apart)."""
+    close_colours = chroma_step is None or int(np.abs(_chroma(a).astype(np.int16) - _chroma(b)).max()) <= chroma_step
     return hamming(a, b) <= threshold and close_colours
 
 
@@ -80,7 +81,9 @@ def band_keys(signature: int, threshold: int) -> list[tuple[int, int]]:
     return [(index, (grey >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
 
 
-def pairs_in_band(band: int, members: Iterable[tuple[str, int]], threshold: int) -> Iterator[tuple[str, str, int]]:
+def pairs_in_band(
+    band: int, members: Iterable[tuple[str, int]], threshold: int, chroma_step: int | None = MAX_CHROMA_STEP
+) -> Iterator[tuple[str, str, int]]:
     """(name, name, grey distance) for each pair of ``members`` ((name, signature) sharing one band
     value) that are near-copies and whose first equal band is ``band``, names in order.
 
@@ -104,7 +107,9 @@ def pairs_in_band(band: int, members: Iterable[tuple[str, int]], threshold: int)
         candidates = (distances <= threshold) & (rows[:, None] < np.arange(len(ordered))[None, :])
         i, j = np.nonzero(candidates)
         i = rows[i]
-        near = np.abs(chroma[i] - chroma[j]).max(axis=1) <= MAX_CHROMA_STEP
+        near = np.ones(len(i), dtype=bool)
+        if chroma_step is not None:
+            near &= np.abs(chroma[i] - chroma[j]).max(axis=1) <= chroma_step
         if band:  # a pair equal on an earlier band is that band's to report
             near &= ~(earlier[i] == earlier[j]).any(axis=1)
         for a, b in zip(i[near], j[near], strict=True):

@@ -21,7 +21,7 @@ import apache_beam as beam
 from beam_jobs.planning.group_rules import band_keys, connected_groups, group_edges, group_sizes, pairs_in_band
 from beam_jobs.records import InputFile
 
-__all__ = ["FindSplitGroups", "split_group_report"]
+__all__ = ["FindSplitGroups", "group_warnings", "split_group_report"]
 
 # How many of the largest groups the manifest names.
 LARGEST_GROUPS = 10
@@ -33,9 +33,11 @@ def _band_items(f: InputFile, *, threshold: int) -> Iterator[tuple[tuple[int, in
             yield key, (f.filename, f.phash)
 
 
-def _pairs(group: tuple[tuple[int, int], Iterable[tuple[str, int]]], *, threshold: int) -> Iterator[tuple[str, str]]:
+def _pairs(
+    group: tuple[tuple[int, int], Iterable[tuple[str, int]]], *, threshold: int, chroma_step: int | None
+) -> Iterator[tuple[str, str]]:
     (band, _), members = group
-    for a, b, _ in pairs_in_band(band, members, threshold):
+    for a, b, _ in pairs_in_band(band, members, threshold, chroma_step):
         yield a, b
 
 
@@ -62,6 +64,10 @@ def split_group_report(
     sizes = group_sizes(groups)
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
     across = sorted((a, b) for a, b in near_pairs if splits.get(a) != splits.get(b))
+    split_sets: dict[str, set] = {}
+    for name, group in groups.items():
+        split_sets.setdefault(group, set()).add(splits.get(name))
+    spanning = sorted(group for group, names in split_sets.items() if len(names) > 1)
     return {
         "method": method,
         "near_copy_bits": threshold,
@@ -71,16 +77,40 @@ def split_group_report(
         "largest_groups": [{"id": group, "inputs": size} for group, size in largest],
         "pairs_across_splits": len(across),
         "pairs_across_splits_examples": [list(pair) for pair in across[:LARGEST_GROUPS]],
+        # Groups whose members were given two splits (split folders, a split column): the planner
+        # keeps each given split, so such a group spans them.
+        "groups_across_splits": len(spanning),
+        "groups_across_splits_examples": spanning[:LARGEST_GROUPS],
     }
+
+
+def group_warnings(report: dict, *, user_inputs: int) -> list[str]:
+    """The plan's warnings about groups: a --group_pattern that formed no group (a typo in it would
+    otherwise split every patient per image, silently), and groups given two splits."""
+    warnings = []
+    pattern = report.get("group_pattern")
+    if pattern is not None and not user_inputs:
+        warnings.append(
+            f"--group_pattern {pattern!r} matched no input's relative path: no user group was formed, "
+            "and inputs are split one by one (check its case and slashes)"
+        )
+    if report["groups_across_splits"]:
+        examples = ", ".join(map(repr, report["groups_across_splits_examples"][:3]))
+        warnings.append(
+            f"{report['groups_across_splits']} group(s) hold inputs whose given splits differ (split folders "
+            f"or a split column), so each spans two splits: {examples}"
+        )
+    return warnings
 
 
 class FindSplitGroups(beam.PTransform):
     """InputFile -> InputFile with its split group; tagged output ``pairs``: one list of the
     near-copy pairs, and ``groups``: one dict {name: group id} of the grouped inputs."""
 
-    def __init__(self, *, near_copy_bits: int | None) -> None:
+    def __init__(self, *, near_copy_bits: int | None, max_chroma_step: int | None = None) -> None:
         super().__init__()
         self._threshold = near_copy_bits
+        self._chroma_step = max_chroma_step
 
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
         """Near pairs by band, user groups as chains, then one union of all pairs into groups."""
@@ -91,17 +121,15 @@ class FindSplitGroups(beam.PTransform):
                 | "KeyByBand" >> beam.FlatMap(_band_items, threshold=self._threshold)
                 | "GroupByBand" >> beam.GroupByKey()
                 # ((band, bits), [(name, hash), ...]): the inputs that agree on one band
-                | "PairsInBand" >> beam.FlatMap(_pairs, threshold=self._threshold)
+                | "PairsInBand" >> beam.FlatMap(_pairs, threshold=self._threshold, chroma_step=self._chroma_step)
             )
             edges.append(near)
         else:
             near = inputs.pipeline | "NoNearCopies" >> beam.Create([])
-        users = (
-            inputs
-            | "UserGroupMembers" >> beam.FlatMap(lambda f: [(f.user_group, f.filename)] if f.user_group else [])
-            | "UserGroups" >> beam.GroupByKey()
-            | "UserGroupChains" >> beam.FlatMap(_user_group_edges)
+        members = inputs | "UserGroupMembers" >> beam.FlatMap(
+            lambda f: [(f.user_group, f.filename)] if f.user_group else []
         )
+        users = members | "UserGroups" >> beam.GroupByKey() | "UserGroupChains" >> beam.FlatMap(_user_group_edges)
         edges.append(users)
         groups = (
             tuple(edges)
@@ -111,4 +139,9 @@ class FindSplitGroups(beam.PTransform):
         )
         # {name: group id}: only the inputs in a pair
         grouped = inputs | "WithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
-        return {"inputs": grouped, "pairs": near | "NearPairList" >> beam.combiners.ToList(), "groups": groups}
+        return {
+            "inputs": grouped,
+            "pairs": near | "NearPairList" >> beam.combiners.ToList(),
+            "groups": groups,
+            "user_inputs": members | "CountUserMembers" >> beam.combiners.Count.Globally(),
+        }

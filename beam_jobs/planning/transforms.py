@@ -25,6 +25,7 @@ from dataclasses import replace
 import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
+from beam_jobs.errors import JobError
 from beam_jobs.planning.append_joins import (
     PLAN_CHANGES,
     PLAN_DEAD_LETTERS,
@@ -63,7 +64,7 @@ from beam_jobs.planning.rules import (
     tree_reads_splits,
 )
 from beam_jobs.planning.split_assignment import AssignSplits
-from beam_jobs.planning.split_groups import FindSplitGroups, split_group_report
+from beam_jobs.planning.split_groups import FindSplitGroups, group_warnings, split_group_report
 from beam_jobs.records import Annotations, DeadLetter, InputFile
 
 __all__ = [
@@ -177,9 +178,13 @@ class PlanShards(beam.PTransform):
                 inputs = fresh[_INPUTS]
                 dead.append(fresh[PLAN_DEAD_LETTERS])
         found = None
-        if self._split_groups is not None:
+        if self._split_groups is not None and appending:
+            # A new member of a group the version holds would not join that group's split.
+            inputs = inputs | "NoGroupsInAppend" >> beam.Map(_refuse_grouped_append)
+        elif self._split_groups is not None:
             found = inputs | "FindSplitGroups" >> FindSplitGroups(
-                near_copy_bits=self._split_groups.get("near_copy_bits")
+                near_copy_bits=self._split_groups.get("near_copy_bits"),
+                max_chroma_step=self._split_groups.get("max_chroma_step"),
             )
             inputs = found["inputs"]
         split = inputs | "AssignSplits" >> AssignSplits(
@@ -491,13 +496,17 @@ def _grouped_split(f: InputFile) -> list[tuple[str, str]]:
     return [(f.filename, f.split)] if f.split_group is not None and f.split is not None else []
 
 
-def _with_report(summary: dict, pairs: list, groups: dict, splits: dict, *, settings: dict) -> dict:
-    report = split_group_report(
-        pairs, groups, splits, method=settings.get("method"), threshold=settings.get("near_copy_bits")
-    )
+def _with_report(summary: dict, pairs: list, groups: dict, splits: dict, user_inputs: int, *, settings: dict) -> dict:
+    report = {
+        **settings,
+        **split_group_report(
+            pairs, groups, splits, method=settings.get("method"), threshold=settings.get("near_copy_bits")
+        ),
+    }
     if not settings and not report["groups"]:
         return summary  # an input list without a group column, and no group asked for: nothing to say
-    return {**summary, "split_groups": {**settings, **report}}
+    warnings = [*summary.get("warnings", []), *group_warnings(report, user_inputs=user_inputs)]
+    return {**summary, "split_groups": report, "warnings": warnings}
 
 
 class _WithGroupReport(beam.PTransform):
@@ -520,5 +529,17 @@ class _WithGroupReport(beam.PTransform):
             beam.pvalue.AsSingleton(self._found["pairs"]),
             beam.pvalue.AsSingleton(self._found["groups"]),
             beam.pvalue.AsSingleton(splits),
+            beam.pvalue.AsSingleton(self._found["user_inputs"]),
             settings=self._settings,
         )
+
+
+def _refuse_grouped_append(f: InputFile) -> InputFile:
+    """--append of an input list whose rows name groups: refused before anything is converted."""
+    if f.user_group is not None:
+        raise JobError(
+            f"--append of an input list with a group column is not supported yet ({f.origin or f.filename} names "
+            f"group {f.user_group!r}): a new member of a group the version holds would not be put in that "
+            "group's split; convert the whole list again (--overwrite), or append rows without a group"
+        )
+    return f

@@ -27,6 +27,7 @@ SIGNATURE_KEY = "image/near_copy/signature"
 DEFAULT_BITS = 14  # the job's default --near_copy_bits
 DEFAULT_CHROMA_STEP = 13  # the job's MAX_CHROMA_STEP
 _SIDE = 32
+_CHROMA_OFFSET = 16.0  # added to each channel's mean, as the job does
 
 
 def _dct_rows() -> tf.Tensor:
@@ -43,8 +44,8 @@ def _signature_of_image(encoded: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
     frequencies = tf.reshape(rows @ grey @ tf.transpose(rows), [-1])
     median = tf.sort(frequencies)[31:33]
     bits = tf.cast(frequencies > tf.reduce_mean(median), tf.uint8)  # numpy's median of 64: the middle two
-    quadrants = tf.reduce_mean(tf.reshape(small, (2, _SIDE // 2, 2, _SIDE // 2, 3)), axis=(1, 3))
-    chromaticity = quadrants[:, :, :2] / tf.maximum(tf.reduce_sum(quadrants, axis=2, keepdims=True), 1e-6)
+    quadrants = tf.reduce_mean(tf.reshape(small, (2, _SIDE // 2, 2, _SIDE // 2, 3)), axis=(1, 3)) + _CHROMA_OFFSET
+    chromaticity = quadrants[:, :, :2] / tf.reduce_sum(quadrants, axis=2, keepdims=True)
     chroma = tf.cast(tf.round(tf.reshape(chromaticity, [-1]) * 255), tf.uint8)
     packed = tf.reduce_sum(tf.reshape(bits, (8, 8)) * tf.constant([128, 64, 32, 16, 8, 4, 2, 1], tf.uint8), axis=1)
     return tf.concat([packed, chroma], axis=0)
@@ -106,7 +107,9 @@ def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, l
     """(pairs across splits, the lines the command prints) for the dataset ``info`` describes."""
     groups = info.raw.get("split_groups") or {}
     bits = int(groups.get("near_copy_bits") or DEFAULT_BITS)
-    chroma_step = int(groups.get("max_chroma_step") or DEFAULT_CHROMA_STEP)
+    # null: a dataset stored in grey, compared by the grey hash alone (any colour difference passes)
+    step = groups.get("max_chroma_step", DEFAULT_CHROMA_STEP)
+    chroma_step = 255 if step is None else int(step)
     stored = SIGNATURE_KEY in (info.features or {})
     names, splits, rows = [], [], []
     unsigned = 0
