@@ -44,7 +44,8 @@ def _random_hashes(rng: random.Random, count: int, threshold: int) -> list[int]:
         hashes.append(h)
         if rng.random() < 1 / 3:
             flips = rng.sample(range(64, 128), rng.randint(0, threshold + 1))
-            shade = rng.choice([0, 1 << 8 * rng.randint(0, 7)])  # one chromaticity byte a little off, or not
+            # one chromaticity byte a little off, or far off (then no near-copy), or none
+            shade = rng.choice([0, 1 << 8 * rng.randint(0, 7), 0x80 << 8 * rng.randint(0, 7)])
             hashes.append(h ^ sum(1 << bit for bit in flips) ^ shade)
     return hashes
 
@@ -59,9 +60,13 @@ def test_bands_find_every_pair_within_the_threshold_exactly_once(threshold):
             by_band.setdefault(key, []).append((name, h))
     found = [pair for (band, _), members in by_band.items() for pair in pairs_in_band(band, members, threshold)]
     brute = sorted(
-        (a, b, hamming(x, y)) for (a, x), (b, y) in itertools.combinations(named, 2) if hamming(x, y) <= threshold
+        (a, b, hamming(x, y)) for (a, x), (b, y) in itertools.combinations(named, 2) if near_copies(x, y, threshold)
     )
     assert sorted(found) == brute  # every pair, and none twice
+    assert any(
+        hamming(x, y) <= threshold and not near_copies(x, y, threshold)
+        for (_, x), (_, y) in itertools.combinations(named, 2)
+    )
     assert any(d == threshold for _, _, d in brute) or threshold == 0
 
 
@@ -226,7 +231,7 @@ def test_plan_shards_with_groups_equals_the_in_memory_plan_and_no_group_spans_tw
                 from_tree=False,
                 tree_layout="auto",
                 source="/d/list.csv",
-                split_groups={"near_copy_bits": 14},
+                split_groups={"near_copy_bits": 14, "max_chroma_step": 13},
                 **settings,
             )
         )
