@@ -12,6 +12,7 @@ same round-robin over the split's global hash order.
       ReadTreeLayout    -> InputFile with label (and split) from its folders     (a tree only)
       DropRepeats       -> one InputFile per path (per content with --dedup content)
       SkipHeld          -> the inputs the version appended to does not hold      (--append only)
+      FindSplitGroups   -> InputFile with its split group (split_groups.py)      (groups asked for, or a list)
       AssignSplits      -> InputFile with its split (split_assignment.py)
       GatherPlanFacts   -> one small element: layout, label names, counts (plan_facts.py)
       PlaceInShards     -> ShardPlan(split, index, num_shards, inputs)
@@ -187,9 +188,7 @@ class PlanShards(beam.PTransform):
                 max_chroma_step=self._split_groups.get("max_chroma_step"),
             )
             inputs = found["inputs"]
-        split = inputs | "AssignSplits" >> AssignSplits(
-            self._fractions, self._split_rule, grouped=self._split_groups is not None
-        )
+        split = inputs | "AssignSplits" >> AssignSplits(self._fractions, self._split_rule, grouped=found is not None)
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         parts = {LISTED: listing, UNSPLIT: inputs, PLANNED: split, DEAD: dead_letters}
