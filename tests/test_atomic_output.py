@@ -38,6 +38,7 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
     src = tmp_path / "src"
     make_photo_tree(src, num_images=400, seed=5)
     out = tmp_path / "out"
+    log = (tmp_path / "stderr.txt").open("w")  # closed after the kill below
     process = subprocess.Popen(
         [
             sys.executable,
@@ -56,7 +57,7 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
         ],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
         start_new_session=True,
     )
     deadline = time.monotonic() + 240
@@ -69,12 +70,16 @@ def test_killed_job_leaves_no_file_under_a_final_name(tmp_path):
                 n.startswith(".tmp-") for n in names
             ):
                 break
-            time.sleep(0.05)
+            if process.poll() is not None:  # said, so that a run that ended first is not a mystery
+                stderr = (tmp_path / "stderr.txt").read_text(encoding="utf-8", errors="replace")[-3000:]
+                pytest.fail(f"the job ended (exit {process.returncode}) before it was caught mid-run:\n{stderr}")
+            time.sleep(0.02)
         else:
             pytest.fail("the job never had a finished and an unfinished shard at once")
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        log.close()
     assert not (out / "dataset_info.json").exists()  # nothing committed, so no reader sees any of it
     [folder] = list(runs.iterdir())
     complete = [p for p in folder.iterdir() if p.name.endswith(".tfrecord") and not p.name.startswith(".")]
