@@ -13,7 +13,7 @@ linkage: a chain of near-copies is one group).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -169,10 +169,3 @@ def one_split_per_group(members: Iterable[tuple[InputFile, bool]]) -> list[Input
     members = list(members)
     split = _anchor_split(members)
     return [f if was_given else replace(f, split=split) for f, was_given in members]
-
-
-def group_sizes(groups: Mapping[str, str]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for group in groups.values():
-        sizes[group] = sizes.get(group, 0) + 1
-    return sizes

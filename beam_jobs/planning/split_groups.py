@@ -13,12 +13,13 @@ near-copies a collection holds, not with its size.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
 import apache_beam as beam
 
-from beam_jobs.planning.group_rules import band_keys, connected_groups, group_edges, group_sizes, pairs_in_band
+from beam_jobs.planning.group_rules import band_keys, connected_groups, group_edges, pairs_in_band
 from beam_jobs.records import InputFile
 
 __all__ = ["FindSplitGroups", "group_warnings", "split_group_report"]
@@ -61,7 +62,7 @@ def split_group_report(
     """What dataset_info.json records of the groups: how they were found, how many there are, the
     largest, and the near-copy pairs whose two inputs ended in different splits (only possible
     where the user gave both splits: the planner puts a group in one split)."""
-    sizes = group_sizes(groups)
+    sizes = collections.Counter(groups.values())  # members per group id
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
     across = sorted((a, b) for a, b in near_pairs if splits.get(a) != splits.get(b))
     split_sets: dict[str, set] = {}
