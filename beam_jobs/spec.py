@@ -415,19 +415,6 @@ class ConversionSpec:
         object.__setattr__(self, "output_dir", _resolved_path("output_dir", self.output_dir))
         check_field_types(self)
         _one_of("--log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
-        if self.mode.append and self.splits.group_pattern is not None:
-            raise UsageError(
-                "--append with --group_pattern is not supported yet: a new member of a group the version "
-                "holds would not be put in that group's split; convert the whole collection again (--overwrite)"
-            )
-        if self.mode.append and self.splits.groups == "near_copies":
-            # The held examples' hashes are not read back yet, so a new near-copy of a held image
-            # could land in another split: refused, rather than a leak no one sees.
-            raise UsageError(
-                "--append with --split_groups near_copies is not supported yet: a new input's near-copies "
-                "among the examples already held would not be found; convert the whole collection again "
-                "(--overwrite), or append with --split_groups none to a dataset made without groups"
-            )
 
     @property
     def settings(self) -> dict:

@@ -25,6 +25,7 @@ __all__ = [
     "SourceChangesFn",
     "compare_with_held",
     "held_copy",
+    "held_member",
     "with_digest",
 ]
 
@@ -73,14 +74,16 @@ def _differs(
     listed: InputFile, held: dict, state_of: Callable[[InputFile], list], digests_of: Callable[[InputFile], list] | None
 ) -> bool:
     """Whether a listed input is not what the version holds of it: other bytes (its mask's
-    included), another label, other annotations (boxes, labels, mask path), or another split where
-    the listing names one (a split the plan would assign is the one it was assigned: old inputs
-    never move). Bytes are read only when the size or time differ from those recorded, and
+    included), another label, other annotations (boxes, labels, mask path), another user group,
+    or another split where the listing names one (a split the plan would assign is the one it was
+    assigned: old inputs never move). Bytes are read only when the size or time differ from those recorded, and
     compared only where the sidecar recorded them (an earlier release's dead letters did not)."""
     if listed.label != held["label"] or annotation_digest(listed) != held.get("annotations"):
         return True
     if listed.split is not None and listed.split != held["split"]:
         return True
+    if listed.user_group != held.get("user_group"):
+        return True  # a row moved to another group: its group's split is not its own any more
     if list(state_of(listed)) == list(held["state"]):
         return False
     recorded = held.get("digests")
@@ -123,6 +126,24 @@ def held_copy(
             )
         else:
             yield f
+
+
+def held_member(held: tuple[str, dict]) -> list[InputFile]:
+    """An example the version holds, as the InputFile its split groups know (name, split, label,
+    perceptual signature, user group), when it has a signature or a user group: --append groups
+    the new inputs with it, so that a new near-copy or group member takes its split. Pure."""
+    name, record = held
+    if record.get("phash") is None and record.get("user_group") is None:
+        return []  # made without groups: nothing to join
+    member = InputFile(
+        filename=name,
+        uri=record["uri"],
+        label=record["label"],
+        split=record["split"],
+        phash=record.get("phash"),
+        user_group=record.get("user_group"),
+    )
+    return [member]
 
 
 def with_digest(f: InputFile, *, digests_of: Callable[[InputFile], list]) -> InputFile:

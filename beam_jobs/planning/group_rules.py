@@ -21,7 +21,10 @@ import numpy as np
 from beam_jobs.records import InputFile
 
 __all__ = [
+    "ASSIGNED",
     "DEFAULT_NEAR_COPY_BITS",
+    "GIVEN",
+    "HELD",
     "SPLIT_GROUPS",
     "band_keys",
     "connected_groups",
@@ -148,24 +151,31 @@ def split_key(f: InputFile) -> str:
     return f.split_group or f.filename
 
 
-def _anchor_split(members: list[tuple[InputFile, bool]]) -> str | None:
-    """The split a group takes: the first given split (a split folder, a split column) of its
-    members by name, else the split its own id (its smallest name) was assigned."""
-    given = sorted((f.filename, f.split) for f, was_given in members if was_given and f.split is not None)
-    if given:
-        return given[0][1]
+# How firmly a member's split is fixed when its group is settled (one_split_per_group): held by
+# the version an append adds to (it never moves), given by the user (split folders, a split
+# column), or assigned by the split rule. True and False, as callers pass them, are GIVEN and ASSIGNED.
+ASSIGNED, GIVEN, HELD = 0, 1, 2
+
+
+def _anchor_split(members: list[tuple[InputFile, int]]) -> str | None:
+    """The split a group takes: the split of its most firmly fixed member (held, then given),
+    the first by name among equals; else the split its own id (its smallest name) was assigned."""
+    fixed = sorted((-int(rank), f.filename, f.split) for f, rank in members if rank and f.split is not None)
+    if fixed:
+        return fixed[0][2]
     return min((f for f, _ in members), key=lambda f: f.filename).split
 
 
-def one_split_per_group(members: Iterable[tuple[InputFile, bool]]) -> list[InputFile]:
-    """The members of one group ((input, whether its split was given)), all in the group's split
-    (the anchor's; see _anchor_split).
+def one_split_per_group(members: Iterable[tuple[InputFile, int]]) -> list[InputFile]:
+    """The members of one group ((input, how firmly its split is fixed: ASSIGNED, GIVEN, HELD)),
+    all in the group's split (the anchor's; see _anchor_split).
 
     The split rules give a group one split already when its members share a class and fall in
     one split's range of its hash order; this settles the rest: a group across classes, across
-    a boundary between two splits, or joined to an input whose split was given. A member whose
-    split was given keeps it (it is the user's), so a group given two splits stays split: the
-    leakage report counts such pairs."""
+    a boundary between two splits, joined to an input whose split was given, or to an example the
+    version appended to holds. A member whose split was given or held keeps it (it is the user's,
+    or already written), so a group given two splits stays split: the leakage report counts such
+    pairs."""
     members = list(members)
     split = _anchor_split(members)
-    return [f if was_given else replace(f, split=split) for f, was_given in members]
+    return [f if rank else replace(f, split=split) for f, rank in members]

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import apache_beam as beam
 
-from beam_jobs.planning.group_rules import one_split_per_group
+from beam_jobs.planning.group_rules import ASSIGNED, GIVEN, HELD, one_split_per_group
 from beam_jobs.planning.rules import (
     SPLIT_RULES,
     assign_splits_by_hash,
@@ -58,15 +58,27 @@ def _split_bucket(group: tuple[tuple[str, int], Mapping[str, Iterable]], split_c
 
 
 class AssignSplits(beam.PTransform):
-    """InputFile -> InputFile with a split: given splits are kept, the others follow ``rule``."""
+    """InputFile -> InputFile with a split: given splits are kept, the others follow ``rule``.
 
-    def __init__(self, fractions: Mapping[str, float], rule: str, *, grouped: bool = False) -> None:
+    ``grouped``: the inputs carry split groups, and each group ends in one split; ``held`` (an
+    append's grouped examples, FindSplitGroups' output) then fix the split of the groups they are
+    in, and are not output (they are written already)."""
+
+    def __init__(
+        self,
+        fractions: Mapping[str, float],
+        rule: str,
+        *,
+        grouped: bool = False,
+        held: beam.PCollection | None = None,
+    ) -> None:
         super().__init__()
         if rule not in SPLIT_RULES:
             raise ValueError(f"split rule must be one of {SPLIT_RULES} (got {rule!r})")
         self._fractions = dict(fractions)
         self._rule = rule
         self._grouped = grouped
+        self._held = held
 
     def expand(self, inputs: beam.PCollection) -> beam.PCollection:
         """The rule's splits; with split groups, then one split per group (see _OneSplitPerGroup)."""
@@ -76,11 +88,13 @@ class AssignSplits(beam.PTransform):
             lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]  # as in _by_rule
             2,
         )
-        tagged = (
-            given | "TagGiven" >> beam.Map(lambda f: (f, True)),
-            self._by_rule(unsplit) | "TagAssigned" >> beam.Map(lambda f: (f, False)),
-        ) | "TaggedSplits" >> beam.Flatten()
-        return tagged | "OneSplitPerGroup" >> _OneSplitPerGroup()
+        tagged = [
+            given | "TagGiven" >> beam.Map(lambda f: (f, GIVEN)),
+            self._by_rule(unsplit) | "TagAssigned" >> beam.Map(lambda f: (f, ASSIGNED)),
+        ]
+        if self._held is not None:
+            tagged.append(self._held | "TagHeld" >> beam.Map(lambda f: (f, HELD)))
+        return tuple(tagged) | "TaggedSplits" >> beam.Flatten() | "OneSplitPerGroup" >> _OneSplitPerGroup()
 
     def _by_rule(self, inputs: beam.PCollection) -> beam.PCollection:
         """By hash, a Map; stratified, per-(class, bucket) counts give each class's sizes and each
@@ -122,16 +136,19 @@ class AssignSplits(beam.PTransform):
         return (given, assigned) | "WithSplits" >> beam.Flatten()
 
 
-def _keyed_by_group(tagged: tuple[InputFile, bool]) -> tuple[str, tuple[InputFile, bool]]:
+def _keyed_by_group(tagged: tuple[InputFile, int]) -> tuple[str, tuple[InputFile, int]]:
     return tagged[0].split_group or "", tagged
 
 
-def _settled(group: tuple[str, Iterable[tuple[InputFile, bool]]]) -> list[InputFile]:
-    return one_split_per_group(group[1])
+def _settled(group: tuple[str, Iterable[tuple[InputFile, int]]]) -> list[InputFile]:
+    """The members of one group in its split; its held members only anchor it (not output)."""
+    members = list(group[1])
+    settled = one_split_per_group(members)  # in the members' order
+    return [f for f, (_, rank) in zip(settled, members, strict=True) if rank != HELD]
 
 
 class _OneSplitPerGroup(beam.PTransform):
-    """(InputFile, split given?) -> InputFile: the members of each split group in one split
+    """(InputFile, how fixed its split is) -> InputFile: the members of each split group in one split
     (group_rules.one_split_per_group). Only grouped inputs are shuffled, by their group's id: a
     group is small, and most inputs are in none."""
 
@@ -144,7 +161,7 @@ class _OneSplitPerGroup(beam.PTransform):
             grouped
             | "KeyByGroup" >> beam.Map(_keyed_by_group)
             | "GroupMembers" >> beam.GroupByKey()
-            # (group id, [(InputFile, given), ...])
+            # (group id, [(InputFile, ASSIGNED | GIVEN | HELD), ...])
             | "SplitOfGroup" >> beam.FlatMap(_settled)
         )
         alone = alone | "Ungrouped" >> beam.Map(lambda member: member[0])

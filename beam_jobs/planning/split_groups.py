@@ -1,6 +1,8 @@
 """--split_groups in Beam: which inputs must share a split, found before splits are assigned.
 
     FindSplitGroups: InputFile -> InputFile with split_group (None: a group of its own)
+      WithHeld        -> and, for an append, the examples the version holds (their signatures
+                         and user groups read back from its sidecars, never decoded again)
       KeyByBand       -> ((band, bits), (name, hash)) for each of the threshold + 1 bands
       GroupByBand     -> the inputs that agree on one band: the only ones ever compared
       PairsInBand     -> (name, name, distance) within the threshold, each pair once
@@ -24,8 +26,10 @@ from beam_jobs.records import InputFile
 
 __all__ = ["FindSplitGroups", "group_warnings", "split_group_report"]
 
-# How many of the largest groups the manifest names.
+# How many of the largest groups the manifest names, and how many members of each (by name): what
+# inspect-tfrecords draws of them.
 LARGEST_GROUPS = 10
+LARGEST_GROUP_MEMBERS = 24
 
 
 def _band_items(f: InputFile, *, threshold: int) -> Iterator[tuple[tuple[int, int], tuple[str, int]]]:
@@ -64,6 +68,11 @@ def split_group_report(
     where the user gave both splits: the planner puts a group in one split)."""
     sizes = collections.Counter(groups.values())  # members per group id
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
+    shown: dict[str, list[str]] = {group: [] for group, _ in largest}
+    for name in sorted(groups):
+        members = shown.get(groups[name])
+        if members is not None and len(members) < LARGEST_GROUP_MEMBERS:
+            members.append(name)
     across = sorted((a, b) for a, b in near_pairs if splits.get(a) != splits.get(b))
     split_sets: dict[str, set] = {}
     for name, group in groups.items():
@@ -75,7 +84,7 @@ def split_group_report(
         "near_copy_pairs": len(near_pairs),
         "groups": len(sizes),
         "grouped_inputs": len(groups),
-        "largest_groups": [{"id": group, "inputs": size} for group, size in largest],
+        "largest_groups": [{"id": group, "inputs": size, "members": shown[group]} for group, size in largest],
         "pairs_across_splits": len(across),
         "pairs_across_splits_examples": [list(pair) for pair in across[:LARGEST_GROUPS]],
         # Groups whose members were given two splits (split folders, a split column): the planner
@@ -106,15 +115,24 @@ def group_warnings(report: dict, *, user_inputs: int) -> list[str]:
 
 class FindSplitGroups(beam.PTransform):
     """InputFile -> InputFile with its split group; tagged output ``pairs``: one list of the
-    near-copy pairs, and ``groups``: one dict {name: group id} of the grouped inputs."""
+    near-copy pairs, and ``groups``: one dict {name: group id} of the grouped inputs.
 
-    def __init__(self, *, near_copy_bits: int | None, max_chroma_step: int | None = None) -> None:
+    For an append, ``held`` are the examples the version holds, as InputFiles with their split
+    (append_joins.held_member): they are grouped with the new inputs, so that a new near-copy of
+    a held example, or a new member of a held user group, joins that example's group; output
+    ``held``: those of them in a group, whose splits the group then takes (AssignSplits)."""
+
+    def __init__(
+        self, *, near_copy_bits: int | None, max_chroma_step: int | None = None, held: beam.PCollection | None = None
+    ) -> None:
         super().__init__()
         self._threshold = near_copy_bits
         self._chroma_step = max_chroma_step
+        self._held = held
 
-    def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
+    def expand(self, new: beam.PCollection) -> dict[str, beam.PCollection]:
         """Near pairs by band, user groups as chains, then one union of all pairs into groups."""
+        inputs = new if self._held is None else (new, self._held) | "WithHeld" >> beam.Flatten()
         edges = []
         if self._threshold is not None:
             near = (
@@ -139,9 +157,17 @@ class FindSplitGroups(beam.PTransform):
             | "Components" >> beam.Map(connected_groups)
         )
         # {name: group id}: only the inputs in a pair
-        grouped = inputs | "WithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
+        grouped = new | "WithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
+        held = (
+            inputs.pipeline | "NoneHeld" >> beam.Create([])
+            if self._held is None
+            else self._held
+            | "HeldWithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
+            | "GroupedHeld" >> beam.Filter(lambda f: f.split_group is not None)
+        )
         return {
             "inputs": grouped,
+            "held": held,
             "pairs": near | "NearPairList" >> beam.combiners.ToList(),
             "groups": groups,
             "user_inputs": members | "CountUserMembers" >> beam.combiners.Count.Globally(),

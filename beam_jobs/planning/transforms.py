@@ -26,7 +26,6 @@ from dataclasses import replace
 import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
-from beam_jobs.errors import JobError
 from beam_jobs.planning.append_joins import (
     PLAN_CHANGES,
     PLAN_DEAD_LETTERS,
@@ -34,6 +33,7 @@ from beam_jobs.planning.append_joins import (
     SourceChangesFn,
     compare_with_held,
     held_copy,
+    held_member,
     with_digest,
 )
 from beam_jobs.planning.plan_facts import (
@@ -132,6 +132,7 @@ class PlanShards(beam.PTransform):
         self._fractions = split_fractions or {DEFAULT_SPLIT: 1.0}
         self._split_rule = split_rule
         self._dedup = dedup
+        self._held = held  # --append: (identity, record) of each input the version holds
         # --append: what the version appended to holds (see _SkipHeld).
         self._skip_held = (
             _SkipHeld(held, held_content, state_of=state_of, digests_of=digests_of, version=held_version, dedup=dedup)
@@ -179,16 +180,23 @@ class PlanShards(beam.PTransform):
                 inputs = fresh[_INPUTS]
                 dead.append(fresh[PLAN_DEAD_LETTERS])
         found = None
-        if self._split_groups is not None and appending:
-            # A new member of a group the version holds would not join that group's split.
-            inputs = inputs | "NoGroupsInAppend" >> beam.Map(_refuse_grouped_append)
-        elif self._split_groups is not None:
+        if self._split_groups is not None:
+            # An append groups its new inputs with the examples held (their signatures and user
+            # groups from the sidecars): a new near-copy of one, or a new member of its group,
+            # takes its split.
+            held = self._held | "HeldMembers" >> beam.FlatMap(held_member) if self._held is not None else None
             found = inputs | "FindSplitGroups" >> FindSplitGroups(
                 near_copy_bits=self._split_groups.get("near_copy_bits"),
                 max_chroma_step=self._split_groups.get("max_chroma_step"),
+                held=held,
             )
             inputs = found["inputs"]
-        split = inputs | "AssignSplits" >> AssignSplits(self._fractions, self._split_rule, grouped=found is not None)
+        split = inputs | "AssignSplits" >> AssignSplits(
+            self._fractions,
+            self._split_rule,
+            grouped=found is not None,
+            held=found["held"] if found is not None and self._held is not None else None,
+        )
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         parts = {LISTED: listing, UNSPLIT: inputs, PLANNED: split, DEAD: dead_letters}
@@ -204,7 +212,9 @@ class PlanShards(beam.PTransform):
             split_rule=self._split_rule,
         )
         if found is not None:
-            summary = summary | "WithSplitGroups" >> _WithGroupReport(split, found, self._split_groups or {})
+            # The report covers the version's groups: an append's held members are in them too.
+            reported = (split, found["held"]) | "GroupedWithHeld" >> beam.Flatten()
+            summary = summary | "WithSplitGroups" >> _WithGroupReport(reported, found, self._split_groups or {})
         shards = split | "PlaceInShards" >> _PlaceInShards(plan)
         # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
         outputs = {
@@ -531,14 +541,3 @@ class _WithGroupReport(beam.PTransform):
             beam.pvalue.AsSingleton(self._found["user_inputs"]),
             settings=self._settings,
         )
-
-
-def _refuse_grouped_append(f: InputFile) -> InputFile:
-    """--append of an input list whose rows name groups: refused before anything is converted."""
-    if f.user_group is not None:
-        raise JobError(
-            f"--append of an input list with a group column is not supported yet ({f.origin or f.filename} names "
-            f"group {f.user_group!r}): a new member of a group the version holds would not be put in that "
-            "group's split; convert the whole list again (--overwrite), or append rows without a group"
-        )
-    return f

@@ -57,14 +57,15 @@ def held_sidecars(manifest: dict) -> list[str]:
 
 def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterator[tuple[str, dict]]:
     """(identity, {"state", "digests", "label", "split", "annotations", "uri", "written",
-    "content_key"}) for each input one shard holds as an example, from its sidecar (its dead
-    letters are not held).
+    "content_key", "phash", "user_group"}) for each input one shard holds as an example, from its
+    sidecar (its dead letters are not held).
 
     The identity is the input's path relative to its source's root (InputFile.filename), the
     key an append joins its listing on. "digests" is the sha256 of its source (and its mask's)
     when converted, None where unknown; "content_key" the (sha256, label) its example was
-    recorded under, None for a dead letter. Sidecars written before the relative names were
-    recorded are read too: see ``_identities``."""
+    recorded under, None for a dead letter; "phash" and "user_group" its perceptual signature
+    and user group, None where the version was made without --split_groups. Sidecars written
+    before the relative names were recorded are read too: see ``_identities``."""
     path = FileSystems.join(output_dir, relative)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
@@ -89,13 +90,16 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
     digests = sidecar.get("input_annotations") or [None] * len(inputs)
     names = sidecar.get("input_filenames") or _identities(inputs, dead, list(content_keys))
     sha256s = sidecar.get("input_sha256") or [_recorded_digest(name, content_keys) for name in names]
-    if not len(digests) == len(names) == len(sha256s) == len(inputs):
+    phashes = sidecar.get("input_phash") or [None] * len(inputs)
+    user_groups = sidecar.get("input_user_groups") or [None] * len(inputs)
+    if not len(digests) == len(names) == len(sha256s) == len(phashes) == len(user_groups) == len(inputs):
         raise JobError(
             f"--append: {path} lists {len(inputs)} inputs but {len(digests)} annotation records, "
-            f"{len(names)} names and {len(sha256s)} digests; it was changed after the run that wrote it: "
-            "rebuild once with --overwrite, then append"
+            f"{len(names)} names, {len(sha256s)} digests, {len(phashes)} signatures and {len(user_groups)} "
+            "user groups; it was changed after the run that wrote it: rebuild once with --overwrite, then append"
         )
-    for uri, name, state, sha256, label, digest in zip(inputs, names, sources, sha256s, labels, digests, strict=True):
+    rows = zip(inputs, names, sources, sha256s, labels, digests, phashes, user_groups, strict=True)
+    for uri, name, state, sha256, label, digest, phash, user_group in rows:
         if name not in content_keys or uri in dead:
             # A dead letter is not held: the version has no example of it, so an append retries
             # it (fixed, or still bad), and one that is gone since was never the version's to lose.
@@ -111,6 +115,8 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
                 "uri": uri,
                 "written": name in content_keys and uri not in dead,
                 "content_key": list(content_keys[name]) if name in content_keys and uri not in dead else None,
+                "phash": None if phash is None else int(phash, 16),
+                "user_group": user_group,
             },
         )
 
@@ -156,7 +162,7 @@ def check_source_changes(changes: Mapping, *, policy: str, version: int) -> dict
     if changed:
         parts.append(
             f"{changed} input{'s' if changed != 1 else ''} of version {version} changed (content, label, "
-            f"annotations or split) since {'they were' if changed != 1 else 'it was'} converted "
+            f"annotations, group or split) since {'they were' if changed != 1 else 'it was'} converted "
             f"({_shown(changes, 'changed')})"
         )
     if removed:

@@ -102,11 +102,13 @@ def sidecar_record(
     }
     if contents.annotated:
         done["annotated"] = contents.annotated
-    if any(input_file.phash is not None or input_file.split_group is not None for input_file in shard.inputs):
-        # --split_groups: each input's perceptual signature (hex, None where it had none) and group id,
-        # so that a check of the dataset (verify-tfrecords --leakage) need not decode again.
+    if any(f.phash is not None or f.split_group is not None or f.user_group is not None for f in shard.inputs):
+        # --split_groups: each input's perceptual signature (hex, None where it had none), group id
+        # and user group, so that an append groups new inputs with the held ones, and a check of
+        # the dataset (verify-tfrecords --leakage) reads the signatures, without decoding again.
         done["input_phash"] = [None if f.phash is None or f.phash < 0 else f"{f.phash:032x}" for f in shard.inputs]
         done["input_groups"] = [input_file.split_group for input_file in shard.inputs]
+        done["input_user_groups"] = [input_file.user_group for input_file in shard.inputs]
     if any(input_file.annotations is not None for input_file in shard.inputs):
         # ... and what each input's annotations said: boxes redrawn since make it a changed input.
         done["input_annotations"] = [annotation_digest(input_file) for input_file in shard.inputs]

@@ -155,7 +155,7 @@ def test_relabelling_a_row_of_an_input_list_refuses_the_append_naming_it(tmp_pat
     )
     assert result.returncode == 1, result.stderr[-3000:]
     [error] = [line for line in result.stderr.splitlines() if line.startswith("images-to-tfrecords: error:")]
-    assert "1 input of version 1 changed (content, label, annotations or split)" in error, error
+    assert "1 input of version 1 changed (content, label, annotations, group or split)" in error, error
     # Named as the list names it, relative to the list's folder: no mount point in the message.
     assert f"({first.relative_to(tmp_path)})" in error and str(tmp_path) not in error, error
     assert json.loads((out / "dataset_info.json").read_text())["version"] == 1
