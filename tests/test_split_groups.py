@@ -17,6 +17,9 @@ from PIL import Image, ImageEnhance, ImageFilter
 from beam_jobs.errors import UsageError
 from beam_jobs.imaging.perceptual_hash import perceptual_hash
 from beam_jobs.planning.group_rules import (
+    ASSIGNED,
+    GIVEN,
+    HELD,
     band_keys,
     connected_groups,
     group_edges,
@@ -95,6 +98,15 @@ def test_a_group_takes_its_given_split_else_its_smallest_members():
     }
     settled = one_split_per_group([(c, True), (a, False), (b, False)])  # c's split was the user's
     assert {f.filename: f.split for f in settled} == {"a.jpg": "train", "b.jpg": "train", "c.jpg": "train"}
+    # An example an append's version holds fixes the split over a given one: it is written already.
+    d = InputFile("d.jpg", "/d.jpg", label="cat", split="test", split_group="a.jpg")
+    settled = one_split_per_group([(c, GIVEN), (a, ASSIGNED), (b, ASSIGNED), (d, HELD)])
+    assert {f.filename: f.split for f in settled} == {
+        "a.jpg": "test",
+        "b.jpg": "test",
+        "c.jpg": "train",
+        "d.jpg": "test",
+    }
 
 
 def _edited(image: Image.Image, rng: random.Random) -> bytes:
@@ -371,10 +383,50 @@ def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
     leaky = _verify_leakage(tmp_path / "plain")  # made before groups: signatures of the stored images
     assert leaky.returncode == 1 and "LEAK " in leaky.stderr and "(an estimate)" in leaky.stdout, leaky.stdout
 
-    refused = run_cli(
-        *common, "--output_dir", tmp_path / "grouped", "--split_groups", "near_copies", "--append", check=False
+    # An append of near-copies of held examples puts each beside its original: the held signatures
+    # are read from the sidecars, and the held examples never move.
+    rng = random.Random(2)
+    added = {}
+    for name in PHOTOS:
+        for index in (2, 3):
+            path = f"{name}/later_copy_of_tile{index}.jpg"
+            data = _edited(_tile(name, index), rng)
+            (tmp_path / "photos" / path).write_bytes(data)
+            added[path] = perceptual_hash(data, max_pixels=MAX_PIXELS)
+    later = [(a, b) for a, b in _near_pairs({**hashes, **added}) if (a in added) != (b in added)]
+    assert len(later) >= 4, later
+    run_cli(*common, "--output_dir", tmp_path / "grouped", "--split_groups", "near_copies", "--append")
+    appended = _splits_of(tmp_path / "grouped")
+    assert len(appended) == len(hashes) + len(added)
+    assert {name: appended[name] for name in grouped} == grouped  # nothing held moved
+    assert [(a, b) for a, b in later if appended[a] != appended[b]] == []
+    assert manifest(tmp_path / "grouped")["split_groups"]["pairs_across_splits"] == 0
+    checked = _verify_leakage(tmp_path / "grouped")
+    assert checked.returncode == 0 and "leakage: 0 near-copy pair(s)" in checked.stdout, checked.stdout
+    # inspect-tfrecords draws the largest groups, each member captioned with its split.
+    import json
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "tfdata_readers.inspect", str(tmp_path / "grouped"), "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert refused.returncode == 2 and "--append with --split_groups near_copies" in refused.stderr
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    largest = manifest(tmp_path / "grouped")["split_groups"]["largest_groups"]
+    sheets = sorted((tmp_path / "report").glob("group_sheet-*.png"))
+    assert len(sheets) == min(3, sum(1 for entry in largest if entry["inputs"] > 1)) >= 1
+    for sheet, entry in zip(sheets, largest, strict=False):
+        tiles = json.loads(Image.open(sheet).text["tiles"])
+        assert len(tiles) == min(entry["inputs"], 24)
+        assert len({tile["label"].split(":")[0] for tile in tiles}) == 1  # one split
+        assert {appended[tile["filename"]] for tile in tiles} == {tiles[0]["label"].split(":")[0]}
+    assert 'id="group-sheet-1"' in (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
+    # Groups are part of the settings: an append that leaves them out is refused, not a leak.
+    refused = run_cli(*common, "--output_dir", tmp_path / "grouped", "--append", check=False)
+    assert refused.returncode != 0 and "made with other settings" in refused.stderr, refused.stderr
 
 
 @pytest.mark.slow
@@ -404,31 +456,37 @@ def test_a_group_column_and_a_group_pattern_keep_each_group_in_one_split(tmp_pat
         assert all(len(s) == 1 for s in by_patient.values()), (out, by_patient)
         assert {s for (s,) in by_patient.values()} == {"train", "validation"}, out
 
-    # A pattern that matches nothing says so; an append of groups is refused in one line.
+    # A pattern that matches nothing says so.
     typo = run_cli("--input", photos, "--output_dir", tmp_path / "typo", "--group_pattern", r"/(P[0-9]+)_", *common)
     assert "--group_pattern '/(P[0-9]+)_' matched no input's relative path" in typo.stderr + typo.stdout
-    extra = photos / "chelsea" / "p1_9.jpg"
-    extra.write_bytes(encode(_tile("chelsea", 3).rotate(90, expand=True), "JPEG", quality=80))
-    (tmp_path / "more.csv").write_text("\n".join([*rows, f"{extra},chelsea,,p1"]) + "\n", encoding="utf-8")
+
+    # An append's new members of held groups take their group's split, however many are new.
+    before = {out: _splits_of(tmp_path / out) for out in ("by_column", "by_pattern")}
+    new_rows = []
+    for index, patient in enumerate(["p1", "p2", "p3", "p4", "p5", "p6", "p0", "p1"]):
+        extra = photos / "chelsea" / f"{patient}_{10 + index}.jpg"
+        extra.write_bytes(encode(_tile(PHOTOS[index % len(PHOTOS)], 3).rotate(90, expand=True), "JPEG", quality=80))
+        new_rows.append(f"{extra},chelsea,,{patient}")
+    (tmp_path / "more.csv").write_text("\n".join([*rows, *new_rows]) + "\n", encoding="utf-8")
+    run_cli("--manifest", tmp_path / "more.csv", "--output_dir", tmp_path / "by_column", "--append", *common)
+    pattern = ["--group_pattern", r"/(p[0-9]+)_"]
+    run_cli("--input", photos, "--output_dir", tmp_path / "by_pattern", *pattern, "--append", *common)
+    for out in ("by_column", "by_pattern"):
+        splits = _splits_of(tmp_path / out)
+        assert len(splits) == len(PHOTOS) * 4 + len(new_rows), out
+        assert {name: splits[name] for name in before[out]} == before[out], out
+        patient_split = {name.split("/")[-1].split("_")[0]: split for name, split in before[out].items()}
+        for name, split in splits.items():
+            if name not in before[out]:
+                assert split == patient_split[name.split("/")[-1].split("_")[0]], (out, name)
+    # A held row moved to another group would have to move split: the append names it, converts nothing.
+    moved = [rows[0], rows[1].rsplit(",", 1)[0] + ",p99", *rows[2:], *new_rows]
+    (tmp_path / "moved.csv").write_text("\n".join(moved) + "\n", encoding="utf-8")
     refused = run_cli(
-        "--manifest", tmp_path / "more.csv", "--output_dir", tmp_path / "by_column", "--append", *common, check=False
+        "--manifest", tmp_path / "moved.csv", "--output_dir", tmp_path / "by_column", "--append", *common, check=False
     )
-    assert refused.returncode == 1 and "--append of an input list with a group column is not supported" in (
-        refused.stderr
-    )
+    assert refused.returncode != 0 and "changed (content, label, annotations, group or split)" in refused.stderr
     assert "Traceback" not in refused.stderr
-    refused = run_cli(
-        "--input",
-        photos,
-        "--output_dir",
-        tmp_path / "by_pattern",
-        "--group_pattern",
-        r"/(p[0-9]+)_",
-        "--append",
-        *common,
-        check=False,
-    )
-    assert refused.returncode == 2 and "--append with --group_pattern is not supported" in refused.stderr
 
 
 @pytest.mark.slow

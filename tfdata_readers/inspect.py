@@ -114,6 +114,8 @@ def text_summary(report: Inspection, written: list[str], notes: Sequence[str] = 
             counts = ", ".join(f"{name} {n}" for name, n in facts["object_counts"].items())
             cut = facts.get("objects_cut_by_crop", 0)
             lines.append(f"  {split}: objects per class: {counts}; boxes the crop cut away: {cut}")
+    for group in report.groups:
+        lines.append(f"  split group {group.group}: {plural(group.size, 'input')}, in {', '.join(group.splits) or '?'}")
     dead = sum(g.count for g in report.dead_letters)
     reasons = ", ".join(f"{g.reason}: {g.count}" for g in report.dead_letters)
     lines.append(f"dead letters: {dead}" + (f" ({reasons})" if reasons else ""))
@@ -138,6 +140,7 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
 
     image_size = cast("tuple[int, int]", SHEET_SIZE if info.image.keeps_size else (info.image.height, info.image.width))
     sheets, written = {}, []  # sheets: split -> JPEG for the page; the PNG files keep every pixel
+    group_sheets: dict[str, bytes] = {}  # the largest split groups' sheets, by group id
     for split, sample in report.samples.items():
         if not sample.examples:
             title = f"{split}: {info.splits[split].num_examples} examples"  # Nothing to explain the layout of.
@@ -155,6 +158,17 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
         with open(path, "wb") as handle:
             handle.write(sheet_png(sheet, tiles))
         written.append(path)
+    for index, group in enumerate(report.groups, start=1):
+        title = (
+            f"group {group.group}: {plural(group.size, 'input')}, {len(group.examples)} shown, "
+            f"in {', '.join(group.splits) or 'no split read'}"
+        )
+        sheet, tiles = draw_contact_sheet(group.examples, title=title, image_size=image_size, tile=tile)
+        group_sheets[group.group] = sheet_jpeg(sheet)
+        path = os.path.join(out_dir, f"group_sheet-{index}.png")
+        with open(path, "wb") as handle:
+            handle.write(sheet_png(sheet, tiles))
+        written.append(path)
     chart = draw_class_counts(
         {s: report.class_counts[s] for s in report.splits},
         title=f"examples per class ({os.path.basename(report.data_dir.rstrip('/'))})",
@@ -165,7 +179,7 @@ def write_inspection(report: Inspection, out_dir: str, *, augmented: bool = Fals
     written.append(path)
     path = os.path.join(out_dir, "report.html")
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(render_report(report, sheets=sheets, chart=chart))
+        handle.write(render_report(report, sheets=sheets, chart=chart, group_sheets=group_sheets))
     written.append(path)
     return written
 
@@ -235,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as error:  # no manifest, bad JSON, newer schema, unknown split
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    from tfdata_readers.inspection.group_sheets import with_largest_groups  # pylint: disable=import-outside-toplevel
+
+    report = with_largest_groups(report)
     notes = sample_notes(report, num_examples, asked=args.num_examples is not None)
     written = write_inspection(report, args.out, augmented=args.augmented, tile=args.tile)
     print(text_summary(report, written, notes))

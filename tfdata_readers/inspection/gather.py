@@ -112,6 +112,8 @@ class Inspection:
     dead_letters_note: str | None
     samples: dict[str, SplitSample]
     seed: int
+    # A dataset made with split groups: its largest groups' members (group_sheets.with_largest_groups).
+    groups: tuple[Any, ...] = ()
 
     @property
     def splits(self) -> list[str]:

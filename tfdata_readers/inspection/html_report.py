@@ -124,9 +124,20 @@ def _problems(report: Inspection) -> str:
     return f'<div class="problems" id="status"><b>{len(lines)} problem(s) found</b><ul>{items}</ul></div>'
 
 
-def render_report(report: Inspection, *, sheets: dict[str, bytes], chart: bytes) -> str:
+def render_report(
+    report: Inspection, *, sheets: dict[str, bytes], chart: bytes, group_sheets: dict[str, bytes] | None = None
+) -> str:
     """The page. `sheets` maps split -> contact sheet (PNG or JPEG bytes), `chart` is the class
-    histogram PNG."""
+    histogram PNG, `group_sheets` maps a split group's id -> the sheet of its members."""
+    groups = "".join(
+        f'<img id="group-sheet-{index}" alt="members of split group {_e(group)}" src="{_data_uri(picture)}">'
+        for index, (group, picture) in enumerate((group_sheets or {}).items(), start=1)
+    )
+    if groups:
+        groups = (
+            '<h2>Largest split groups</h2><p class="muted">Inputs kept in one split as near-copies or by your '
+            f"groups (dataset_info.json's split_groups); each caption names its split.</p>{groups}"
+        )
     pictures = "".join(
         f'<h3>{_e(split)}</h3><p class="muted">{len(report.samples[split].examples)} examples drawn with seed '
         f"{report.seed} from the first {report.samples[split].scanned} records</p>"
@@ -145,5 +156,6 @@ def render_report(report: Inspection, *, sheets: dict[str, bytes], chart: bytes)
 <img id="class-counts" alt="examples per class and split" src="{_data_uri(chart)}">
 <h2>Dead letters</h2>{_dead_letters(report)}
 <h2>Examples</h2>{pictures}
+{groups}
 </body></html>
 """
