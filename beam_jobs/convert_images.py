@@ -157,7 +157,7 @@ class ListInputs(beam.PTransform):
         self._source = spec.source
         self._max_file_bytes = spec.image.max_file_bytes
         self._max_pixels = spec.image.max_pixels
-        self._near_copies = spec.splits.groups == "near_copies"
+        self._near_copies = _signatures_in_listing(spec)
         self._group_pattern = spec.splits.group_pattern
 
     @no_annotations
@@ -182,6 +182,33 @@ class ListInputs(beam.PTransform):
                 # InputFile(..., content_sha256, phash) | DeadLetter
             )
         return {LISTING: listing, IGNORED: listed[IGNORED]}
+
+
+def _signatures_in_listing(spec: ConversionSpec) -> bool:
+    """Whether the listing computes the perceptual signatures, from the read that --dedup content
+    makes of every source anyway; else planning does, for the inputs it groups only (HashSignatures):
+    an append then decodes its new inputs, not the whole collection again."""
+    return spec.splits.groups == "near_copies" and spec.source.dedup == "content" and not spec.mode.append
+
+
+class HashSignatures(beam.PTransform):
+    """InputFile -> InputFile with its perceptual signature (NO_SIGNATURE where it has none), in
+    batches on each worker's reader threads (_HashSources): planning applies it to the inputs it
+    is about to group, which an earlier shuffle has already spread over the workers."""
+
+    def __init__(self, *, max_file_bytes: int, max_pixels: int) -> None:
+        super().__init__()
+        self._max_file_bytes = max_file_bytes
+        self._max_pixels = max_pixels
+
+    @no_annotations
+    def expand(self, inputs: beam.PCollection) -> beam.PCollection:
+        return (
+            inputs
+            | "BatchToSign" >> beam.BatchElements(min_batch_size=8, max_batch_size=64)
+            | "Sign"
+            >> beam.ParDo(_HashSources(max_file_bytes=self._max_file_bytes, max_pixels=self._max_pixels, sha256=False))
+        )
 
 
 def _with_pattern_group(item: InputFile | DeadLetter, *, pattern: str) -> InputFile | DeadLetter:
@@ -301,6 +328,11 @@ class PlanRun(beam.PTransform):
             dedup=spec.source.dedup,
             ignored=listed[IGNORED],
             split_groups=_split_groups(spec),
+            hash_signatures=(
+                HashSignatures(max_file_bytes=image.max_file_bytes, max_pixels=image.max_pixels)
+                if spec.splits.groups == "near_copies" and not _signatures_in_listing(spec)
+                else None
+            ),
         )
         # shards: ShardPlan(split, index, num_shards, inputs); plan_dead_letters: DeadLetter;
         # plan_summary: {label_names, num_inputs, splits: {num_examples, num_shards, class_counts}}

@@ -12,6 +12,7 @@ same round-robin over the split's global hash order.
       ReadTreeLayout    -> InputFile with label (and split) from its folders     (a tree only)
       DropRepeats       -> one InputFile per path (per content with --dedup content)
       SkipHeld          -> the inputs the version appended to does not hold      (--append only)
+      HashSignatures    -> InputFile with its perceptual signature               (near_copies, unless listed so)
       FindSplitGroups   -> InputFile with its split group (split_groups.py)      (groups asked for, or a list)
       AssignSplits      -> InputFile with its split (split_assignment.py)
       GatherPlanFacts   -> one small element: layout, label names, counts (plan_facts.py)
@@ -121,8 +122,12 @@ class PlanShards(beam.PTransform):
         held_version: int | None = None,
         ignored: beam.PCollection | None = None,
         split_groups: dict | None = None,
+        hash_signatures: beam.PTransform | None = None,
     ) -> None:
         super().__init__()
+        # InputFile -> InputFile with its perceptual signature, for the inputs to group when the
+        # listing did not sign them: after SkipHeld, so that an append signs its new inputs only.
+        self._hash_signatures = hash_signatures
         # None: no groups; else the groups' settings (near_copy_bits, ...; {} for user groups only).
         self._split_groups = split_groups
         self._from_tree = from_tree
@@ -185,6 +190,8 @@ class PlanShards(beam.PTransform):
             # groups from the sidecars): a new near-copy of one, or a new member of its group,
             # takes its split.
             held = self._held | "HeldMembers" >> beam.FlatMap(held_member) if self._held is not None else None
+            if self._hash_signatures is not None:
+                inputs = inputs | "HashSignatures" >> self._hash_signatures
             found = inputs | "FindSplitGroups" >> FindSplitGroups(
                 near_copy_bits=self._split_groups.get("near_copy_bits"),
                 max_chroma_step=self._split_groups.get("max_chroma_step"),
