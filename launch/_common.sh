@@ -286,6 +286,19 @@ itt_stop_pid() {
   rm -f "$pidfile"
 }
 
+# itt_stop_job_server: the EXIT trap of a submit script that started its own job server: stops
+# the server ($job_server_pid: SIGTERM, then SIGKILL after 15 s) and removes its artifact folder
+# ($job_server_artifacts); either may be empty (not started yet).
+itt_stop_job_server() {
+  local waited=0
+  if [[ -n "${job_server_pid:-}" ]] && kill -0 "$job_server_pid" 2>/dev/null; then
+    kill -TERM "$job_server_pid" 2>/dev/null || true
+    while kill -0 "$job_server_pid" 2>/dev/null && (( waited < 15 )); do sleep 1; waited=$((waited + 1)); done
+    kill -KILL "$job_server_pid" 2>/dev/null || true
+  fi
+  [[ -z "${job_server_artifacts:-}" ]] || rm -rf "$job_server_artifacts"
+}
+
 # itt_ensure_flink_dist VERSION: prints FLINK_HOME of a Flink distribution, installing it from
 # PyPI's apache-flink + apache-flink-libraries (files only, --no-deps: their Python dependencies
 # pin an old apache-beam and must never enter the job's environment).

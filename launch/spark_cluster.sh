@@ -104,6 +104,11 @@ itt_need_port --worker_pool_port "$worker_pool_port" 0
 itt_need_port --job_server_port "$job_server_port" 0
 itt_need_int --workers "$workers" 1
 itt_need_int --cores "$cores" 1
+# Spark lets a Worker offer more cores than the machine has (its tasks then share them): allowed,
+# as Spark allows it, but said, since a job's parallelism follows the cores offered.
+if (( 10#$cores > $(nproc) )); then
+  itt_log "warning: --cores $((10#$cores)) is more than the $(nproc) cores here: each Worker's tasks will share them"
+fi
 itt_need_int --restart_delay "$restart_delay" 0
 itt_need_int --timeout "$timeout" 1
 master_port=$((10#$master_port)) webui_port=$((10#$webui_port)) worker_pool_port=$((10#$worker_pool_port))

@@ -243,19 +243,10 @@ EOF
 # this script ends, however it ends. A jar given as a URL is left to Beam, which downloads it.
 job_server_pid=""
 job_server_artifacts=""
-stop_job_server() {
-  local waited=0
-  if [[ -n "$job_server_pid" ]] && kill -0 "$job_server_pid" 2>/dev/null; then
-    kill -TERM "$job_server_pid" 2>/dev/null || true
-    while kill -0 "$job_server_pid" 2>/dev/null && (( waited < 15 )); do sleep 1; waited=$((waited + 1)); done
-    kill -KILL "$job_server_pid" 2>/dev/null || true
-  fi
-  [[ -z "$job_server_artifacts" ]] || rm -rf "$job_server_artifacts"
-}
 if [[ -n "$job_endpoint" ]]; then
   itt_log "job server: $job_endpoint"
 elif [[ ! "$job_server_jar" =~ ^[a-z]+:// ]]; then
-  trap stop_job_server EXIT
+  trap itt_stop_job_server EXIT
   job_server_log="$(itt_cache_dir)/logs/flink-job-server-$(date -u +%Y%m%dT%H%M%SZ)-$$.log"
   mkdir -p "$(dirname "$job_server_log")"
   job_server_artifacts=$(mktemp -d "${TMPDIR:-/tmp}/itt-job-server-artifacts.XXXXXX")

@@ -241,6 +241,22 @@ def test_status_of_a_state_dir_with_no_cluster_says_so(tmp_path):
     assert proc.returncode == 1 and proc.stdout.strip() == f"Spark: no cluster was started with state dir {tmp_path}"
 
 
+def test_more_cores_than_the_machine_has_are_allowed_as_spark_allows_them_but_said(tmp_path):
+    proc = run_script(
+        [str(LAUNCH / "spark_cluster.sh"), "status", "--state_dir", str(tmp_path), "--cores", "99"],
+        timeout=60,
+        check=False,
+    )
+    assert f"warning: --cores 99 is more than the {os.cpu_count()} cores here" in proc.stderr, proc.stderr
+    assert proc.returncode == 1  # then on as asked: no cluster in that state dir
+    quiet = run_script(
+        [str(LAUNCH / "spark_cluster.sh"), "status", "--state_dir", str(tmp_path), "--cores", "1"],
+        timeout=60,
+        check=False,
+    )
+    assert "warning" not in quiet.stderr
+
+
 def test_submit_refuses_a_master_that_is_not_there_in_one_line(tmp_path):
     port = SparkCluster(tmp_path).master_port  # free: nothing listens there
     proc = run_script(
