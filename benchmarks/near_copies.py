@@ -2,8 +2,8 @@
 ``--split_groups near_copies`` adds to a conversion.
 
 Recall and precision are measured on real photographs that are distinct by construction:
-non-overlapping 480x360 tiles of large photographs (Debian's ``plasma-workspace-wallpapers`` and
-``mate-backgrounds``, fetched once with ``apt-get download`` into the cache, when the machine can;
+non-overlapping 480x360 tiles of large photographs (the JPEG wallpapers of Debian's PACKAGES,
+fetched once with ``apt-get download`` into the cache, when the machine can;
 always the photographs scikit-image and scikit-learn ship). Each distinct image gets held-out
 near-copies, one per edit: re-encoded as JPEG at quality 30-90, resized to 0.5-0.9x, cropped by
 up to 5% per side, brightness within 10%, a Gaussian blur of radius 0.5-1.5, and all of them at
@@ -17,6 +17,7 @@ processes, interleaved and alternating which goes first; the ratio of medians.
     python benchmarks/near_copies.py                       # recall, precision, cost at 2,000 photos
     python benchmarks/near_copies.py --num_images 8000 --repeats 3
     python benchmarks/near_copies.py --skip_cost           # the hash's table only
+    python benchmarks/near_copies.py --skip_cost --tile 240x180   # four times the distinct tiles
 """
 
 from __future__ import annotations
@@ -46,49 +47,64 @@ from beam_jobs.sample_data import make_photo_tree, source_photo_paths  # noqa: E
 CACHE = (
     pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "images-to-tfrecords" / "photos"
 )
-PACKAGES = ("plasma-workspace-wallpapers", "mate-backgrounds")
+PACKAGES = (
+    "plasma-workspace-wallpapers",
+    "mate-backgrounds",
+    "lomiri-wallpapers-16.04",
+    "lomiri-wallpapers-20.04",
+    "ukui-wallpapers",
+)
 TILE = (480, 360)
 EDITS = ("jpeg", "resize", "crop", "brightness", "blur", "all")
 THRESHOLDS = (6, 8, 10, 12, 14, 16, 18)
 MAX_PIXELS = 100_000_000
 
 
+def _fetched(package: str) -> pathlib.Path | None:
+    """The files of one Debian package, fetched once with ``apt-get download`` into the cache;
+    None when the machine cannot."""
+    folder = CACHE / "debian" / package
+    if folder.exists():
+        return folder
+    download = pathlib.Path(tempfile.mkdtemp())
+    try:
+        subprocess.run(["apt-get", "download", package], cwd=download, check=True, capture_output=True, timeout=600)
+        for deb in download.glob("*.deb"):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(download / "x")], check=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(download / "x"), str(folder))
+        return folder
+    except (OSError, subprocess.SubprocessError) as error:
+        print(f"(no {package}: {error})", file=sys.stderr)
+        return None
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+
+
 def _wallpapers() -> list[pathlib.Path]:
-    """The largest JPEG of each wallpaper the Debian packages hold (fetched once); [] offline."""
-    folder = CACHE / "debian"
-    if not folder.exists():
-        download = pathlib.Path(tempfile.mkdtemp())
-        try:
-            subprocess.run(
-                ["apt-get", "download", *PACKAGES], cwd=download, check=True, capture_output=True, timeout=600
-            )
-            for deb in download.glob("*.deb"):
-                subprocess.run(["dpkg-deb", "-x", str(deb), str(download / "x")], check=True)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(download / "x"), str(folder))
-        except (OSError, subprocess.SubprocessError) as error:
-            print(f"(no Debian wallpapers: {error}; the shipped photographs only)", file=sys.stderr)
-            return []
-        finally:
-            shutil.rmtree(download, ignore_errors=True)
+    """The largest JPEG of each photograph the Debian packages hold, at least 1600 px wide (the
+    PNGs are drawings and flat art, not photographs); [] offline."""
     largest: dict[str, pathlib.Path] = {}
-    for path in sorted(folder.rglob("*.jpg")):
-        # plasma: <name>/contents/images/WxH.jpg; mate: <name>[_WxH].jpg
-        key = str(path).split("/contents/")[0] if "/contents/" in str(path) else path.stem.split("_")[0]
-        if key not in largest or path.stat().st_size > largest[key].stat().st_size:
-            largest[key] = path
-    return list(largest.values())
+    for package in PACKAGES:
+        folder = _fetched(package)
+        for path in sorted(folder.rglob("*.jpg")) if folder else []:
+            # plasma: <name>/contents/images/WxH.jpg; the others: <folder>/<name>[_WxH].jpg
+            name = str(path).split("/contents/")[0] if "/contents/" in str(path) else path.stem.split("_")[0]
+            key = name if "/contents/" in str(path) else f"{path.parent}/{name}"
+            if key not in largest or path.stat().st_size > largest[key].stat().st_size:
+                largest[key] = path
+    return [path for path in largest.values() if Image.open(path).width >= 1600]
 
 
-def distinct_images() -> list[Image.Image]:
+def distinct_images(tile: tuple[int, int] = TILE) -> list[Image.Image]:
     """Non-overlapping tiles of each large photograph, and the shipped photographs whole."""
     images = []
     for path in _wallpapers():
         photo = Image.open(path).convert("RGB")
         photo = photo.resize((1920, round(1920 * photo.height / photo.width)), Image.Resampling.LANCZOS)
-        for left in range(0, photo.width - TILE[0] + 1, TILE[0]):
-            for top in range(0, photo.height - TILE[1] + 1, TILE[1]):
-                images.append(photo.crop((left, top, left + TILE[0], top + TILE[1])))
+        for left in range(0, photo.width - tile[0] + 1, tile[0]):
+            for top in range(0, photo.height - tile[1] + 1, tile[1]):
+                images.append(photo.crop((left, top, left + tile[0], top + tile[1])))
     images += [Image.open(path).convert("RGB") for path in source_photo_paths().values()]
     return images
 
@@ -122,9 +138,9 @@ def _chroma(signatures: np.ndarray) -> np.ndarray:
     return np.frombuffer(b"".join(v.to_bytes(8, "big") for v in low), dtype=np.uint8).reshape(-1, 8).astype(np.int16)
 
 
-def hash_table() -> None:
+def hash_table(tile: tuple[int, int] = TILE) -> None:
     """Recall per edit and false pairs per threshold, by the grey hash alone and with the colours."""
-    images = distinct_images()
+    images = distinct_images(tile)
     rng = random.Random(0)
     originals = [perceptual_hash(_jpeg(image), max_pixels=MAX_PIXELS) for image in images]
     copies = {edit: [] for edit in EDITS}
@@ -141,7 +157,7 @@ def hash_table() -> None:
     for blob in blobs:
         perceptual_hash(blob, max_pixels=MAX_PIXELS)
     ms = (time.perf_counter() - start) / len(blobs) * 1000
-    print(f"{len(images)} distinct photos ({TILE[0]}x{TILE[1]} tiles and whole photos), one copy per edit each;")
+    print(f"{len(images)} distinct photos ({tile[0]}x{tile[1]} tiles and whole photos), one copy per edit each;")
     print(
         f"signature: {ms:.2f} ms per 480x360 JPEG, one process; "
         f"distinct pairs: median {np.median(apart):.0f} bits apart"
@@ -202,9 +218,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip_cost", action="store_true")
     parser.add_argument("--skip_hash", action="store_true")
+    parser.add_argument(
+        "--tile", default="480x360", help="WxH of the distinct tiles: smaller gives more of them, and flatter ones"
+    )
     args = parser.parse_args()
     if not args.skip_hash:
-        hash_table()
+        width, height = (int(side) for side in args.tile.split("x"))
+        hash_table((width, height))
     if not args.skip_cost:
         cost_table(args.num_images, args.repeats)
 
