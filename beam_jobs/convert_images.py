@@ -25,6 +25,7 @@ from apache_beam.typehints.decorators import no_annotations  # expand's hints ar
 from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.perceptual_hash import perceptual_hash
 from beam_jobs.imaging.reading import READ_TIMEOUT_S, SourceReaders, read_source, source_digests, source_state
+from beam_jobs.listing.names import clean_group
 from beam_jobs.listing.policy import ignored_note
 from beam_jobs.listing.sources import IGNORED, LISTING, ListSource
 from beam_jobs.paths import redact
@@ -217,7 +218,8 @@ def _with_pattern_group(item: InputFile | DeadLetter, *, pattern: str) -> InputF
     if not isinstance(item, InputFile) or item.user_group is not None:
         return item
     match = re.search(pattern, item.filename)
-    return item if match is None or not match.group(1) else dataclasses.replace(item, user_group=match.group(1))
+    group = clean_group(match.group(1)) if match is not None else None
+    return item if group is None else dataclasses.replace(item, user_group=group)
 
 
 class _HashSources(beam.DoFn):

@@ -42,6 +42,8 @@ class Reason:
     CONFLICTING_LABELS = "conflicting_labels"
     UNEXPECTED_LAYOUT = "unexpected_layout"
     BAD_LABEL = "bad_label"
+    # --append with split groups: a new input near held examples in two splits, so a leak in either.
+    NEAR_COPY_ACROSS_SPLITS = "near_copy_across_splits"
 
 
 class BadInputError(Exception):

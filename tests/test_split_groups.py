@@ -86,6 +86,47 @@ def test_groups_are_connected_components_named_by_their_smallest_member():
     assert connected_groups(list(group_edges(["p3", "p1", "p2", "p1"]))) == {"p1": "p1", "p2": "p1", "p3": "p1"}
 
 
+def test_a_new_input_near_held_examples_of_two_splits_is_a_dead_letter_not_a_leak():
+    from beam_jobs.planning.append_joins import PLAN_DEAD_LETTERS
+    from beam_jobs.planning.split_assignment import SPLIT_INPUTS, AssignSplits
+
+    held = [
+        InputFile("x/a.jpg", "/d/x/a.jpg", label="x", split="train", split_group="x/a.jpg"),
+        InputFile("y/b.jpg", "/d/y/b.jpg", label="y", split="validation", split_group="x/a.jpg"),
+        InputFile("z/e.jpg", "/d/z/e.jpg", label="z", split="validation", split_group="z/e.jpg"),
+    ]
+    new = [
+        InputFile("x/c.jpg", "/d/x/c.jpg", label="x", split_group="x/a.jpg"),  # near a and b: no split is safe
+        InputFile("x/g.jpg", "/d/x/g.jpg", label="x", split="train", split_group="x/a.jpg"),  # given: the user's
+        InputFile("z/f.jpg", "/d/z/f.jpg", label="z", split_group="z/e.jpg"),  # near e only: e's split
+    ]
+    fractions = {"train": 0.5, "validation": 0.5}
+    with TestPipeline(runner=FnApiRunner()) as p:
+        out = (
+            p
+            | "New" >> beam.Create(new)
+            | AssignSplits(fractions, "hash", grouped=True, held=p | "Held" >> beam.Create(held))
+        )
+        assert_that(
+            out[SPLIT_INPUTS] | beam.Map(lambda f: (f.filename, f.split)),
+            equal_to([("x/g.jpg", "train"), ("z/f.jpg", "validation")]),
+            label="Splits",
+        )
+        assert_that(
+            out[PLAN_DEAD_LETTERS] | beam.Map(lambda d: (d.uri, d.reason, "train: 'x/a.jpg'" in d.detail)),
+            equal_to([("/d/x/c.jpg", "near_copy_across_splits", True)]),
+            label="DeadLetters",
+        )
+
+
+def test_group_values_are_one_group_however_spelled():
+    from beam_jobs.listing.names import clean_group
+
+    assert {clean_group(v) for v in (7, 7.0, "7", " 7 ")} == {"7"}
+    assert clean_group("caf\u00e9") == clean_group("cafe\u0301") == "caf\u00e9"
+    assert clean_group(7.5) == "7.5" and clean_group("  ") is None and clean_group(None) is None
+
+
 def test_a_group_takes_its_given_split_else_its_smallest_members():
     a = InputFile("a.jpg", "/a.jpg", label="cat", split="validation", split_group="a.jpg")
     b = InputFile("b.jpg", "/b.jpg", label="dog", split="train", split_group="a.jpg")
@@ -424,6 +465,17 @@ def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
         assert len({tile["label"].split(":")[0] for tile in tiles}) == 1  # one split
         assert {appended[tile["filename"]] for tile in tiles} == {tiles[0]["label"].split(":")[0]}
     assert 'id="group-sheet-1"' in (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
+    # The check uses the dataset's own threshold (0 too), and a damaged shard is one line, no traceback.
+    import shutil
+
+    run_cli(*common, "--output_dir", tmp_path / "exact", "--split_groups", "near_copies", "--near_copy_bits", "0")
+    exact = _verify_leakage(tmp_path / "exact")
+    assert exact.returncode == 0 and "at 0 bits" in exact.stdout, exact.stdout + exact.stderr
+    shutil.copytree(tmp_path / "grouped", tmp_path / "damaged")
+    next((tmp_path / "damaged" / "shards").rglob("train-*.tfrecord")).unlink()
+    damaged = _verify_leakage(tmp_path / "damaged")
+    assert damaged.returncode == 1 and "ERROR leakage not checked" in damaged.stderr, damaged.stderr
+    assert "Traceback" not in damaged.stderr
     # Groups are part of the settings: an append that leaves them out is refused, not a leak.
     refused = run_cli(*common, "--output_dir", tmp_path / "grouped", "--append", check=False)
     assert refused.returncode != 0 and "made with other settings" in refused.stderr, refused.stderr
@@ -504,4 +556,7 @@ def test_a_group_given_two_splits_is_reported(tmp_path):
     run_cli("--manifest", tmp_path / "list.csv", "--output_dir", tmp_path / "out", "--image_size", "32")
     info = manifest(tmp_path / "out")
     assert info["split_groups"]["groups_across_splits"] == 1
-    assert any("1 group(s) hold inputs whose given splits differ" in w for w in info["warnings"])
+    assert any(
+        "1 group(s) hold inputs whose splits were given (split folders, a split column) or written" in w
+        for w in info["warnings"]
+    )

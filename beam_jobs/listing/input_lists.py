@@ -19,7 +19,7 @@ from apache_beam.typehints.decorators import no_annotations  # expand's hints ar
 
 from beam_jobs.errors import BadInputError, JobError, Reason, Stage
 from beam_jobs.listing.annotations import ANNOTATION_COLUMNS, annotations_from_row
-from beam_jobs.listing.names import clean_label, clean_split_name
+from beam_jobs.listing.names import clean_group, clean_label, clean_split_name
 from beam_jobs.listing.policy import (
     check_listed_file,
     is_image_filename,
@@ -159,8 +159,7 @@ def _row_to_input(
         refused = check_listed_file(uri)  # a FIFO, a folder, a dangling symlink: never opened
         if refused is not None:
             return DeadLetter(where, refused.stage, refused.reason, f"{entry!r}: {refused.detail}")
-    # A group is only compared for equality (a patient, a video): a JSON number is its digits.
-    group = str(row.get("group") if row.get("group") is not None else "").strip() or None
+    group = clean_group(row.get("group"))  # one group per value, however spelled
     return InputFile(
         filename=filename, uri=uri, label=label, split=split, origin=where, annotations=annotations, user_group=group
     )

@@ -15,7 +15,7 @@ import unicodedata
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 
-__all__ = ["clean_label", "clean_split_name", "is_hidden_name", "is_valid_split_name"]
+__all__ = ["clean_group", "clean_label", "clean_split_name", "is_hidden_name", "is_valid_split_name"]
 
 # A split names shard files: letters, digits, "_" and "-", never "/", "." or spaces.
 _SPLIT_NAME = re.compile(r"[^\W][\w-]*")
@@ -70,3 +70,18 @@ def clean_split_name(raw: str, *, where: str) -> str:
             f"{where}: the split {raw!r} cannot name shard files (letters, digits, '_' and '-' only)",
         )
     return split
+
+
+def clean_group(raw: object) -> str | None:
+    """The user group ``raw`` names (a ``group`` column's value, a --group_pattern capture), or None.
+
+    Groups are only compared for equality, so every spelling of one value must be one group:
+    text NFC-normalised and stripped, as labels are (``café`` in NFC and NFD, ``p7`` and `` p7``);
+    a JSON number by its value (7, 7.0 and "7" are one patient: a pandas export writes integer ids
+    as floats). Blank is no group.
+    """
+    if raw is None:
+        return None
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    return unicodedata.normalize("NFC", str(raw)).strip() or None

@@ -30,6 +30,7 @@ __all__ = [
     "connected_groups",
     "group_edges",
     "hamming",
+    "held_splits_apart",
     "one_split_per_group",
     "pairs_in_band",
     "split_key",
@@ -164,6 +165,17 @@ def _anchor_split(members: list[tuple[InputFile, int]]) -> str | None:
     if fixed:
         return fixed[0][2]
     return min((f for f, _ in members), key=lambda f: f.filename).split
+
+
+def held_splits_apart(members: Iterable[tuple[InputFile, int]]) -> dict[str, str]:
+    """{split: its first held member by name} when a group's held members (an append's version's
+    examples) are in two or more splits, else {}: joined only now, through a new input near both
+    sides (held examples never move), so any split for that input is a leak."""
+    first: dict[str, str] = {}
+    for f, rank in sorted(members, key=lambda member: member[0].filename):
+        if rank == HELD and f.split is not None:
+            first.setdefault(f.split, f.filename)
+    return first if len(first) > 1 else {}
 
 
 def one_split_per_group(members: Iterable[tuple[InputFile, int]]) -> list[InputFile]:

@@ -13,7 +13,9 @@ from dataclasses import replace
 
 import apache_beam as beam
 
-from beam_jobs.planning.group_rules import ASSIGNED, GIVEN, HELD, one_split_per_group
+from beam_jobs.errors import Reason, Stage
+from beam_jobs.planning.append_joins import PLAN_DEAD_LETTERS
+from beam_jobs.planning.group_rules import ASSIGNED, GIVEN, HELD, held_splits_apart, one_split_per_group
 from beam_jobs.planning.rules import (
     SPLIT_RULES,
     assign_splits_by_hash,
@@ -23,9 +25,11 @@ from beam_jobs.planning.rules import (
     split_order,
     stratified_counts,
 )
-from beam_jobs.records import InputFile
+from beam_jobs.records import DeadLetter, InputFile
 
-__all__ = ["AssignSplits"]
+__all__ = ["SPLIT_INPUTS", "AssignSplits"]
+
+SPLIT_INPUTS = "inputs"
 
 
 def _with_hash_split(f: InputFile, *, fractions: Mapping[str, float]) -> InputFile:
@@ -80,10 +84,12 @@ class AssignSplits(beam.PTransform):
         self._grouped = grouped
         self._held = held
 
-    def expand(self, inputs: beam.PCollection) -> beam.PCollection:
-        """The rule's splits; with split groups, then one split per group (see _OneSplitPerGroup)."""
+    def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
+        """The rule's splits; with split groups, then one split per group (see _OneSplitPerGroup).
+        Output SPLIT_INPUTS, and PLAN_DEAD_LETTERS: an append's new inputs that no split can take."""
         if not self._grouped:
-            return self._by_rule(inputs)
+            none = inputs.pipeline | "NoSplitDeadLetters" >> beam.Create([])
+            return {SPLIT_INPUTS: self._by_rule(inputs), PLAN_DEAD_LETTERS: none}
         given, unsplit = inputs | "SplitGiven" >> beam.Partition(
             lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]  # as in _by_rule
             2,
@@ -140,11 +146,29 @@ def _keyed_by_group(tagged: tuple[InputFile, int]) -> tuple[str, tuple[InputFile
     return tagged[0].split_group or "", tagged
 
 
-def _settled(group: tuple[str, Iterable[tuple[InputFile, int]]]) -> list[InputFile]:
-    """The members of one group in its split; its held members only anchor it (not output)."""
+def _settled(group: tuple[str, Iterable[tuple[InputFile, int]]]) -> Iterator:
+    """The members of one group in its split; its held members only anchor it (not output). A
+    group whose held members are in two splits (joined only now, by new near-copies of both) has
+    no split for its new members without a leak: each is a dead letter naming both sides, unless
+    its split was given (the user's, kept and counted as a group across splits)."""
     members = list(group[1])
+    apart = held_splits_apart(members)
+    if apart:
+        sides = ", ".join(f"{split}: {name!r}" for split, name in sorted(apart.items()))
+        for f, rank in members:
+            if rank == GIVEN:
+                yield f
+            elif rank == ASSIGNED:
+                detail = (
+                    f"a near-copy (or group member) of examples the version holds in {len(apart)} splits ({sides}): "
+                    "in any split it would leak; rebuild with --overwrite to regroup them"
+                )
+                yield beam.pvalue.TaggedOutput(
+                    PLAN_DEAD_LETTERS, DeadLetter(f.uri, Stage.LIST, Reason.NEAR_COPY_ACROSS_SPLITS, detail)
+                )
+        return
     settled = one_split_per_group(members)  # in the members' order
-    return [f for f, (_, rank) in zip(settled, members, strict=True) if rank != HELD]
+    yield from (f for f, (_, rank) in zip(settled, members, strict=True) if rank != HELD)
 
 
 class _OneSplitPerGroup(beam.PTransform):
@@ -152,7 +176,7 @@ class _OneSplitPerGroup(beam.PTransform):
     (group_rules.one_split_per_group). Only grouped inputs are shuffled, by their group's id: a
     group is small, and most inputs are in none."""
 
-    def expand(self, tagged: beam.PCollection) -> beam.PCollection:
+    def expand(self, tagged: beam.PCollection) -> dict[str, beam.PCollection]:
         grouped, alone = tagged | "InAGroup" >> beam.Partition(
             lambda member, _: 0 if member[0].split_group is not None else 1,  # type: ignore[arg-type]
             2,
@@ -162,7 +186,10 @@ class _OneSplitPerGroup(beam.PTransform):
             | "KeyByGroup" >> beam.Map(_keyed_by_group)
             | "GroupMembers" >> beam.GroupByKey()
             # (group id, [(InputFile, ASSIGNED | GIVEN | HELD), ...])
-            | "SplitOfGroup" >> beam.FlatMap(_settled)
+            | "SplitOfGroup" >> beam.FlatMap(_settled).with_outputs(PLAN_DEAD_LETTERS, main=SPLIT_INPUTS)
         )
         alone = alone | "Ungrouped" >> beam.Map(lambda member: member[0])
-        return (settled, alone) | "WithGroupSplits" >> beam.Flatten()
+        return {
+            SPLIT_INPUTS: (settled[SPLIT_INPUTS], alone) | "WithGroupSplits" >> beam.Flatten(),
+            PLAN_DEAD_LETTERS: settled[PLAN_DEAD_LETTERS],
+        }

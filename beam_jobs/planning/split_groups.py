@@ -65,7 +65,8 @@ def split_group_report(
 ) -> dict:
     """What dataset_info.json records of the groups: how they were found, how many there are, the
     largest, and the near-copy pairs whose two inputs ended in different splits (only possible
-    where the user gave both splits: the planner puts a group in one split)."""
+    where the user gave both splits, or an append found held examples of two splits near one new
+    input: the planner puts a group in one split)."""
     sizes = collections.Counter(groups.values())  # members per group id
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
     shown: dict[str, list[str]] = {group: [] for group, _ in largest}
@@ -73,10 +74,12 @@ def split_group_report(
         members = shown.get(groups[name])
         if members is not None and len(members) < LARGEST_GROUP_MEMBERS:
             members.append(name)
-    across = sorted((a, b) for a, b in near_pairs if splits.get(a) != splits.get(b))
+    # Inputs without a split (dead letters of the plan) are in no split, so in no pair across.
+    across = sorted((a, b) for a, b in near_pairs if a in splits and b in splits and splits[a] != splits[b])
     split_sets: dict[str, set] = {}
     for name, group in groups.items():
-        split_sets.setdefault(group, set()).add(splits.get(name))
+        if name in splits:
+            split_sets.setdefault(group, set()).add(splits[name])
     spanning = sorted(group for group, names in split_sets.items() if len(names) > 1)
     return {
         "method": method,
@@ -87,8 +90,9 @@ def split_group_report(
         "largest_groups": [{"id": group, "inputs": size, "members": shown[group]} for group, size in largest],
         "pairs_across_splits": len(across),
         "pairs_across_splits_examples": [list(pair) for pair in across[:LARGEST_GROUPS]],
-        # Groups whose members were given two splits (split folders, a split column): the planner
-        # keeps each given split, so such a group spans them.
+        # Groups whose members were given two splits (split folders, a split column), or written in
+        # two by earlier versions (an append joined them): given and held splits are kept, so such
+        # a group spans them.
         "groups_across_splits": len(spanning),
         "groups_across_splits_examples": spanning[:LARGEST_GROUPS],
     }
@@ -107,8 +111,8 @@ def group_warnings(report: dict, *, user_inputs: int) -> list[str]:
     if report["groups_across_splits"]:
         examples = ", ".join(map(repr, report["groups_across_splits_examples"][:3]))
         warnings.append(
-            f"{report['groups_across_splits']} group(s) hold inputs whose given splits differ (split folders "
-            f"or a split column), so each spans two splits: {examples}"
+            f"{report['groups_across_splits']} group(s) hold inputs whose splits were given (split folders, a "
+            f"split column) or written by an earlier version, and differ, so each spans two splits: {examples}"
         )
     return warnings
 

@@ -65,7 +65,7 @@ from beam_jobs.planning.rules import (
     tree_facts,
     tree_reads_splits,
 )
-from beam_jobs.planning.split_assignment import AssignSplits
+from beam_jobs.planning.split_assignment import SPLIT_INPUTS, AssignSplits
 from beam_jobs.planning.split_groups import FindSplitGroups, group_warnings, split_group_report
 from beam_jobs.records import Annotations, DeadLetter, InputFile
 
@@ -198,12 +198,14 @@ class PlanShards(beam.PTransform):
                 held=held,
             )
             inputs = found["inputs"]
-        split = inputs | "AssignSplits" >> AssignSplits(
+        assigned = inputs | "AssignSplits" >> AssignSplits(
             self._fractions,
             self._split_rule,
             grouped=found is not None,
             held=found["held"] if found is not None and self._held is not None else None,
         )
+        split = assigned[SPLIT_INPUTS]
+        dead.append(assigned[PLAN_DEAD_LETTERS])
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         parts = {LISTED: listing, UNSPLIT: inputs, PLANNED: split, DEAD: dead_letters}

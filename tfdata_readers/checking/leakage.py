@@ -20,14 +20,19 @@ import numpy as np
 import tensorflow as tf
 
 from tfdata_readers.sources.manifest_types import DatasetInfo
+from tfdata_readers.sources.records import tensorflow_reason
 
-__all__ = ["DEFAULT_BITS", "DEFAULT_CHROMA_STEP", "cross_split_pairs", "leakage_command_lines"]
+__all__ = ["DEFAULT_BITS", "DEFAULT_CHROMA_STEP", "LeakageNotChecked", "cross_split_pairs", "leakage_command_lines"]
 
 SIGNATURE_KEY = "image/near_copy/signature"
 DEFAULT_BITS = 14  # the job's default --near_copy_bits
 DEFAULT_CHROMA_STEP = 13  # the job's MAX_CHROMA_STEP
 _SIDE = 32
 _CHROMA_OFFSET = 16.0  # added to each channel's mean, as the job does
+
+
+class LeakageNotChecked(ValueError):
+    """The examples could not all be read (a missing or damaged shard), so no pair is claimed either way."""
 
 
 def _dct_rows() -> tf.Tensor:
@@ -106,7 +111,8 @@ def cross_split_pairs(
 def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, list[str]]:
     """(pairs across splits, the lines the command prints) for the dataset ``info`` describes."""
     groups = info.raw.get("split_groups") or {}
-    bits = int(groups.get("near_copy_bits") or DEFAULT_BITS)
+    recorded = groups.get("near_copy_bits")  # 0 is a threshold: only identical hashes
+    bits = DEFAULT_BITS if recorded is None else int(recorded)
     # null: a dataset stored in grey, compared by the grey hash alone (any colour difference passes)
     step = groups.get("max_chroma_step", DEFAULT_CHROMA_STEP)
     chroma_step = 255 if step is None else int(step)
@@ -114,13 +120,20 @@ def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, l
     names, splits, rows = [], [], []
     unsigned = 0
     for split in sorted(info.splits):
-        for name, signature in _signatures(info, split, stored):
-            if signature is None:
-                unsigned += 1
-                continue
-            names.append(name)
-            splits.append(split)
-            rows.append(np.frombuffer(signature, dtype=np.uint8))
+        try:
+            for name, signature in _signatures(info, split, stored):
+                if signature is None:
+                    unsigned += 1
+                    continue
+                names.append(name)
+                splits.append(split)
+                rows.append(np.frombuffer(signature, dtype=np.uint8))
+        except tf.errors.OpError as failure:  # a missing or damaged shard: the check is refused, in one line
+            reason = tensorflow_reason(failure.message or str(failure))
+            raise LeakageNotChecked(
+                f"leakage not checked: the examples of split {split!r} cannot all be read "
+                f"({type(failure).__name__}: {reason})"
+            ) from None
     table = np.stack(rows) if rows else np.zeros((0, 16), np.uint8)
     pairs = cross_split_pairs(names, splits, table, bits=bits, chroma_step=chroma_step)
     source = "the signatures stored in its examples" if stored else "signatures of the stored images (an estimate)"

@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdata_readers.checking.annotations import annotation_problems
-from tfdata_readers.checking.leakage import leakage_command_lines
+from tfdata_readers.checking.leakage import LeakageNotChecked, leakage_command_lines
 from tfdata_readers.decoding.parse import (
     FEATURE_DTYPES,
     check_declared_features,
@@ -263,7 +263,11 @@ def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int 
     )
     leaks = 0
     if leakage:
-        leaks, lines = leakage_command_lines(info)
+        try:
+            leaks, lines = leakage_command_lines(info)
+        except LeakageNotChecked as refused:
+            print(f"ERROR {refused}", file=sys.stderr)
+            return 1
         for line in lines:
             print(line, file=sys.stderr if line.startswith(("LEAK", "...")) else sys.stdout)
     return 1 if problems or leaks else 0
