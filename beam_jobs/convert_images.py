@@ -186,10 +186,11 @@ class ListInputs(beam.PTransform):
 
 
 def _signatures_in_listing(spec: ConversionSpec) -> bool:
-    """Whether the listing computes the perceptual signatures, from the read that --dedup content
-    makes of every source anyway; else planning does, for the inputs it groups only (HashSignatures):
-    an append then decodes its new inputs, not the whole collection again."""
-    return spec.splits.groups == "near_copies" and spec.source.dedup == "content" and not spec.mode.append
+    """Whether the listing computes the perceptual signatures (with --dedup content's sha256, from
+    the same read); an append's planning does instead, for its new inputs only (HashSignatures),
+    so that it never decodes the collection it holds again. In the listing they overlap the rest of
+    it: 1.43x against 1.50x in planning, on 8,000 photos (benchmarks/near_copies.py)."""
+    return spec.splits.groups == "near_copies" and not spec.mode.append
 
 
 class HashSignatures(beam.PTransform):

@@ -12,7 +12,7 @@ same round-robin over the split's global hash order.
       ReadTreeLayout    -> InputFile with label (and split) from its folders     (a tree only)
       DropRepeats       -> one InputFile per path (per content with --dedup content)
       SkipHeld          -> the inputs the version appended to does not hold      (--append only)
-      HashSignatures    -> InputFile with its perceptual signature               (near_copies, unless listed so)
+      HashSignatures    -> InputFile with its perceptual signature               (an append's new inputs)
       FindSplitGroups   -> InputFile with its split group (split_groups.py)      (groups asked for, or a list)
       AssignSplits      -> InputFile with its split (split_assignment.py)
       GatherPlanFacts   -> one small element: layout, label names, counts (plan_facts.py)
