@@ -218,7 +218,7 @@ def test_append_sees_redrawn_boxes_and_holds_unchanged_masks(pasted, tmp_path):
     # A box redrawn in a held row is a changed input: refused, naming it.
     rows[0]["objects"][0]["xmax"] -= 3
     listing.write_text("\n".join(map(json.dumps, rows)))
-    with pytest.raises(Exception, match=r"1 input of version 2 changed \(content, label, annotations or split\)"):
+    with pytest.raises(Exception, match=r"1 input of version 2 changed \(content, label, annotations, group or split"):
         beam_jobs.convert(**options, append=True)
     assert json.loads((out / "dataset_info.json").read_text())["version"] == second["version"]
 

@@ -86,10 +86,10 @@ class AssignSplits(beam.PTransform):
 
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
         """The rule's splits; with split groups, then one split per group (see _OneSplitPerGroup).
-        Output SPLIT_INPUTS, and PLAN_DEAD_LETTERS: an append's new inputs that no split can take."""
+        Output SPLIT_INPUTS, and with groups PLAN_DEAD_LETTERS: an append's new inputs that no
+        split can take (without groups there are none, and no stage to say so)."""
         if not self._grouped:
-            none = inputs.pipeline | "NoSplitDeadLetters" >> beam.Create([])
-            return {SPLIT_INPUTS: self._by_rule(inputs), PLAN_DEAD_LETTERS: none}
+            return {SPLIT_INPUTS: self._by_rule(inputs)}
         given, unsplit = inputs | "SplitGiven" >> beam.Partition(
             lambda f, _: 0 if f.split is not None else 1,  # type: ignore[arg-type]  # as in _by_rule
             2,

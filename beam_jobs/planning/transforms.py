@@ -205,7 +205,8 @@ class PlanShards(beam.PTransform):
             held=found["held"] if found is not None and self._held is not None else None,
         )
         split = assigned[SPLIT_INPUTS]
-        dead.append(assigned[PLAN_DEAD_LETTERS])
+        if PLAN_DEAD_LETTERS in assigned:
+            dead.append(assigned[PLAN_DEAD_LETTERS])
         # InputFile(split, label): one per kept input
         dead_letters = tuple(dead) | "PlanDeadLetters" >> beam.Flatten()
         parts = {LISTED: listing, UNSPLIT: inputs, PLANNED: split, DEAD: dead_letters}
