@@ -124,7 +124,7 @@ class FindSplitGroups(beam.PTransform):
     For an append, ``held`` are the examples the version holds, as InputFiles with their split
     (append_joins.held_member): they are grouped with the new inputs, so that a new near-copy of
     a held example, or a new member of a held user group, joins that example's group; output
-    ``held``: those of them in a group, whose splits the group then takes (AssignSplits)."""
+    ``held`` (only then): those of them in a group, whose splits the group then takes (AssignSplits)."""
 
     def __init__(
         self, *, near_copy_bits: int | None, max_chroma_step: int | None = None, held: beam.PCollection | None = None
@@ -162,17 +162,16 @@ class FindSplitGroups(beam.PTransform):
         )
         # {name: group id}: only the inputs in a pair
         grouped = new | "WithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
-        held = (
-            inputs.pipeline | "NoneHeld" >> beam.Create([])
-            if self._held is None
-            else self._held
-            | "HeldWithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
-            | "GroupedHeld" >> beam.Filter(lambda f: f.split_group is not None)
-        )
-        return {
+        outputs = {
             "inputs": grouped,
-            "held": held,
             "pairs": near | "NearPairList" >> beam.combiners.ToList(),
             "groups": groups,
             "user_inputs": members | "CountUserMembers" >> beam.combiners.Count.Globally(),
         }
+        if self._held is not None:  # no empty stage for a run that holds nothing
+            outputs["held"] = (
+                self._held
+                | "HeldWithGroup" >> beam.Map(_with_group, beam.pvalue.AsSingleton(groups))
+                | "GroupedHeld" >> beam.Filter(lambda f: f.split_group is not None)
+            )
+        return outputs

@@ -202,7 +202,7 @@ class PlanShards(beam.PTransform):
             self._fractions,
             self._split_rule,
             grouped=found is not None,
-            held=found["held"] if found is not None and self._held is not None else None,
+            held=found.get("held") if found is not None else None,
         )
         split = assigned[SPLIT_INPUTS]
         if PLAN_DEAD_LETTERS in assigned:
@@ -223,7 +223,7 @@ class PlanShards(beam.PTransform):
         )
         if found is not None:
             # The report covers the version's groups: an append's held members are in them too.
-            reported = (split, found["held"]) | "GroupedWithHeld" >> beam.Flatten()
+            reported = split if "held" not in found else (split, found["held"]) | "GroupedWithHeld" >> beam.Flatten()
             summary = summary | "WithSplitGroups" >> _WithGroupReport(reported, found, self._split_groups or {})
         shards = split | "PlaceInShards" >> _PlaceInShards(plan)
         # ShardPlan(split, index, num_shards, inputs): paths of one shard, never pixels
