@@ -65,6 +65,27 @@ def port_open(port: int) -> bool:
         return False
 
 
+def ports_still_held(ports: set[int], processes: list, state_dir: pathlib.Path) -> dict[int, str]:
+    """{port: its listener} for each of a stopped cluster's ports that one of its own processes
+    still holds. A freed ephemeral port (a TaskManager's data port, say) can be taken at once by
+    an unrelated process, such as a test on another xdist worker: that is not a leftover, so a
+    port counts only when its listener is one of the cluster's processes or names its state folder."""
+    import psutil
+
+    ours = {p.pid for p in processes}
+    held = {}
+    for conn in psutil.net_connections("tcp"):
+        if conn.status != psutil.CONN_LISTEN or conn.laddr.port not in ports:
+            continue
+        try:
+            cmdline = " ".join(psutil.Process(conn.pid).cmdline()) if conn.pid else ""
+        except psutil.Error:
+            continue  # it ended between the two calls
+        if conn.pid is None or conn.pid in ours or str(state_dir) in cmdline:
+            held[conn.laddr.port] = f"pid {conn.pid}: {cmdline[:300]}"
+    return held
+
+
 def rest_get(port: int, path: str) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return json.loads(response.read().decode())

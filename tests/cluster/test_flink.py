@@ -23,6 +23,7 @@ from tests.cluster.conftest import (
     assert_same_output,
     job_env,
     port_open,
+    ports_still_held,
     rest_get,
     run_script,
     wait_for,
@@ -185,7 +186,7 @@ def test_killed_taskmanager_without_restarts_fails_cleanly_and_stop_leaves_nothi
     # The stop leaves no process (the killed TaskManager's included), no port and no pid file.
     still_running = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert still_running == [], still_running
-    assert [port for port in ports if port_open(port)] == []
+    assert ports_still_held(ports, processes, cluster.state_dir) == {}
     assert not list((cluster.state_dir / "pid").glob("*.pid"))
     proc = run_script(
         [

@@ -24,6 +24,7 @@ from tests.cluster.conftest import (
     assert_same_output,
     job_env,
     port_open,
+    ports_still_held,
     run_script,
     wait_for,
 )
@@ -148,7 +149,7 @@ def test_a_killed_worker_and_a_killed_executor_are_survived_and_stop_leaves_noth
     # pid file, and no record that submit_spark.sh could take for a running job server.
     still_running = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert still_running == [], still_running
-    assert [port for port in ports if port_open(port)] == []
+    assert ports_still_held(ports, processes, cluster.state_dir) == {}
     assert not list((cluster.state_dir / "pid").glob("*.pid"))
     assert not any(
         p for p in psutil.process_iter(["cmdline"]) if str(cluster.state_dir) in " ".join(p.info["cmdline"] or [])
