@@ -159,6 +159,7 @@ class ListInputs(beam.PTransform):
         self._max_file_bytes = spec.image.max_file_bytes
         self._max_pixels = spec.image.max_pixels
         self._near_copies = _signatures_in_listing(spec)
+        self._tone = spec.splits.signs_tone
         self._group_pattern = spec.splits.group_pattern
 
     @no_annotations
@@ -178,6 +179,7 @@ class ListInputs(beam.PTransform):
                         max_file_bytes=self._max_file_bytes,
                         max_pixels=self._max_pixels if self._near_copies else None,
                         sha256=self._source.dedup == "content",
+                        tone=self._tone,
                     )
                 )
                 # InputFile(..., content_sha256, phash) | DeadLetter
@@ -198,10 +200,11 @@ class HashSignatures(beam.PTransform):
     batches on each worker's reader threads (_HashSources): planning applies it to the inputs it
     is about to group, which an earlier shuffle has already spread over the workers."""
 
-    def __init__(self, *, max_file_bytes: int, max_pixels: int) -> None:
+    def __init__(self, *, max_file_bytes: int, max_pixels: int, tone: bool) -> None:
         super().__init__()
         self._max_file_bytes = max_file_bytes
         self._max_pixels = max_pixels
+        self._tone = tone
 
     @no_annotations
     def expand(self, inputs: beam.PCollection) -> beam.PCollection:
@@ -209,7 +212,11 @@ class HashSignatures(beam.PTransform):
             inputs
             | "BatchToSign" >> beam.BatchElements(min_batch_size=8, max_batch_size=64)
             | "Sign"
-            >> beam.ParDo(_HashSources(max_file_bytes=self._max_file_bytes, max_pixels=self._max_pixels, sha256=False))
+            >> beam.ParDo(
+                _HashSources(
+                    max_file_bytes=self._max_file_bytes, max_pixels=self._max_pixels, sha256=False, tone=self._tone
+                )
+            )
         )
 
 
@@ -232,10 +239,11 @@ class _HashSources(beam.DoFn):
     timeout: a Map of read_source starts a thread per read and waits for it, 0.2 ms each, half
     as much again as the hash itself."""
 
-    def __init__(self, *, max_file_bytes: int, max_pixels: int | None, sha256: bool) -> None:
+    def __init__(self, *, max_file_bytes: int, max_pixels: int | None, sha256: bool, tone: bool = True) -> None:
         self._max_file_bytes = max_file_bytes
         self._max_pixels = max_pixels
         self._sha256 = sha256
+        self._tone = tone  # False: the legacy signature, for a dataset made with it
         self._readers: SourceReaders | None = None
 
     def setup(self) -> None:
@@ -258,7 +266,7 @@ class _HashSources(beam.DoFn):
             return item if self._max_pixels is None else dataclasses.replace(item, phash=NO_SIGNATURE)
         phash = None
         if self._max_pixels is not None:
-            signature = perceptual_hash(data, max_pixels=self._max_pixels)
+            signature = perceptual_hash(data, max_pixels=self._max_pixels, tone=self._tone)
             phash = NO_SIGNATURE if signature is None else signature
         digest = hashlib.sha256(data).hexdigest() if self._sha256 else item.content_sha256
         return dataclasses.replace(item, content_sha256=digest, phash=phash)
@@ -332,7 +340,9 @@ class PlanRun(beam.PTransform):
             ignored=listed[IGNORED],
             split_groups=_split_groups(spec),
             hash_signatures=(
-                HashSignatures(max_file_bytes=image.max_file_bytes, max_pixels=image.max_pixels)
+                HashSignatures(
+                    max_file_bytes=image.max_file_bytes, max_pixels=image.max_pixels, tone=spec.splits.signs_tone
+                )
                 if spec.splits.groups == "near_copies" and not _signatures_in_listing(spec)
                 else None
             ),

@@ -25,6 +25,7 @@ from beam_jobs.errors import UsageError
 from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, LEGACY_RESAMPLE
 from beam_jobs.listing.discover import input_list_files
 from beam_jobs.paths import redact
+from beam_jobs.planning.group_rules import PERCEPTUAL_HASH, PERCEPTUAL_HASHES
 from beam_jobs.run_context import RunContext
 from beam_jobs.storage import bucket_problem, delete_exactly, list_folder, list_tree, temp_name
 from beam_jobs.writing.commit import Current, read_current
@@ -466,12 +467,31 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
     resampling, a run that continues a dataset keeps the one the dataset was made with (--append:
     the current version's; --resume: the newest interrupted run folder's, else the current
     version's), so that a dataset made before the default changed still resumes and appends byte
-    for byte; any other run takes the default of new datasets.
+    for byte; any other run takes the default of new datasets. The near-copy signature is kept
+    the same way (a dataset made with group_rules.LEGACY_PERCEPTUAL_HASH compares without tone).
 
     Called once, under the output lock, before start_run, by every entry point (run.run_spec,
     ConvertImages): the fingerprints, the manifest and the workers then all see the one method."""
-    if spec.image.resample is not None or not (spec.mode.append or spec.mode.resume) or spec.mode.plan_only:
-        return spec.replace(image=dataclasses.replace(spec.image, resample=spec.image.resample_method))
+    continues = (spec.mode.append or spec.mode.resume) and not spec.mode.plan_only
+    made = _dataset_made_with(spec) if continues else []
+    method = spec.image.resample or (made[0]["resample"] if made else DEFAULT_RESAMPLE)
+    if spec.image.resample is None and method != DEFAULT_RESAMPLE:
+        _LOG.info(
+            "resampling with %r, the method %s was made with (--resample chooses another)",
+            method,
+            redact(spec.output_dir),
+        )
+    spec = spec.replace(image=dataclasses.replace(spec.image, resample=method))
+    signature = ((made[0].get("split_groups") or {}).get("method") if made else None) or None
+    if spec.splits.groups == "near_copies" and signature in PERCEPTUAL_HASHES and signature != PERCEPTUAL_HASH:
+        _LOG.info("near-copy signatures by %r, the method %s was made with", signature, redact(spec.output_dir))
+        spec = spec.replace(splits=dataclasses.replace(spec.splits, near_copy_method=signature))
+    return spec
+
+
+def _dataset_made_with(spec: ConversionSpec) -> list[dict]:
+    """The settings of what a continuing run continues, the first the one it takes after: the
+    newest interrupted run folder (--resume alone), then the current version."""
     current = read_current(spec.output_dir)
     made = [_made_with(current.manifest)] if current.manifest is not None else []
     if spec.mode.resume and not spec.mode.append:
@@ -483,14 +503,7 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
             if key is not None  # a sidecar that names its run's settings
         ]
         made = interrupted[:1] + made
-    method = made[0]["resample"] if made else DEFAULT_RESAMPLE
-    if method != DEFAULT_RESAMPLE:
-        _LOG.info(
-            "resampling with %r, the method %s was made with (--resample chooses another)",
-            method,
-            redact(spec.output_dir),
-        )
-    return spec.replace(image=dataclasses.replace(spec.image, resample=method))
+    return made
 
 
 def start_run(spec: ConversionSpec) -> RunContext:

@@ -28,7 +28,9 @@ from beam_jobs.planning.group_rules import (
     DEFAULT_NEAR_COPY_BITS,
     MAX_CHROMA_STEP,
     MAX_NEAR_COPY_BITS,
+    MAX_TONE_STEPS,
     PERCEPTUAL_HASH,
+    PERCEPTUAL_HASHES,
     SPLIT_GROUPS,
 )
 from beam_jobs.planning.rules import DEFAULT_SPLIT_RULE, DEFAULT_TARGET_SHARD_MB, RELABEL_CHOICES, SPLIT_RULES
@@ -245,6 +247,14 @@ class SplitSpec:
     groups: str = "none"
     near_copy_bits: int = DEFAULT_NEAR_COPY_BITS
     group_pattern: str | None = None
+    # The signature (group_rules.PERCEPTUAL_HASHES); None: new datasets' PERCEPTUAL_HASH. A run
+    # that continues a dataset made with another keeps it (preflight.with_dataset_defaults).
+    near_copy_method: str | None = None
+
+    @property
+    def signs_tone(self) -> bool:
+        """Whether signatures carry the tone bytes (every method but the legacy one)."""
+        return (self.near_copy_method or PERCEPTUAL_HASH) == PERCEPTUAL_HASH
 
     def group_settings(self, *, grey: bool = False) -> dict[str, Any] | None:
         """What the run fingerprint and the manifest record of the groups (None: none asked for).
@@ -253,10 +263,12 @@ class SplitSpec:
         settings: dict[str, Any] = {}
         if self.groups == "near_copies":
             settings.update(
-                method=PERCEPTUAL_HASH,
+                method=self.near_copy_method or PERCEPTUAL_HASH,
                 near_copy_bits=self.near_copy_bits,
                 max_chroma_step=None if grey else MAX_CHROMA_STEP,
             )
+            if self.signs_tone:
+                settings["max_tone_steps"] = list(MAX_TONE_STEPS)
         if self.group_pattern is not None:
             settings["group_pattern"] = self.group_pattern
         return settings or None
@@ -265,6 +277,8 @@ class SplitSpec:
         check_field_types(self)
         _one_of("--split_rule", self.rule, SPLIT_RULES)
         _one_of("--split_groups", self.groups, SPLIT_GROUPS)
+        if self.near_copy_method is not None:
+            _one_of("the near-copy method", self.near_copy_method, PERCEPTUAL_HASHES)
         if not 0 <= self.near_copy_bits <= MAX_NEAR_COPY_BITS:
             raise UsageError(
                 f"--near_copy_bits must be between 0 and {MAX_NEAR_COPY_BITS} of the hash's 64 bits "

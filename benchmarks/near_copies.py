@@ -8,8 +8,10 @@ always the photographs scikit-image and scikit-learn ship). Each distinct image 
 near-copies, one per edit: re-encoded as JPEG at quality 30-90, resized to 0.5-0.9x, cropped by
 up to 5% per side, brightness within 10%, a Gaussian blur of radius 0.5-1.5, and all of them at
 once. Recall: the share of copies that are near-copies of their original (grey hashes within the
-threshold and, in the second table, chromaticity within MAX_CHROMA_STEP). False pairs: pairs of
-distinct images that are, and their number as a share of the distinct images.
+threshold; in the second table, chromaticity within MAX_CHROMA_STEP too; in the third, the job's
+rule, the tone within MAX_TONE_STEPS too). False pairs: pairs of distinct images that are, and
+their number as a share of the distinct images. A tile whose pixels are those of an earlier one
+(a flat fill of one colour, twice) is not a distinct image, and is left out.
 
 The cost: the command on a sample tree, with and without ``--split_groups near_copies``, whole
 processes, interleaved and alternating which goes first; the ratio of medians.
@@ -41,7 +43,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from beam_jobs.imaging.perceptual_hash import perceptual_hash  # noqa: E402
-from beam_jobs.planning.group_rules import MAX_CHROMA_STEP, hamming, near_copies  # noqa: E402
+from beam_jobs.planning.group_rules import MAX_CHROMA_STEP, MAX_TONE_STEPS, near_copies  # noqa: E402
 from beam_jobs.sample_data import make_photo_tree, source_photo_paths  # noqa: E402
 
 CACHE = (
@@ -97,14 +99,18 @@ def _wallpapers() -> list[pathlib.Path]:
 
 
 def distinct_images(tile: tuple[int, int] = TILE) -> list[Image.Image]:
-    """Non-overlapping tiles of each large photograph, and the shipped photographs whole."""
-    images = []
+    """Non-overlapping tiles of each large photograph (each pixel-distinct from the others), and
+    the shipped photographs whole."""
+    images, seen = [], set()
     for path in _wallpapers():
         photo = Image.open(path).convert("RGB")
         photo = photo.resize((1920, round(1920 * photo.height / photo.width)), Image.Resampling.LANCZOS)
         for left in range(0, photo.width - tile[0] + 1, tile[0]):
             for top in range(0, photo.height - tile[1] + 1, tile[1]):
-                images.append(photo.crop((left, top, left + tile[0], top + tile[1])))
+                tile_image = photo.crop((left, top, left + tile[0], top + tile[1]))
+                if (pixels := tile_image.tobytes()) not in seen:
+                    seen.add(pixels)
+                    images.append(tile_image)
     images += [Image.open(path).convert("RGB") for path in source_photo_paths().values()]
     return images
 
@@ -138,6 +144,23 @@ def _chroma(signatures: np.ndarray) -> np.ndarray:
     return np.frombuffer(b"".join(v.to_bytes(8, "big") for v in low), dtype=np.uint8).reshape(-1, 8).astype(np.int16)
 
 
+def _tone(signatures: np.ndarray) -> np.ndarray:
+    """The 2 tone bytes of each signature, as int16 rows."""
+    high = [(int(s) >> 128) & 0xFFFF for s in signatures]
+    return np.frombuffer(b"".join(v.to_bytes(2, "big") for v in high), dtype=np.uint8).reshape(-1, 2).astype(np.int16)
+
+
+RULES = {
+    "grey hash alone": dict(chroma_step=None, tone_steps=None),
+    f"grey hash and colours (chromaticity step <= {MAX_CHROMA_STEP})": dict(
+        chroma_step=MAX_CHROMA_STEP, tone_steps=None
+    ),
+    f"grey hash, colours and tone (tone steps <= {MAX_TONE_STEPS}): the job's rule": dict(
+        chroma_step=MAX_CHROMA_STEP, tone_steps=MAX_TONE_STEPS
+    ),
+}
+
+
 def hash_table(tile: tuple[int, int] = TILE) -> None:
     """Recall per edit and false pairs per threshold, by the grey hash alone and with the colours."""
     images = distinct_images(tile)
@@ -147,11 +170,12 @@ def hash_table(tile: tuple[int, int] = TILE) -> None:
     for image in images:
         for edit in EDITS:
             copies[edit].append(perceptual_hash(near_copy(image, edit, rng), max_pixels=MAX_PIXELS))
-    grey = np.array([s >> 64 for s in originals], dtype=np.uint64)
-    chroma = _chroma(originals)
+    grey = np.array([(s >> 64) & (2**64 - 1) for s in originals], dtype=np.uint64)
+    chroma, tone = _chroma(originals), _tone(originals)
     pairs = np.triu_indices(len(images), 1)
     apart = np.bitwise_count(grey[:, None] ^ grey[None, :])[pairs]
-    colours = np.abs(chroma[:, None, :] - chroma[None, :, :]).max(axis=2)[pairs]
+    colours = np.abs(chroma[pairs[0]] - chroma[pairs[1]]).max(axis=1)
+    tones = np.abs(tone[pairs[0]] - tone[pairs[1]])
     blobs = [_jpeg(image) for image in images[:200]]
     start = time.perf_counter()
     for blob in blobs:
@@ -162,21 +186,22 @@ def hash_table(tile: tuple[int, int] = TILE) -> None:
         f"signature: {ms:.2f} ms per 480x360 JPEG, one process; "
         f"distinct pairs: median {np.median(apart):.0f} bits apart"
     )
-    for with_colours in (False, True):
-        rule = f"grey hash and colours (chromaticity step <= {MAX_CHROMA_STEP})" if with_colours else "grey hash alone"
+    for rule, steps in RULES.items():
         print(f"\n{rule}\n")
         print("| bits | " + " | ".join(EDITS) + " | recall, all edits | false pairs | per input |")
         print("|---|" + "---|" * (len(EDITS) + 3))
         for threshold in THRESHOLDS:
             found = {
-                edit: [
-                    near_copies(o, c, threshold) if with_colours else hamming(o, c) <= threshold
-                    for o, c in zip(originals, copies[edit], strict=True)
-                ]
+                edit: [near_copies(o, c, threshold, **steps) for o, c in zip(originals, copies[edit], strict=True)]
                 for edit in EDITS
             }
             every = [hit for hits in found.values() for hit in hits]
-            false = int(((apart <= threshold) & ((colours <= MAX_CHROMA_STEP) | (not with_colours))).sum())
+            near = apart <= threshold
+            if steps["chroma_step"] is not None:
+                near &= colours <= steps["chroma_step"]
+            if steps["tone_steps"] is not None:
+                near &= (tones <= np.array(steps["tone_steps"])).all(axis=1)
+            false = int(near.sum())
             print(
                 f"| {threshold} | "
                 + " | ".join(f"{np.mean(found[edit]):.1%}" for edit in EDITS)

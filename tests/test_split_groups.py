@@ -8,6 +8,7 @@ import random
 from dataclasses import replace
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -38,18 +39,21 @@ MAX_PIXELS = 100_000_000
 
 
 def _random_hashes(rng: random.Random, count: int, threshold: int) -> list[int]:
-    """Random 64-bit hashes, with a near-copy (a few bits flipped, up to the threshold and one
-    beyond it) of every third one."""
+    """Random signatures, with a near-copy (a few bits flipped, up to the threshold and one beyond
+    it) of every third one."""
     hashes = []
     colours = [rng.getrandbits(64) for _ in range(3)]  # few colours: the grey bits decide most pairs
+    tones = [rng.randint(100, 200) << 8 | rng.randint(40, 200) for _ in range(3)]
     for _ in range(count):
-        h = rng.getrandbits(64) << 64 | rng.choice(colours)
+        h = rng.choice(tones) << 128 | rng.getrandbits(64) << 64 | rng.choice(colours)
         hashes.append(h)
         if rng.random() < 1 / 3:
             flips = rng.sample(range(64, 128), rng.randint(0, threshold + 1))
             # one chromaticity byte a little off, or far off (then no near-copy), or none
             shade = rng.choice([0, 1 << 8 * rng.randint(0, 7), 0x80 << 8 * rng.randint(0, 7)])
-            hashes.append(h ^ sum(1 << bit for bit in flips) ^ shade)
+            # the tone's mean or contrast a little off, or far off (then no near-copy), or neither
+            tone = rng.choice([0, 3 << 128, 4 << 136, 20 << 128, 30 << 136])
+            hashes.append((h ^ sum(1 << bit for bit in flips) ^ shade) + tone)
     return hashes
 
 
@@ -212,6 +216,29 @@ def test_smooth_images_of_other_colours_are_no_near_copies():
     assert near_copies(a, brighter, 14)  # the colours' proportions, not their brightness
 
 
+def test_the_tone_tells_apart_flat_images_the_grey_hash_and_colours_cannot():
+    """A white sky and a grey wall of one tint hash alike in grey and in chromaticity: their
+    tone (mean and contrast) is what differs; a brightness change of 10% stays within it."""
+    gradient = np.asarray(Image.linear_gradient("L").resize((320, 240)), dtype=np.float32) / 255
+
+    def flat(level: float, spread: float) -> Image.Image:
+        grey = level + spread * (gradient - 0.5)
+        return Image.fromarray(np.clip(np.stack([grey] * 3, axis=-1), 0, 255).astype(np.uint8))
+
+    sky, wall, textured = flat(235, 12), flat(130, 12), flat(130, 90)
+    a, b, c = (perceptual_hash(encode(i, "JPEG", quality=90), max_pixels=MAX_PIXELS) for i in (sky, wall, textured))
+    for x, y in ((a, b), (b, c)):
+        assert near_copies(x, y, 14, tone_steps=None)  # the legacy rule groups them
+        assert not near_copies(x, y, 14)
+    darker = perceptual_hash(
+        encode(ImageEnhance.Brightness(wall).enhance(0.9), "JPEG", quality=60), max_pixels=MAX_PIXELS
+    )
+    assert near_copies(b, darker, 14)
+    # The legacy signature is the same one without the tone bytes, which a signature never lacks.
+    legacy = perceptual_hash(encode(wall, "JPEG", quality=90), max_pixels=MAX_PIXELS, tone=False)
+    assert legacy == b & (2**128 - 1) and b >> 136 > 0
+
+
 def test_bytes_that_are_no_image_have_no_hash():
     assert perceptual_hash(b"<html>403</html>", max_pixels=MAX_PIXELS) is None
     data = encode(real_photo("coffee"), "JPEG", quality=90)
@@ -284,7 +311,7 @@ def test_plan_shards_with_groups_equals_the_in_memory_plan_and_no_group_spans_tw
                 from_tree=False,
                 tree_layout="auto",
                 source="/d/list.csv",
-                split_groups={"near_copy_bits": 14, "max_chroma_step": 13},
+                split_groups={"near_copy_bits": 14, "max_chroma_step": 13, "max_tone_steps": [6, 16]},
                 **settings,
             )
         )
@@ -299,10 +326,19 @@ def test_plan_shards_with_groups_equals_the_in_memory_plan_and_no_group_spans_tw
 def test_group_settings_are_checked_and_recorded_only_when_asked_for():
     assert SplitSpec().group_settings() is None
     assert SplitSpec(groups="near_copies").group_settings() == {
+        "method": "dct64+chroma4+tone2",
+        "near_copy_bits": 14,
+        "max_chroma_step": 13,
+        "max_tone_steps": [6, 16],
+    }
+    # A dataset made with the signature before the tone keeps it (preflight.with_dataset_defaults).
+    assert SplitSpec(groups="near_copies", near_copy_method="dct64+chroma4").group_settings() == {
         "method": "dct64+chroma4",
         "near_copy_bits": 14,
         "max_chroma_step": 13,
     }
+    with pytest.raises(UsageError, match="near-copy method must be one of"):
+        SplitSpec(groups="near_copies", near_copy_method="md5")
     assert SplitSpec(group_pattern="^(p[0-9]+)_").group_settings() == {"group_pattern": "^(p[0-9]+)_"}
     with pytest.raises(UsageError, match="exactly one capture group"):
         SplitSpec(group_pattern="p[0-9]+")
@@ -410,7 +446,7 @@ def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
     report = manifest(tmp_path / "grouped")["split_groups"]
     assert report["near_copy_pairs"] == len(pairs)
     assert report["pairs_across_splits"] == 0
-    assert report["method"] == "dct64+chroma4" and report["near_copy_bits"] == 14
+    assert report["method"] == "dct64+chroma4+tone2" and report["near_copy_bits"] == 14
     counts = {split: sum(1 for s in grouped.values() if s == split) for split in ("train", "validation")}
     assert min(counts.values()) >= 0.35 * len(hashes), counts  # groups are small: near the fractions
 
@@ -560,3 +596,43 @@ def test_a_group_given_two_splits_is_reported(tmp_path):
         "1 group(s) hold inputs whose splits were given (split folders, a split column) or written" in w
         for w in info["warnings"]
     )
+
+
+def test_a_dataset_made_with_the_signature_before_the_tone_keeps_it_when_appended_to(tmp_path):
+    """A dataset made with the legacy signature (16 bytes, no tone) appends with it: the same
+    settings (not refused as other ones), 16-byte signatures in the new examples, the legacy rule."""
+    import tensorflow as tf
+
+    import beam_jobs
+    from beam_jobs.config import ImageConfig
+    from beam_jobs.planning.group_rules import LEGACY_PERCEPTUAL_HASH
+    from tests.conftest import run_cli
+    from tests.lifecycle.checks import manifest
+
+    _near_copy_tree(tmp_path / "photos")
+    spec = beam_jobs.ConversionSpec(
+        source=beam_jobs.Source(root=str(tmp_path / "photos")),
+        output_dir=str(tmp_path / "out"),
+        image=ImageConfig(width=64, height=64),
+        splits=beam_jobs.SplitSpec(
+            fractions={"train": 0.5, "validation": 0.5}, groups="near_copies", near_copy_method=LEGACY_PERCEPTUAL_HASH
+        ),
+        runner_args=("--direct_num_workers=1",),
+    )
+    beam_jobs.convert(spec=spec)
+    assert manifest(tmp_path / "out")["split_groups"]["method"] == LEGACY_PERCEPTUAL_HASH
+    (tmp_path / "photos" / PHOTOS[0] / "added_copy.jpg").write_bytes(_edited(_tile(PHOTOS[0], 0), random.Random(5)))
+    run_cli(
+        "--input", tmp_path / "photos", "--output_dir", tmp_path / "out", "--splits", "train=0.5,validation=0.5",
+        "--image_size", "64", "--split_groups", "near_copies", "--append",
+    )  # fmt: skip
+    info = manifest(tmp_path / "out")
+    assert info["split_groups"]["method"] == LEGACY_PERCEPTUAL_HASH and "max_tone_steps" not in info["split_groups"]
+    lengths = set()
+    for split in info["splits"].values():
+        for shard in split["shards"]:
+            for record in tf.data.TFRecordDataset(str(tmp_path / "out" / shard["file"])):
+                example = tf.train.Example.FromString(record.numpy())
+                lengths.add(len(example.features.feature["image/near_copy/signature"].bytes_list.value[0]))
+    assert lengths == {16}
+    assert _verify_leakage(tmp_path / "out").returncode == 0

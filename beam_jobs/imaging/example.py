@@ -93,7 +93,8 @@ class ExampleFields:
     label_texts: tuple[str, ...] = ()
     objects: StoredObjects | None = None
     segmentation_png: bytes | None = None  # the semantic mask, a PNG of class ids
-    # --split_groups near_copies: the source's perceptual signature (16 bytes; empty: none found).
+    # --split_groups near_copies: the source's perceptual signature (18 bytes; 16 by the legacy method;
+    # empty: none found).
     near_copy_signature: bytes | None = None
 
 

@@ -39,10 +39,14 @@ def _band_items(f: InputFile, *, threshold: int) -> Iterator[tuple[tuple[int, in
 
 
 def _pairs(
-    group: tuple[tuple[int, int], Iterable[tuple[str, int]]], *, threshold: int, chroma_step: int | None
+    group: tuple[tuple[int, int], Iterable[tuple[str, int]]],
+    *,
+    threshold: int,
+    chroma_step: int | None,
+    tone_steps: tuple[int, int] | None,
 ) -> Iterator[tuple[str, str]]:
     (band, _), members = group
-    for a, b, _ in pairs_in_band(band, members, threshold, chroma_step):
+    for a, b, _ in pairs_in_band(band, members, threshold, chroma_step, tone_steps):
         yield a, b
 
 
@@ -127,11 +131,17 @@ class FindSplitGroups(beam.PTransform):
     ``held`` (only then): those of them in a group, whose splits the group then takes (AssignSplits)."""
 
     def __init__(
-        self, *, near_copy_bits: int | None, max_chroma_step: int | None = None, held: beam.PCollection | None = None
+        self,
+        *,
+        near_copy_bits: int | None,
+        max_chroma_step: int | None = None,
+        max_tone_steps: tuple[int, int] | None = None,
+        held: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self._threshold = near_copy_bits
         self._chroma_step = max_chroma_step
+        self._tone_steps = None if max_tone_steps is None else tuple(max_tone_steps)
         self._held = held
 
     def expand(self, new: beam.PCollection) -> dict[str, beam.PCollection]:
@@ -144,7 +154,10 @@ class FindSplitGroups(beam.PTransform):
                 | "KeyByBand" >> beam.FlatMap(_band_items, threshold=self._threshold)
                 | "GroupByBand" >> beam.GroupByKey()
                 # ((band, bits), [(name, hash), ...]): the inputs that agree on one band
-                | "PairsInBand" >> beam.FlatMap(_pairs, threshold=self._threshold, chroma_step=self._chroma_step)
+                | "PairsInBand"
+                >> beam.FlatMap(
+                    _pairs, threshold=self._threshold, chroma_step=self._chroma_step, tone_steps=self._tone_steps
+                )
             )
             edges.append(near)
         else:

@@ -195,6 +195,7 @@ class PlanShards(beam.PTransform):
             found = inputs | "FindSplitGroups" >> FindSplitGroups(
                 near_copy_bits=self._split_groups.get("near_copy_bits"),
                 max_chroma_step=self._split_groups.get("max_chroma_step"),
+                max_tone_steps=self._split_groups.get("max_tone_steps"),
                 held=held,
             )
             inputs = found["inputs"]

@@ -140,9 +140,11 @@ def _example_fields(stored: _StoredImage, input_file: InputFile, config: ImageCo
 
 
 def _signature_bytes(phash: int | None) -> bytes | None:
+    """18 bytes (16 for a signature of the legacy method, which has no tone bytes: a tone's
+    first byte is never 0); empty for an input with no signature."""
     if phash is None:
         return None
-    return b"" if phash == NO_SIGNATURE else phash.to_bytes(16, "big")
+    return b"" if phash == NO_SIGNATURE else phash.to_bytes(18 if phash >> 128 else 16, "big")
 
 
 def _with_annotations(

@@ -1,8 +1,9 @@
 """verify-tfrecords --leakage: the near-copy pairs whose two examples are in different splits.
 
-Each example's perceptual signature (docs/FORMAT.md, ``image/near_copy/signature``: a 64-bit DCT
-hash of the source in grey, then 8 bytes of its quadrants' chromaticity) is read from the
-example where the job stored it. A dataset made without ``--split_groups near_copies`` has none:
+Each example's perceptual signature (docs/FORMAT.md, ``image/near_copy/signature``: 2 bytes of
+tone, a 64-bit DCT hash of the source in grey, then 8 bytes of its quadrants' chromaticity; a
+dataset made with the legacy method stored the last 16 bytes alone) is read from the example
+where the job stored it. A dataset made without ``--split_groups near_copies`` has none:
 the signature is then computed here, with TensorFlow's ops, from the stored image (the job
 computed its own from the source, before any crop or resize, with Pillow: the two agree on what
 is a near-copy, not bit for bit, so an older dataset's report is an estimate).
@@ -29,6 +30,12 @@ DEFAULT_BITS = 14  # the job's default --near_copy_bits
 DEFAULT_CHROMA_STEP = 13  # the job's MAX_CHROMA_STEP
 _SIDE = 32
 _CHROMA_OFFSET = 16.0  # added to each channel's mean, as the job does
+# The tone bytes, as the job makes them: log(mean + 8) and log(std + 2) of the grey levels in steps
+# of 0.025, and how far they may differ between near-copies (the job's MAX_TONE_STEPS).
+_TONE_STEP = 0.025
+_TONE_OFFSETS = (8.0, 2.0)
+DEFAULT_TONE_STEPS = (6, 16)
+SIGNATURE_BYTES = 18
 
 
 class LeakageNotChecked(ValueError):
@@ -42,7 +49,7 @@ def _dct_rows() -> tf.Tensor:
 
 
 def _signature_of_image(encoded: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-    """16 bytes: the grey DCT hash and the chromaticity, of a stored image (JPEG, PNG)."""
+    """18 bytes: the tone, the grey DCT hash and the chromaticity, of a stored image (JPEG, PNG)."""
     pixels = tf.cast(tf.image.decode_image(encoded, channels=3, expand_animations=False), tf.float32)
     small = tf.image.resize(pixels, (_SIDE, _SIDE), method="area")
     grey = tf.squeeze(tf.image.rgb_to_grayscale(small), -1)
@@ -53,11 +60,14 @@ def _signature_of_image(encoded: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
     chromaticity = quadrants[:, :, :2] / tf.reduce_sum(quadrants, axis=2, keepdims=True)
     chroma = tf.cast(tf.round(tf.reshape(chromaticity, [-1]) * 255), tf.uint8)
     packed = tf.reduce_sum(tf.reshape(bits, (8, 8)) * tf.constant([128, 64, 32, 16, 8, 4, 2, 1], tf.uint8), axis=1)
-    return tf.concat([packed, chroma], axis=0)
+    levels = tf.math.log(tf.stack([tf.reduce_mean(grey), tf.math.reduce_std(grey)]) + _TONE_OFFSETS) / _TONE_STEP
+    tone = tf.cast(tf.clip_by_value(tf.round(levels), 1, 255), tf.uint8)
+    return tf.concat([tone, packed, chroma], axis=0)
 
 
 def _signatures(info: DatasetInfo, split: str, stored: bool) -> Iterator[tuple[str, bytes | None]]:
-    """(filename, 16 signature bytes or None) of every example of ``split``."""
+    """(filename, 18 signature bytes or None) of every example of ``split``: a legacy signature's
+    16 bytes get two zero tone bytes, which compare as equal to any."""
     spec = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
     spec[SIGNATURE_KEY if stored else "image/encoded"] = tf.io.FixedLenFeature([], tf.string)
     rows = _dct_rows()
@@ -72,16 +82,28 @@ def _signatures(info: DatasetInfo, split: str, stored: bool) -> Iterator[tuple[s
     for example in records.as_numpy_iterator():
         name = example["image/filename"].decode("utf-8", "replace")
         value = example[SIGNATURE_KEY] if stored else example["bytes"].tobytes()
-        yield name, (bytes(value) if len(value) == 16 else None)
+        if len(value) == 16:
+            value = bytes(2) + bytes(value)
+        yield name, (bytes(value) if len(value) == SIGNATURE_BYTES else None)
 
 
 def cross_split_pairs(
-    names: list[str], splits: list[str], signatures: np.ndarray, *, bits: int, chroma_step: int
+    names: list[str],
+    splits: list[str],
+    signatures: np.ndarray,
+    *,
+    bits: int,
+    chroma_step: int,
+    tone_steps: tuple[int, int] | None = DEFAULT_TONE_STEPS,
 ) -> list[tuple[int, int, int]]:
-    """(i, j, grey distance) of the near-copy pairs (``signatures``: N x 16 uint8 rows) whose
-    examples are in different splits, i < j, each pair once."""
-    grey = signatures[:, :8].copy().view(">u8").ravel().astype(np.uint64)
-    chroma = signatures[:, 8:].astype(np.int16)
+    """(i, j, grey distance) of the near-copy pairs (``signatures``: N x 18 uint8 rows) whose
+    examples are in different splits, i < j, each pair once. ``tone_steps`` None: without the
+    tone (a dataset made with the legacy method); a signature without tone bytes passes it."""
+    tone = signatures[:, :2].astype(np.int16)
+    grey = signatures[:, 2:10].copy().view(">u8").ravel().astype(np.uint64)
+    chroma = signatures[:, 10:].astype(np.int16)
+    toneless = (tone == 0).all(axis=1)
+    steps = np.array(tone_steps if tone_steps is not None else (255, 255))
     split_ids = np.unique(np.array(splits), return_inverse=True)[1]
     found: set[tuple[int, int, int]] = set()
     count = bits + 1
@@ -102,6 +124,7 @@ def cross_split_pairs(
                     (distances <= bits)
                     & (np.abs(chroma[others] - chroma[i]).max(axis=1) <= chroma_step)
                     & (split_ids[others] != split_ids[i])
+                    & ((np.abs(tone[others] - tone[i]) <= steps).all(axis=1) | toneless[others] | toneless[i])
                 )
                 for j, distance in zip(others[near], distances[near], strict=True):
                     found.add((min(int(i), int(j)), max(int(i), int(j)), int(distance)))
@@ -116,6 +139,9 @@ def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, l
     # null: a dataset stored in grey, compared by the grey hash alone (any colour difference passes)
     step = groups.get("max_chroma_step", DEFAULT_CHROMA_STEP)
     chroma_step = 255 if step is None else int(step)
+    # absent: a dataset made with the legacy method (or without groups, estimated with the tone)
+    tones = groups.get("max_tone_steps", None if groups.get("method") else DEFAULT_TONE_STEPS)
+    tone_steps = None if tones is None else (int(tones[0]), int(tones[1]))
     stored = SIGNATURE_KEY in (info.features or {})
     names, splits, rows = [], [], []
     unsigned = 0
@@ -134,8 +160,8 @@ def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, l
                 f"leakage not checked: the examples of split {split!r} cannot all be read "
                 f"({type(failure).__name__}: {reason})"
             ) from None
-    table = np.stack(rows) if rows else np.zeros((0, 16), np.uint8)
-    pairs = cross_split_pairs(names, splits, table, bits=bits, chroma_step=chroma_step)
+    table = np.stack(rows) if rows else np.zeros((0, SIGNATURE_BYTES), np.uint8)
+    pairs = cross_split_pairs(names, splits, table, bits=bits, chroma_step=chroma_step, tone_steps=tone_steps)
     source = "the signatures stored in its examples" if stored else "signatures of the stored images (an estimate)"
     lines = [
         f"leakage: {len(pairs)} near-copy pair(s) across splits among {len(names)} example(s), by {source}, "
