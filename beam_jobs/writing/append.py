@@ -98,6 +98,12 @@ def read_held_inputs(relative: str, *, output_dir: str, version: int) -> Iterato
             f"{len(names)} names, {len(sha256s)} digests, {len(phashes)} signatures and {len(user_groups)} "
             "user groups; it was changed after the run that wrote it: rebuild once with --overwrite, then append"
         )
+    unreadable = [phash for phash in phashes if phash is not None and not _is_hex(phash)]
+    if unreadable:
+        raise JobError(
+            f"--append: {path} records a signature that is no hexadecimal number ({unreadable[0]!r}); it was "
+            "changed after the run that wrote it: rebuild once with --overwrite, then append"
+        )
     rows = zip(inputs, names, sources, sha256s, labels, digests, phashes, user_groups, strict=True)
     for uri, name, state, sha256, label, digest, phash, user_group in rows:
         if name not in content_keys or uri in dead:
@@ -349,3 +355,9 @@ def merge_appended(base: dict, added: dict, *, changes: Mapping | None = None) -
         "num_inputs": held + added["num_inputs"],
         "content_duplicates": duplicates,
     }
+
+
+def _is_hex(value: object) -> bool:
+    """Whether a sidecar's recorded signature is what the job writes (hex digits); a hand edit
+    otherwise fails the append with a bare ValueError deep in the pipeline."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]+", value) is not None

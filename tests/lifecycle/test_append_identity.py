@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 import beam_jobs
+from beam_jobs.errors import JobError
 from beam_jobs.planning.transforms import PLAN_CHANGES, compare_with_held
 from beam_jobs.records import InputFile
 from beam_jobs.sample_data import make_photo_tree
@@ -190,6 +191,23 @@ def test_an_earlier_releases_sidecar_names_its_inputs_relative_to_the_root_its_e
     assert sorted(held) == ["cat/1.jpg", "dog/2.jpg"]
     assert held["cat/1.jpg"]["digests"] == ["s1"] and held["dog/2.jpg"]["digests"] == ["s2"]
     assert all(facts["written"] for facts in held.values())
+
+
+def test_a_hand_edited_signature_in_a_sidecar_fails_the_append_naming_the_sidecar(tmp_path):
+    facts = {
+        "inputs": ["/data/photos/cat/1.jpg"],
+        "input_filenames": ["cat/1.jpg"],
+        "sources": [[1, 2.0]],
+        "input_labels": ["cat"],
+        "split": "train",
+        "content_keys": [["s1", "cat/1.jpg", "cat"]],
+    }
+    relative = _sidecar(tmp_path / "kept", {**facts, "input_phash": ["00ff" * 9]})
+    held = dict(read_held_inputs(relative, output_dir=str(tmp_path / "kept"), version=1))
+    assert held["cat/1.jpg"]["phash"] == int("00ff" * 9, 16)
+    relative = _sidecar(tmp_path / "edited", {**facts, "input_phash": ["not a signature"]})
+    with pytest.raises(JobError, match=r"train-00000-of-00001.tfrecord.json records a signature that is no hex"):
+        dict(read_held_inputs(relative, output_dir=str(tmp_path / "edited"), version=1))
 
 
 def test_an_append_reports_content_duplicates_of_the_whole_version_once_per_content():
