@@ -575,6 +575,32 @@ def test_a_group_column_and_a_group_pattern_keep_each_group_in_one_split(tmp_pat
     )
     assert refused.returncode != 0 and "changed (content, label, annotations, group or split)" in refused.stderr
     assert "Traceback" not in refused.stderr
+    # Kept as held (--changed_sources keep), a moved row keeps its example and split, and is in the
+    # group its row names now: that group's new members take its split, never the other one.
+    held_splits = _splits_of(tmp_path / "by_column")
+    moved, joined = list(rows), []
+    for k in range(6):
+        moved[1 + k] = rows[1 + k].rsplit(",", 1)[0] + f",q{k}"
+        extra = photos / "chelsea" / f"q{k}_new.jpg"
+        extra.write_bytes(encode(_tile(PHOTOS[k % len(PHOTOS)], 2).rotate(270, expand=True), "JPEG", quality=70))
+        joined.append((rows[1 + k].split(",")[0], extra))
+    (tmp_path / "kept.csv").write_text(
+        "\n".join([*moved, *new_rows, *(f"{extra},chelsea,,q{k}" for k, (_, extra) in enumerate(joined))]) + "\n",
+        encoding="utf-8",
+    )
+    run_cli(
+        "--manifest", tmp_path / "kept.csv", "--output_dir", tmp_path / "by_column", "--append", *common,
+        "--changed_sources", "keep",
+    )  # fmt: skip
+    splits = _splits_of(tmp_path / "by_column")
+    assert {name: splits[name] for name in held_splits} == held_splits  # nothing held moved
+    for held_path, extra in joined:
+        held_split = next(split for name, split in splits.items() if held_path.endswith("/" + name))
+        new_split = next(split for name, split in splits.items() if str(extra).endswith("/" + name))
+        assert held_split == new_split, (held_path, extra, splits)
+    from tests.lifecycle.checks import manifest
+
+    assert manifest(tmp_path / "by_column")["split_groups"]["groups_across_splits"] == 0
 
 
 @pytest.mark.slow

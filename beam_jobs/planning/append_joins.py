@@ -36,6 +36,9 @@ PlanDeadLetterOutput = TaggedOutput[Literal["plan_dead_letters"], DeadLetter]
 # --append: ("held" | "changed" | "removed", identity) for each input the current version holds:
 # as it was converted, or not.
 PLAN_CHANGES = "plan_changes"
+# (identity, the listing's user group) of a held input whose row names another group than the
+# one it was converted in: kept (--changed_sources keep), it joins the group its row names now.
+HELD_REGROUPED = "held_regrouped"
 
 
 def compare_with_held(
@@ -66,6 +69,8 @@ def compare_with_held(
         return
     if any(_differs(f, held[0], state_of, digests_of) for f in listed):
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("changed", name))
+        if listed[0].user_group != held[0].get("user_group"):
+            yield beam.pvalue.TaggedOutput(HELD_REGROUPED, (name, listed[0].user_group))
     else:
         yield beam.pvalue.TaggedOutput(PLAN_CHANGES, ("held", name))
 
@@ -128,11 +133,16 @@ def held_copy(
             yield f
 
 
-def held_member(held: tuple[str, dict]) -> list[InputFile]:
+def held_member(held: tuple[str, dict], regrouped: Mapping[str, str | None] | None = None) -> list[InputFile]:
     """An example the version holds, as the InputFile its split groups know (name, split, label,
     perceptual signature, user group), when it has a signature or a user group: --append groups
-    the new inputs with it, so that a new near-copy or group member takes its split. Pure."""
+    the new inputs with it, so that a new near-copy or group member takes its split. A held
+    example whose row now names another group (kept by --changed_sources keep; HELD_REGROUPED)
+    is in that group: its example keeps its split, and the group's new members take it, where
+    the recorded group would let them land in another split than a member of their group. Pure."""
     name, record = held
+    if regrouped and name in regrouped:
+        record = {**record, "user_group": regrouped[name]}
     if record.get("phash") is None and record.get("user_group") is None:
         return []  # made without groups: nothing to join
     member = InputFile(

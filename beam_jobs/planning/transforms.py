@@ -28,6 +28,7 @@ import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.planning.append_joins import (
+    HELD_REGROUPED,
     PLAN_CHANGES,
     PLAN_DEAD_LETTERS,
     PlanDeadLetterOutput,
@@ -175,10 +176,10 @@ class PlanShards(beam.PTransform):
         kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup, by_content=not appending)
         inputs = kept[_INPUTS]
         dead.append(kept[PLAN_DEAD_LETTERS])
-        changes = None
+        changes = regrouped = None
         if self._skip_held is not None:
             new = inputs | "SkipHeld" >> self._skip_held
-            inputs, changes = new[_INPUTS], new.get(PLAN_CHANGES)
+            inputs, changes, regrouped = new[_INPUTS], new.get(PLAN_CHANGES), new.get(HELD_REGROUPED)
             dead.append(new[PLAN_DEAD_LETTERS])
             if self._dedup == "content":
                 fresh = inputs | "DropNewRepeats" >> _DropRepeats(self._dedup, by_path=False)
@@ -189,7 +190,10 @@ class PlanShards(beam.PTransform):
             # An append groups its new inputs with the examples held (their signatures and user
             # groups from the sidecars): a new near-copy of one, or a new member of its group,
             # takes its split.
-            held = self._held | "HeldMembers" >> beam.FlatMap(held_member) if self._held is not None else None
+            held = None
+            if self._held is not None:
+                current = beam.pvalue.AsDict(regrouped) if regrouped is not None else None
+                held = self._held | "HeldMembers" >> beam.FlatMap(held_member, regrouped=current)
             if self._hash_signatures is not None:
                 inputs = inputs | "HashSignatures" >> self._hash_signatures
             found = inputs | "FindSplitGroups" >> FindSplitGroups(
@@ -345,10 +349,11 @@ class _SkipHeld(beam.PTransform):
                 # (identity, {"listed": [InputFile], "held": [record]})
                 | "NotHeldYet"
                 >> beam.FlatMap(compare_with_held, state_of=self._state_of, digests_of=self._digests_of).with_outputs(
-                    PLAN_CHANGES, main=_INPUTS
+                    PLAN_CHANGES, HELD_REGROUPED, main=_INPUTS
                 )
             )
             inputs, outputs[PLAN_CHANGES] = compared[_INPUTS], compared[PLAN_CHANGES]
+            outputs[HELD_REGROUPED] = compared[HELD_REGROUPED]
         if self._held_content is None:
             return {**outputs, _INPUTS: inputs, PLAN_DEAD_LETTERS: inputs.pipeline | "NoHeldCopies" >> beam.Create([])}
         assert self._digests_of is not None, "new inputs are hashed to be compared with the held ones"
