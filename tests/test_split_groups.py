@@ -662,3 +662,36 @@ def test_a_dataset_made_with_the_signature_before_the_tone_keeps_it_when_appende
                 lengths.add(len(example.features.feature["image/near_copy/signature"].bytes_list.value[0]))
     assert lengths == {16}
     assert _verify_leakage(tmp_path / "out").returncode == 0
+
+
+def test_an_image_over_pillows_own_limit_is_signed_within_the_jobs(monkeypatch):
+    """--max_pixels above Pillow's default limit converts such an image; its signature must not
+    fail on Pillow's limit, or its copies would be in no group (and free to cross splits)."""
+    data = encode(real_photo("coffee"), "JPEG", quality=90)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the photo is far over twice this
+    assert perceptual_hash(data, max_pixels=MAX_PIXELS) is not None
+    assert Image.MAX_IMAGE_PIXELS == 1000  # put back
+    assert perceptual_hash(data, max_pixels=1000) is None  # over the job's own limit: no signature
+
+
+def test_the_leakage_check_estimates_examples_whose_source_gave_no_signature(tmp_path):
+    import tensorflow as tf
+
+    import tfdata_readers
+    from tests.conftest import run_cli
+    from tfdata_readers.checking.leakage import leakage_command_lines
+
+    hashes = _near_copy_tree(tmp_path / "photos")
+    out = tmp_path / "out"
+    run_cli("--input", tmp_path / "photos", "--output_dir", out, "--image_size", "64", "--split_groups", "near_copies")
+    info = tfdata_readers.load_manifest(out)
+    shard = info.split("train").shards[0].path
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(shard)]
+    records[0].features.feature["image/near_copy/signature"].bytes_list.value[0] = b""
+    with tf.io.TFRecordWriter(shard) as writer:
+        for example in records:
+            writer.write(example.SerializeToString())
+    pairs, lines = leakage_command_lines(info)
+    assert pairs == 0, lines
+    assert f"among {len(hashes)} example(s)" in lines[0], lines
+    assert "1 example(s) whose source gave no signature, by signatures of their stored images" in lines[0], lines

@@ -23,7 +23,15 @@ from PIL import Image, ImageOps
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 
-__all__ = ["ALLOWED_FORMATS", "DecodedImage", "DecodedPixels", "decode_image", "decode_rgb_pixels", "sniff_format"]
+__all__ = [
+    "ALLOWED_FORMATS",
+    "DecodedImage",
+    "DecodedPixels",
+    "decode_image",
+    "decode_rgb_pixels",
+    "pillow_checks",
+    "sniff_format",
+]
 
 # Only these decoders may ever see input bytes. Pillow would otherwise also try formats such as
 # EPS (which starts Ghostscript), PSD or FITS on whatever bytes arrive with a .jpg name.
@@ -94,7 +102,7 @@ _PILLOW_GLOBALS = threading.Lock()
 
 
 @contextlib.contextmanager
-def _pillow_checks(max_pixels: int) -> Iterator[list[bool]]:
+def pillow_checks(max_pixels: int) -> Iterator[list[bool]]:
     """Holds _PILLOW_GLOBALS with --max_pixels as Pillow's own limit, and yields a list that gets
     True when Pillow reported corrupt EXIF, which it does with a UserWarning (at open or at
     getexif) rather than an error.
@@ -203,7 +211,7 @@ def decode_image(
     Raises BadInputError for anything that cannot become a clean image. Truncated files are never
     padded with grey (Pillow's LOAD_TRUNCATED_IMAGES stays off).
     """
-    with _pillow_checks(max_pixels) as exif_warned:
+    with pillow_checks(max_pixels) as exif_warned:
         opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
         decoded = _load(opened, max_pixels=max_pixels)
     decoded.events = _with_exif_warning(decoded.events, exif_warned)
@@ -228,12 +236,12 @@ def decode_rgb_pixels(
     ``normalize`` (the colour-mode normalisation to RGB), so that Pillow gives the verdict on a
     damaged file exactly as before: accepted if Pillow reads it, dead-lettered if it does not.
     """
-    with _pillow_checks(max_pixels) as exif_warned:
+    with pillow_checks(max_pixels) as exif_warned:
         opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
     # Outside the lock: libjpeg-turbo touches no process-wide state, and releases the GIL.
     pixels = _libjpeg_pixels(data, opened, at_least=opened.need if any_dct_scale else None)
     if pixels is None:
-        with _pillow_checks(max_pixels) as load_warned:
+        with pillow_checks(max_pixels) as load_warned:
             decoded = _load(opened, max_pixels=max_pixels)
             pixels = np.asarray(normalize(decoded.image))
         events = _with_exif_warning(decoded.events, exif_warned + load_warned)

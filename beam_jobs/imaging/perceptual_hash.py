@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageOps
 
+from beam_jobs.imaging.decode import pillow_checks
 from beam_jobs.imaging.preprocess import normalize_mode
 
 __all__ = ["perceptual_hash"]
@@ -64,7 +65,9 @@ def perceptual_hash(data: bytes, *, max_pixels: int, tone: bool = True) -> int |
     more than ``max_pixels``): such an input is dead-lettered by its conversion, and an input
     without a signature is in no near-copy group."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        # The conversion's own Pillow limit (--max_pixels, not Pillow's default of 179 megapixels):
+        # outside it, a scan the conversion takes would have no signature, and its copies no group.
+        with pillow_checks(max_pixels), Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > max_pixels:
                 return None
             image.draft("RGB", (_SIDE, _SIDE))  # the JPEG decoder's own reduction; a no-op for other formats
