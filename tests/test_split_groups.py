@@ -128,6 +128,7 @@ def test_group_values_are_one_group_however_spelled():
 
     assert {clean_group(v) for v in (7, 7.0, "7", " 7 ")} == {"7"}
     assert clean_group("caf\u00e9") == clean_group("cafe\u0301") == "caf\u00e9"
+    assert clean_group(float("nan")) is None and clean_group("") is None  # a missing value: no group
     assert clean_group(7.5) == "7.5" and clean_group("  ") is None and clean_group(None) is None
 
 

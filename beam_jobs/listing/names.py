@@ -10,6 +10,7 @@ dead letter naming the file.
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -78,9 +79,10 @@ def clean_group(raw: object) -> str | None:
     Groups are only compared for equality, so every spelling of one value must be one group:
     text NFC-normalised and stripped, as labels are (``café`` in NFC and NFD, ``p7`` and `` p7``);
     a JSON number by its value (7, 7.0 and "7" are one patient: a pandas export writes integer ids
-    as floats). Blank is no group.
+    as floats). Blank is no group, and so is NaN (a pandas export's missing value: as the text
+    "nan" it would make every row without a group one large group).
     """
-    if raw is None:
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
         return None
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
