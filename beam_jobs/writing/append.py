@@ -199,6 +199,12 @@ _CONFLICTING_LABELS = re.compile(r"^\d+ images? with identical content carr(?:y|
 
 
 _MISSING_CLASS = re.compile(r"^split '.*' has no example of ")
+# Warnings the version held that each run says again of its own plan when still true: groups across
+# splits (an append's plan reports them over the whole version, held and new), and a requested
+# split that none of a run's new inputs went to (true of that run's inputs, not of the version's).
+_SAID_AGAIN_BY_EACH_RUN = re.compile(
+    r"^(\d+ group\(s\) hold inputs whose splits were given |--splits asks for '.*', but none of the \d+ inputs )"
+)
 
 
 def _merged_warnings(
@@ -207,7 +213,8 @@ def _merged_warnings(
     """The warnings of base and of the append run, without those about the whole dataset, which
     are computed again from the merged per-split class counts and content duplicates; each said once."""
 
-    kept = [w for w in [*base.get("warnings", []), *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
+    held = [w for w in base.get("warnings", []) if not _SAID_AGAIN_BY_EACH_RUN.match(w)]
+    kept = [w for w in [*held, *added.get("warnings", [])] if not WHOLE_DATASET_WARNING.match(w)]
     # The plan's own rule and wording for a class missing from a split, over the merged counts.
     merged = plan_warnings(
         {split: facts["class_counts"] for split, facts in splits.items()},
