@@ -290,10 +290,14 @@ def test_an_append_says_again_only_the_warnings_still_true_of_its_own_plan():
     stale = [
         "2 group(s) hold inputs whose splits were given (split folders, a split column) or written by an earlier "
         "version, and differ, so each spans two splits: 'a/x.jpg', 'b/y.jpg'",
-        "--splits asks for 'test', but none of the 3 inputs without a split went to it (too few inputs for its fraction)",
+        "--splits asks for 'test', but none of the 3 inputs without a split went to it (too few inputs for its "
+        "fraction)",
     ]
     kept = "a warning about something else"
-    now = "--splits asks for 'test', but none of the 1 inputs without a split went to it (too few inputs for its fraction)"
+    now = (
+        "--splits asks for 'test', but none of the 1 inputs without a split went to it (too few inputs for its "
+        "fraction)"
+    )
     splits = {"train": {"class_counts": {"cat": 3}}, "test": {"class_counts": {"cat": 1}}}
     merged = _merged_warnings({"warnings": [*stale, kept]}, {"warnings": [now]}, splits, ["cat"], [])
     assert merged == [kept, now]
