@@ -189,6 +189,20 @@ def test_the_watcher_reads_the_plan_and_each_staged_shard(tmp_path):
     assert not (tmp_path / progress_file_name("run1")).exists()
 
 
+def test_a_resumed_run_shows_its_own_plan_not_the_killed_attempts(tmp_path):
+    """--resume continues the killed attempt's run folder, whose progress file names its plan:
+    the watcher, started before the pipeline runs, removes it and waits for this attempt's."""
+    write_progress_plan(str(tmp_path), "run1", line="Found 2112 images (the killed attempt)", summary=PLAN)
+    seen: list = []
+    watcher = StagingWatcher(str(tmp_path), "run1", on_plan=lambda line, p: seen.append(line), on_progress=seen.append)
+    watcher.start()
+    watcher.stop()
+    assert seen == [] and not (tmp_path / progress_file_name("run1")).exists()
+    write_progress_plan(str(tmp_path), "run1", line="Found 2152 images", summary=PLAN)
+    watcher.poll()
+    assert seen == ["Found 2152 images"]
+
+
 def test_the_watcher_counts_the_notes_of_converting_shards_until_their_sidecars_are_staged(tmp_path):
     from beam_jobs.writing.shard_progress import progress_note_name
 
@@ -521,21 +535,21 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
 
 @pytest.mark.slow
 def test_one_shard_of_many_images_shows_its_images_as_they_are_converted(tmp_path):
-    # One shard takes seconds (about 3 s on an idle 2-core machine; 400 images could finish before
-    # the first note, written after 1 s): its worker's note moves the progress before the shard is
+    # One shard takes seconds (about 3 s on an idle 2-core machine; 1,000 images could finish
+    # within a second of the first note, written after 1 s, too soon for a rate): its worker's note moves the progress before the shard is
     # done, so a log shows the tenths on the way (not one line at the end) and the rate comes from images.
     from beam_jobs.sample_data import make_photo_tree
 
-    photos = make_photo_tree(tmp_path / "photos", num_images=1000, size=(800, 600), classes=["chelsea", "coffee"])
+    photos = make_photo_tree(tmp_path / "photos", num_images=2000, size=(800, 600), classes=["chelsea", "coffee"])
     out = tmp_path / "out"
     result = run_cli("--input", tmp_path / "photos", "--output_dir", out, "--num_shards", "1", "--image_size", "224")
     lines = [line for line in result.stderr.splitlines() if line.startswith("progress: ")]
-    counts = [int(re.search(r"(\d+)/1000 images", line).group(1)) for line in lines]
-    during = [n for line, n in zip(lines, counts, strict=True) if line.startswith("progress: 0/1 ") and 0 < n < 1000]
+    counts = [int(re.search(r"(\d+)/2000 images", line).group(1)) for line in lines]
+    during = [n for line, n in zip(lines, counts, strict=True) if line.startswith("progress: 0/1 ") and 0 < n < 2000]
     assert during, result.stderr  # images counted while the only shard was still converting
-    assert counts == sorted(counts) and lines[-1].startswith("progress: 1/1 shards, 1000/1000 images (100%)")
+    assert counts == sorted(counts) and lines[-1].startswith("progress: 1/1 shards, 2000/2000 images (100%)")
     assert re.search(r" [\d.]+ images?/s, ", lines[-1]), lines  # measured from the first images seen
-    assert len(photos) == 1000 and not list(out.glob("**/.progress-*"))
+    assert len(photos) == 2000 and not list(out.glob("**/.progress-*"))
 
 
 @pytest.mark.slow

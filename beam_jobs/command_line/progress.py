@@ -141,7 +141,10 @@ class StagingWatcher:
         return self._plan
 
     def start(self) -> StagingWatcher:
-        """Starts polling on the watcher's thread; returns the watcher, so that it can be built and started at once."""
+        """Starts polling on the watcher's thread; returns the watcher, so that it can be built and started at once.
+        Called before the pipeline runs: a progress file already there is a killed attempt's (--resume
+        continues its run folder), whose plan and totals are not this attempt's, so it is removed."""
+        self.remove_progress_file()
         self._thread.start()
         return self
 
