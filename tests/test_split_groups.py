@@ -413,12 +413,12 @@ def _near_pairs(hashes: dict[str, int], threshold: int = 14) -> list[tuple[str, 
     ]
 
 
-def _verify_leakage(out):
+def _verify_leakage(out, *flags: str):
     import subprocess
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "tfdata_readers.verify", str(out), "--leakage"],
+        [sys.executable, "-m", "tfdata_readers.verify", str(out), "--leakage", *flags],
         capture_output=True,
         text=True,
         timeout=300,
@@ -508,6 +508,11 @@ def test_near_copies_of_real_photos_never_span_two_splits(tmp_path):
     run_cli(*common, "--output_dir", tmp_path / "exact", "--split_groups", "near_copies", "--near_copy_bits", "0")
     exact = _verify_leakage(tmp_path / "exact")
     assert exact.returncode == 0 and "at 0 bits" in exact.stdout, exact.stdout + exact.stderr
+    # ... and another on request: near-copies the 0-bit groups let apart are found at 14.
+    exact_at_14 = _verify_leakage(tmp_path / "exact", "--near_copy_bits", "14")
+    assert exact_at_14.returncode == 1 and "at 14 bits" in exact_at_14.stdout and "LEAK " in exact_at_14.stderr
+    wrong = _verify_leakage(tmp_path / "exact", "--near_copy_bits", "30")
+    assert wrong.returncode == 2 and "30 is not between 0 and 24 bits" in wrong.stderr, wrong.stderr
     shutil.copytree(tmp_path / "grouped", tmp_path / "damaged")
     next((tmp_path / "damaged" / "shards").rglob("train-*.tfrecord")).unlink()
     damaged = _verify_leakage(tmp_path / "damaged")

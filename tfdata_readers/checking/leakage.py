@@ -144,11 +144,13 @@ def cross_split_pairs(
     return sorted(found)
 
 
-def leakage_command_lines(info: DatasetInfo, *, shown: int = 10) -> tuple[int, list[str]]:
-    """(pairs across splits, the lines the command prints) for the dataset ``info`` describes."""
+def leakage_command_lines(info: DatasetInfo, *, bits: int | None = None, shown: int = 10) -> tuple[int, list[str]]:
+    """(pairs across splits, the lines the command prints) for the dataset ``info`` describes, at
+    ``bits`` (None: the threshold the dataset was made with, else DEFAULT_BITS)."""
     groups = info.raw.get("split_groups") or {}
     recorded = groups.get("near_copy_bits")  # 0 is a threshold: only identical hashes
-    bits = DEFAULT_BITS if recorded is None else int(recorded)
+    if bits is None:
+        bits = DEFAULT_BITS if recorded is None else int(recorded)
     # null: a dataset stored in grey, compared by the grey hash alone (any colour difference passes)
     step = groups.get("max_chroma_step", DEFAULT_CHROMA_STEP)
     chroma_step = 255 if step is None else int(step)

@@ -244,7 +244,14 @@ def _verify_info(info: DatasetInfo, manifest_problems: list[str], splits: Sequen
     return problems
 
 
-def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int | None, leakage: bool = False) -> int:
+def verify_command(
+    data_dir: str,
+    *,
+    splits: Sequence[str] | None,
+    version: int | None,
+    leakage: bool = False,
+    near_copy_bits: int | None = None,
+) -> int:
     """Checks a dataset and prints what the command prints; returns its exit status."""
     try:
         info, manifest_problems = read_manifest(data_dir, version)
@@ -264,7 +271,7 @@ def verify_command(data_dir: str, *, splits: Sequence[str] | None, version: int 
     leaks = 0
     if leakage:
         try:
-            leaks, lines = leakage_command_lines(info)
+            leaks, lines = leakage_command_lines(info, bits=near_copy_bits)
         except LeakageNotChecked as refused:
             print(f"ERROR {refused}", file=sys.stderr)
             return 1

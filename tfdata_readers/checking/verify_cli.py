@@ -51,7 +51,24 @@ def parser() -> argparse.ArgumentParser:
         help="also report near-copies in different splits (by the perceptual signatures the job stored "
         "with --split_groups near_copies, or else computed from the stored images); exits 1 if any",
     )
+    built.add_argument(
+        "--near_copy_bits",
+        type=_near_copy_bits,
+        default=None,
+        help="with --leakage: the threshold to check at, 0-24 (default: the one the dataset was made with, else "
+        "14); a dataset made with a small one can be checked at the default",
+    )
     return built
+
+
+def _near_copy_bits(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bits") from None
+    if not 0 <= value <= 24:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 24 bits")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,4 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import_tensorflow_for_command(PROG)
     from tfdata_readers.checking.verification import verify_command  # pylint: disable=import-outside-toplevel
 
-    return verify_command(args.data_dir, splits=args.split, version=args.version, leakage=args.leakage)
+    if args.near_copy_bits is not None and not args.leakage:
+        parser().error("--near_copy_bits only applies with --leakage")
+    return verify_command(
+        args.data_dir, splits=args.split, version=args.version, leakage=args.leakage, near_copy_bits=args.near_copy_bits
+    )
