@@ -701,3 +701,29 @@ def test_the_leakage_check_estimates_examples_whose_source_gave_no_signature(tmp
     assert pairs == 0, lines
     assert f"among {len(hashes)} example(s)" in lines[0], lines
     assert "1 example(s) whose source gave no signature, by signatures of their stored images" in lines[0], lines
+
+
+def test_inputs_dead_lettered_across_two_splits_are_not_counted_among_the_inputs_split():
+    import collections
+
+    from beam_jobs.errors import Reason
+    from beam_jobs.planning.plan_facts import PlanFacts, plan_summary
+
+    facts = PlanFacts(
+        listed=3,
+        unsplit=3,
+        classes=collections.Counter({("train", "cat"): 1}),
+        dead=collections.Counter({Reason.NEAR_COPY_ACROSS_SPLITS: 2}),
+    )
+    plan = {
+        "facts": facts,
+        "layout": {"train": {"count": 1, "num_shards": 1}},
+        "label_names": ("cat",),
+        "annotated": (),
+    }
+    summary = plan_summary(plan, {}, source="/d", requested={"train": 0.5, "validation": 0.5}, split_rule="stratified")
+    said = [w for w in summary["warnings"] if w.startswith("--splits asks for 'validation'")]
+    assert said == [
+        "--splits asks for 'validation', but none of the 1 inputs without a split went to it "
+        "(too few inputs for its fraction)"
+    ], summary["warnings"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import apache_beam as beam
 
-from beam_jobs.errors import JobError
+from beam_jobs.errors import JobError, Reason
 from beam_jobs.paths import redact
 from beam_jobs.planning.rules import (
     bucket_of,
@@ -222,6 +222,9 @@ def plan_summary(
     per_class: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for (split, label), count in sorted(facts.classes.items()):
         per_class[split][label] = count
+    # An input that joined held examples of two splits was counted without a split, and then took
+    # none: it is a dead letter, not one of the inputs the requested fractions were applied to.
+    unsplit = facts.unsplit - facts.dead[Reason.NEAR_COPY_ACROSS_SPLITS]
     return {
         "label_names": list(label_names),
         "num_inputs": facts.listed,
@@ -237,9 +240,9 @@ def plan_summary(
         # Only for annotated datasets: a one-label dataset's plan is as every release wrote it.
         **({"annotated": True, "annotation_kinds": [k for k in annotated if k != "annotated"]} if annotated else {}),
         **({"category_ids": category_id_map(facts.category_ids)} if facts.category_ids else {}),
-        "splits_ignored": bool(requested) and facts.unsplit == 0,
+        "splits_ignored": bool(requested) and unsplit == 0,
         "warnings": plan_warnings(
-            per_class, label_names, requested=requested, num_unsplit=facts.unsplit, merged_folders=merged_folders
+            per_class, label_names, requested=requested, num_unsplit=unsplit, merged_folders=merged_folders
         ),
     }
 
