@@ -57,7 +57,10 @@ PACKAGES = (
     "ukui-wallpapers",
 )
 TILE = (480, 360)
+# The six edits recall is measured over, then two more a photo editor makes: brightness shifted by
+# 25 levels (where "brightness" scales it) and a gamma of 0.8-1.25, in their own columns.
 EDITS = ("jpeg", "resize", "crop", "brightness", "blur", "all")
+MORE_EDITS = ("shift", "gamma")
 THRESHOLDS = (6, 8, 10, 12, 14, 16, 18)
 MAX_PIXELS = 100_000_000
 
@@ -135,6 +138,12 @@ def near_copy(image: Image.Image, edit: str, rng: random.Random) -> bytes:
         image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.9, 1.1))
     if edit == "blur" or every:
         image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.5, 1.5)))
+    if edit == "shift":
+        levels = rng.choice((-25, 25))
+        image = image.point(lambda v: min(255, max(0, v + levels)))
+    if edit == "gamma":
+        gamma = rng.uniform(0.8, 1.25)
+        image = image.point(lambda v: round(255 * (v / 255) ** gamma))
     return _jpeg(image, rng.randint(30, 90) if edit in ("jpeg", "all") else 90)
 
 
@@ -166,10 +175,14 @@ def hash_table(tile: tuple[int, int] = TILE) -> None:
     images = distinct_images(tile)
     rng = random.Random(0)
     originals = [perceptual_hash(_jpeg(image), max_pixels=MAX_PIXELS) for image in images]
-    copies = {edit: [] for edit in EDITS}
+    copies = {edit: [] for edit in EDITS + MORE_EDITS}
     for image in images:
         for edit in EDITS:
             copies[edit].append(perceptual_hash(near_copy(image, edit, rng), max_pixels=MAX_PIXELS))
+    more = random.Random(1)  # its own stream: the six edits' copies are those of a table without these
+    for image in images:
+        for edit in MORE_EDITS:
+            copies[edit].append(perceptual_hash(near_copy(image, edit, more), max_pixels=MAX_PIXELS))
     grey = np.array([(s >> 64) & (2**64 - 1) for s in originals], dtype=np.uint64)
     chroma, tone = _chroma(originals), _tone(originals)
     pairs = np.triu_indices(len(images), 1)
@@ -188,14 +201,20 @@ def hash_table(tile: tuple[int, int] = TILE) -> None:
     )
     for rule, steps in RULES.items():
         print(f"\n{rule}\n")
-        print("| bits | " + " | ".join(EDITS) + " | recall, all edits | false pairs | per input |")
-        print("|---|" + "---|" * (len(EDITS) + 3))
+        print(
+            "| bits | "
+            + " | ".join(EDITS)
+            + " | recall, all edits | "
+            + " | ".join(MORE_EDITS)
+            + " | false pairs | per input |"
+        )
+        print("|---|" + "---|" * (len(EDITS) + len(MORE_EDITS) + 3))
         for threshold in THRESHOLDS:
             found = {
                 edit: [near_copies(o, c, threshold, **steps) for o, c in zip(originals, copies[edit], strict=True)]
-                for edit in EDITS
+                for edit in EDITS + MORE_EDITS
             }
-            every = [hit for hits in found.values() for hit in hits]
+            every = [hit for edit in EDITS for hit in found[edit]]
             near = apart <= threshold
             if steps["chroma_step"] is not None:
                 near &= colours <= steps["chroma_step"]
@@ -205,7 +224,9 @@ def hash_table(tile: tuple[int, int] = TILE) -> None:
             print(
                 f"| {threshold} | "
                 + " | ".join(f"{np.mean(found[edit]):.1%}" for edit in EDITS)
-                + f" | {np.mean(every):.1%} | {false} | {false / len(images):.2%} |"
+                + f" | {np.mean(every):.1%} | "
+                + " | ".join(f"{np.mean(found[edit]):.1%}" for edit in MORE_EDITS)
+                + f" | {false} | {false / len(images):.2%} |"
             )
 
 

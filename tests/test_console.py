@@ -535,9 +535,10 @@ def test_default_console_is_the_plan_progress_and_a_table(default_run):
 
 @pytest.mark.slow
 def test_one_shard_of_many_images_shows_its_images_as_they_are_converted(tmp_path):
-    # One shard takes seconds (about 3 s on an idle 2-core machine; 1,000 images could finish
-    # within a second of the first note, written after 1 s, too soon for a rate): its worker's note moves the progress before the shard is
-    # done, so a log shows the tenths on the way (not one line at the end) and the rate comes from images.
+    # One shard takes seconds (about 5 s on an idle 2-core machine; 1,000 images could finish
+    # within a second of the first note, written after 1 s, too soon for a rate): its worker's
+    # note moves the progress before the shard is done, so a log shows the tenths on the way (not
+    # one line at the end) and the rate comes from images.
     from beam_jobs.sample_data import make_photo_tree
 
     photos = make_photo_tree(tmp_path / "photos", num_images=2000, size=(800, 600), classes=["chelsea", "coffee"])

@@ -43,7 +43,7 @@ def _random_hashes(rng: random.Random, count: int, threshold: int) -> list[int]:
     it) of every third one."""
     hashes = []
     colours = [rng.getrandbits(64) for _ in range(3)]  # few colours: the grey bits decide most pairs
-    tones = [rng.randint(100, 200) << 8 | rng.randint(40, 200) for _ in range(3)]
+    tones = [rng.randint(20, 200) << 8 | rng.randint(40, 200) for _ in range(3)]
     for _ in range(count):
         h = rng.choice(tones) << 128 | rng.getrandbits(64) << 64 | rng.choice(colours)
         hashes.append(h)
@@ -52,7 +52,7 @@ def _random_hashes(rng: random.Random, count: int, threshold: int) -> list[int]:
             # one chromaticity byte a little off, or far off (then no near-copy), or none
             shade = rng.choice([0, 1 << 8 * rng.randint(0, 7), 0x80 << 8 * rng.randint(0, 7)])
             # the tone's mean or contrast a little off, or far off (then no near-copy), or neither
-            tone = rng.choice([0, 3 << 128, 4 << 136, 20 << 128, 30 << 136])
+            tone = rng.choice([0, 3 << 128, 20 << 136, 20 << 128, 40 << 136])
             hashes.append((h ^ sum(1 << bit for bit in flips) ^ shade) + tone)
     return hashes
 
@@ -128,7 +128,11 @@ def test_group_values_are_one_group_however_spelled():
 
     assert {clean_group(v) for v in (7, 7.0, "7", " 7 ")} == {"7"}
     assert clean_group("caf\u00e9") == clean_group("cafe\u0301") == "caf\u00e9"
-    assert clean_group(float("nan")) is None and clean_group("") is None  # a missing value: no group
+    # A missing value, as exports spell it, is no group (not one group of every row without one).
+    assert {clean_group(v) for v in (float("nan"), float("inf"), "", "nan", "NaN", "NA", "N/A", "None", "null")} == {
+        None
+    }
+    assert clean_group("nana") == "nana"
     assert clean_group(7.5) == "7.5" and clean_group("  ") is None and clean_group(None) is None
 
 
@@ -312,7 +316,7 @@ def test_plan_shards_with_groups_equals_the_in_memory_plan_and_no_group_spans_tw
                 from_tree=False,
                 tree_layout="auto",
                 source="/d/list.csv",
-                split_groups={"near_copy_bits": 14, "max_chroma_step": 13, "max_tone_steps": [6, 16]},
+                split_groups={"near_copy_bits": 14, "max_chroma_step": 13, "max_tone_steps": [30, 16]},
                 **settings,
             )
         )
@@ -330,7 +334,7 @@ def test_group_settings_are_checked_and_recorded_only_when_asked_for():
         "method": "dct64+chroma4+tone2",
         "near_copy_bits": 14,
         "max_chroma_step": 13,
-        "max_tone_steps": [6, 16],
+        "max_tone_steps": [30, 16],
     }
     # A dataset made with the signature before the tone keeps it (preflight.with_dataset_defaults).
     assert SplitSpec(groups="near_copies", near_copy_method="dct64+chroma4").group_settings() == {

@@ -10,13 +10,14 @@ Three parts of one 144-bit int, all of the upright image reduced to 32x32:
   byte each) of its four quadrants.
   It does not change with brightness, and it tells apart what the grey hash cannot: smooth
   gradients of different colours (a yellow blur and a blue sky hash alike in grey).
-- above them, 16 bits of tone: the log of the grey levels' mean and of their standard deviation
-  (one byte each, steps of 0.025). The grey hash keeps only each frequency's side of the median,
-  so it is the same for a white sky and a grey wall, or for a flat wall and a textured one: the
-  tone tells those apart, and a brightness change of 10% moves it by about 4 steps. Its mean byte
-  is never 0 (log 8 / 0.025 = 83), so a signature says by its width which method made it:
-  ``tone=False`` gives the 128 bits of the method before it ("dct64+chroma4"), which the datasets
-  made with it keep for --resume and --append.
+- above them, 16 bits of tone: the grey levels' mean (0-255) and the log of their standard
+  deviation (steps of 0.025). The grey hash keeps only each frequency's side of the median, so it
+  is the same for a white sky and a grey wall, or for a flat wall and a textured one: the tone
+  tells those apart. The mean is linear, not a log: a brightness change by a factor of 10% or by
+  25 levels moves it by at most 26 levels at any brightness, where in a log a dark photo's shift
+  by 25 levels is a large step. Its byte is never 0 (at least 1), so a signature says by its
+  width which method made it: ``tone=False`` gives the 128 bits of the method before it
+  ("dct64+chroma4"), which the datasets made with it keep for --resume and --append.
 
 The reduction starts in the JPEG decoder (Pillow's ``draft`` decodes at 1/2, 1/4 or 1/8 scale
 from the DCT coefficients), so a 500x375 JPEG costs about half a millisecond.
@@ -43,10 +44,9 @@ _SIDE = 32
 # noise (measured: recall of dark photos' re-encodes 0.902 -> 0.914, no new false pair).
 _CHROMA_OFFSET = 16.0
 _KEEP = 8
-# The tone bytes: log(mean + 8) and log(std + 2) of the grey levels, in steps of 0.025 (the
-# offsets keep a black or flat image's logs finite, and its bytes within 0-255).
+# The tone bytes: the grey levels' mean, and log(std + 2) in steps of 0.025 (the offset keeps a
+# flat image's log finite, and its byte within 0-255).
 TONE_STEP = 0.025
-_MEAN_OFFSET = 8.0
 _STD_OFFSET = 2.0
 
 
@@ -88,6 +88,6 @@ def perceptual_hash(data: bytes, *, max_pixels: int, tone: bool = True) -> int |
     signature = luma_hash << 64 | chroma
     if not tone:
         return signature
-    levels = np.log([luma.mean() + _MEAN_OFFSET, luma.std() + _STD_OFFSET]) / TONE_STEP
+    levels = [luma.mean(), np.log(luma.std() + _STD_OFFSET) / TONE_STEP]
     mean_byte, std_byte = np.clip(np.round(levels), 1, 255).astype(int)
     return (int(mean_byte) << 8 | int(std_byte)) << 128 | signature

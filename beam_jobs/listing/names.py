@@ -79,11 +79,17 @@ def clean_group(raw: object) -> str | None:
     Groups are only compared for equality, so every spelling of one value must be one group:
     text NFC-normalised and stripped, as labels are (``café`` in NFC and NFD, ``p7`` and `` p7``);
     a JSON number by its value (7, 7.0 and "7" are one patient: a pandas export writes integer ids
-    as floats). Blank is no group, and so is NaN (a pandas export's missing value: as the text
-    "nan" it would make every row without a group one large group).
+    as floats). Blank is no group, and so are the spellings of a missing value that exports write
+    (a float NaN or infinity; the text nan, NA, N/A, None, null in any case, as pandas'
+    ``astype(str)`` and R's ``write.csv`` write them): taken as text, every row without a group
+    would be one large group.
     """
-    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+    if raw is None or (isinstance(raw, float) and not math.isfinite(raw)):
         return None
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
-    return unicodedata.normalize("NFC", str(raw)).strip() or None
+    text = unicodedata.normalize("NFC", str(raw)).strip()
+    return None if not text or text.lower() in _MISSING_VALUES else text
+
+
+_MISSING_VALUES = frozenset({"nan", "na", "n/a", "none", "null"})

@@ -58,11 +58,11 @@ _BLOCK = 256
 PERCEPTUAL_HASH = "dct64+chroma4+tone2"
 LEGACY_PERCEPTUAL_HASH = "dct64+chroma4"
 PERCEPTUAL_HASHES = (PERCEPTUAL_HASH, LEGACY_PERCEPTUAL_HASH)
-# The largest differences of the tone bytes (steps of 0.025 in log) between near-copies: 0.15 of
-# the log mean (a brightness change of 10% is 0.095) and 0.4 of the log standard deviation (the
-# held-out copies' 99th percentile: 0.28). Measured by benchmarks/near_copies.py: they take the
-# false pairs among 2,905 small tiles from 92 to 21 and recall from 92.9% to 92.8%.
-MAX_TONE_STEPS = (6, 16)
+# The largest differences of the tone bytes between near-copies: 30 levels of the mean (brightness
+# changed by 10% or by 25 levels, a gamma of 0.8-1.25) and 16 steps (0.4) of the log standard
+# deviation (the held-out copies' 99th percentile: 0.28). Measured by benchmarks/near_copies.py:
+# they take the false pairs among 2,902 small tiles from 95 to 28, and leave recall as it was.
+MAX_TONE_STEPS = (30, 16)
 _GREY = 2**64 - 1
 
 

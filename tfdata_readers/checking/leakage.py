@@ -30,11 +30,11 @@ DEFAULT_BITS = 14  # the job's default --near_copy_bits
 DEFAULT_CHROMA_STEP = 13  # the job's MAX_CHROMA_STEP
 _SIDE = 32
 _CHROMA_OFFSET = 16.0  # added to each channel's mean, as the job does
-# The tone bytes, as the job makes them: log(mean + 8) and log(std + 2) of the grey levels in steps
-# of 0.025, and how far they may differ between near-copies (the job's MAX_TONE_STEPS).
+# The tone bytes, as the job makes them: the grey levels' mean and log(std + 2) in steps of 0.025,
+# and how far they may differ between near-copies (the job's MAX_TONE_STEPS).
 _TONE_STEP = 0.025
-_TONE_OFFSETS = (8.0, 2.0)
-DEFAULT_TONE_STEPS = (6, 16)
+_STD_OFFSET = 2.0
+DEFAULT_TONE_STEPS = (30, 16)
 SIGNATURE_BYTES = 18
 
 
@@ -60,7 +60,7 @@ def _signature_of_image(encoded: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
     chromaticity = quadrants[:, :, :2] / tf.reduce_sum(quadrants, axis=2, keepdims=True)
     chroma = tf.cast(tf.round(tf.reshape(chromaticity, [-1]) * 255), tf.uint8)
     packed = tf.reduce_sum(tf.reshape(bits, (8, 8)) * tf.constant([128, 64, 32, 16, 8, 4, 2, 1], tf.uint8), axis=1)
-    levels = tf.math.log(tf.stack([tf.reduce_mean(grey), tf.math.reduce_std(grey)]) + _TONE_OFFSETS) / _TONE_STEP
+    levels = tf.stack([tf.reduce_mean(grey), tf.math.log(tf.math.reduce_std(grey) + _STD_OFFSET) / _TONE_STEP])
     tone = tf.cast(tf.clip_by_value(tf.round(levels), 1, 255), tf.uint8)
     return tf.concat([tone, packed, chroma], axis=0)
 
