@@ -731,3 +731,18 @@ def test_inputs_dead_lettered_across_two_splits_are_not_counted_among_the_inputs
         "--splits asks for 'validation', but none of the 1 inputs without a split went to it "
         "(too few inputs for its fraction)"
     ], summary["warnings"]
+
+
+def test_the_report_counts_as_members_only_inputs_that_took_a_split():
+    from beam_jobs.planning.split_groups import split_group_report
+
+    groups = {"a.jpg": "a.jpg", "b.jpg": "a.jpg", "bridge.jpg": "a.jpg"}  # the bridge: a dead letter
+    report = split_group_report(
+        [("a.jpg", "bridge.jpg"), ("b.jpg", "bridge.jpg")],
+        groups,
+        {"a.jpg": "train", "b.jpg": "validation"},
+        method="dct64+chroma4+tone2",
+        threshold=14,
+    )
+    assert report["largest_groups"] == [{"id": "a.jpg", "inputs": 2, "members": ["a.jpg", "b.jpg"]}]
+    assert report["grouped_inputs"] == 2 and report["groups_across_splits"] == 1

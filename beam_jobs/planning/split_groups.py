@@ -71,7 +71,10 @@ def split_group_report(
     largest, and the near-copy pairs whose two inputs ended in different splits (only possible
     where the user gave both splits, or an append found held examples of two splits near one new
     input: the planner puts a group in one split)."""
-    sizes = collections.Counter(groups.values())  # members per group id
+    # Members per group id, among the inputs the plan gave a split: an input it dead-lettered (one
+    # joining held examples of two splits) is in no split, so it is no member the report counts.
+    groups = {name: group for name, group in groups.items() if name in splits}
+    sizes = collections.Counter(groups.values())
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
     shown: dict[str, list[str]] = {group: [] for group, _ in largest}
     for name in sorted(groups):
