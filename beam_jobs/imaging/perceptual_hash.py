@@ -3,10 +3,10 @@ brightened or blurred) get signatures close to each other, distinct photos far a
 
 Three parts of one 144-bit int, all of the upright image reduced to 32x32:
 
-- the high 64 bits: the DCT hash ("pHash") of its grey levels: its 8x8 lowest DCT frequencies,
+- bits 64-127: the DCT hash ("pHash") of its grey levels: its 8x8 lowest DCT frequencies,
   one bit per frequency above their median. Near-copies are a few bits apart, distinct photos
   about 32.
-- the low 64 bits: the chromaticity (r and g over r + g + b, each channel's mean plus 16, one
+- bits 0-63: the chromaticity (r and g over r + g + b, each channel's mean plus 16, one
   byte each) of its four quadrants.
   It does not change with brightness, and it tells apart what the grey hash cannot: smooth
   gradients of different colours (a yellow blur and a blue sky hash alike in grey).

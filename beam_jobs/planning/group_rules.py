@@ -61,22 +61,22 @@ PERCEPTUAL_HASHES = (PERCEPTUAL_HASH, LEGACY_PERCEPTUAL_HASH)
 # The largest differences of the tone bytes between near-copies: 30 levels of the mean (brightness
 # changed by 10% or by 25 levels, a gamma of 0.8-1.25) and 16 steps (0.4) of the log standard
 # deviation (the held-out copies' 99th percentile: 0.28). Measured by benchmarks/near_copies.py:
-# they take the false pairs among 2,902 small tiles from 95 to 28, and leave recall as it was.
+# they take the false pairs among 2,902 small tiles from 95 to 29, and leave recall as it was.
 MAX_TONE_STEPS = (30, 16)
-_GREY = 2**64 - 1
+_LOW_64_BITS = 2**64 - 1
 
 
 def hamming(a: int, b: int) -> int:
     """How many bits the grey hashes of two signatures differ in."""
-    return (((a ^ b) >> 64) & _GREY).bit_count()
+    return (((a ^ b) >> 64) & _LOW_64_BITS).bit_count()
 
 
 def _chroma(signature: int) -> np.ndarray:
-    return np.frombuffer((signature & _GREY).to_bytes(8, "big"), dtype=np.uint8)
+    return np.frombuffer((signature & _LOW_64_BITS).to_bytes(8, "big"), dtype=np.uint8)
 
 
 def _tone(signature: int) -> np.ndarray:
-    """The tone bytes (log mean, log standard deviation); zeros in a signature made without them."""
+    """The tone bytes (mean, log standard deviation); zeros in a signature made without them."""
     return np.frombuffer(((signature >> 128) & 0xFFFF).to_bytes(2, "big"), dtype=np.uint8)
 
 
@@ -111,7 +111,7 @@ def _bands(threshold: int) -> list[tuple[int, int]]:
 def band_keys(signature: int, threshold: int) -> list[tuple[int, int]]:
     """(band index, the grey hash's bits in that band) for each band: the keys under which an
     input meets every input whose grey hash is within ``threshold`` bits of its own."""
-    grey = (signature >> 64) & _GREY
+    grey = (signature >> 64) & _LOW_64_BITS
     return [(index, (grey >> shift) & ((1 << width) - 1)) for index, (shift, width) in enumerate(_bands(threshold))]
 
 
@@ -132,7 +132,7 @@ def pairs_in_band(
     if len(ordered) < 2:
         return
     names = [name for name, _ in ordered]
-    grey = np.array([(signature >> 64) & _GREY for _, signature in ordered], dtype=np.uint64)
+    grey = np.array([(signature >> 64) & _LOW_64_BITS for _, signature in ordered], dtype=np.uint64)
     chroma = np.stack([_chroma(signature) for _, signature in ordered]).astype(np.int16)
     tone = np.stack([_tone(signature) for _, signature in ordered]).astype(np.int16)
     earlier = np.stack(
