@@ -201,6 +201,9 @@ class PlanShards(beam.PTransform):
                 max_chroma_step=self._split_groups.get("max_chroma_step"),
                 max_tone_steps=self._split_groups.get("max_tone_steps"),
                 held=held,
+                # A tree's inputs have a user group only by --group_pattern (and an append's held
+                # examples by their sidecars); a list's, by its group column.
+                user_groups=not self._from_tree or "group_pattern" in self._split_groups or held is not None,
             )
             inputs = found["inputs"]
         assigned = inputs | "AssignSplits" >> AssignSplits(
@@ -521,16 +524,20 @@ def _grouped_split(f: InputFile) -> list[tuple[str, str]]:
     return [(f.filename, f.split)] if f.split_group is not None and f.split is not None else []
 
 
-def _with_report(summary: dict, pairs: list, groups: dict, splits: dict, user_inputs: int, *, settings: dict) -> dict:
+def _with_report(summary: dict, found: dict, splits: dict, *, settings: dict) -> dict:
     report = {
         **settings,
         **split_group_report(
-            pairs, groups, splits, method=settings.get("method"), threshold=settings.get("near_copy_bits")
+            found["pairs"],
+            found["groups"],
+            splits,
+            method=settings.get("method"),
+            threshold=settings.get("near_copy_bits"),
         ),
     }
     if not settings and not report["groups"]:
         return summary  # an input list without a group column, and no group asked for: nothing to say
-    warnings = [*summary.get("warnings", []), *group_warnings(report, user_inputs=user_inputs)]
+    warnings = [*summary.get("warnings", []), *group_warnings(report, user_inputs=found["user_inputs"])]
     return {**summary, "split_groups": report, "warnings": warnings}
 
 
@@ -551,9 +558,7 @@ class _WithGroupReport(beam.PTransform):
         # {name: split} of the grouped inputs only
         return summary | "Report" >> beam.Map(
             _with_report,
-            beam.pvalue.AsSingleton(self._found["pairs"]),
-            beam.pvalue.AsSingleton(self._found["groups"]),
+            beam.pvalue.AsSingleton(self._found["found"]),
             beam.pvalue.AsSingleton(splits),
-            beam.pvalue.AsSingleton(self._found["user_inputs"]),
             settings=self._settings,
         )
