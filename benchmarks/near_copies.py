@@ -18,6 +18,7 @@ processes, interleaved and alternating which goes first; the ratio of medians.
 
     python benchmarks/near_copies.py                       # recall, precision, cost at 2,000 photos
     python benchmarks/near_copies.py --num_images 8000 --repeats 3
+    python benchmarks/near_copies.py --skip_hash --num_images 8000 --collection tiles  # distinct photos
     python benchmarks/near_copies.py --skip_cost           # the hash's table only
     python benchmarks/near_copies.py --skip_cost --tile 240x180   # four times the distinct tiles
 """
@@ -241,17 +242,42 @@ def _convert(tree: pathlib.Path, out: pathlib.Path, grouped: bool) -> float:
     return time.perf_counter() - start
 
 
-def cost_table(num_images: int, repeats: int) -> None:
+def make_tile_tree(root: pathlib.Path, num_images: int) -> None:
+    """A tree of distinct real photos with a few near-copies of each, as a collection with burst
+    shots and re-saves holds: the tiles of distinct_images at two sizes (480x360 and 360x270, so
+    no tile is a near-copy of another), each with as many near-copies by random edits as it takes
+    to make ``num_images`` (4 for 8,000), in nine class folders."""
+    rng = random.Random(0)
+    tiles = distinct_images((480, 360)) + distinct_images((360, 270))
+    copies = max(1, -(-num_images // len(tiles)) - 1)
+    written = 0
+    for index, tile in enumerate(tiles):
+        folder = root / f"class_{index % 9}"
+        folder.mkdir(parents=True, exist_ok=True)
+        versions = [_jpeg(tile)] + [near_copy(tile, rng.choice(EDITS + MORE_EDITS), rng) for _ in range(copies)]
+        for number, data in enumerate(versions):
+            if written == num_images:
+                return
+            (folder / f"{index:05d}_{number}.jpg").write_bytes(data)
+            written += 1
+    print(f"(only {written} images: {len(tiles)} distinct tiles with {copies} copies each)")
+
+
+def cost_table(num_images: int, repeats: int, collection: str) -> None:
     """The conversion with and without the groups, interleaved."""
     with tempfile.TemporaryDirectory() as scratch:
         tree, out = pathlib.Path(scratch) / "photos", pathlib.Path(scratch) / "out"
-        make_photo_tree(tree, num_images=num_images)
+        if collection == "sample":
+            make_photo_tree(tree, num_images=num_images)
+        else:
+            make_tile_tree(tree, num_images=num_images)
         times: dict[bool, list[float]] = {False: [], True: []}
         for repeat in range(repeats):
             for grouped in (False, True) if repeat % 2 == 0 else (True, False):
                 times[grouped].append(_convert(tree, out, grouped))
     plain, grouped = statistics.median(times[False]), statistics.median(times[True])
-    print(f"\n{num_images} sample photos (500x375) to 224 px, the command on every core, median of {repeats}\n")
+    photos = "sample photos (500x375)" if collection == "sample" else "distinct photos and near-copies (tiles)"
+    print(f"\n{num_images} {photos} to 224 px, the command on every core, median of {repeats}\n")
     print("| run | seconds | vs without groups |")
     print("|---|---|---|")
     print(f"| --split_groups none | {plain:.1f} | 1.00x |")
@@ -267,12 +293,19 @@ def main() -> None:
     parser.add_argument(
         "--tile", default="480x360", help="WxH of the distinct tiles: smaller gives more of them, and flatter ones"
     )
+    parser.add_argument(
+        "--collection",
+        choices=("sample", "tiles"),
+        default="sample",
+        help="the cost's photos: the sample tree (crops of nine photos, so large groups), or distinct "
+        "photos with three near-copies each (tiles of the wallpapers at two sizes)",
+    )
     args = parser.parse_args()
     if not args.skip_hash:
         width, height = (int(side) for side in args.tile.split("x"))
         hash_table((width, height))
     if not args.skip_cost:
-        cost_table(args.num_images, args.repeats)
+        cost_table(args.num_images, args.repeats, args.collection)
 
 
 if __name__ == "__main__":
