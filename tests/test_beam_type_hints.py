@@ -25,6 +25,7 @@ from beam_jobs.writing import convert_shards
     [
         (discover.IgnoredOutput, roots.IGNORED),
         (append_joins.PlanDeadLetterOutput, append_joins.PLAN_DEAD_LETTERS),
+        (append_joins.GroupMembershipOutput, append_joins.GROUP_MEMBERSHIPS),
         (convert_shards.DeadLetterOutput, convert_shards.DEAD_LETTERS),
         (convert_shards.ContentKeyOutput, convert_shards.CONTENT_KEYS),
     ],

@@ -129,9 +129,8 @@ def test_group_values_are_one_group_however_spelled():
     assert {clean_group(v) for v in (7, 7.0, "7", " 7 ")} == {"7"}
     assert clean_group("caf\u00e9") == clean_group("cafe\u0301") == "caf\u00e9"
     # A missing value, as exports spell it, is no group (not one group of every row without one).
-    assert {clean_group(v) for v in (float("nan"), float("inf"), "", "nan", "NaN", "NA", "N/A", "None", "null")} == {
-        None
-    }
+    missing = (float("nan"), float("inf"), "", "nan", "NaN", "NA", "N/A", "None", "null", "<NA>", "NaT", "#N/A")
+    assert {clean_group(v) for v in missing} == {None}
     assert clean_group("nana") == "nana"
     assert clean_group(7.5) == "7.5" and clean_group("  ") is None and clean_group(None) is None
 
@@ -614,6 +613,46 @@ def test_a_group_column_and_a_group_pattern_keep_each_group_in_one_split(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_dropped_copy_keeps_its_group_in_the_split_of_the_input_it_copies(tmp_path):
+    """Patient b's photo that is byte for byte patient a's: --dedup content drops it (or an append
+    drops it as held), but a and b are then one group, so b's other photos share a's split. Six
+    such pairs: were the dropped copy's group lost, they would all share one by chance 1 in 64."""
+    from tests.conftest import run_cli
+
+    photos, rows_a, rows_b = tmp_path / "photos", [], []
+    for k, name in enumerate(PHOTOS[:6]):
+        for index in range(4):
+            path = photos / name / f"a{k}_{index}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(encode(_tile(name, index), "JPEG", quality=90))
+        rows_a += [f"{photos}/{name}/a{k}_0.jpg,{name},a{k}", f"{photos}/{name}/a{k}_1.jpg,{name},a{k}"]
+        rows_a.append(f"{photos}/{name}/a{k}_3.jpg,{name},")  # in no group
+        (photos / name / f"b{k}_copy.jpg").write_bytes((photos / name / f"a{k}_0.jpg").read_bytes())
+        rows_b += [f"{photos}/{name}/b{k}_copy.jpg,{name},b{k}", f"{photos}/{name}/a{k}_2.jpg,{name},b{k}"]
+    common = ["--splits", "train=0.5,validation=0.5", "--image_size", "32"]
+
+    def write(name: str, rows: list[str]):
+        (tmp_path / name).write_text("\n".join(["uri,label,group", *rows]) + "\n", encoding="utf-8")
+        return tmp_path / name
+
+    def same_split_per_pair(out) -> None:
+        splits = _splits_of(out)
+        assert not any("copy" in name for name in splits), splits  # the copies are dead letters
+        for k, name in enumerate(PHOTOS[:6]):
+            pair = {splits[f"photos/{name}/a{k}_{index}.jpg"] for index in range(3)}
+            assert len(pair) == 1, (k, splits)
+        assert set(splits.values()) == {"train", "validation"}, splits
+
+    run_cli("--manifest", write("all.csv", [*rows_a, *rows_b]), "--output_dir", tmp_path / "dedup",
+            "--dedup", "content", *common)  # fmt: skip
+    same_split_per_pair(tmp_path / "dedup")
+    run_cli("--manifest", write("a.csv", rows_a), "--output_dir", tmp_path / "appended", *common)
+    run_cli("--manifest", write("all.csv", [*rows_a, *rows_b]), "--output_dir", tmp_path / "appended",
+            "--append", *common)  # fmt: skip
+    same_split_per_pair(tmp_path / "appended")
+
+
+@pytest.mark.slow
 def test_a_group_given_two_splits_is_reported(tmp_path):
     from tests.conftest import run_cli
     from tests.lifecycle.checks import manifest
@@ -736,13 +775,57 @@ def test_inputs_dead_lettered_across_two_splits_are_not_counted_among_the_inputs
 def test_the_report_counts_as_members_only_inputs_that_took_a_split():
     from beam_jobs.planning.split_groups import split_group_report
 
-    groups = {"a.jpg": "a.jpg", "b.jpg": "a.jpg", "bridge.jpg": "a.jpg"}  # the bridge: a dead letter
+    # a.jpg and b.jpg (held, train and validation) are near a new input only, dead-lettered as a
+    # bridge between two splits: without it they are no group, and nothing spans two splits.
+    # The members of a user group stay one group, whichever of them were dead-lettered.
     report = split_group_report(
-        [("a.jpg", "bridge.jpg"), ("b.jpg", "bridge.jpg")],
-        groups,
-        {"a.jpg": "train", "b.jpg": "validation"},
+        [("a.jpg", "bridge.jpg"), ("b.jpg", "bridge.jpg"), ("c.jpg", "d.jpg")],
+        [("p1", ("e.jpg", "f.jpg", "gone.jpg", "h.jpg"))],
+        {name: "train" for name in ("a.jpg", "c.jpg", "d.jpg", "e.jpg", "f.jpg", "h.jpg")} | {"b.jpg": "validation"},
         method="dct64+chroma4+tone2",
         threshold=14,
     )
-    assert report["largest_groups"] == [{"id": "a.jpg", "inputs": 2, "members": ["a.jpg", "b.jpg"]}]
-    assert report["grouped_inputs"] == 2 and report["groups_across_splits"] == 1
+    assert report["largest_groups"] == [
+        {"id": "e.jpg", "inputs": 3, "members": ["e.jpg", "f.jpg", "h.jpg"]},
+        {"id": "c.jpg", "inputs": 2, "members": ["c.jpg", "d.jpg"]},
+    ]
+    assert report["grouped_inputs"] == 5 and report["groups_across_splits"] == 0
+    assert report["near_copy_pairs"] == 1 and report["pairs_across_splits"] == 0
+
+
+def test_a_group_pattern_that_forms_no_group_says_why():
+    from beam_jobs.planning.split_groups import group_warnings
+
+    report = {"group_pattern": "/(p[0-9]+_[0-9]+)", "groups_across_splits": 0}
+    assert group_warnings(report, user_inputs=0, user_groups=0) == [
+        "--group_pattern '/(p[0-9]+_[0-9]+)' matched no input's relative path: no user group was formed, "
+        "and inputs are split one by one (check its case and slashes)"
+    ]
+    (said,) = group_warnings(report, user_inputs=12, user_groups=0)
+    assert said.startswith("--group_pattern '/(p[0-9]+_[0-9]+)' captured a different value in each of the 12 paths")
+    assert group_warnings(report, user_inputs=12, user_groups=3) == []
+
+
+def test_a_dropped_copys_group_takes_in_the_input_kept():
+    from beam_jobs.planning.group_rules import copy_memberships
+
+    kept = InputFile("a.jpg", "/a.jpg", label="cat", user_group="p1")
+    rows = [kept, InputFile("b.jpg", "/b.jpg", label="cat", user_group="p2"), InputFile("c.jpg", "/c.jpg", label="cat")]
+    rows.append(InputFile("d.jpg", "/d.jpg", label="cat", user_group="p1"))
+    assert copy_memberships(kept, rows) == [("p2", "a.jpg")]
+    assert copy_memberships(None, rows) == []
+
+
+def test_a_split_no_input_went_to_names_the_largest_group_when_there_are_groups():
+    from beam_jobs.planning.transforms import _with_group_cause
+
+    said = (
+        "--splits asks for 'validation', but none of the 82 inputs without a split went to it "
+        "(too few inputs for its fraction)"
+    )
+    grouped = {"largest_groups": [{"id": "c/a.jpg", "inputs": 82, "members": []}]}
+    assert _with_group_cause(said, grouped).endswith(
+        "went to it (too few inputs or groups for its fraction: a group is never cut, and the largest, 'c/a.jpg', "
+        "has 82 inputs)"
+    )
+    assert _with_group_cause(said, {"largest_groups": []}) == said

@@ -81,8 +81,9 @@ def clean_group(raw: object) -> str | None:
     a JSON number by its value (7, 7.0 and "7" are one patient: a pandas export writes integer ids
     as floats). Blank is no group, and so are the spellings of a missing value that exports write
     (a float NaN or infinity; the text nan, NA, N/A, None, null in any case, as pandas'
-    ``astype(str)`` and R's ``write.csv`` write them): taken as text, every row without a group
-    would be one large group.
+    ``astype(str)`` and R's ``write.csv`` write them; <NA> and NaT, pandas' nullable and time
+    columns'; #N/A, a spreadsheet's): taken as text, every row without a group would be one large
+    group.
     """
     if raw is None or (isinstance(raw, float) and not math.isfinite(raw)):
         return None
@@ -92,4 +93,4 @@ def clean_group(raw: object) -> str | None:
     return None if not text or text.lower() in _MISSING_VALUES else text
 
 
-_MISSING_VALUES = frozenset({"nan", "na", "n/a", "none", "null"})
+_MISSING_VALUES = frozenset({"nan", "na", "n/a", "none", "null", "<na>", "nat", "#n/a"})

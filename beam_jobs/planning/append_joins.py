@@ -23,6 +23,8 @@ __all__ = [
     "PLAN_DEAD_LETTERS",
     "PlanDeadLetterOutput",
     "SourceChangesFn",
+    "GROUP_MEMBERSHIPS",
+    "GroupMembershipOutput",
     "compare_with_held",
     "held_copy",
     "held_member",
@@ -39,6 +41,10 @@ PLAN_CHANGES = "plan_changes"
 # (identity, the listing's user group) of a held input whose row names another group than the
 # one it was converted in: kept (--changed_sources keep), it joins the group its row names now.
 HELD_REGROUPED = "held_regrouped"
+# (user group, name): an input kept (or held) is also a member of the group of a copy of it that
+# was dropped (group_rules.copy_memberships), so the copy's group still shares its split.
+GROUP_MEMBERSHIPS: Final = "group_memberships"
+GroupMembershipOutput = TaggedOutput[Literal["group_memberships"], tuple[str, str]]
 
 
 def compare_with_held(
@@ -97,10 +103,10 @@ def _differs(
 
 def held_copy(
     group: tuple[str, Mapping[str, Iterable]], *, version: int, dedup: str
-) -> Iterator[InputFile | PlanDeadLetterOutput]:
+) -> Iterator[InputFile | PlanDeadLetterOutput | GroupMembershipOutput]:
     """(sha256, {"new": [InputFile], "held": [(identity, content label)]}) -> the new inputs that
     are not bytes the version holds already (main output), and a dead letter for each that is
-    (PLAN_DEAD_LETTERS).
+    (PLAN_DEAD_LETTERS), with its user group's membership for the held copy (GROUP_MEMBERSHIPS).
 
     A new input with the bytes and the label of an example the version holds would be the same
     example twice: it is ``duplicate_content``, naming the held one. Under another label it is
@@ -115,9 +121,12 @@ def held_copy(
         return
     for f in new:
         same = [identity for identity, label in held if label == content_label(f)]
+        if f.user_group and (same or dedup == "content"):
+            # Dropped, but its group is in the dataset: the held copy's split is that group's.
+            yield GroupMembershipOutput(GROUP_MEMBERSHIPS, (f.user_group, (same or [held[0][0]])[0]))
         if same:
             detail = f"same bytes as {same[0]!r}, held by version {version} under the same label"
-            yield beam.pvalue.TaggedOutput(
+            yield PlanDeadLetterOutput(
                 PLAN_DEAD_LETTERS, DeadLetter(f.uri, Stage.LIST, Reason.DUPLICATE_CONTENT, detail)
             )
         elif dedup == "content":
@@ -126,7 +135,7 @@ def held_copy(
                 f"the same bytes (sha256 {sha256[:16]}...) are labelled {labels!r}: {f.filename!r} and "
                 f"{held[0][0]!r}, held by version {version}"
             )
-            yield beam.pvalue.TaggedOutput(
+            yield PlanDeadLetterOutput(
                 PLAN_DEAD_LETTERS, DeadLetter(f.uri, Stage.LIST, Reason.CONFLICTING_LABELS, detail)
             )
         else:
@@ -135,16 +144,15 @@ def held_copy(
 
 def held_member(held: tuple[str, dict], regrouped: Mapping[str, str | None] | None = None) -> list[InputFile]:
     """An example the version holds, as the InputFile its split groups know (name, split, label,
-    perceptual signature, user group), when it has a signature or a user group: --append groups
-    the new inputs with it, so that a new near-copy or group member takes its split. A held
-    example whose row now names another group (kept by --changed_sources keep; HELD_REGROUPED)
-    is in that group: its example keeps its split, and the group's new members take it, where
-    the recorded group would let them land in another split than a member of their group. Pure."""
+    perceptual signature, user group): --append groups the new inputs with it, so that a new
+    near-copy or group member takes its split. A held example whose row now names another group
+    (kept by --changed_sources keep; HELD_REGROUPED) is in that group: its example keeps its
+    split, and the group's new members take it, where the recorded group would let them land in
+    another split than a member of their group. One with neither signature nor group is a member
+    too: a new copy of it dropped as held (held_copy) makes it a member of the copy's group. Pure."""
     name, record = held
     if regrouped and name in regrouped:
         record = {**record, "user_group": regrouped[name]}
-    if record.get("phash") is None and record.get("user_group") is None:
-        return []  # made without groups: nothing to join
     member = InputFile(
         filename=name,
         uri=record["uri"],

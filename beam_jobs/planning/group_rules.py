@@ -33,6 +33,7 @@ __all__ = [
     "SPLIT_GROUPS",
     "band_keys",
     "connected_groups",
+    "copy_memberships",
     "group_edges",
     "hamming",
     "held_splits_apart",
@@ -162,6 +163,18 @@ def group_edges(members: Iterable[str]) -> Iterator[tuple[str, str]]:
     chain of pairs: enough to join them all in one component, with one pair per member."""
     ordered = sorted(set(members))
     yield from zip(ordered, ordered[1:], strict=False)  # each member with the next
+
+
+def copy_memberships(kept: InputFile | None, rows: Iterable[InputFile]) -> list[tuple[str, str]]:
+    """(user group, kept input's name) for each row dropped as a copy of ``kept`` (same path listed
+    twice, or same bytes under --dedup content) whose user group is another: the one kept is then
+    a member of that group too. A dropped copy is not in the dataset, but its group is: patient
+    B's photo that is byte for byte patient A's keeps A and B in one split, as it would if both
+    were kept. None kept (the copies conflict): nothing stays to be a member."""
+    if kept is None:
+        return []
+    groups = {f.user_group for f in rows if f is not kept and f.user_group and f.user_group != kept.user_group}
+    return [(group, kept.filename) for group in sorted(groups)]
 
 
 def connected_groups(edges: Iterable[tuple[str, str]]) -> dict[str, str]:

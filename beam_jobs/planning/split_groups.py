@@ -6,9 +6,11 @@
       KeyByBand       -> ((band, bits), (name, hash)) for each of the threshold + 1 bands
       GroupByBand     -> the inputs that agree on one band: the only ones ever compared
       PairsInBand     -> (name, name, distance) within the threshold, each pair once
-      UserGroups      -> a chain of pairs per user group (a group column, --group_pattern)
-      JoinPairs       -> one element: {name: group id} for every name in a pair (the connected
-                         components), the near pairs, and how many inputs have a user group
+      UserGroups      -> the members of each user group of two or more (a group column,
+                         --group_pattern, a dropped copy's group)
+      JoinPairs       -> one element: {name: group id} for every name in a pair or a user group
+                         (the connected components), the near pairs, the user groups, and how
+                         many inputs have a user group
 
 Only pairs travel to the one element that joins them into groups: their number grows with the
 near-copies a collection holds, not with its size.
@@ -51,10 +53,6 @@ def _pairs(
         yield a, b
 
 
-def _user_group_edges(group: tuple[str, Iterable[str]]) -> Iterator[tuple[str, str]]:
-    return group_edges(group[1])
-
-
 def _with_group(f: InputFile, groups: Mapping[str, str]) -> InputFile:
     group = groups.get(f.filename)
     return f if group is None else replace(f, split_group=group)
@@ -62,7 +60,7 @@ def _with_group(f: InputFile, groups: Mapping[str, str]) -> InputFile:
 
 def split_group_report(
     near_pairs: list[tuple[str, str]],
-    groups: Mapping[str, str],
+    user_groups: list[tuple[str, tuple[str, ...]]],
     splits: Mapping[str, str],
     *,
     method: str | None,
@@ -71,10 +69,17 @@ def split_group_report(
     """What dataset_info.json records of the groups: how they were found, how many there are, the
     largest, and the near-copy pairs whose two inputs ended in different splits (only possible
     where the user gave both splits, or an append found held examples of two splits near one new
-    input: the planner puts a group in one split)."""
-    # Members per group id, among the inputs the plan gave a split: an input it dead-lettered (one
-    # joining held examples of two splits) is in no split, so it is no member the report counts.
-    groups = {name: group for name, group in groups.items() if name in splits}
+    input: the planner puts a group in one split).
+
+    The groups are those of the inputs the plan gave a split (``splits``), joined again without
+    the ones it dead-lettered: a new input near held examples of two splits is dropped, and the
+    held examples, which it alone joined, are no group across splits (they are not near-copies of
+    each other). Members of one user group stay one group whichever of them were dropped."""
+    kept_pairs = [(a, b) for a, b in near_pairs if a in splits and b in splits]
+    user_edges = [
+        edge for _, members in user_groups for edge in group_edges(name for name in members if name in splits)
+    ]
+    groups = connected_groups([*kept_pairs, *user_edges])
     sizes = collections.Counter(groups.values())
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:LARGEST_GROUPS]
     shown: dict[str, list[str]] = {group: [] for group, _ in largest}
@@ -82,17 +87,15 @@ def split_group_report(
         members = shown.get(groups[name])
         if members is not None and len(members) < LARGEST_GROUP_MEMBERS:
             members.append(name)
-    # Inputs without a split (dead letters of the plan) are in no split, so in no pair across.
-    across = sorted((a, b) for a, b in near_pairs if a in splits and b in splits and splits[a] != splits[b])
+    across = sorted((a, b) for a, b in kept_pairs if splits[a] != splits[b])
     split_sets: dict[str, set] = {}
     for name, group in groups.items():
-        if name in splits:
-            split_sets.setdefault(group, set()).add(splits[name])
+        split_sets.setdefault(group, set()).add(splits[name])
     spanning = sorted(group for group, names in split_sets.items() if len(names) > 1)
     return {
         "method": method,
         "near_copy_bits": threshold,
-        "near_copy_pairs": len(near_pairs),
+        "near_copy_pairs": len(kept_pairs),
         "groups": len(sizes),
         "grouped_inputs": len(groups),
         "largest_groups": [{"id": group, "inputs": size, "members": shown[group]} for group, size in largest],
@@ -106,15 +109,23 @@ def split_group_report(
     }
 
 
-def group_warnings(report: dict, *, user_inputs: int) -> list[str]:
-    """The plan's warnings about groups: a --group_pattern that formed no group (a typo in it would
-    otherwise split every patient per image, silently), and groups given two splits."""
+def group_warnings(report: dict, *, user_inputs: int, user_groups: int) -> list[str]:
+    """The plan's warnings about groups: a --group_pattern that formed no group, because it matched
+    nothing or captured a value of its own for every input (a typo in it, or a capture that takes
+    in the file's own number, would otherwise split every patient per image, silently), and groups
+    given two splits. ``user_groups``: the user groups of two or more inputs."""
     warnings = []
     pattern = report.get("group_pattern")
     if pattern is not None and not user_inputs:
         warnings.append(
             f"--group_pattern {pattern!r} matched no input's relative path: no user group was formed, "
             "and inputs are split one by one (check its case and slashes)"
+        )
+    elif pattern is not None and not user_groups:
+        warnings.append(
+            f"--group_pattern {pattern!r} captured a different value in each of the {user_inputs} paths it "
+            "matched: no user group was formed, and inputs are split one by one (it should capture the part "
+            "that members share, such as the patient, not the file's own name or number)"
         )
     if report["groups_across_splits"]:
         examples = ", ".join(map(repr, report["groups_across_splits_examples"][:3]))
@@ -126,47 +137,52 @@ def group_warnings(report: dict, *, user_inputs: int) -> list[str]:
 
 
 class _JoinedPairs(beam.CombineFn):
-    """All pairs, and how many inputs have a user group, in one element: {"groups": {name: group
-    id} (connected_groups of every pair), "pairs": [the near-copy pairs], "user_inputs": count}.
+    """All pairs and user groups, and how many inputs have a user group, in one element: {"groups":
+    {name: group id} (connected_groups of the near pairs and of each user group's members as a
+    chain), "pairs": [the near-copy pairs], "user_groups": [(group, members)], "user_inputs": n}.
 
     One combine in place of two lists and a count, each a stage with its empty default's: a tree's
     run with --split_groups near_copies has 35 stages where it had 41 (the time saved is within the
-    noise of 8,000 photos). Elements: (name, name, near) for a pair, 1 for an input with a user
-    group; a bundle's count is summed before the combine, so only pairs travel."""
+    noise of 8,000 photos). Elements: (name, name) for a near pair, (group, (members...)) for a
+    user group of two or more, 1 for an input with a user group; a bundle's count is summed before
+    the combine, so only pairs and groups travel. The report joins them again without the inputs
+    the plan dead-letters (split_group_report), so it keeps the members, not only the chains."""
 
-    def create_accumulator(self) -> tuple[list, int]:
-        return [], 0
+    def create_accumulator(self) -> tuple[list, list, int]:
+        return [], [], 0
 
-    def add_input(self, accumulator: tuple[list, int], element: tuple[str, str, bool] | int) -> tuple[list, int]:
-        pairs, members = accumulator
+    def add_input(self, accumulator: tuple[list, list, int], element: tuple | int) -> tuple[list, list, int]:
+        pairs, user_groups, members = accumulator
         if isinstance(element, int):
-            return pairs, members + element
-        pairs.append(element)
-        return pairs, members
+            return pairs, user_groups, members + element
+        (user_groups if isinstance(element[1], tuple) else pairs).append(element)
+        return pairs, user_groups, members
 
-    def merge_accumulators(self, accumulators: Iterable[tuple[list, int]]) -> tuple[list, int]:
+    def merge_accumulators(self, accumulators: Iterable[tuple[list, list, int]]) -> tuple[list, list, int]:
         pairs: list = []
+        user_groups: list = []
         members = 0
-        for more, count in accumulators:
-            pairs.extend(more)
+        for more_pairs, more_groups, count in accumulators:
+            pairs.extend(more_pairs)
+            user_groups.extend(more_groups)
             members += count
-        return pairs, members
+        return pairs, user_groups, members
 
-    def extract_output(self, accumulator: tuple[list, int]) -> dict:
-        pairs, members = accumulator
+    def extract_output(self, accumulator: tuple[list, list, int]) -> dict:
+        pairs, user_groups, members = accumulator
+        chains = [edge for _, names in user_groups for edge in group_edges(names)]
         return {
-            "groups": connected_groups((a, b) for a, b, _ in pairs),
-            "pairs": [(a, b) for a, b, near in pairs if near],
+            "groups": connected_groups([*pairs, *chains]),
+            "pairs": pairs,
+            "user_groups": sorted(user_groups),
             "user_inputs": members,
         }
 
 
-def _near_edge(pair: tuple[str, str]) -> tuple[str, str, bool]:
-    return pair[0], pair[1], True
-
-
-def _user_edge(pair: tuple[str, str]) -> tuple[str, str, bool]:
-    return pair[0], pair[1], False
+def _user_group(group: tuple[str, Iterable[str]]) -> list[tuple[str, tuple[str, ...]]]:
+    """A user group of two or more members (a single member joins nothing)."""
+    members = tuple(sorted(set(group[1])))
+    return [(group[0], members)] if len(members) > 1 else []
 
 
 class FindSplitGroups(beam.PTransform):
@@ -179,7 +195,8 @@ class FindSplitGroups(beam.PTransform):
     a held example, or a new member of a held user group, joins that example's group; output
     ``held`` (only then): those of them in a group, whose splits the group then takes (AssignSplits).
     ``user_groups`` False: no input can have a user group (a tree without --group_pattern, not
-    appended to), so the user groups' stages are left out."""
+    appended to), so the user groups' stages are left out. ``memberships``: (user group, name) of
+    the inputs kept, or held, in place of a dropped copy with that group (copy_memberships)."""
 
     def __init__(
         self,
@@ -189,6 +206,7 @@ class FindSplitGroups(beam.PTransform):
         max_tone_steps: tuple[int, int] | None = None,
         held: beam.PCollection | None = None,
         user_groups: bool = True,
+        memberships: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self._threshold = near_copy_bits
@@ -196,6 +214,7 @@ class FindSplitGroups(beam.PTransform):
         self._tone_steps = None if max_tone_steps is None else tuple(max_tone_steps)
         self._held = held
         self._user_groups = user_groups
+        self._memberships = memberships
 
     def expand(self, new: beam.PCollection) -> dict[str, beam.PCollection]:
         """Near pairs by band, user groups as chains, then one union of all pairs into groups."""
@@ -211,18 +230,15 @@ class FindSplitGroups(beam.PTransform):
                 >> beam.FlatMap(
                     _pairs, threshold=self._threshold, chroma_step=self._chroma_step, tone_steps=self._tone_steps
                 )
-                | "NearEdges" >> beam.Map(_near_edge)
             )
         if self._user_groups:
             members = inputs | "UserGroupMembers" >> beam.FlatMap(
                 lambda f: [(f.user_group, f.filename)] if f.user_group else []
             )
-            parts.append(
-                members
-                | "UserGroups" >> beam.GroupByKey()
-                | "UserGroupChains" >> beam.FlatMap(_user_group_edges)
-                | "UserEdges" >> beam.Map(_user_edge)
-            )
+            listed = members
+            if self._memberships is not None:
+                listed = (members, self._memberships) | "WithCopyMemberships" >> beam.Flatten()
+            parts.append(listed | "UserGroups" >> beam.GroupByKey() | "UserGroupLists" >> beam.FlatMap(_user_group))
             parts.append(members | "CountUserMember" >> beam.Map(lambda _: 1))
         if not parts:
             parts.append(inputs.pipeline | "NoPairs" >> beam.Create([]))

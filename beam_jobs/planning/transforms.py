@@ -28,9 +28,11 @@ import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations  # expand's hints are mypy's: Beam reads PCollection[T] only
 
 from beam_jobs.planning.append_joins import (
+    GROUP_MEMBERSHIPS,
     HELD_REGROUPED,
     PLAN_CHANGES,
     PLAN_DEAD_LETTERS,
+    GroupMembershipOutput,
     PlanDeadLetterOutput,
     SourceChangesFn,
     compare_with_held,
@@ -38,6 +40,7 @@ from beam_jobs.planning.append_joins import (
     held_member,
     with_digest,
 )
+from beam_jobs.planning.group_rules import copy_memberships
 from beam_jobs.planning.plan_facts import (
     DEAD,
     IGNORED_ENTRY,
@@ -173,18 +176,25 @@ class PlanShards(beam.PTransform):
         # An append's held inputs never compete with new ones for "first of the same bytes": the
         # held are skipped first, and a new copy of held bytes is then the held one's duplicate.
         appending = self._skip_held is not None
-        kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup, by_content=not appending)
+        grouping = self._split_groups is not None
+        kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup, by_content=not appending, memberships=grouping)
         inputs = kept[_INPUTS]
         dead.append(kept[PLAN_DEAD_LETTERS])
+        # (user group, name): a dropped copy's group, of which the input kept (or held) is a member
+        memberships = [kept[GROUP_MEMBERSHIPS]] if GROUP_MEMBERSHIPS in kept else []
         changes = regrouped = None
         if self._skip_held is not None:
             new = inputs | "SkipHeld" >> self._skip_held
             inputs, changes, regrouped = new[_INPUTS], new.get(PLAN_CHANGES), new.get(HELD_REGROUPED)
             dead.append(new[PLAN_DEAD_LETTERS])
+            if GROUP_MEMBERSHIPS in new:
+                memberships.append(new[GROUP_MEMBERSHIPS])
             if self._dedup == "content":
-                fresh = inputs | "DropNewRepeats" >> _DropRepeats(self._dedup, by_path=False)
+                fresh = inputs | "DropNewRepeats" >> _DropRepeats(self._dedup, by_path=False, memberships=grouping)
                 inputs = fresh[_INPUTS]
                 dead.append(fresh[PLAN_DEAD_LETTERS])
+                if GROUP_MEMBERSHIPS in fresh:
+                    memberships.append(fresh[GROUP_MEMBERSHIPS])
         found = None
         if self._split_groups is not None:
             # An append groups its new inputs with the examples held (their signatures and user
@@ -204,6 +214,7 @@ class PlanShards(beam.PTransform):
                 # A tree's inputs have a user group only by --group_pattern (and an append's held
                 # examples by their sidecars); a list's, by its group column.
                 user_groups=not self._from_tree or "group_pattern" in self._split_groups or held is not None,
+                memberships=tuple(memberships) | "AllMemberships" >> beam.Flatten() if memberships else None,
             )
             inputs = found["inputs"]
         assigned = inputs | "AssignSplits" >> AssignSplits(
@@ -276,15 +287,16 @@ class _DropRepeats(beam.PTransform):
     """One input per path (rules.resolve_same_path), and with --dedup content one per content
     (rules.resolve_same_content); each one dropped is a dead letter naming the one kept."""
 
-    def __init__(self, dedup: str, *, by_path: bool = True, by_content: bool = True) -> None:
+    def __init__(self, dedup: str, *, by_path: bool = True, by_content: bool = True, memberships: bool = False) -> None:
         super().__init__()
         self._dedup = dedup
         self._by_path = by_path
         self._by_content = by_content
+        self._memberships = memberships  # output GROUP_MEMBERSHIPS too (split groups are asked for)
 
     @no_annotations
     def expand(self, inputs: beam.PCollection) -> dict[str, beam.PCollection]:
-        kept, dead = inputs, []
+        kept, dead, memberships = inputs, [], []
         if self._by_path:
             by_path = (
                 inputs
@@ -292,9 +304,12 @@ class _DropRepeats(beam.PTransform):
                 | "GroupByPath" >> beam.GroupByKey()
                 # (filename, [InputFile, ...]): one group per path, almost always of one
                 | "DropSamePath"
-                >> beam.FlatMap(_kept_by_path, dedup=self._dedup).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+                >> beam.FlatMap(_kept_by_path, dedup=self._dedup).with_outputs(
+                    PLAN_DEAD_LETTERS, GROUP_MEMBERSHIPS, main=_INPUTS
+                )
             )
             kept, dead = by_path[_INPUTS], [by_path[PLAN_DEAD_LETTERS]]
+            memberships.append(by_path[GROUP_MEMBERSHIPS])
         if self._dedup == "content" and self._by_content:
             hashed, unhashed = kept | "HashKnown" >> beam.Partition(
                 # Beam's type comment asks Partition for a PartitionFn, though it wraps a plain function itself.
@@ -306,11 +321,16 @@ class _DropRepeats(beam.PTransform):
                 | "KeyByContent" >> beam.Map(lambda f: (f.content_sha256, f))
                 | "GroupByContent" >> beam.GroupByKey()
                 # (sha256, [InputFile, ...])
-                | "DropSameContent" >> beam.FlatMap(_kept_by_content).with_outputs(PLAN_DEAD_LETTERS, main=_INPUTS)
+                | "DropSameContent"
+                >> beam.FlatMap(_kept_by_content).with_outputs(PLAN_DEAD_LETTERS, GROUP_MEMBERSHIPS, main=_INPUTS)
             )
             kept = (by_content[_INPUTS], unhashed) | "KeptInputs" >> beam.Flatten()
             dead.append(by_content[PLAN_DEAD_LETTERS])
-        return {_INPUTS: kept, PLAN_DEAD_LETTERS: tuple(dead) | "RepeatDeadLetters" >> beam.Flatten()}
+            memberships.append(by_content[GROUP_MEMBERSHIPS])
+        outputs = {_INPUTS: kept, PLAN_DEAD_LETTERS: tuple(dead) | "RepeatDeadLetters" >> beam.Flatten()}
+        if self._memberships and memberships:
+            outputs[GROUP_MEMBERSHIPS] = tuple(memberships) | "CopyMemberships" >> beam.Flatten()
+        return outputs
 
 
 class _SkipHeld(beam.PTransform):
@@ -371,10 +391,15 @@ class _SkipHeld(beam.PTransform):
             # (sha256, {"new": [InputFile], "held": [(identity, content label)]})
             | "NotHeldCopies"
             >> beam.FlatMap(held_copy, version=self._version, dedup=self._dedup).with_outputs(
-                PLAN_DEAD_LETTERS, main=_INPUTS
+                PLAN_DEAD_LETTERS, GROUP_MEMBERSHIPS, main=_INPUTS
             )
         )
-        return {**outputs, _INPUTS: checked[_INPUTS], PLAN_DEAD_LETTERS: checked[PLAN_DEAD_LETTERS]}
+        return {
+            **outputs,
+            _INPUTS: checked[_INPUTS],
+            PLAN_DEAD_LETTERS: checked[PLAN_DEAD_LETTERS],
+            GROUP_MEMBERSHIPS: checked[GROUP_MEMBERSHIPS],
+        }
 
 
 class _GatherPlanFacts(beam.PTransform):
@@ -472,20 +497,30 @@ def _apply_layout(
     yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, item) if isinstance(item, DeadLetter) else item
 
 
-def _kept_by_path(group: tuple[str, Iterable[InputFile]], *, dedup: str) -> Iterator[InputFile | PlanDeadLetterOutput]:
+def _kept_by_path(
+    group: tuple[str, Iterable[InputFile]], *, dedup: str
+) -> Iterator[InputFile | PlanDeadLetterOutput | GroupMembershipOutput]:
     filename, rows = group
+    rows = list(rows)
     kept, dead = resolve_same_path(filename, rows)
     for letter in dead:
-        yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, letter)
+        yield PlanDeadLetterOutput(PLAN_DEAD_LETTERS, letter)
+    for membership in copy_memberships(kept, rows):
+        yield GroupMembershipOutput(GROUP_MEMBERSHIPS, membership)
     if kept is not None:
         yield kept
 
 
-def _kept_by_content(group: tuple[str, Iterable[InputFile]]) -> Iterator[InputFile | PlanDeadLetterOutput]:
+def _kept_by_content(
+    group: tuple[str, Iterable[InputFile]],
+) -> Iterator[InputFile | PlanDeadLetterOutput | GroupMembershipOutput]:
     sha256, rows = group
+    rows = list(rows)
     kept, dead = resolve_same_content(sha256, rows)
     for letter in dead:
-        yield beam.pvalue.TaggedOutput(PLAN_DEAD_LETTERS, letter)
+        yield PlanDeadLetterOutput(PLAN_DEAD_LETTERS, letter)
+    for membership in copy_memberships(kept[0] if kept else None, rows):
+        yield GroupMembershipOutput(GROUP_MEMBERSHIPS, membership)
     yield from kept
 
 
@@ -529,7 +564,7 @@ def _with_report(summary: dict, found: dict, splits: dict, *, settings: dict) ->
         **settings,
         **split_group_report(
             found["pairs"],
-            found["groups"],
+            found["user_groups"],
             splits,
             method=settings.get("method"),
             threshold=settings.get("near_copy_bits"),
@@ -537,8 +572,26 @@ def _with_report(summary: dict, found: dict, splits: dict, *, settings: dict) ->
     }
     if not settings and not report["groups"]:
         return summary  # an input list without a group column, and no group asked for: nothing to say
-    warnings = [*summary.get("warnings", []), *group_warnings(report, user_inputs=found["user_inputs"])]
+    warnings = [
+        *(_with_group_cause(w, report) for w in summary.get("warnings", [])),
+        *group_warnings(report, user_inputs=found["user_inputs"], user_groups=len(found["user_groups"])),
+    ]
     return {**summary, "split_groups": report, "warnings": warnings}
+
+
+_TOO_FEW = "(too few inputs for its fraction)"
+
+
+def _with_group_cause(warning: str, report: dict) -> str:
+    """A requested split that no input went to names the groups as a cause, when there are any:
+    a group is never cut to fill a fraction, so one large group can take a whole class."""
+    if not (warning.startswith("--splits asks for") and warning.endswith(_TOO_FEW) and report["largest_groups"]):
+        return warning
+    largest = report["largest_groups"][0]
+    return warning.removesuffix(_TOO_FEW) + (
+        f"(too few inputs or groups for its fraction: a group is never cut, and the largest, "
+        f"{largest['id']!r}, has {largest['inputs']} inputs)"
+    )
 
 
 class _WithGroupReport(beam.PTransform):

@@ -200,10 +200,12 @@ _CONFLICTING_LABELS = re.compile(r"^\d+ images? with identical content carr(?:y|
 
 _MISSING_CLASS = re.compile(r"^split '.*' has no example of ")
 # Warnings the version held that each run says again of its own plan when still true: groups across
-# splits (an append's plan reports them over the whole version, held and new), and a requested
-# split that none of a run's new inputs went to (true of that run's inputs, not of the version's).
+# splits and a --group_pattern that formed no group (an append's plan reports them over the whole
+# version, held and new), and a requested split that none of a run's new inputs went to (true of
+# that run's inputs, not of the version's).
 _SAID_AGAIN_BY_EACH_RUN = re.compile(
-    r"^(\d+ group\(s\) hold inputs whose splits were given |--splits asks for '.*', but none of the \d+ inputs )"
+    r"^(\d+ group\(s\) hold inputs whose splits were given |--splits asks for '.*', but none of the \d+ inputs "
+    r"|--group_pattern '.*' (matched no input|captured a different value))"
 )
 
 
