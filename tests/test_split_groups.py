@@ -671,6 +671,11 @@ def test_a_group_given_two_splits_is_reported(tmp_path):
         "1 group(s) hold inputs whose splits were given (split folders, a split column) or written" in w
         for w in info["warnings"]
     )
+    # The leakage check reads each example's user group from the sidecars: the group is a leak.
+    checked = _verify_leakage(tmp_path / "out")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "leakage: 1 user group(s) across splits, by the shards' sidecars" in checked.stdout
+    assert "LEAK group 'p1' spans train, validation (train: " in checked.stderr, checked.stderr
 
 
 def test_a_dataset_made_with_the_signature_before_the_tone_keeps_it_when_appended_to(tmp_path):

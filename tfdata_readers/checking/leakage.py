@@ -1,4 +1,5 @@
-"""verify-tfrecords --leakage: the near-copy pairs whose two examples are in different splits.
+"""verify-tfrecords --leakage: the near-copy pairs whose two examples are in different splits, and
+the user groups (a ``group`` column's value, a --group_pattern capture) whose examples are.
 
 Each example's perceptual signature (docs/FORMAT.md, ``image/near_copy/signature``: 2 bytes of
 tone, a 64-bit DCT hash of the source in grey, then 8 bytes of its quadrants' chromaticity; a
@@ -20,10 +21,18 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
+from tfdata_readers.sources.manifest import read_shard_sidecar
 from tfdata_readers.sources.manifest_types import DatasetInfo
 from tfdata_readers.sources.records import tensorflow_reason
 
-__all__ = ["DEFAULT_BITS", "DEFAULT_CHROMA_STEP", "LeakageNotChecked", "cross_split_pairs", "leakage_command_lines"]
+__all__ = [
+    "DEFAULT_BITS",
+    "DEFAULT_CHROMA_STEP",
+    "LeakageNotChecked",
+    "cross_split_pairs",
+    "leakage_command_lines",
+    "user_groups_across_splits",
+]
 
 SIGNATURE_KEY = "image/near_copy/signature"
 DEFAULT_BITS = 14  # the job's default --near_copy_bits
@@ -144,6 +153,25 @@ def cross_split_pairs(
     return sorted(found)
 
 
+def user_groups_across_splits(info: DatasetInfo) -> tuple[dict[str, dict[str, list[str]]], int]:
+    """({user group: {split: [example names]}} of the user groups whose examples are in two or more
+    splits, and how many shards' sidecars could not be read), from the sidecars, which record
+    each example's user group (``input_user_groups``); the examples do not store it."""
+    members: dict[str, dict[str, list[str]]] = {}
+    unread = 0
+    for split in sorted(info.splits):
+        for shard in info.split(split).shards:
+            sidecar = read_shard_sidecar(shard.path) or {}
+            names, groups = sidecar.get("input_filenames"), sidecar.get("input_user_groups")
+            if not isinstance(names, list):
+                unread += 1
+                continue
+            for name, group in zip(names, groups or [], strict=False):
+                if group is not None:
+                    members.setdefault(str(group), {}).setdefault(split, []).append(str(name))
+    return {group: splits for group, splits in sorted(members.items()) if len(splits) > 1}, unread
+
+
 def leakage_command_lines(info: DatasetInfo, *, bits: int | None = None, shown: int = 10) -> tuple[int, list[str]]:
     """(pairs across splits, the lines the command prints) for the dataset ``info`` describes, at
     ``bits`` (None: the threshold the dataset was made with, else DEFAULT_BITS)."""
@@ -193,4 +221,14 @@ def leakage_command_lines(info: DatasetInfo, *, bits: int | None = None, shown: 
         lines.append(f"LEAK {splits[i]}/{names[i]} ~ {splits[j]}/{names[j]} ({distance} bits)")
     if len(pairs) > shown:
         lines.append(f"... and {len(pairs) - shown} more")
-    return len(pairs), lines
+    spanning, unread = user_groups_across_splits(info)
+    lines.append(
+        f"leakage: {len(spanning)} user group(s) across splits, by the shards' sidecars"
+        + (f" ({unread} shard(s) without a readable sidecar not checked)" if unread else "")
+    )
+    for group, by_split in list(spanning.items())[:shown]:
+        examples = "; ".join(f"{split}: {', '.join(sorted(names)[:3])}" for split, names in sorted(by_split.items()))
+        lines.append(f"LEAK group {group!r} spans {', '.join(sorted(by_split))} ({examples})")
+    if len(spanning) > shown:
+        lines.append(f"... and {len(spanning) - shown} more")
+    return len(pairs) + len(spanning), lines

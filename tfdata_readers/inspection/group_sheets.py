@@ -12,8 +12,6 @@ read, as stored (the image as written, not a training view). A manifest that nam
 from __future__ import annotations
 
 import dataclasses
-import json
-import posixpath
 from collections.abc import Container, Iterable
 
 import numpy as np
@@ -21,7 +19,7 @@ import tensorflow as tf
 
 from tfdata_readers.inspection.gather import Inspection, SampleExample
 from tfdata_readers.sources import storage
-from tfdata_readers.sources.manifest import DatasetInfo
+from tfdata_readers.sources.manifest import DatasetInfo, read_shard_sidecar
 from tfdata_readers.sources.records import tensorflow_reason
 
 __all__ = ["GroupSample", "largest_group_samples", "with_largest_groups"]
@@ -41,11 +39,6 @@ class GroupSample:
     examples: tuple[SampleExample, ...]
 
 
-def _sidecar_path(shard_path: str) -> str:
-    folder, name = posixpath.split(shard_path)
-    return posixpath.join(folder, f".{name}.json")  # the job's sidecar name (docs/FORMAT.md)
-
-
 def _members_by_shard(info: DatasetInfo, largest: list[dict]) -> dict[tuple[str, str], dict[str, str]]:
     """{(split, shard path): {name: group id} of the members of ``largest`` it holds}, from the
     sidecars; a sidecar that cannot be read (a dataset copied without them) holds none."""
@@ -54,12 +47,11 @@ def _members_by_shard(info: DatasetInfo, largest: list[dict]) -> dict[tuple[str,
     found: dict[tuple[str, str], dict[str, str]] = {}
     for split in sorted(info.splits):
         for shard in info.split(split).shards:
-            try:
-                sidecar = json.loads(storage.read_bytes(_sidecar_path(shard.path)).decode("utf-8"))
-                names = list(sidecar["input_filenames"])
-                recorded = sidecar.get("input_groups") or [None] * len(names)
-            except (OSError, ValueError, KeyError, TypeError):
+            sidecar = read_shard_sidecar(shard.path) or {}
+            names = sidecar.get("input_filenames")
+            if not isinstance(names, list):
                 continue
+            recorded = sidecar.get("input_groups") or [None] * len(names)
             if named:  # the manifest's own members: exact, also for held examples an append grouped anew
                 members = {name: named[name] for name in names if name in named}
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "load_manifest",
     "manifest_versions",
     "read_manifest",
+    "read_shard_sidecar",
     "relative_file_problem",
     "shard_file_problem",
     "num_examples",
@@ -75,6 +77,18 @@ def manifest_versions(data_dir: str) -> list[int]:
         return []
     found = (_VERSION_FILE.match(name.rstrip("/")) for name in storage.listdir(folder))
     return sorted(int(m[1]) for m in found if m and int(m[1]) >= 1)
+
+
+def read_shard_sidecar(shard_path: str) -> dict[str, Any] | None:
+    """The job's sidecar of one shard (``.<shard name>.json`` beside it, docs/FORMAT.md): what each
+    input was (``input_filenames``, ``input_user_groups``, ...); None where it cannot be read, as
+    in a dataset copied without its hidden files."""
+    folder, name = posixpath.split(shard_path)
+    try:
+        sidecar = json.loads(storage.read_bytes(posixpath.join(folder, f".{name}.json")).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return sidecar if isinstance(sidecar, dict) else None
 
 
 def _load_json(path: str) -> dict[str, Any]:
