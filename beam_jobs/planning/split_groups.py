@@ -12,8 +12,9 @@
                          (the connected components), the near pairs, the user groups, and how
                          many inputs have a user group
 
-Only pairs travel to the one element that joins them into groups: their number grows with the
-near-copies a collection holds, not with its size.
+Only pairs and the members of user groups travel to the one element that joins them into groups:
+their number grows with the near-copies and the grouped inputs a collection holds, not with its
+size.
 """
 
 from __future__ import annotations
@@ -187,8 +188,8 @@ def _user_group(group: tuple[str, Iterable[str]]) -> list[tuple[str, tuple[str, 
 
 class FindSplitGroups(beam.PTransform):
     """InputFile -> InputFile with its split group; tagged output ``found``: one element {"groups":
-    {name: group id} of the grouped inputs, "pairs": the near-copy pairs, "user_inputs": how many
-    inputs have a user group}.
+    {name: group id} of the grouped inputs, "pairs": the near-copy pairs, "user_groups": [(group,
+    members)] of two or more, "user_inputs": how many inputs have a user group} (_JoinedPairs).
 
     For an append, ``held`` are the examples the version holds, as InputFiles with their split
     (append_joins.held_member): they are grouped with the new inputs, so that a new near-copy of
