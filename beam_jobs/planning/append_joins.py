@@ -123,7 +123,8 @@ def held_copy(
         same = [identity for identity, label in held if label == content_label(f)]
         if f.user_group and (same or dedup == "content"):
             # Dropped, but its group is in the dataset: the held copy's split is that group's.
-            yield GroupMembershipOutput(GROUP_MEMBERSHIPS, (f.user_group, (same or [held[0][0]])[0]))
+            held_name = same[0] if same else held[0][0]
+            yield GroupMembershipOutput(GROUP_MEMBERSHIPS, (f.user_group, held_name))
         if same:
             detail = f"same bytes as {same[0]!r}, held by version {version} under the same label"
             yield PlanDeadLetterOutput(

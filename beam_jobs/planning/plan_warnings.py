@@ -6,6 +6,10 @@ import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
+# How a requested split that no input went to ends its warning; with split groups, the plan's
+# report names the largest group in its place (transforms._with_group_cause).
+TOO_FEW_FOR_FRACTION = "(too few inputs for its fraction)"
+
 
 def _shown(names: Sequence[str], limit: int = 10) -> str:
     shown = ", ".join(map(repr, names[:limit]))
@@ -84,7 +88,7 @@ def plan_warnings(
     elif requested:
         warnings += [
             f"--splits asks for {split!r}, but none of the {num_unsplit} inputs without a split went to it "
-            "(too few inputs for its fraction)"
+            + TOO_FEW_FOR_FRACTION
             for split in requested
             if split not in class_counts
         ]

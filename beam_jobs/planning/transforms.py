@@ -56,6 +56,7 @@ from beam_jobs.planning.plan_facts import (
     plan_summary,
     tagged,
 )
+from beam_jobs.planning.plan_warnings import TOO_FEW_FOR_FRACTION
 from beam_jobs.planning.rules import (
     DEFAULT_SPLIT,
     DEFAULT_SPLIT_RULE,
@@ -579,16 +580,14 @@ def _with_report(summary: dict, found: dict, splits: dict, *, settings: dict) ->
     return {**summary, "split_groups": report, "warnings": warnings}
 
 
-_TOO_FEW = "(too few inputs for its fraction)"
-
-
 def _with_group_cause(warning: str, report: dict) -> str:
     """A requested split that no input went to names the groups as a cause, when there are any:
     a group is never cut to fill a fraction, so one large group can take a whole class."""
-    if not (warning.startswith("--splits asks for") and warning.endswith(_TOO_FEW) and report["largest_groups"]):
+    said_too_few = warning.startswith("--splits asks for") and warning.endswith(TOO_FEW_FOR_FRACTION)
+    if not (said_too_few and report["largest_groups"]):
         return warning
     largest = report["largest_groups"][0]
-    return warning.removesuffix(_TOO_FEW) + (
+    return warning.removesuffix(TOO_FEW_FOR_FRACTION) + (
         f"(too few inputs or groups for its fraction: a group is never cut, and the largest, "
         f"{largest['id']!r}, has {largest['inputs']} inputs)"
     )
