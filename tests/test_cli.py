@@ -111,3 +111,42 @@ def test_a_negative_worker_count_is_refused_by_the_parse_with_its_value(tmp_path
     argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--direct_num_workers", workers]
     with pytest.raises(UsageError, match=rf"--direct_num_workers must be 0 \(all cores\) or more \(got {workers}\)"):
         parse_job_arguments(argv)
+
+
+@pytest.mark.parametrize(
+    "runner_flags",
+    [
+        ["--runner=FlinkRunner", "--max_bundle_size", "1000", "--object_reuse"],
+        ["--runner", "flink", "--checkpointing_interval=60000"],
+        ["--runner=SparkRunner", "--storage_level=DISK_ONLY"],
+        ["--runner", "apache_beam.runners.portability.flink_runner.FlinkRunner", "--load_balance_bundles"],
+    ],
+)
+def test_a_job_servers_own_options_pass_with_its_runner(tmp_path, runner_flags):
+    """Beam's portable runner takes the Java runner's options its job server describes (Beam's own
+    pipelines are given them the same way): both checks let them through, and they reach Beam's
+    options for the runner to parse at submission."""
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), *runner_flags]
+    assert cli.misspelt_flag(argv) is None
+    spec, _ = parse_job_arguments(argv)
+    assert spec.runner_args == tuple(runner_flags)
+
+
+@pytest.mark.parametrize(
+    ("runner_flags", "says"),
+    [
+        (["--max_bundle_size=1000"], "--max_bundle_size is an option of FlinkRunner"),
+        (["--runner=SparkRunner", "--max_bundle_size", "9"], "it applies with --runner FlinkRunner"),
+        (["--runner=FlinkRunner", "--storage_level=DISK_ONLY"], "--storage_level is an option of SparkRunner"),
+        (["--object_reuse"], "(launch/submit_flink.sh)"),
+        (["--runner=FlinkRunner", "--max_bundel_size=9"], "did you mean --max_bundle_size?"),
+    ],
+)
+def test_a_job_servers_option_with_another_runner_is_refused_naming_its_runner(tmp_path, runner_flags, says):
+    """The local runner has no job server: Flink's --max_bundle_size there would be dropped by
+    Beam with a warning, so it is refused, both checks alike, saying which runner takes it."""
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), *runner_flags]
+    with pytest.raises(UsageError) as full:
+        parse_job_arguments(argv)
+    assert says in str(full.value)
+    assert cli.misspelt_flag(argv) == str(full.value)

@@ -19,6 +19,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.command_line.flags import PROG, add_job_flags, help_parser, unknown_flag_message
+from beam_jobs.command_line.job_server_flags import job_server_option_strings, other_runners_flag
 from beam_jobs.command_line.options import ConversionOptions
 from beam_jobs.errors import UsageError
 from beam_jobs.paths import redact
@@ -85,10 +86,32 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
     misspelt --image-size would then silently write a 224 px dataset. Here it is an error."""
     parser = _all_flags_parser()
     _, unknown = parser.parse_known_args(list(argv))
+    # FlinkRunner's and SparkRunner's own options: Beam's runner parses them at submission, with
+    # the descriptions its job server gives (job_server_flags.py).
+    runners_own = job_server_option_strings(argv)
+    unknown = _without_options(unknown, runners_own)
     if not unknown:
         return
     known = [option for action in parser._actions for option in action.option_strings]  # pylint: disable=protected-access
-    raise UsageError(unknown_flag_message(unknown[0], known))
+    name = unknown[0].split("=", 1)[0]
+    raise UsageError(other_runners_flag(name, argv) or unknown_flag_message(unknown[0], [*known, *runners_own]))
+
+
+def _without_options(args: Sequence[str], options: frozenset[str]) -> list[str]:
+    """``args`` without those of ``options``, each with its value (``--name=value``, or the next
+    argument where it is not a flag itself: a job server's switch, ``--object_reuse``, has none)."""
+    kept: list[str] = []
+    after_option = False
+    for arg in args:
+        if arg.startswith("--"):
+            after_option = arg.split("=", 1)[0] in options and "=" not in arg
+            if arg.split("=", 1)[0] not in options:
+                kept.append(arg)
+        elif after_option:
+            after_option = False  # that option's value
+        else:
+            kept.append(arg)
+    return kept
 
 
 def _refuse_repeats_and_blanks(argv: Sequence[str]) -> None:

@@ -45,16 +45,21 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
     """
     from beam_jobs.command_line.beam_flags import BEAM_OPTION_STRINGS, BEAM_VERSION  # pylint: disable=import-outside-toplevel
     from beam_jobs.command_line.flags import help_parser, unknown_flag_message  # pylint: disable=import-outside-toplevel
+    from beam_jobs.command_line.job_server_flags import (  # pylint: disable=import-outside-toplevel
+        job_server_option_strings,
+        other_runners_flag,
+    )
 
     if _installed_beam_version() != BEAM_VERSION:
         return None
     ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
-    known = ours | BEAM_OPTION_STRINGS
+    known = ours | BEAM_OPTION_STRINGS | job_server_option_strings(argv)
     for token in argv:
         if token == "--":
             return None
-        if token.startswith("--") and token.split("=", 1)[0] not in known:
-            return unknown_flag_message(token, known)
+        name = token.split("=", 1)[0]
+        if token.startswith("--") and name not in known:
+            return other_runners_flag(name, argv) or unknown_flag_message(token, known)
     return None
 
 

@@ -113,7 +113,8 @@ def test_two_taskmanagers_with_parallelism_4_match_local(
         _submit_args(
             flink_cluster,
             parallelism=4,
-            job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS],
+            # --max_bundle_size: an option of Flink's runner, not of Beam Python (job_server_flags.py)
+            job_args=["--input", str(photo_tree), "--output_dir", str(out), *JOB_FLAGS, "--max_bundle_size=777"],
         ),
         timeout=540,
     )
@@ -129,6 +130,9 @@ def test_two_taskmanagers_with_parallelism_4_match_local(
     # The job's counters reach Flink as an accumulator, which the web UI shows per job.
     accumulators = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/accumulators")
     assert "images_written" in str(accumulators["user-task-accumulators"])
+    # The runner's own option reached the Flink job, as the runner took it from the job server.
+    config = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/config")
+    assert config["execution-config"]["user-config"]["maxBundleSize"] == "777"
 
 
 @pytest.mark.timeout(2100, func_only=True)  # a cluster's start (600 s), _run_and_kill (1020 s), its stop
