@@ -119,7 +119,7 @@ def test_a_negative_worker_count_is_refused_by_the_parse_with_its_value(tmp_path
         ["--runner=FlinkRunner", "--max_bundle_size", "1000", "--object_reuse"],
         ["--runner", "flink", "--checkpointing_interval=60000"],
         ["--runner=SparkRunner", "--storage_level=DISK_ONLY"],
-        ["--runner", "apache_beam.runners.portability.flink_runner.FlinkRunner", "--load_balance_bundles"],
+        ["--runner", "apache_beam.runners.portability.flink_runner.FlinkRunner", "--faster_copy"],
     ],
 )
 def test_a_job_servers_own_options_pass_with_its_runner(tmp_path, runner_flags):
@@ -150,3 +150,27 @@ def test_a_job_servers_option_with_another_runner_is_refused_naming_its_runner(t
         parse_job_arguments(argv)
     assert says in str(full.value)
     assert cli.misspelt_flag(argv) == str(full.value)
+
+
+@pytest.mark.parametrize("runner", ["--runner=FlinkRunner", "--runner=SparkRunner", "--runner=DirectRunner"])
+def test_load_balance_bundles_is_refused_saying_why(tmp_path, runner):
+    """Beam's --load_balance_bundles hung this job on a Flink cluster: refused with the reason,
+    whichever runner is named, rather than let through to a job that never ends."""
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), runner, "--load_balance_bundles"]
+    with pytest.raises(UsageError) as full:
+        parse_job_arguments(argv)
+    assert "--load_balance_bundles is refused: it hung this job on Flink" in str(full.value)
+    assert cli.misspelt_flag(argv) == str(full.value)
+
+
+def test_beam_does_not_warn_about_the_runner_options_it_is_given(tmp_path, caplog):
+    """Beam's PipelineOptions warns "Unparseable argument" for a job server's options (it learns
+    of them at submission): for those the checks let through, nothing is said. A value no other
+    test gives: Beam says each message once per process."""
+    size = str(100_000 + len(str(tmp_path)))
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--runner=FlinkRunner"]
+    with caplog.at_level("WARNING"):
+        _, options = parse_job_arguments([*argv, "--max_bundle_size", size, f"--checkpointing_interval={size}"])
+        options.get_all_options(display_warnings=True)  # as beam.Pipeline() asks for them
+        options.get_all_options()  # as a view of them does
+    assert not [r.getMessage() for r in caplog.records if "nparseable" in r.getMessage()]

@@ -19,7 +19,12 @@ from typing import Any
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, _BeamArgumentParser
 
 from beam_jobs.command_line.flags import PROG, add_job_flags, help_parser, unknown_flag_message
-from beam_jobs.command_line.job_server_flags import job_server_option_strings, other_runners_flag
+from beam_jobs.command_line.job_server_flags import (
+    job_server_option_strings,
+    other_runners_flag,
+    quiet_beams_warning_for,
+    refused_runner_option,
+)
 from beam_jobs.command_line.options import ConversionOptions
 from beam_jobs.errors import UsageError
 from beam_jobs.paths import redact
@@ -89,7 +94,12 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
     # FlinkRunner's and SparkRunner's own options: Beam's runner parses them at submission, with
     # the descriptions its job server gives (job_server_flags.py).
     runners_own = job_server_option_strings(argv)
-    unknown = _without_options(unknown, runners_own)
+    kept = _without_options(unknown, runners_own)
+    refused = refused_runner_option(argv)
+    if refused:
+        raise UsageError(refused)
+    quiet_beams_warning_for(arg for arg in unknown if arg not in kept)
+    unknown = kept
     if not unknown:
         return
     known = [option for action in parser._actions for option in action.option_strings]  # pylint: disable=protected-access
