@@ -200,16 +200,21 @@ def _runner_args(
     runner: str | None, beam_options: Mapping[str, Any] | Sequence[str] | None, *, own: set[str]
 ) -> tuple[str, ...]:
     """Beam's options as ``--flag=value`` strings: the runner, then ``beam_options``."""
+    from beam_jobs.command_line.job_server_flags import switch_arguments  # pylint: disable=import-outside-toplevel
+
     args = [] if runner is None else [f"--runner={runner}"]
     if isinstance(beam_options, Mapping):
         for name, value in beam_options.items():
-            args += _as_flag(name, value)
+            switch = switch_arguments(name, value) if isinstance(value, bool) else None
+            args += _as_flag(name, value) if switch is None else switch
     elif beam_options is not None:
         if isinstance(beam_options, str):
             raise TypeError("beam_options is a mapping or a list of '--flag=value' strings, not one string")
         args.extend(beam_options)
     if "-h" in args or "--help" in args:  # The command line would print its help and exit 0.
         raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
+    if runner is not None and any(arg.split("=", 1)[0] == "--runner" for arg in args[1:]):
+        raise UsageError("the runner is given twice, as runner= and in beam_options; give it once")
     for arg in args:
         name = arg.split("=", 1)[0].removeprefix("--")
         if name in own:

@@ -174,3 +174,60 @@ def test_beam_does_not_warn_about_the_runner_options_it_is_given(tmp_path, caplo
         options.get_all_options(display_warnings=True)  # as beam.Pipeline() asks for them
         options.get_all_options()  # as a view of them does
     assert not [r.getMessage() for r in caplog.records if "nparseable" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("runner_flags", "says"),
+    [
+        # Beam drops a switch's value without a word: "false" would turn object reuse on.
+        (["--object_reuse", "false"], "--object_reuse is a switch that takes no value: giving it turns it on"),
+        (["--object_reuse=false"], "--object_reuse is a switch that takes no value"),
+        # Beam adds a switch that is on by default as "store_false": "true" would turn chaining off.
+        (["--operator_chaining", "true"], "giving it turns off what is on by default"),
+        (["--max_bundle_size", "notanumber"], "--max_bundle_size takes a whole number (got 'notanumber')"),
+        (["--max_bundle_size"], "--max_bundle_size needs a value"),
+        (["--max_bundle_size", "--object_reuse"], "--max_bundle_size needs a value"),
+        (["--max_bundle_size=5", "--max_bundle_size=6"], "--max_bundle_size is given more than once"),
+    ],
+)
+def test_a_runner_option_beam_would_misread_is_refused_before_anything_runs(tmp_path, runner_flags, says):
+    """Beam parses a job server's options only at submission: a bad value then ends the run with
+    Beam's whole usage text, and a switch's value is dropped silently, so these are refused first,
+    in one line, by both checks alike."""
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--runner=FlinkRunner", *runner_flags]
+    with pytest.raises(UsageError) as full:
+        parse_job_arguments(argv)
+    assert says in str(full.value)
+    assert cli.misspelt_flag(argv) == str(full.value)
+
+
+def test_portable_runner_takes_either_job_servers_options(tmp_path):
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--runner", "PortableRunner"]
+    argv += ["--job_endpoint", "localhost:1", "--max_bundle_size", "1000", "--storage_level=DISK_ONLY"]
+    assert cli.misspelt_flag(argv) is None
+    parse_job_arguments(argv)
+
+
+@pytest.mark.parametrize("runners", [["--runner", "FlinkRunner", "--runner", "DirectRunner"], ["--runner="]])
+def test_a_second_or_blank_runner_is_what_is_refused(tmp_path, runners):
+    """Which runner's options are taken depends on --runner: given twice or blank, that is the
+    error, not a runner option's."""
+    argv = ["--input", str(tmp_path), "--output_dir", str(tmp_path / "o"), *runners, "--max_bundle_size", "9"]
+    assert cli.misspelt_flag(argv) is None
+    with pytest.raises(UsageError, match="--runner (is given more than once|needs a value)"):
+        parse_job_arguments(argv)
+
+
+def test_the_python_call_gives_a_runner_switch_as_the_command_line_does(tmp_path):
+    """convert()'s beam_options as a mapping: a switch that is on by default (operator_chaining)
+    is turned off by False, which the command line writes as the switch given."""
+    from beam_jobs.api import _runner_args  # pylint: disable=import-outside-toplevel
+
+    given = {"object_reuse": True, "operator_chaining": False, "fail_on_checkpointing_errors": True}
+    assert _runner_args("FlinkRunner", given, own=set()) == (
+        "--runner=FlinkRunner",
+        "--object_reuse",
+        "--operator_chaining",
+    )
+    with pytest.raises(UsageError, match="the runner is given twice"):
+        _runner_args("DirectRunner", ["--runner=FlinkRunner"], own=set())

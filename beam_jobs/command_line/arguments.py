@@ -23,7 +23,8 @@ from beam_jobs.command_line.job_server_flags import (
     job_server_option_strings,
     other_runners_flag,
     quiet_beams_warning_for,
-    refused_runner_option,
+    quiet_warnings_apply,
+    runner_option_error,
 )
 from beam_jobs.command_line.options import ConversionOptions
 from beam_jobs.errors import UsageError
@@ -94,11 +95,12 @@ def _refuse_unknown(argv: Sequence[str]) -> None:
     # FlinkRunner's and SparkRunner's own options: Beam's runner parses them at submission, with
     # the descriptions its job server gives (job_server_flags.py).
     runners_own = job_server_option_strings(argv)
+    misread = runner_option_error(argv)
+    if misread:
+        raise UsageError(misread)
     kept = _without_options(unknown, runners_own)
-    refused = refused_runner_option(argv)
-    if refused:
-        raise UsageError(refused)
-    quiet_beams_warning_for(arg for arg in unknown if arg not in kept)
+    if quiet_warnings_apply(argv):
+        quiet_beams_warning_for(arg for arg in unknown if arg not in kept)
     unknown = kept
     if not unknown:
         return
@@ -218,8 +220,8 @@ def parse_job_arguments(argv: Sequence[str]) -> tuple[ConversionSpec, PipelineOp
     """Parses and checks the whole command line into the run's spec and Beam's options; raises
     UsageError naming the first bad value."""
     argv = expand_verbosity(argv)
+    _refuse_repeats_and_blanks(argv)  # first: a second or blank --runner decides which flags are known
     _refuse_unknown(argv)
-    _refuse_repeats_and_blanks(argv)
     runner_args = runner_args_of(argv)
     options = runner_options(runner_args)
     spec = ConversionSpec.from_flags(job_flag_values(PipelineOptions(argv)), runner_args)

@@ -48,16 +48,19 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
     from beam_jobs.command_line.job_server_flags import (  # pylint: disable=import-outside-toplevel
         job_server_option_strings,
         other_runners_flag,
-        refused_runner_option,
+        runner_ambiguous,
+        runner_option_error,
     )
 
     if _installed_beam_version() != BEAM_VERSION:
         return None
     ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
     known = ours | BEAM_OPTION_STRINGS | job_server_option_strings(argv)
-    refused = refused_runner_option(argv)
-    if refused:
-        return refused
+    if runner_ambiguous(argv):
+        return None  # the full parse refuses a --runner given twice or blank
+    misread = runner_option_error(argv)
+    if misread:
+        return misread
     for token in argv:
         if token == "--":
             return None

@@ -30,8 +30,10 @@ _EXAMPLES = f"""examples:
       --runner DataflowRunner --project P --region R --temp_location gs://bucket/tmp --setup_file ./setup.py
 
 Every other Beam pipeline option passes through (--direct_num_workers, --project, --flink_master,
-...; see Beam's PipelineOptions reference). With no --runner the job runs on all local cores.
-An argument the job does not know is an error."""
+...; see Beam's PipelineOptions reference), and with --runner FlinkRunner or SparkRunner the
+options their job servers describe (--max_bundle_size, --checkpointing_interval, --storage_level,
+...; docs/clusters.md). With no --runner the job runs on all local cores. An argument the job
+does not know is an error."""
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
