@@ -255,11 +255,14 @@ def _kept_message(results: list[ShardResult], *, folder: str, expected: Current)
         if expected.manifest
         else "no dataset_info.json was written"
     )
-    if results:
+    # A shard none of whose inputs became an example has no file, only its sidecar (the record
+    # that --resume reuses): not a shard the user would find in the folder.
+    written = [result for result in results if result.num_examples]
+    if written:
         kept += (
-            f"; the {len(results)} shard{'s' if len(results) != 1 else ''} converted so far "
-            f"{'stays' if len(results) == 1 else 'stay'} in {folder} (no version lists it), and "
-            f"a rerun with --resume reuses {'it' if len(results) == 1 else 'them'}, redoing only what changed"
+            f"; the {len(written)} shard{'s' if len(written) != 1 else ''} converted so far "
+            f"{'stays' if len(written) == 1 else 'stay'} in {folder} (no version lists it), and "
+            f"a rerun with --resume reuses {'it' if len(written) == 1 else 'them'}, redoing only what changed"
         )
     return kept
 

@@ -217,6 +217,7 @@ def test_a_run_in_which_no_input_is_usable_fails_even_when_every_input_may_be_ba
     assert result.returncode == 1, result.stderr[-3000:]
     [error] = _error_lines(result)
     assert "no input became an example (4 of 4 inputs could not be used" in error and "not_an_image 4" in error
+    assert "converted so far" not in error, error  # no shard file was written: none to speak of
     assert "Traceback" not in result.stderr
     assert not (out / "dataset_info.json").exists()
     assert [d["reason"] for d in map(json.loads, dead_letters_path(out).read_text().splitlines())] == [
