@@ -24,7 +24,6 @@ __all__ = [
     "other_runners_flag",
     "quiet_beams_warning_for",
     "quiet_warnings_apply",
-    "refused_runner_option",
     "runner_ambiguous",
     "runner_option_error",
     "switch_arguments",
@@ -264,7 +263,7 @@ def runner_option_error(argv: Sequence[str]) -> str | None:
     ``--object_reuse false`` turns object reuse on, ``--operator_chaining true`` turns chaining
     off. So here a switch takes no value, any other option one (a whole number where the job
     server says so), each once unless it is a list."""
-    refused = refused_runner_option(argv)
+    refused = _refused_runner_option(argv)
     if refused:
         return refused
     taken = _options_taken(argv)
@@ -299,7 +298,7 @@ def runner_option_error(argv: Sequence[str]) -> str | None:
     return None
 
 
-def refused_runner_option(argv: Sequence[str]) -> str | None:
+def _refused_runner_option(argv: Sequence[str]) -> str | None:
     """The error for the first job server option in ``argv`` that this job refuses, or None."""
     for token in argv:
         if token == "--":
