@@ -54,13 +54,13 @@ def misspelt_flag(argv: Sequence[str]) -> str | None:
 
     if _installed_beam_version() != BEAM_VERSION:
         return None
-    ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
-    known = ours | BEAM_OPTION_STRINGS | job_server_option_strings(argv)
     if runner_ambiguous(argv):
         return None  # the full parse refuses a --runner given twice or blank
     misread = runner_option_error(argv)
     if misread:
         return misread
+    ours = {option for action in help_parser()._actions for option in action.option_strings}  # pylint: disable=protected-access
+    known = ours | BEAM_OPTION_STRINGS | job_server_option_strings(argv)
     for token in argv:
         if token == "--":
             return None

@@ -215,7 +215,7 @@ def _runner_key(argv: Sequence[str]) -> str | None:
     without its module and its "Runner" ending ("flink", "FlinkRunner"); None when none is named,
     or it is named twice or blank."""
     named = _runners_named(argv)
-    if len(named) != 1 or not named[0].strip():
+    if not named or runner_ambiguous(argv):
         return None
     return named[0].rsplit(".", 1)[-1].lower().removesuffix("runner")
 
