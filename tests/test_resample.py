@@ -21,7 +21,7 @@ from beam_jobs.errors import BadInputError
 from beam_jobs.imaging.decode import decode_image, decode_rgb_pixels
 from beam_jobs.imaging.example_proto import Example
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image, resize_pixels
-from beam_jobs.imaging.resample import RESAMPLE_METHODS
+from beam_jobs.imaging.resample import RESAMPLE_METHODS, SINC_STEP, opencv, resample_array, sinc_prefilter_taps
 from beam_jobs.records import InputFile
 from beam_jobs.writing.convert_shards import convert_image
 from beam_jobs.writing.finalize import SCHEMA_VERSION, run_fingerprint
@@ -106,7 +106,7 @@ def test_every_method_antialiases_one_pixel_stripes(method):
 
 
 @pytest.mark.parametrize("mode", ["crop", "pad", "stretch"])
-@pytest.mark.parametrize("method", ["dct_linear", "dct_bicubic", "antialias", "area"])
+@pytest.mark.parametrize("method", ["dct_sinc", "dct_linear", "dct_bicubic", "antialias", "area"])
 def test_arrays_and_images_resize_alike(mode, method):
     photo = real_photo("coffee", (333, 222))
     from_image = np.asarray(resize_image(photo, (100, 120), mode, method))
@@ -125,13 +125,13 @@ def _decoded_output(config: ImageConfig, data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(encoded)).convert("RGB")
 
 
-def _reference_box(data: bytes, method: str) -> tuple[float, float, float, float]:
+def _reference_box(data: bytes, method: str, size: int = 224) -> tuple[float, float, float, float]:
     from benchmarks._job_box import job_source_box  # pylint: disable=import-outside-toplevel
 
-    return job_source_box(data, method)
+    return job_source_box(data, method, size=size)
 
 
-@pytest.mark.parametrize("method", ["dct_linear", "dct_bicubic", "bicubic", "antialias"])
+@pytest.mark.parametrize("method", ["dct_sinc", "dct_linear", "dct_bicubic", "bicubic", "antialias"])
 def test_the_default_and_the_fast_methods_are_closer_to_lanczos_than_the_usual_bilinear_script(method):
     """The quality bar: the PSNR against a full decode resized with Lanczos (the same crop) is at
     least that of `draft` + ImageOps.fit(BILINEAR), at the same JPEG quality, on real photos."""
@@ -193,6 +193,51 @@ def test_the_default_and_dct_linear_leave_detail_finer_than_the_output_flat_from
         assert spreads[method] < bar, (method, name, factor, spreads)
 
 
+@pytest.mark.parametrize("scale", [1.06, 1.1, 1.2, 1.254, 1.3, 1.37, 1.45, 1.499])
+def test_the_dct_sinc_prefilter_is_exact_in_float32(scale):
+    """The prefilter's taps are multiples of 1/128 summing to exactly 1, so OpenCV's float filter
+    gives exactly what exact arithmetic rounded half to even gives: no sum's order or fused
+    multiply-add of another CPU can change a byte (resample.SINC_STEP)."""
+    taps = sinc_prefilter_taps(scale)
+    assert taps is not None and taps == taps[::-1]
+    steps = [tap * SINC_STEP for tap in taps]
+    assert all(step == int(step) for step in steps) and sum(steps) == SINC_STEP
+    assert sum(abs(tap) for tap in taps) <= 1.41
+    pixels = np.ascontiguousarray(np.asarray(real_photo("astronaut", (301, 257))))
+    kernel = np.array(taps)
+    filtered = opencv().sepFilter2D(pixels, -1, kernel, kernel, borderType=opencv().BORDER_REFLECT)
+    half = len(taps) // 2
+    padded = np.pad(pixels.astype(np.float64), ((half, half), (half, half), (0, 0)), mode="symmetric")
+    rows = sum(tap * padded[:, i : i + pixels.shape[1]] for i, tap in enumerate(taps))
+    exact = sum(tap * rows[i : i + pixels.shape[0]] for i, tap in enumerate(taps))
+    assert np.array_equal(filtered, np.clip(np.rint(exact), 0, 255).astype(np.uint8))
+
+
+def test_dct_sinc_hands_a_shrink_of_one_and_a_half_or_more_to_pillows_lanczos():
+    pixels = np.ascontiguousarray(np.asarray(real_photo("chelsea", (300, 200))))
+    lanczos = np.asarray(Image.fromarray(pixels).resize((200, 133), Image.Resampling.LANCZOS))
+    assert np.array_equal(resample_array(pixels, (200, 133), "dct_sinc"), lanczos)  # 1.5x
+    assert sinc_prefilter_taps(1.05) is None  # nothing the output can hold is above the cut-off
+    near = np.asarray(Image.fromarray(pixels).resize((240, 160), Image.Resampling.LANCZOS))
+    assert not np.array_equal(resample_array(pixels, (240, 160), "dct_sinc"), near)  # 1.25x: its own
+
+
+@pytest.mark.parametrize("size", [128, 224])
+def test_the_default_is_closer_to_lanczos_than_the_default_before_it_on_real_photos(size):
+    """The reason dct_sinc replaced dct_bicubic as the default: on real photos at their own sizes
+    (the DCT reduction leaves a 1.1x to 1.5x shrink), its PSNR against a Lanczos resize of the full
+    decode is higher (0.2 to 0.4 dB measured), at a third of the resize time."""
+    scores: dict[str, list[float]] = {"dct_sinc": [], "dct_bicubic": []}
+    for name in ("astronaut", "chelsea", "coffee", "rocket", "china", "flower", "motorcycle_left"):
+        data = _jpeg(real_photo(name))
+        full = Image.open(io.BytesIO(data)).convert("RGB")
+        for method, found in scores.items():
+            ours = _decoded_output(ImageConfig(resample=method, width=size, height=size), data)
+            box = _reference_box(data, method, size)
+            found.append(_psnr(ours, full.resize((size, size), Image.Resampling.LANCZOS, box=box)))
+    assert np.mean(scores["dct_sinc"]) > np.mean(scores["dct_bicubic"]), scores
+
+
 def test_the_dct_reduced_methods_decode_a_jpeg_at_its_smallest_eighth_above_the_need():
     """500x375 to a 224 px crop needs 299x224 (329x247 with the margin): libjpeg-turbo's 6/8
     scale (375x281.25) is the smallest that holds it, where Pillow's draft has only 1/1."""
@@ -238,8 +283,9 @@ def test_bicubic_keeps_the_fingerprint_of_datasets_made_before_resample():
     assert run_fingerprint(config, settings) == hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
     assert run_fingerprint(ImageConfig(resample="antialias"), settings) != run_fingerprint(config, settings)
     # The default of new datasets is another method, so its datasets are told apart from bicubic's.
-    assert ImageConfig().resample_method == "dct_bicubic"
+    assert ImageConfig().resample_method == "dct_sinc"
     assert run_fingerprint(ImageConfig(), settings) != run_fingerprint(config, settings)
+    assert run_fingerprint(ImageConfig(), settings) != run_fingerprint(ImageConfig(resample="dct_bicubic"), settings)
 
 
 _CONVERT_SOME = r"""
@@ -255,7 +301,7 @@ for name in ("astronaut", "chelsea", "coffee"):
         buffer = io.BytesIO()
         real_photo(name, size).save(buffer, "JPEG", quality=90)
         for mode in ("crop", "pad"):
-            for method in ("dct_linear", "dct_bicubic", "antialias", "area"):
+            for method in ("dct_sinc", "dct_linear", "dct_bicubic", "antialias", "area"):
                 config = ImageConfig(resize_mode=mode, resample=method)
                 digest.update(convert_image(buffer.getvalue(), InputFile("p", "/p", label="a", label_id=0), config)[0])
 import cv2
@@ -311,14 +357,15 @@ def _interrupted_run(out, preprocessing: dict) -> None:
 @pytest.mark.parametrize(
     ("keywords", "recorded", "method"),
     [
-        ({}, None, "dct_bicubic"),  # a new dataset: the default
-        ({"resume": True}, None, "dct_bicubic"),  # nothing to continue
-        ({"resume": True}, {"resample": "bicubic"}, "bicubic"),  # an interrupted run of the old default
-        ({"resume": True}, {"resample": "dct_bicubic"}, "dct_bicubic"),  # one of the default
+        ({}, None, "dct_sinc"),  # a new dataset: the default
+        ({"resume": True}, None, "dct_sinc"),  # nothing to continue
+        ({"resume": True}, {"resample": "bicubic"}, "bicubic"),  # an interrupted run of the first default
+        ({"resume": True}, {"resample": "dct_bicubic"}, "dct_bicubic"),  # one of the default before
+        ({"resume": True}, {"resample": "dct_sinc"}, "dct_sinc"),  # one of the default
         ({"resume": True}, {}, "bicubic"),  # one of a release before --resample
         ({"resume": True}, {"resample": "antialias"}, "antialias"),
         ({"resume": True, "resample": "lanczos"}, {"resample": "bicubic"}, "lanczos"),  # chosen: kept
-        ({}, {"resample": "bicubic"}, "dct_bicubic"),  # not continued: the default
+        ({}, {"resample": "dct_bicubic"}, "dct_sinc"),  # not continued: the default
     ],
 )
 def test_without_a_chosen_resampling_a_resumed_run_keeps_its_own(tmp_path, keywords, recorded, method):
@@ -332,7 +379,10 @@ def test_without_a_chosen_resampling_a_resumed_run_keeps_its_own(tmp_path, keywo
     assert spec.image.resample == method and spec.image.to_json()["resample"] == method
 
 
-@pytest.mark.parametrize(("recorded", "method"), [({"resample": "antialias"}, "antialias"), ({}, "bicubic")])
+@pytest.mark.parametrize(
+    ("recorded", "method"),
+    [({"resample": "antialias"}, "antialias"), ({"resample": "dct_bicubic"}, "dct_bicubic"), ({}, "bicubic")],
+)
 def test_without_a_chosen_resampling_an_append_keeps_the_versions_own(tmp_path, recorded, method):
     from beam_jobs.preflight import with_dataset_defaults  # pylint: disable=import-outside-toplevel
 

@@ -5,7 +5,14 @@ DEFAULT_RESAMPLE). What each costs, how close it comes to a Lanczos resize of th
 source (PSNR over real photos) and how much fine periodic detail it lets through as moire are
 measured by benchmarks/resampling.py and benchmarks/conversion.py, and given in docs/converting.md.
 
-- "dct_bicubic", the default for new datasets: a JPEG is decoded by libjpeg-turbo at the smallest
+- "dct_sinc", the default for new datasets: a JPEG is decoded by libjpeg-turbo at the smallest
+  of its DCT scales M/8 that keeps DCT_MARGIN times the pixels the output needs, as for
+  "dct_bicubic". Where the rest of the shrink is under 1.5x on both axes (every photo up to about
+  4x the output), a Lanczos-windowed sinc whose cut-off follows the scale (SINC_CUTOFF times the
+  output's Nyquist frequency), then OpenCV's bicubic sampling; from 1.5x, Pillow's Lanczos. Closer
+  to a Lanczos resize of the full source than "dct_bicubic" (0.2 dB of PSNR on real photos) at
+  about a third of its resize time, and flatter on fine stripes below 1.5x.
+- "dct_bicubic", the default before "dct_sinc": a JPEG is decoded by libjpeg-turbo at the smallest
   of its DCT scales M/8 (M = 1..8) that keeps DCT_MARGIN times the pixels the output needs (the
   scaled inverse DCT drops the frequencies the reduced size cannot hold, so the reduction itself
   does not alias); then Pillow's bicubic, on the whole pixels the reduction kept. The PSNR of
@@ -26,11 +33,12 @@ measured by benchmarks/resampling.py and benchmarks/conversion.py, and given in 
   scale). "bicubic" is what every version before --resample existed did, byte for byte, so a
   dataset made then can be resumed or appended to as it was.
 
-The first four work on numpy arrays (the job's fast path, example_conversion.py); Pillow's on PIL images.
+The first five work on numpy arrays (the job's fast path, example_conversion.py); Pillow's on PIL images.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -45,29 +53,50 @@ __all__ = [
     "LEGACY_RESAMPLE",
     "PILLOW_METHODS",
     "RESAMPLE_METHODS",
+    "SINC_CUTOFF",
+    "SINC_STEP",
+    "SINC_UNTIL",
     "resample_array",
     "resample_image",
+    "sinc_prefilter_taps",
 ]
 
-ARRAY_METHODS = ("dct_linear", "dct_bicubic", "antialias", "area")
+ARRAY_METHODS = ("dct_sinc", "dct_linear", "dct_bicubic", "antialias", "area")
 PILLOW_METHODS = ("bilinear", "bicubic", "lanczos")
 RESAMPLE_METHODS = ARRAY_METHODS + PILLOW_METHODS
 # The methods whose JPEG decode may use any DCT scale M/8, not only Pillow's draft scales (1/2,
 # 1/4, 1/8 where the image is at least twice the need), and the share of pixels above the need
 # they keep: with none, PSNR against a Lanczos resize fell 0.9 dB (a scaled IDCT is a block-wise
 # low-pass, soft near its own cut-off); 1.05 to 1.2 measured alike (benchmarks/resampling.py).
-DCT_REDUCED_METHODS = ("dct_linear", "dct_bicubic")
+DCT_REDUCED_METHODS = ("dct_sinc", "dct_linear", "dct_bicubic")
 DCT_MARGIN = 1.1
 # The default of new datasets (a run that continues one, --resume or --append, keeps the method
 # its manifest or run folder records: preflight.with_dataset_defaults): chosen by measurement
-# (docs/benchmarks.md) as the fastest method with the quality of "bicubic", the PSNR against a
-# Lanczos resize and the antialiasing. "dct_linear" is faster and also antialiases, but is softer
-# (31 against 36 dB on 2000x1500 photos); "antialias" and "area" let fine periodic detail through
-# as moire between a 1x and a 2x shrink (1 px stripes shrunk 1.7x keep a standard deviation of 73
-# of 255 with "antialias", 20 with "area", 3 with "bicubic" and "dct_bicubic").
-DEFAULT_RESAMPLE = "dct_bicubic"
+# (docs/benchmarks.md, benchmarks/resampling.py) as the fastest method at least as close to a
+# Lanczos resize as Pillow's bicubic that leaves fine stripes, checkerboards and zone plates shrunk
+# 1.5x or more as flat as Pillow's bicubic does. "dct_bicubic" (the default before it) has the
+# same antialiasing at about three times the resize time; "dct_linear" is faster still but soft
+# (1 to 5 dB below); "antialias" and "area" let fine periodic detail through as moire between a 1x
+# and a 2x shrink (1 px stripes shrunk 1.7x keep a standard deviation of 73 of 255 with
+# "antialias", 20 with "area", 3 with "bicubic" and "dct_bicubic").
+DEFAULT_RESAMPLE = "dct_sinc"
 # The one resampling of releases before --resample (a fingerprint without the setting means it).
 LEGACY_RESAMPLE = "bicubic"
+
+# "dct_sinc": the prefilter's cut-off as a multiple of the output's Nyquist frequency (0.95 to
+# 1.15 measured: 1.05 came closest to a Lanczos resize of the full decode), its Lanczos window's
+# lobes, and the shrink from which Pillow's Lanczos takes over (a prefilter that runs on every
+# source pixel costs more than a resampling filter evaluated at the output's, the wider it gets).
+SINC_CUTOFF = 1.05
+SINC_LOBES = 3
+SINC_UNTIL = 1.5
+# The prefilter's taps are whole multiples of 1/SINC_STEP, so that OpenCV's float filter is exact:
+# with taps whose magnitudes sum to at most 1.41 (every scale below SINC_UNTIL), a row pass's
+# sums are multiples of 1/128 below 2^9 and a column pass's multiples of 1/16384 below 2^9, at
+# most 23 significant bits, within float32's 24. No rounding happens before the one to 8 bits
+# (half to even), so neither the order of the sums nor a fused multiply-add (which AVX2 and NEON
+# have and SSE2 lacks) changes a byte.
+SINC_STEP = 128
 
 _PILLOW_FILTERS = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -122,19 +151,59 @@ def _gaussian_prefilter(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def sinc_prefilter_taps(scale: float) -> tuple[float, ...] | None:
+    """The "dct_sinc" prefilter for a shrink by ``scale`` on one axis, or None where it would pass
+    everything the output can hold (a shrink of at most SINC_CUTOFF). A sinc whose cut-off is
+    SINC_CUTOFF / scale of the source's Nyquist frequency, in a Lanczos window of SINC_LOBES
+    lobes, normalised to sum to exactly 1 in steps of 1/SINC_STEP (see SINC_STEP)."""
+    cutoff = SINC_CUTOFF / scale
+    if cutoff >= 1:
+        return None
+    half = max(1, math.floor(SINC_LOBES / cutoff))
+    offsets = np.arange(-half, half + 1, dtype=np.float64)
+    taps = np.sinc(cutoff * offsets) * np.sinc(cutoff * offsets / SINC_LOBES)
+    steps = np.round(taps / taps.sum() * SINC_STEP)
+    steps[half] += SINC_STEP - steps.sum()  # the rounding's rest on the centre tap: a sum of exactly 1
+    return tuple(float(step) / SINC_STEP for step in steps)
+
+
+def _pillow_resize(pixels: np.ndarray, size: tuple[int, int], resample_filter: Image.Resampling) -> np.ndarray:
+    height, width = pixels.shape[:2]
+    mode = "RGB" if pixels.ndim == 3 and pixels.shape[2] == 3 else "L"
+    image = Image.frombuffer(mode, (width, height), np.ascontiguousarray(pixels), "raw", mode, 0, 1)
+    return np.asarray(image.resize(size, resample_filter))
+
+
+def _sinc_then_cubic(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """ "dct_sinc" on what the DCT reduction left: the prefilter on each axis that still shrinks,
+    then OpenCV's bicubic sampling (4 taps, which alone would alias what the prefilter removed);
+    from a SINC_UNTIL shrink on either axis, Pillow's Lanczos instead."""
+    height, width = pixels.shape[:2]
+    scale_x, scale_y = width / size[0], height / size[1]
+    if max(scale_x, scale_y) >= SINC_UNTIL:
+        return _pillow_resize(pixels, size, Image.Resampling.LANCZOS)
+    cv2 = opencv()
+    taps_x, taps_y = sinc_prefilter_taps(scale_x), sinc_prefilter_taps(scale_y)
+    if taps_x or taps_y:
+        kernel_x, kernel_y = (np.array(taps or (1.0,), dtype=np.float64) for taps in (taps_x, taps_y))
+        pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
+    return cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
+
+
 def resample_array(pixels: np.ndarray, size: tuple[int, int], method: str) -> np.ndarray:
     """``pixels`` (H x W x C uint8, contiguous) resampled to ``size`` (width, height)."""
     height, width = pixels.shape[:2]
     if (width, height) == tuple(size):
         return pixels
     cv2 = opencv()
-    if method == "dct_linear":
+    if method == "dct_sinc":
+        resized = _sinc_then_cubic(pixels, size)
+    elif method == "dct_linear":
         blurred = _gaussian_prefilter(pixels, width / size[0], height / size[1], sigma_for=_linear_sigma)
         resized = cv2.resize(blurred, size, interpolation=cv2.INTER_LINEAR_EXACT)
     elif method == "dct_bicubic":
-        mode = "RGB" if pixels.ndim == 3 and pixels.shape[2] == 3 else "L"
-        image = Image.frombuffer(mode, (width, height), np.ascontiguousarray(pixels), "raw", mode, 0, 1)
-        resized = np.asarray(image.resize(size, Image.Resampling.BICUBIC))
+        resized = _pillow_resize(pixels, size, Image.Resampling.BICUBIC)
     elif method == "antialias":
         blurred = _gaussian_prefilter(pixels, width / size[0], height / size[1])
         resized = cv2.resize(blurred, size, interpolation=cv2.INTER_LINEAR_EXACT)

@@ -218,7 +218,7 @@ def test_a_dataset_made_before_resample_existed_appends_as_it_was_and_another_re
     assert _encoded_by_filename(out) == _encoded_by_filename(whole)  # all 9, the 3 appended included
     default = tmp_path / "default"
     subprocess.run([*job[:-3], str(default), *job[-2:]], cwd=REPO, check=True)
-    assert json.loads((default / "dataset_info.json").read_text())["preprocessing"]["resample"] == "dct_bicubic"
+    assert json.loads((default / "dataset_info.json").read_text())["preprocessing"]["resample"] == "dct_sinc"
     assert _encoded_by_filename(default) != _encoded_by_filename(whole)
 
 
