@@ -16,7 +16,7 @@ import hashlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -182,20 +182,22 @@ class SourceReaders:
             job = self._jobs.get()
             if job is None:
                 return
-            call, future, started = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            started.append(time.monotonic())
-            try:
-                future.set_result(call())
-            except BaseException as error:  # handed to the caller's thread, as if raised there
-                future.set_exception(error)
+            for call, future, started in job:  # a run of reads, one after another
+                if not future.set_running_or_notify_cancel():
+                    continue
+                started.append(time.monotonic())
+                try:
+                    future.set_result(call())
+                except BaseException as error:  # handed to the caller's thread, as if raised there
+                    future.set_exception(error)
 
-    def _submit(self, call: Callable[[], _T]) -> tuple[concurrent.futures.Future, list]:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        started: list[float] = []
-        self._jobs.put((call, future, started))
-        return future, started
+    def _submit_run(self, calls: Sequence[Callable]) -> list[tuple[concurrent.futures.Future, list]]:
+        """Queues ``calls`` as one job, read in order by one thread: (future, start time) of each."""
+        job: list[tuple[Callable, concurrent.futures.Future, list[float]]] = [
+            (call, concurrent.futures.Future(), []) for call in calls
+        ]
+        self._jobs.put(job)
+        return [(future, started) for _, future, started in job]
 
     def _result(self, future: concurrent.futures.Future, started: list[float]):
         if self._timeout_s is None:
@@ -213,23 +215,48 @@ class SourceReaders:
     def call(self, call: Callable[[], _T]) -> _T:
         """``call()`` on a reader thread, or BadInputError ``read_timeout`` after ``timeout_s``: one
         read at a time, without a thread started per read (as ``read_source``'s own timeout does)."""
-        return self._result(*self._submit(call))
+        return self._result(*self._submit_run([call])[0])
 
-    def read_ahead(self, items: Iterable, read: Callable, *, window: int) -> Iterator:
-        """Yields (item, ``read(item)`` or its BadInputError) in the order of ``items``, reading ahead of the caller."""
-        pending: collections.deque = collections.deque()
+    def read_ahead(self, items: Iterable, read: Callable, *, window: int, run: int = 1) -> Iterator:
+        """Yields (item, ``read(item)`` or its BadInputError) in the order of ``items``, reading ahead
+        of the caller, with ``window`` items (and up to ``run`` more) queued or running, in jobs of
+        ``run`` consecutive items: one thread reads a job's items in turn, so that a local read, quicker than waking a
+        thread, costs one hand-off per job rather than one per item. When a read times out, the
+        reads queued behind it in its job (never started, and never to be by the blocked thread)
+        are queued again, each a job of its own."""
+        pending: collections.deque = collections.deque()  # [item, call, future, started], in order
 
         def take():
-            item, future, started = pending.popleft()
+            item, call, future, started = pending.popleft()
             try:
                 return item, self._result(future, started)
             except BadInputError as error:
+                if error.reason == Reason.READ_TIMEOUT:
+                    requeue_stranded()
                 return item, error
 
+        def requeue_stranded() -> None:
+            for entry in pending:
+                if entry[2].cancel():  # still queued: it would wait for ever behind the blocked read
+                    entry[2], entry[3] = self._submit_run([entry[1]])[0]
+
+        batch: list = []
+
+        def submit() -> None:
+            nonlocal batch
+            calls = [partial(read, item) for item in batch]
+            for item, call, (future, started) in zip(batch, calls, self._submit_run(calls), strict=True):
+                pending.append([item, call, future, started])
+            batch = []
+
         for item in items:
-            pending.append((item, *self._submit(partial(read, item))))
-            if len(pending) >= window:
+            batch.append(item)
+            if len(batch) >= run:
+                submit()
+            while len(pending) >= window:
                 yield take()
+        if batch:
+            submit()
         while pending:
             yield take()
 

@@ -61,6 +61,34 @@ _DETAILS = logging.getLogger("beam_jobs.details")  # one line per shard: --log_l
 # Images converted at once by one worker (see ConvertShardFn._conversions). Two fill a second core
 # when the other workers are idle or slow; more only add memory (each holds a decoded image).
 CONVERT_THREADS = 2
+# The most inputs, and about the most bytes of sources, one converter thread takes at once (see
+# ConvertShardFn._conversions): 8 photos of 500x375 cost one hand-off instead of 8, and large
+# sources still go one or two at a time, so that a worker holds a few chunks of them at most.
+CONVERT_CHUNK = 8
+CONVERT_CHUNK_BYTES = 4 << 20
+# Consecutive sources one reader thread reads per job (SourceReaders.read_ahead): a local read of a
+# photo takes less time than waking a thread for it.
+READ_RUN = 4
+
+
+class _ChunkOutcome:
+    """One input's conversion within its chunk's future, with a future's result() and cancel():
+    result() returns the input's converted example or raises the error its conversion raised."""
+
+    __slots__ = ("_future", "_index")
+
+    def __init__(self, future: concurrent.futures.Future, index: int) -> None:
+        self._future = future
+        self._index = index
+
+    def result(self) -> Any:
+        outcome = self._future.result()[self._index]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def cancel(self) -> bool:
+        return self._future.cancel()
 
 
 class _HashingWriter:
@@ -159,7 +187,7 @@ class ConvertShardFn(beam.DoFn):
         threads, each read with the converter's read timeout (reading.py)."""
         read = partial(_read_with_mask, max_file_bytes=self._config.max_file_bytes)
         assert self._readers is not None, "setup() makes the threads"
-        return self._readers.read_ahead(inputs, read, window=2 * self._read_threads)
+        return self._readers.read_ahead(inputs, read, window=2 * self._read_threads, run=READ_RUN)
 
     def _source_states(self, inputs: tuple[InputFile, ...]) -> list:
         """source_state of each input: from the listing where it knows size and time (a tree's
@@ -180,40 +208,80 @@ class ConvertShardFn(beam.DoFn):
                 return self._isolated(convert_image, data, input_file, self._config, mask)
         return convert_image(data, input_file, self._config, mask)
 
+    def _convert_chunk(self, chunk: list[tuple[InputFile, bytes, bytes | None, bool]]) -> list:
+        """_convert of each of a chunk's read inputs, in order: its result, or the Exception it
+        raised (one odd file is that file's dead letter, never its chunk's). Runs on a converter thread."""
+        outcomes: list = []
+        for input_file, data, mask, isolated in chunk:
+            try:
+                outcomes.append(self._convert(data, input_file, isolated=isolated, mask=mask))
+            except Exception as error:  # handed back to the writing thread, as if raised there
+                outcomes.append(error)
+        return outcomes
+
     def _conversions(self, inputs: tuple[InputFile, ...], mask_digests: dict[str, str] | None = None):
-        """(input, bytes or BadInputError, whether it is decoded in isolation, future of its
-        _convert or None) in plan order.
+        """(input, bytes or BadInputError, whether it is decoded in isolation, its _ChunkOutcome
+        or None) in plan order.
 
         Each source is read ahead on the reader threads, then converted on the converter threads,
-        a few ahead of the one being written. The codecs (libjpeg-turbo, OpenCV, Pillow's decode,
-        resize and encode) and hashing release the GIL, so one worker converts on several cores at
-        once: a worker that is given more of the work than the others, or is slowed by them, still
-        finishes at about the same time, instead of leaving a core idle at the end of the job.
-        Results are taken in plan order, so the shard's bytes do not depend on the threads.
+        a few chunks ahead of the one being written. The codecs (libjpeg-turbo, OpenCV, Pillow's
+        decode, resize and encode) and hashing release the GIL, so one worker converts on several
+        cores at once: a worker that is given more of the work than the others, or is slowed by
+        them, still finishes at about the same time, instead of leaving a core idle at the end of
+        the job. A converter takes a chunk of consecutive inputs (up to CONVERT_CHUNK of them, or
+        CONVERT_CHUNK_BYTES of sources) rather than one: handing each image to a thread and its
+        result back cost about 0.2 ms of CPU per image, an eighth of a 224 px conversion
+        (docs/benchmarks.md). Results are taken in plan order, so the shard's bytes do not depend
+        on the threads.
         """
-        pending: collections.deque = collections.deque()
-        window = 2 * self._convert_threads
+        pending: collections.deque = collections.deque()  # (chunk, its future), oldest first
         converters = self._converters
         assert converters is not None, "setup() makes the threads"
+        chunk: list[tuple[InputFile, bytes | BadInputError, bytes | None, bool]] = []
+        chunk_bytes = 0
+
+        def submit() -> None:
+            nonlocal chunk, chunk_bytes
+            readable = [
+                (input_file, data, mask, isolated)
+                for input_file, data, mask, isolated in chunk
+                if not isinstance(data, BadInputError)
+            ]
+            future = converters.submit(self._convert_chunk, readable) if readable else None
+            pending.append((chunk, future))
+            chunk, chunk_bytes = [], 0
+
+        def written_first() -> Iterator:
+            entries, future = pending.popleft()
+            index = 0
+            for input_file, data, _, isolated in entries:
+                if isinstance(data, BadInputError):
+                    yield input_file, data, isolated, None
+                else:
+                    assert future is not None, "a chunk with a read input is converted"
+                    yield input_file, data, isolated, _ChunkOutcome(future, index)
+                    index += 1
+
         try:
             for input_file, read in self._sources(inputs):
                 data, mask = read if isinstance(read, tuple) else (read, None)
                 if mask is not None and mask_digests is not None:  # the sidecar records it (input_sha256)
                     mask_digests[input_file.filename] = hashlib.sha256(mask).hexdigest()
-                if isinstance(data, BadInputError):
-                    isolated, conversion = False, None
-                else:
-                    isolated = needs_isolation(data, self._config.isolation)
-                    conversion = converters.submit(self._convert, data, input_file, isolated=isolated, mask=mask)
-                pending.append((input_file, data, isolated, conversion))
-                if len(pending) > window:
-                    yield pending.popleft()
+                isolated = not isinstance(data, BadInputError) and needs_isolation(data, self._config.isolation)
+                chunk.append((input_file, data, mask, isolated))
+                chunk_bytes += 0 if isinstance(data, BadInputError) else len(data)
+                if len(chunk) >= CONVERT_CHUNK or chunk_bytes >= CONVERT_CHUNK_BYTES:
+                    submit()
+                    if len(pending) > self._convert_threads:
+                        yield from written_first()
+            if chunk:
+                submit()
             while pending:
-                yield pending.popleft()
+                yield from written_first()
         finally:  # the shard failed, or the worker is shutting down: nothing more to convert
-            for _, _, _, conversion in pending:
-                if conversion is not None:
-                    conversion.cancel()
+            for _, future in pending:
+                if future is not None:
+                    future.cancel()
 
     def process(self, shard: ShardPlan) -> Iterator[ShardResult | DeadLetterOutput | ContentKeyOutput]:
         """Converts one shard into its file and sidecar (or, under --resume, keeps the one an earlier
@@ -325,7 +393,7 @@ class ConvertShardFn(beam.DoFn):
         input_file: InputFile,
         data: bytes | BadInputError,
         isolated: bool,
-        conversion: concurrent.futures.Future | None,
+        conversion: _ChunkOutcome | None,
         contents: ShardContents,
     ) -> tuple[bytes, list[str], str, ExampleClasses | None] | None:
         """The input's converted example, or None when it is unusable: then its dead letter is in

@@ -74,3 +74,26 @@ def test_a_shard_with_a_read_that_never_answers_is_written_without_it(fifo: path
             equal_to([(str(fifo), "read_timeout")]),
             label="CheckDeadLetters",
         )
+
+
+@pytest.mark.timeout(60)  # without the requeue, the stranded reads would wait for ever
+def test_reads_queued_behind_a_hung_read_in_its_job_are_read_after_all(fifo: pathlib.Path, tmp_path):
+    """A reader thread reads a few consecutive sources per job: those queued behind a read that
+    never answers are queued again when it times out, so every other input still arrives, in order."""
+    from beam_jobs.imaging.reading import SourceReaders  # pylint: disable=import-outside-toplevel
+
+    photos = make_photo_tree(tmp_path / "img", num_images=9, seed=25)
+    inputs = [InputFile("never.jpg", str(fifo))] + [InputFile(p.name, str(p)) for p in photos]
+    readers = SourceReaders(2, timeout_s=0.5)
+    try:
+        read = [
+            (item.filename, outcome)
+            for item, outcome in readers.read_ahead(
+                inputs, lambda f: read_source(f, 1 << 24, timeout_s=None), window=8, run=4
+            )
+        ]
+    finally:
+        readers.close()
+    assert [name for name, _ in read] == [f.filename for f in inputs]
+    assert isinstance(read[0][1], BadInputError) and read[0][1].reason == "read_timeout"
+    assert [outcome for _, outcome in read[1:]] == [p.read_bytes() for p in photos]
