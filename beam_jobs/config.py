@@ -30,8 +30,8 @@ class ImageConfig:
         image at its own size: width and height are then not used).
       max_side: with "keep", images whose longer side is larger are shrunk to it (aspect ratio
         kept); None keeps every size.
-      resample: how pixels are resampled to the output size: "dct_bicubic", "dct_linear",
-        "antialias", "area", "bilinear", "bicubic" or "lanczos" (resample.py); None (the default):
+      resample: how pixels are resampled to the output size: "dct_sinc", "dct_bicubic",
+        "dct_linear", "antialias", "area", "bilinear", "bicubic" or "lanczos" (resample.py); None (the default):
         the method of the dataset a run continues (--resume, --append), else DEFAULT_RESAMPLE.
       encoding: "jpeg", "png" or "raw" (uint8 pixels).
       jpeg_quality: 1-100, used when encoding is "jpeg".

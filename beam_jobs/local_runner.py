@@ -54,6 +54,8 @@ WORKER_PROCESSES = "multi_processing"
 # others keep the core in the codecs, and a worker that finishes its shards early does not leave
 # its core idle. Measured, 8000 photos to 224 px on 2 cores, 2 workers (medians of 5 interleaved
 # runs, 2026-12-02): two threads a core 16.3 s, three 14.4 s, four 15.5 s (3 runs), one 15.2 s (2 runs).
+# Since converters take chunks of inputs (convert_shards.CONVERT_CHUNK), one, two and three
+# threads measured alike (11.33 to 11.44 s, 2 runs each, 2026-12-07); three are kept.
 THREADS_PER_CORE = 3
 # Kept at WARNING (sdk_worker_main) or INFO (the HTTP clients) even with --log_level DEBUG, in the
 # job's process and its workers alike: their DEBUG lines print the pipeline options and each

@@ -5,7 +5,7 @@ into labelled records holding a 224x224 centre crop at JPEG quality 95 (the job'
 same cores (all of this machine's), each in the fast form its own documentation shows:
 
 - ``job``: ``python -m beam_jobs --input SRC --output_dir OUT --image_size 224``, the job's defaults
-  (``--resample dct_bicubic``, worker processes on every core);
+  (``--resample dct_sinc``, worker processes on every core);
 - ``pool``: the Pillow script of benchmarks/conversion.py (``ImageOps.fit`` bilinear,
   ``tf.train.Example``, ``tf.io.TFRecordWriter``) in a ``multiprocessing.Pool(cores)``;
   ``pool_bicubic``: the same script with a bicubic ``ImageOps.fit``, the quality of the job's;

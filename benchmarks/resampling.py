@@ -3,18 +3,22 @@
 Each candidate is one way of turning a JPEG photo into its 224 px centre crop (decode, resize,
 JPEG encode), written here on its own so that a candidate can be judged before the job adopts it:
 
-- ``pillow bicubic``: a full decode and Pillow's bicubic (the job's default pipeline);
+- ``pillow bicubic``: a full decode and Pillow's bicubic (the pipeline of releases before --resample);
 - ``script bilinear``: ``ImageOps.fit`` with a bilinear resize, what the Pillow script of
   benchmarks/conversion.py does;
 - ``dct + pillow bicubic``: libjpeg-turbo decodes at the smallest scale M/8 (M = 1..8) that leaves
   at least ``MARGIN`` times the pixels the crop needs, then Pillow's bicubic does the rest;
 - ``dct + linear``: the same reduction, then OpenCV's bit-exact bilinear, with a Gaussian
-  prefilter of sigma ``0.6 * sqrt(s^2 - 1)`` where the rest of the shrink ``s`` is 1.5x or more.
+  prefilter of sigma ``0.6 * sqrt(s^2 - 1)`` where the rest of the shrink ``s`` is 1.5x or more;
+- ``dct + sinc``: the same reduction, then the job's ``dct_sinc`` (its default): a Lanczos-windowed
+  sinc prefilter whose cut-off follows the rest of the shrink, and OpenCV's bicubic sampling
+  (Pillow's Lanczos from a 1.5x shrink on).
 
 Quality (a): the PSNR of each output against a Lanczos resize of the full decode over the very
 box the candidate cropped, on real photos. Quality (b): aliasing: 1 px stripes (along each axis),
 a checkerboard and a zone plate, each shrunk by factors from 1.2x to 8x (as PNG, so no DCT
-reduction helps), through the candidates and the job's own ``dct_bicubic`` and ``dct_linear``;
+reduction helps), through the candidates and the job's own ``dct_sinc``, ``dct_bicubic`` and
+``dct_linear``;
 the table gives the standard deviation of the output (0 is flat: the pattern,
 finer than the output can show, is averaged away; 127.5 is the pattern's own), for the zone plate
 only over the ring finer than the output's Nyquist frequency. Only the ratios and the dB and std
@@ -137,11 +141,21 @@ def dct_linear(data: bytes) -> tuple[np.ndarray, tuple]:
     return linear_with_prefilter(crop), tuple(edge / scale for edge in (left, top, right, bottom))
 
 
+def dct_sinc(data: bytes) -> tuple[np.ndarray, tuple]:
+    from beam_jobs.imaging.resample import resample_array  # pylint: disable=import-outside-toplevel
+
+    pixels, scale, box = _dct_reduced(data)
+    left, top, right, bottom = (round(edge) for edge in box)  # an array slice: whole pixels
+    crop = np.ascontiguousarray(pixels[top:bottom, left:right])
+    return resample_array(crop, (SIZE, SIZE), "dct_sinc"), tuple(edge / scale for edge in (left, top, right, bottom))
+
+
 CANDIDATES = {
-    "pillow bicubic (the job's default)": pillow_bicubic,
+    "pillow bicubic (the first releases' default)": pillow_bicubic,
     "script bilinear (ImageOps.fit)": script_bilinear,
     f"dct >= {MARGIN}x + pillow bicubic": dct_pillow_bicubic,
     f"dct >= {MARGIN}x + linear (prefilter from 1.5x)": dct_linear,
+    f"dct >= {MARGIN}x + sinc prefilter + cubic (the job's default)": dct_sinc,
 }
 
 
@@ -209,6 +223,7 @@ def aliasing() -> dict[str, dict[str, dict[float, float]]]:
         "pillow bilinear": lambda p: np.asarray(Image.fromarray(p).resize((SIZE, SIZE), Image.Resampling.BILINEAR)),
         "linear (prefilter from 1.5x)": linear_with_prefilter,
         # The job's own array methods, as its workers call them on an image that is not a JPEG.
+        "job dct_sinc (the default)": lambda p: resample_array(p, (SIZE, SIZE), "dct_sinc"),
         "job dct_bicubic": lambda p: resample_array(p, (SIZE, SIZE), "dct_bicubic"),
         "job dct_linear": lambda p: resample_array(p, (SIZE, SIZE), "dct_linear"),
     }
@@ -230,7 +245,7 @@ def main() -> None:
         paths = make_photo_tree(scratch, num_images=args.num_images)
         blobs = [path.read_bytes() for path in paths]
     results = quality_and_time(blobs, args.repeats)
-    base_ms = results["pillow bicubic (the job's default)"][0]
+    base_ms = results["pillow bicubic (the first releases' default)"][0]
     print(f"{len(blobs)} photos of 500x375 to {SIZE}x{SIZE}, median of {args.repeats}, one process\n")
     print("| candidate | ms per image | speed vs pillow bicubic | PSNR vs Lanczos (dB) |")
     print("|---|---|---|---|")

@@ -23,11 +23,21 @@ def _benchmark_output(script: str, *args: str, timeout: float = 600) -> str:
 def test_the_resampling_benchmark_times_scores_and_tests_aliasing_of_every_candidate():
     stdout = _benchmark_output("resampling.py", "--num_images", "4", "--repeats", "1", timeout=300)
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    for candidate in ("pillow bicubic (the job's default)", "script bilinear", "dct >= 1.1x + pillow bicubic"):
+    for candidate in (
+        "pillow bicubic (the first releases' default)",
+        "script bilinear",
+        "dct >= 1.1x + pillow bicubic",
+        "dct >= 1.1x + sinc prefilter + cubic (the job's default)",
+    ):
         (row,) = [row for row in rows if row.startswith(f"| {candidate}")]
         ms, speed, psnr = (cell.strip() for cell in row.split("|")[2:5])
         assert float(ms) > 0 and speed.endswith("x") and 25 < float(psnr) < 60, row
-    for resampler in ("pillow bicubic", "pillow bilinear", "linear (prefilter from 1.5x)"):
+    for resampler in (
+        "pillow bicubic",
+        "pillow bilinear",
+        "linear (prefilter from 1.5x)",
+        "job dct_sinc (the default)",
+    ):
         patterns = [row for row in rows if row.startswith(f"| {resampler} |")]
         assert len(patterns) == 4, stdout
     # At 8x every pattern is flat through Pillow's bicubic: the measure can tell flat from not.

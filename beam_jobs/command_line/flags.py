@@ -168,12 +168,13 @@ def _add_image_flags(parser: argparse.ArgumentParser) -> None:
         "--resample",
         default=None,
         choices=RESAMPLE_METHODS,
-        help="how pixels are resampled to --image_size: dct_bicubic (a JPEG decoded at its smallest "
-        "DCT scale above the output, then Pillow's bicubic), dct_linear (the same reduction, then an "
-        "antialiasing prefilter and OpenCV's bit-exact bilinear: faster, softer), Pillow's bicubic, "
-        "bilinear or lanczos, or antialias and area, which let fine periodic detail through as moire "
-        "between a 1x and a 2x shrink; their speed and quality: docs/converting.md (default: "
-        "dct_bicubic for a new dataset; --resume and --append keep the dataset's own)",
+        help="how pixels are resampled to --image_size: dct_sinc (a JPEG decoded at its smallest DCT "
+        "scale above the output, then a windowed-sinc prefilter and OpenCV's bicubic sampling), "
+        "dct_bicubic (the same reduction, then Pillow's bicubic), dct_linear (the same reduction, "
+        "then an antialiasing prefilter and OpenCV's bit-exact bilinear: faster, softer), Pillow's "
+        "bicubic, bilinear or lanczos, or antialias and area, which let fine periodic detail through "
+        "as moire between a 1x and a 2x shrink; their speed and quality: docs/converting.md "
+        "(default: dct_sinc for a new dataset; --resume and --append keep the dataset's own)",
     )
     group.add_argument(
         "--channels",
