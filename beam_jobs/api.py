@@ -213,8 +213,10 @@ def _runner_args(
         args.extend(beam_options)
     if "-h" in args or "--help" in args:  # The command line would print its help and exit 0.
         raise UsageError("convert() takes no --help: help(beam_jobs.convert), or images-to-tfrecords --help")
-    if runner is not None and any(arg.split("=", 1)[0] == "--runner" for arg in args[1:]):
-        raise UsageError("the runner is given twice, as runner= and in beam_options; give it once")
+    # Beam takes the last of two runners silently; the command line refuses a repeat, and so does this.
+    if sum(arg.split("=", 1)[0] == "--runner" for arg in args) > 1:
+        where = "as runner= and in beam_options" if runner is not None else "in beam_options"
+        raise UsageError(f"the runner is given twice, {where}; give it once")
     for arg in args:
         name = arg.split("=", 1)[0].removeprefix("--")
         if name in own:

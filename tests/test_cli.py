@@ -231,3 +231,5 @@ def test_the_python_call_gives_a_runner_switch_as_the_command_line_does(tmp_path
     )
     with pytest.raises(UsageError, match="the runner is given twice"):
         _runner_args("DirectRunner", ["--runner=FlinkRunner"], own=set())
+    with pytest.raises(UsageError, match="the runner is given twice, in beam_options"):
+        _runner_args(None, ["--runner=FlinkRunner", "--runner", "DirectRunner"], own=set())
