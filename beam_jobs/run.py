@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -298,10 +299,23 @@ def _outcome(
     expected = run.expected
     if spec.mode.append and expected is not None and info.get("version") == expected.version and run.run_id:
         # finalize found no new example and committed nothing: the new inputs, if any, are dead letters
-        info["nothing_appended"] = _dead_letter_reasons(
-            FileSystems.join(run_dir(output_dir, run.run_id), DEAD_LETTERS_FILE)
-        )
+        folder = run_dir(output_dir, run.run_id)
+        info["nothing_appended"] = _dead_letter_reasons(FileSystems.join(folder, DEAD_LETTERS_FILE))
+        if not info["nothing_appended"]["by_reason"]:
+            _remove_empty_run(folder)
     return info
+
+
+def _remove_empty_run(folder: str) -> None:
+    """Removes the run folder of an append that found nothing new: it holds no shard and an empty
+    dead_letters.jsonl, which nothing will ever read (a folder with anything else is kept)."""
+    with contextlib.suppress(Exception):  # left in place, gc collects it as an uncommitted run
+        files = [m.path for m in list_folder(folder)]
+        if [path.rsplit("/", 1)[-1] for path in files] != [DEAD_LETTERS_FILE]:
+            return
+        delete_exactly(files)
+        if "://" not in folder:
+            os.rmdir(folder)
 
 
 def _dead_letter_reasons(path: str) -> dict:

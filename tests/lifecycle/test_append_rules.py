@@ -257,6 +257,7 @@ def test_an_append_whose_new_inputs_all_fail_names_them_and_leaves_no_run_to_res
     out = tmp_path / "out"
     job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--output_dir", str(out), "--image_size", "24"]
     subprocess.run(job, cwd=REPO, check=True, capture_output=True)
+    committed_runs = [p.name for p in (out / "shards").iterdir()]
     (photos / "coffee" / "broken.jpg").write_bytes(b"not a photo")
     failed = subprocess.run([*job, "--append"], cwd=REPO, capture_output=True, text=True)
     assert failed.returncode == 0, failed.stderr[-3000:]
@@ -271,3 +272,5 @@ def test_an_append_whose_new_inputs_all_fail_names_them_and_leaves_no_run_to_res
     assert again.returncode == 0 and "interrupted" not in again.stderr, again.stderr[-3000:]
     assert "Found no new images: the 4 listed are in the current version" in again.stderr
     assert again.stdout.strip() == "--append: version 1 stays current; nothing was committed"
+    # The run that found nothing new leaves no folder behind; the one whose dead letter it named stays.
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted([letters.parent.name, *committed_runs])
