@@ -123,7 +123,7 @@ def stored_objects(
     *,
     file_size: tuple[int, int],
     orientation: int,
-    decoded_size: tuple[int, int],
+    decoded_size: tuple[float, float],
     placement: Placement,
     frame: str = AUTO,
 ) -> StoredObjects:

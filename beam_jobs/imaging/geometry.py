@@ -73,7 +73,7 @@ def orient_box(box: Box, size: tuple[int, int], orientation: int) -> Box:
     return box
 
 
-def _centre_box(source: tuple[int, int], target: tuple[int, int], *, whole_pixels: bool) -> Box:
+def _centre_box(source: tuple[float, float], target: tuple[int, int], *, whole_pixels: bool) -> Box:
     """The centred box of the source with the target's aspect ratio (the crop mode's), with
     fractional edges, or rounded to whole pixels (at most half a source pixel off-centre)."""
     (src_w, src_h), (dst_w, dst_h) = source, target
@@ -88,7 +88,7 @@ def _centre_box(source: tuple[int, int], target: tuple[int, int], *, whole_pixel
     return x0, y0, min(float(src_w), x0 + box_w), min(float(src_h), y0 + box_h)
 
 
-def _fitted_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+def _fitted_size(source: tuple[float, float], target: tuple[int, int]) -> tuple[int, int]:
     scale = min(target[0] / source[0], target[1] / source[1])
     return max(1, round(source[0] * scale)), max(1, round(source[1] * scale))
 
@@ -102,14 +102,15 @@ def kept_size(source: tuple[int, int], max_side: int | None) -> tuple[int, int]:
 
 
 def place(
-    source: tuple[int, int],
+    source: tuple[float, float],
     target: tuple[int, int],
     resize_mode: str,
     *,
     whole_pixels: bool = False,
     max_side: int | None = None,
 ) -> Placement:
-    """The Placement of an upright source of size ``source`` for a resize mode.
+    """The Placement of an upright source of size ``source`` for a resize mode (a fractional size:
+    a DCT-scaled decode's exact extent; never in the keep mode, whose output has the source's size).
 
     - crop: the centre box with the target's aspect ratio onto the whole output (``whole_pixels``:
       with whole-pixel edges, as an array slice takes it);
@@ -121,7 +122,7 @@ def place(
     width, height = source
     whole: Box = (0, 0, width, height)
     if resize_mode == KEEP:
-        out = kept_size(source, max_side)
+        out = kept_size((round(width), round(height)), max_side)
         return Placement(whole, (0, 0, *out), out)
     dst_w, dst_h = target
     if resize_mode == "crop":

@@ -72,7 +72,7 @@ def _upright(
 
 
 def place_mask(
-    mask: np.ndarray, placement: Placement, decoded_size: tuple[int, int], *, fill: int = PAD_CLASS
+    mask: np.ndarray, placement: Placement, decoded_size: tuple[float, float], *, fill: int = PAD_CLASS
 ) -> np.ndarray:
     """An upright full-size mask (H x W uint8) mapped as the pixels were: the placement's source box
     (in the decoded image's pixels, scaled here to the mask's) onto its target box, nearest-neighbour,
@@ -103,7 +103,7 @@ def semantic_mask(
     *,
     file_size: tuple[int, int],
     orientation: int,
-    decoded_size: tuple[int, int],
+    decoded_size: tuple[float, float],
     placement: Placement,
     frame: str = AUTO,
 ) -> np.ndarray:
@@ -245,7 +245,7 @@ def instance_mask(
     upright: bool,
     file_size: tuple[int, int],
     orientation: int,
-    decoded_size: tuple[int, int],
+    decoded_size: tuple[float, float],
     placement: Placement,
     ref: str,
 ) -> np.ndarray:

@@ -9,7 +9,14 @@ from PIL import Image
 
 from beam_jobs.errors import BadInputError, Reason, Stage
 from beam_jobs.imaging.geometry import KEEP, Placement, kept_size, place
-from beam_jobs.imaging.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, resample_array, resample_image
+from beam_jobs.imaging.resample import (
+    ARRAY_METHODS,
+    DEFAULT_RESAMPLE,
+    EXACT_SCALE_METHODS,
+    resample_array,
+    resample_box,
+    resample_image,
+)
 
 __all__ = [
     "ALPHA_BACKGROUND",
@@ -159,13 +166,17 @@ def resize_pixels_by(pixels: np.ndarray, placement: Placement, resample_method: 
     """resize_image_by for an H x W (x C) uint8 array and an array method ("antialias", "area").
 
     The placement's source box must have whole-pixel edges here (an array slice):
-    ``place(..., whole_pixels=True)``.
+    ``place(..., whole_pixels=True)``, except for EXACT_SCALE_METHODS ("dct_sinc"), which
+    resample the exact box.
     """
-    left, top, right, bottom = (int(edge) for edge in placement.source_box)
     tx0, ty0, tx1, ty1 = placement.target_box
-    inner = resample_array(
-        np.ascontiguousarray(pixels[top:bottom, left:right]), (tx1 - tx0, ty1 - ty0), resample_method
-    )
+    if resample_method in EXACT_SCALE_METHODS:  # the box as it is, fractional edges included
+        inner = resample_box(pixels, placement.source_box, (tx1 - tx0, ty1 - ty0))
+    else:
+        left, top, right, bottom = (int(edge) for edge in placement.source_box)
+        inner = resample_array(
+            np.ascontiguousarray(pixels[top:bottom, left:right]), (tx1 - tx0, ty1 - ty0), resample_method
+        )
     if (tx0, ty0, tx1, ty1) == (0, 0, *placement.output_size):
         return inner
     dst_w, dst_h = placement.output_size
@@ -186,7 +197,7 @@ def resize_image(
 ) -> Image.Image:
     """Resizes the upright ``image`` to ``target`` (width, height) by a resize mode: resize_image_by
     with the mode's Placement."""
-    whole = resample_method in ARRAY_METHODS
+    whole = resample_method in ARRAY_METHODS and resample_method not in EXACT_SCALE_METHODS
     placement = place(image.size, target, resize_mode, whole_pixels=whole, max_side=max_side)
     return resize_image_by(image, placement, resample_method)
 
@@ -202,5 +213,6 @@ def resize_pixels(
     """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area"). The
     crop mode's centre box has whole-pixel edges here (an array slice), at most half a source
     pixel off the exact centre."""
-    placement = place((pixels.shape[1], pixels.shape[0]), target, resize_mode, whole_pixels=True, max_side=max_side)
+    whole = resample_method not in EXACT_SCALE_METHODS
+    placement = place((pixels.shape[1], pixels.shape[0]), target, resize_mode, whole_pixels=whole, max_side=max_side)
     return resize_pixels_by(pixels, placement, resample_method)

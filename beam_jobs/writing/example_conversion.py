@@ -13,12 +13,12 @@ import numpy as np
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import BadInputError, Stage
 from beam_jobs.imaging.annotate import BAD_ANNOTATION, StoredObjects, stored_objects
-from beam_jobs.imaging.decode import DecodedImage, DecodedPixels, decode_image, decode_rgb_pixels
+from beam_jobs.imaging.decode import NEAREST_EIGHTH, DecodedImage, DecodedPixels, decode_image, decode_rgb_pixels
 from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels, serialize_example, source_id_for
 from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
-from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS
+from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS, EXACT_SCALE_METHODS
 from beam_jobs.records import NO_SIGNATURE, InputFile
 
 __all__ = ["ExampleClasses", "convert_image"]
@@ -41,7 +41,7 @@ class _StoredImage(NamedTuple):
     sits in the decoded one: the annotations and the mask are placed by them."""
 
     decoded: DecodedImage | DecodedPixels
-    decoded_size: tuple[int, int]
+    decoded_size: tuple[float, float]  # the decoded image's size (DecodedPixels.extent where it has one)
     placement: Placement
     encoded: bytes
 
@@ -95,10 +95,17 @@ def _store_as_arrays(
         max_pixels=config.max_pixels,
         draft_size_for=draft_size_for,
         normalize=partial(normalize_mode, channels=3),
-        any_dct_scale=method in DCT_REDUCED_METHODS,
+        any_dct_scale=(NEAREST_EIGHTH if method in EXACT_SCALE_METHODS else True)
+        if method in DCT_REDUCED_METHODS
+        else False,
     )
-    decoded_size = (fast.pixels.shape[1], fast.pixels.shape[0])
-    placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=True, max_side=config.max_side)
+    decoded_size: tuple[float, float] = (fast.pixels.shape[1], fast.pixels.shape[0])
+    if fast.extent is not None and not config.keeps_size:
+        # What the pixels show of the source, exactly (a part-pixel rounded makes it a fraction):
+        # placed by the array's own size, the image would be shrunk or stretched by that fraction.
+        decoded_size = fast.extent
+    whole = method not in EXACT_SCALE_METHODS  # those resample the exact box (resample.resample_box)
+    placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=whole, max_side=config.max_side)
     if _stored_as_is(fast, decoded_size, placement, config):
         return _StoredImage(fast, decoded_size, placement, data)
     pixels = resize_pixels_by(fast.pixels, placement, method)
@@ -202,7 +209,7 @@ def _image_classes(input_file: InputFile, objects: StoredObjects) -> dict[int, s
 
 
 def _stored_as_is(
-    decoded: DecodedImage | DecodedPixels, decoded_size: tuple[int, int], placement: Placement, config: ImageConfig
+    decoded: DecodedImage | DecodedPixels, decoded_size: tuple[float, float], placement: Placement, config: ImageConfig
 ) -> bool:
     """True when the keep mode may store the source file's own bytes: a JPEG, to be stored as JPEG,
     already upright, in the colour mode asked for, decoded and kept at full size. Anything else is
