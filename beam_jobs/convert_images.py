@@ -327,6 +327,7 @@ class PlanRun(beam.PTransform):
             held_content=self._held.get(HELD_KEYS),
             held_version=appended_to.version if appended_to else None,
             from_tree=spec.source.kind == "tree",
+            paths_unique=spec.source.kind == "tree" and "://" not in spec.source.where,
             tree_layout=spec.source.tree_layout,
             source=spec.source.where,
             split_fractions=None if spec.splits.fractions is None else dict(spec.splits.fractions),

@@ -111,6 +111,7 @@ class PlanShards(beam.PTransform):
         *,
         from_tree: bool,
         tree_layout: str,
+        paths_unique: bool = False,
         source: str,
         split_fractions: dict | None,
         num_shards: int | None,
@@ -136,6 +137,7 @@ class PlanShards(beam.PTransform):
         # None: no groups; else the groups' settings (near_copy_bits, ...; {} for user groups only).
         self._split_groups = split_groups
         self._from_tree = from_tree
+        self._paths_unique = paths_unique
         self._tree_layout = tree_layout
         self._source = source
         self._requested = split_fractions
@@ -178,11 +180,21 @@ class PlanShards(beam.PTransform):
         # held are skipped first, and a new copy of held bytes is then the held one's duplicate.
         appending = self._skip_held is not None
         grouping = self._split_groups is not None
-        kept = inputs | "DropRepeats" >> _DropRepeats(self._dedup, by_content=not appending, memberships=grouping)
-        inputs = kept[_INPUTS]
-        dead.append(kept[PLAN_DEAD_LETTERS])
         # (user group, name): a dropped copy's group, of which the input kept (or held) is a member
-        memberships = [kept[GROUP_MEMBERSHIPS]] if GROUP_MEMBERSHIPS in kept else []
+        memberships = []
+        # A local tree's listing names each path once (the filesystem's names are unique, and each
+        # folder is listed by one worker): grouping it by path, a shuffle of every input, would
+        # find nothing to drop. An input list can name a path twice, and an object store's keys
+        # "a//b.jpg" and "a/b.jpg" are one relative path.
+        by_path = not self._paths_unique
+        if by_path or (self._dedup == "content" and not appending):
+            kept = inputs | "DropRepeats" >> _DropRepeats(
+                self._dedup, by_path=by_path, by_content=not appending, memberships=grouping
+            )
+            inputs = kept[_INPUTS]
+            dead.append(kept[PLAN_DEAD_LETTERS])
+            if GROUP_MEMBERSHIPS in kept:
+                memberships.append(kept[GROUP_MEMBERSHIPS])
         changes = regrouped = None
         if self._skip_held is not None:
             new = inputs | "SkipHeld" >> self._skip_held
