@@ -24,24 +24,13 @@ def job_source_box(data: bytes, method: str, size: int = 224) -> tuple[float, fl
     """The source box (left, top, right, bottom, in the full decode's pixels) of the crop that
     ``method`` stores for the upright JPEG ``data`` (crop mode, a square output of ``size``)."""
     full = Image.open(io.BytesIO(data)).size
+    if method in EXACT_SCALE_METHODS:  # placed on the decode's exact extent: the source's own centre box
+        return _centre_box(full, (size, size), whole_pixels=False)
     if method not in DCT_REDUCED_METHODS:
-        return _centre_box(
-            full, (size, size), whole_pixels=method in ARRAY_METHODS and method not in EXACT_SCALE_METHODS
-        )
+        return _centre_box(full, (size, size), whole_pixels=method in ARRAY_METHODS)
     need = required_source_size(full, (size, size), "crop", margin=DCT_MARGIN)
-    if method in EXACT_SCALE_METHODS:  # decode._exact_eighths and _scaled_exactly
-        eighths = next((m for m in range(1, 8) if full[0] * m >= need[0] * 8 and full[1] * m >= need[1] * 8), 8)
-        reduced = (max(1, (2 * full[0] * eighths + 8) // 16), max(1, (2 * full[1] * eighths + 8) // 16))
-    else:
-        rounded_up = simplejpeg.decode_jpeg(data, min_width=need[0], min_height=need[1]).shape[1]
-        eighths = next(m for m in range(1, 9) if -(-full[0] * m // 8) == rounded_up)
-        reduced = (full[0] * eighths // 8, full[1] * eighths // 8)
-    left, top, right, bottom = _centre_box(reduced, (size, size), whole_pixels=method not in EXACT_SCALE_METHODS)
-    # A part-pixel kept (EXACT_SCALE_METHODS round it to the nearest) reaches past the source's edge
-    # by less than a reduced pixel: the reference stops at the edge.
-    return (
-        left * 8 / eighths,
-        top * 8 / eighths,
-        min(full[0], right * 8 / eighths),
-        min(full[1], bottom * 8 / eighths),
-    )
+    rounded_up = simplejpeg.decode_jpeg(data, min_width=need[0], min_height=need[1]).shape[1]
+    eighths = next(m for m in range(1, 9) if -(-full[0] * m // 8) == rounded_up)
+    reduced = (full[0] * eighths // 8, full[1] * eighths // 8)
+    left, top, right, bottom = _centre_box(reduced, (size, size), whole_pixels=True)
+    return (left * 8 / eighths, top * 8 / eighths, right * 8 / eighths, bottom * 8 / eighths)
