@@ -343,8 +343,13 @@ class SparkCluster:
         import psutil  # pylint: disable=import-outside-toplevel
 
         pids = []
-        for f in (self.state_dir / "pid").glob("worker-*.pid"):
-            for child in psutil.Process(int(f.read_text().split()[0])).children(recursive=True):
+        # worker-N.pid, a Worker's supervisor; not worker-pool.pid, whose process a test may have killed.
+        for f in (self.state_dir / "pid").glob("worker-[0-9]*.pid"):
+            try:
+                children = psutil.Process(int(f.read_text().split()[0])).children(recursive=True)
+            except psutil.NoSuchProcess:  # a supervisor killed, its pid file not yet removed
+                continue
+            for child in children:
                 try:  # a killed executor may be a zombie its Worker has not reaped yet
                     if child.name() == "java" and "org.apache.spark.deploy.worker.Worker" in child.cmdline():
                         pids.append(child.pid)
