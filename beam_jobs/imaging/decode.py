@@ -249,12 +249,14 @@ def decode_rgb_pixels(
         opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
     # Outside the lock: libjpeg-turbo touches no process-wide state, and releases the GIL.
     nearest = any_dct_scale == NEAREST_EIGHTH
-    pixels = _libjpeg_pixels(data, opened, at_least=opened.need if any_dct_scale else None, nearest=nearest)
+    scaled: list[int] = []  # the scale M (of M/8) the NEAREST_EIGHTH decode took
+    pixels = _libjpeg_pixels(
+        data, opened, at_least=opened.need if any_dct_scale else None, nearest=scaled if nearest else None
+    )
     extent = None
-    if pixels is not None and nearest:  # the exact scale is the one whose rounded size the pixels have
+    if pixels is not None and scaled:
         width, height = opened.source_size
-        eighths = next(m for m in range(1, 9) if max(1, (2 * height * m + 8) // 16) == pixels.shape[0])
-        extent = (width * eighths / 8, height * eighths / 8)
+        extent = (width * scaled[0] / 8, height * scaled[0] / 8)
         if opened.orientation in _TRANSPOSING_ORIENTATIONS:
             extent = (extent[1], extent[0])
     if pixels is None:
@@ -332,20 +334,22 @@ def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
 
 
 def _libjpeg_pixels(
-    data: bytes, opened: _Opened, at_least: tuple[int, int] | None = None, *, nearest: bool = False
+    data: bytes, opened: _Opened, at_least: tuple[int, int] | None = None, *, nearest: list[int] | None = None
 ) -> np.ndarray | None:
     """The JPEG's pixels (H x W x 3) at the size Pillow's draft gave ``opened`` or, given
     ``at_least`` (width, height), at libjpeg-turbo's smallest scale M/8 that is at least that
-    large (``nearest``: whose exact size W * M/8 is, and with the part-pixel row and column
-    rounded, see _scaled_exactly); None when this is not an RGB or grayscale JPEG, or
-    libjpeg-turbo reports a problem (corrupt data, a premature end: its strict mode)."""
+    large (given a ``nearest`` list: whose exact size W * M/8 is, with the part-pixel row and
+    column rounded, see _scaled_exactly; M is appended to the list); None when this is not an
+    RGB or grayscale JPEG, or libjpeg-turbo reports a problem (corrupt data, a premature end: its
+    strict mode)."""
     if opened.source_format != "JPEG" or opened.image.mode not in ("RGB", "L"):
         return None
     gray = opened.image.mode == "L"
     width, height = opened.image.size
     if at_least is not None:  # never above the source's own size: scales above 8/8 enlarge
         width, height = min(at_least[0], opened.source_size[0]), min(at_least[1], opened.source_size[1])
-    if nearest and at_least is not None:
+    exact = nearest is not None and at_least is not None
+    if exact:
         eighths = _exact_eighths(opened.source_size, (width, height))
         # The rounded-up size of that scale: libjpeg-turbo takes the smallest scale that reaches it.
         width, height = (-(-side * eighths // 8) for side in opened.source_size)
@@ -364,10 +368,12 @@ def _libjpeg_pixels(
         return None
     if at_least is None and pixels.shape[:2] != (height, width):  # not Pillow's scale: leave it to Pillow
         return None
-    if nearest and at_least is not None:
+    if exact:
         pixels = _scaled_exactly(pixels, opened.source_size, eighths)
         if pixels is None:  # a side under 8 pixels: a smaller scale rounds up as far; not that one
             return None
+        assert nearest is not None, "exact implies a list to report the scale in"
+        nearest.append(eighths)
     elif at_least is not None:
         pixels = _whole_blocks_only(pixels, opened.source_size)
     return np.repeat(pixels, 3, axis=2) if gray else pixels
