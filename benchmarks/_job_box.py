@@ -15,7 +15,12 @@ from PIL import Image
 
 from beam_jobs.imaging.geometry import _centre_box  # pylint: disable=protected-access
 from beam_jobs.imaging.preprocess import required_source_size
-from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS, EXACT_SCALE_METHODS
+from beam_jobs.imaging.resample import (
+    DCT_MARGIN,
+    DCT_REDUCED_METHODS,
+    EXACT_SCALE_METHODS,
+    cuts_whole_pixels,
+)
 
 __all__ = ["job_source_box"]
 
@@ -27,7 +32,7 @@ def job_source_box(data: bytes, method: str, size: int = 224) -> tuple[float, fl
     if method in EXACT_SCALE_METHODS:  # placed on the decode's exact extent: the source's own centre box
         return _centre_box(full, (size, size), whole_pixels=False)
     if method not in DCT_REDUCED_METHODS:
-        return _centre_box(full, (size, size), whole_pixels=method in ARRAY_METHODS)
+        return _centre_box(full, (size, size), whole_pixels=cuts_whole_pixels(method))
     need = required_source_size(full, (size, size), "crop", margin=DCT_MARGIN)
     rounded_up = simplejpeg.decode_jpeg(data, min_width=need[0], min_height=need[1]).shape[1]
     eighths = next(m for m in range(1, 9) if -(-full[0] * m // 8) == rounded_up)

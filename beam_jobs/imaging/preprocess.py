@@ -13,6 +13,7 @@ from beam_jobs.imaging.resample import (
     ARRAY_METHODS,
     DEFAULT_RESAMPLE,
     EXACT_SCALE_METHODS,
+    cuts_whole_pixels,
     resample_array,
     resample_box,
     resample_image,
@@ -197,7 +198,7 @@ def resize_image(
 ) -> Image.Image:
     """Resizes the upright ``image`` to ``target`` (width, height) by a resize mode: resize_image_by
     with the mode's Placement."""
-    whole = resample_method in ARRAY_METHODS and resample_method not in EXACT_SCALE_METHODS
+    whole = cuts_whole_pixels(resample_method)
     placement = place(image.size, target, resize_mode, whole_pixels=whole, max_side=max_side)
     return resize_image_by(image, placement, resample_method)
 
@@ -213,6 +214,6 @@ def resize_pixels(
     """resize_image for an H x W (x C) uint8 array and an array method ("antialias", "area"). The
     crop mode's centre box has whole-pixel edges here (an array slice), at most half a source
     pixel off the exact centre."""
-    whole = resample_method not in EXACT_SCALE_METHODS
+    whole = cuts_whole_pixels(resample_method)
     placement = place((pixels.shape[1], pixels.shape[0]), target, resize_mode, whole_pixels=whole, max_side=max_side)
     return resize_pixels_by(pixels, placement, resample_method)

@@ -220,8 +220,8 @@ class SourceReaders:
     def read_ahead(self, items: Iterable, read: Callable, *, window: int, run: int = 1) -> Iterator:
         """Yields (item, ``read(item)`` or its BadInputError) in the order of ``items``, reading ahead
         of the caller, with ``window`` items (and up to ``run`` more) queued or running, in jobs of
-        ``run`` consecutive items: one thread reads a job's items in turn, so that a local read, quicker than waking a
-        thread, costs one hand-off per job rather than one per item. When a read times out, the
+        ``run`` consecutive items: one thread reads a job's items in turn, so that a local read,
+        quicker than waking a thread, costs one hand-off per job rather than one per item. When a read times out, the
         reads queued behind it in its job (never started, and never to be by the blocked thread)
         are queued again, each a job of its own."""
         pending: collections.deque = collections.deque()  # [item, call, future, started], in order

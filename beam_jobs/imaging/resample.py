@@ -53,6 +53,7 @@ __all__ = [
     "DCT_REDUCED_METHODS",
     "DEFAULT_RESAMPLE",
     "EXACT_SCALE_METHODS",
+    "cuts_whole_pixels",
     "LEGACY_RESAMPLE",
     "PILLOW_METHODS",
     "RESAMPLE_METHODS",
@@ -78,6 +79,14 @@ DCT_REDUCED_METHODS = ("dct_sinc", "dct_linear", "dct_bicubic")
 # (decode._scaled_exactly): dropped, a 333 px side at 6/8 lost 0.75 of a pixel and the image
 # shrank by 0.3%. The older methods keep the rule their datasets were made with, byte for byte.
 EXACT_SCALE_METHODS = ("dct_sinc",)
+
+
+def cuts_whole_pixels(method: str) -> bool:
+    """Whether ``method`` resamples a box with whole-pixel edges (an array slice): the array
+    methods but EXACT_SCALE_METHODS, which resample the exact box (resample_box)."""
+    return method in ARRAY_METHODS and method not in EXACT_SCALE_METHODS
+
+
 DCT_MARGIN = 1.1
 # The default of new datasets (a run that continues one, --resume or --append, keeps the method
 # its manifest or run folder records: preflight.with_dataset_defaults): chosen by measurement

@@ -18,7 +18,13 @@ from beam_jobs.imaging.example import ExampleFields, encode_array, encode_pixels
 from beam_jobs.imaging.geometry import Placement, place
 from beam_jobs.imaging.masks import encode_mask_png, semantic_mask
 from beam_jobs.imaging.preprocess import normalize_mode, required_source_size, resize_image_by, resize_pixels_by
-from beam_jobs.imaging.resample import ARRAY_METHODS, DCT_MARGIN, DCT_REDUCED_METHODS, EXACT_SCALE_METHODS
+from beam_jobs.imaging.resample import (
+    ARRAY_METHODS,
+    DCT_MARGIN,
+    DCT_REDUCED_METHODS,
+    EXACT_SCALE_METHODS,
+    cuts_whole_pixels,
+)
 from beam_jobs.records import NO_SIGNATURE, InputFile
 
 __all__ = ["ExampleClasses", "convert_image"]
@@ -104,8 +110,9 @@ def _store_as_arrays(
         # What the pixels show of the source, exactly (a part-pixel rounded makes it a fraction):
         # placed by the array's own size, the image would be shrunk or stretched by that fraction.
         decoded_size = fast.extent
-    whole = method not in EXACT_SCALE_METHODS  # those resample the exact box (resample.resample_box)
-    placement = place(decoded_size, config.size, config.resize_mode, whole_pixels=whole, max_side=config.max_side)
+    placement = place(
+        decoded_size, config.size, config.resize_mode, whole_pixels=cuts_whole_pixels(method), max_side=config.max_side
+    )
     if _stored_as_is(fast, decoded_size, placement, config):
         return _StoredImage(fast, decoded_size, placement, data)
     pixels = resize_pixels_by(fast.pixels, placement, method)
