@@ -36,7 +36,16 @@ from beam_jobs.writing.finalize import (
     is_own_plan,
     run_fingerprint,
 )
-from beam_jobs.writing.run_folders import listed_runs, new_run_name, resumable_runs, resume_key, run_dir, run_made_for
+from beam_jobs.writing.run_folders import (
+    listed_runs,
+    new_run_name,
+    resumable_runs,
+    resume_key,
+    run_dir,
+    run_made_for,
+    run_settings,
+    write_run_settings,
+)
 from beam_jobs.writing.run_lock import LOCK_NAME
 
 if TYPE_CHECKING:
@@ -496,13 +505,12 @@ def _dataset_made_with(spec: ConversionSpec) -> list[dict]:
     made = [_made_with(current.manifest)] if current.manifest is not None else []
     if spec.mode.resume and not spec.mode.append:
         committed = listed_runs(_committed_manifests(spec.output_dir, current))
-        interrupted = [
-            {"resample": LEGACY_RESAMPLE, **settings}
-            for _, found in resumable_runs(spec.output_dir, committed)
-            for key, settings in found.items()
-            if key is not None  # a sidecar that names its run's settings
-        ]
-        made = interrupted[:1] + made
+        for run, found in resumable_runs(spec.output_dir, committed):
+            # Its sidecars' settings (a sidecar that names them), else what it recorded at its start.
+            named = [settings for key, settings in found.items() if key is not None]
+            recorded = named[0] if named else run_settings(spec.output_dir, run)
+            if recorded is not None:
+                return [{"resample": LEGACY_RESAMPLE, **recorded}, *made]
     return made
 
 
@@ -531,4 +539,5 @@ def start_run(spec: ConversionSpec) -> RunContext:
     )
     if kind == "create" and current.manifest is not None:
         kind = "overwrite"
+    write_run_settings(output_dir, run_id, {**spec.image.to_json(), **settings})
     return RunContext(run_id=run_id, expected=current, change_kind=kind, convert_threads=CONVERT_THREADS)

@@ -48,7 +48,7 @@ from beam_jobs.storage import delete_exactly, list_folder
 from beam_jobs.warm_workers import current as current_warm_workers
 from beam_jobs.writing.convert_shards import METRICS_NAMESPACE
 from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE
-from beam_jobs.writing.run_folders import SHARDS_DIR, run_dir
+from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, SHARDS_DIR, run_dir
 from beam_jobs.writing.run_lock import acquire_output_lock, release_output_lock
 
 if TYPE_CHECKING:
@@ -267,7 +267,9 @@ def _undo(
         _clean_up_interrupted(output_dir, run.run_id, spare)
         release_output_lock(lock)
     if run.run_id is not None:
-        remove_created([run_dir(output_dir, run.run_id), FileSystems.join(output_dir, SHARDS_DIR)])
+        folder = run_dir(output_dir, run.run_id)
+        _forget_settings_if_nothing_staged(folder)
+        remove_created([folder, FileSystems.join(output_dir, SHARDS_DIR)])
     remove_created(created)
 
 
@@ -301,21 +303,40 @@ def _outcome(
         # finalize found no new example and committed nothing: the new inputs, if any, are dead letters
         folder = run_dir(output_dir, run.run_id)
         info["nothing_appended"] = _dead_letter_reasons(FileSystems.join(folder, DEAD_LETTERS_FILE))
+        with contextlib.suppress(Exception):  # The run is over: its settings' record has no run to resume.
+            delete_exactly([FileSystems.join(folder, RUN_SETTINGS_FILE)])
         if not info["nothing_appended"]["by_reason"]:
-            _remove_empty_run(folder)
+            # No shard and an empty dead_letters.jsonl: nothing will read the folder.
+            if _remove_if_only(folder, {DEAD_LETTERS_FILE}) and "://" not in folder:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
     return info
 
 
-def _remove_empty_run(folder: str) -> None:
-    """Removes the run folder of an append that found nothing new: it holds no shard and an empty
-    dead_letters.jsonl, which nothing will ever read (a folder with anything else is kept)."""
-    with contextlib.suppress(Exception):  # left in place, gc collects it as an uncommitted run
+def _forget_settings_if_nothing_staged(folder: str) -> None:
+    """Deletes a failed or interrupted run's settings' record when it staged no shard: there is
+    no work to continue (the interrupted line says to rerun the same command), and the folder,
+    left empty, goes too. Only a run killed outright leaves it, for --resume (run_folders.py)."""
+    try:
+        names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
+        if RUN_SETTINGS_FILE in names and not any(SIDECAR.match(name) for name in names):
+            delete_exactly([names[RUN_SETTINGS_FILE]])
+    except Exception:  # pylint: disable=broad-exception-caught  # gone, or unreadable: gc collects it
+        pass
+
+
+def _remove_if_only(folder: str, names: set[str]) -> bool:
+    """Deletes the files of a run folder that holds only files of these ``names``; False, and
+    nothing deleted, when it holds anything else (or cannot be listed: left in place, gc
+    collects it as an uncommitted run's)."""
+    try:
         files = [m.path for m in list_folder(folder)]
-        if [path.rsplit("/", 1)[-1] for path in files] != [DEAD_LETTERS_FILE]:
-            return
+        if not {path.rsplit("/", 1)[-1] for path in files} <= names:
+            return False
         delete_exactly(files)
-        if "://" not in folder:
-            os.rmdir(folder)
+        return True
+    except Exception:  # pylint: disable=broad-exception-caught
+        return False
 
 
 def _dead_letter_reasons(path: str) -> dict:

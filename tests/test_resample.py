@@ -459,6 +459,38 @@ def test_without_a_chosen_resampling_a_resumed_run_keeps_its_own(tmp_path, keywo
     assert spec.image.resample == method and spec.image.to_json()["resample"] == method
 
 
+def test_a_run_killed_before_its_first_shard_resumes_with_the_resampling_it_was_making(tmp_path):
+    """An --overwrite of a dataset made with the default before, killed outright (SIGKILL: nothing
+    of the run's own runs after it) before any shard was staged, was resumed with that dataset's
+    resampling, since the run had no sidecar to name its own; killed a moment later, with its own.
+    A run records its settings as it starts, so the moment no longer matters; the commit removes
+    the record, and the killed run's folder goes with the commit's garbage collection."""
+    from beam_jobs.preflight import start_run, with_dataset_defaults  # pylint: disable=import-outside-toplevel
+    from beam_jobs.sample_data import make_photo_tree  # pylint: disable=import-outside-toplevel
+
+    make_photo_tree(tmp_path / "photos", num_images=4, seed=3, classes=["coffee", "china"])
+    out = tmp_path / "out"
+    job = [sys.executable, "-m", "beam_jobs", "--input", str(tmp_path / "photos"), "--output_dir", str(out)]
+    subprocess.run([*job, "--image_size", "24", "--resample", "dct_bicubic"], cwd=REPO, check=True, capture_output=True)
+    [made] = (out / "shards").iterdir()
+    killed = start_run(with_dataset_defaults(_spec(tmp_path, image_size=24, overwrite=True)))  # then SIGKILL
+    assert json.loads((out / "shards" / killed.run_id / ".run.json").read_text())["preprocessing"]["resample"] == (
+        "dct_sinc"
+    )
+    assert with_dataset_defaults(_spec(tmp_path, image_size=24, overwrite=True, resume=True)).image.resample == (
+        "dct_sinc"
+    )
+    resumed = subprocess.run(
+        [*job, "--image_size", "24", "--overwrite", "--resume"], cwd=REPO, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert info["version"] == 2 and info["preprocessing"]["resample"] == "dct_sinc"
+    runs = {run.name: sorted(f.name for f in run.iterdir()) for run in (out / "shards").iterdir()}
+    assert killed.run_id not in runs and made.name in runs and len(runs) == 2, runs
+    assert not any(".run.json" in names for names in runs.values()), runs
+
+
 @pytest.mark.parametrize(
     ("recorded", "method"),
     [({"resample": "antialias"}, "antialias"), ({"resample": "dct_bicubic"}, "dct_bicubic"), ({}, "bicubic")],

@@ -24,10 +24,12 @@ DEFAULT_KEEP = 2
 
 
 # What a run writes into its folder (run_folders.py): shards, their sidecars, its dead letters and
-# their parts, its progress file, and temp files. gc removes nothing else from a run folder.
+# their parts, its progress file, its settings' record, and temp files. gc removes nothing else
+# from a run folder.
 _RUN_FILE = re.compile(
     r"^(?:[^/]+-\d{5}-of-\d{5}\.tfrecord|\.[^/]+-\d{5}-of-\d{5}\.tfrecord\.json|dead_letters\.jsonl"
-    r"|\.staged-dead_letters-\d{5}-of-\d{5}\.jsonl|\.progress-[^/]+\.json|\.tmp-[0-9a-f]{32}-[^/]+)$"
+    r"|\.staged-dead_letters-\d{5}-of-\d{5}\.jsonl|\.progress-[^/]+\.json|\.tmp-[0-9a-f]{32}-[^/]+"
+    r"|\.run\.json)$"
 )
 
 

@@ -53,7 +53,7 @@ from beam_jobs.writing.plan_report import (
     plan_warning_lines,
     write_plan,
 )
-from beam_jobs.writing.run_folders import run_dir, sidecar_name
+from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, run_dir, sidecar_name
 
 __all__ = [
     "DATASET_INFO",
@@ -297,10 +297,13 @@ def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run
         from beam_jobs.versions import collect_garbage  # pylint: disable=import-outside-toplevel  # cycle
 
         remove_root_leftovers(output_dir, run_id=run_id)
-        # ... and the progress notes of its shards that killed workers left (shard_progress.py);
-        # the run's own plan file stays until the launching process has had its last look.
+        # ... and the progress notes of its shards that killed workers left (shard_progress.py),
+        # and its settings' record, which only an uncommitted run needs (run_folders.py); the
+        # run's own plan file stays until the launching process has had its last look.
         listing = [meta.path for meta in list_folder(run_dir(output_dir, run))]
-        delete_exactly([path for path in listing if is_writer_litter(path.rsplit("/", 1)[-1])])
+        delete_exactly(
+            [path for path in listing if is_writer_litter(name := path.rsplit("/", 1)[-1]) or name == RUN_SETTINGS_FILE]
+        )
         collect_garbage(output_dir, keep=keep_versions, holding_run=run)
     except Exception as error:  # The dataset is committed: a clean-up failure must not fail the run.
         _LOG.warning(

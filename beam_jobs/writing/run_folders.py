@@ -8,6 +8,12 @@ A run name sorts by the time the run started (UTC), so ``ls OUT/shards`` reads a
 Folders that no manifest lists are uncommitted: a run still going, or a killed or refused one,
 whose complete shards ``--resume`` may reuse (same fingerprint), and which the garbage
 collection after a newer commit removes.
+
+A run records its settings in its folder before any work (``.run.json``, `write_run_settings`),
+so that what an interrupted run was making never depends on when it was interrupted: a run
+killed before its first shard's sidecar was written is still known by its settings to the next
+``--resume`` (which takes its resampling from the newest interrupted run). The commit removes
+the record: a committed folder holds its shards, their sidecars and its dead letters.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.storage import list_folder, list_tree
+from beam_jobs.storage import list_folder, list_tree, write_atomically
 
 __all__ = [
     "RUN_NAME",
+    "RUN_SETTINGS_FILE",
     "SHARDS_DIR",
     "is_run_name",
     "listed_runs",
@@ -36,7 +43,9 @@ __all__ = [
     "run_folders",
     "resume_key",
     "run_made_for",
+    "run_settings",
     "sidecar_name",
+    "write_run_settings",
 ]
 
 SHARDS_DIR = "shards"
@@ -46,6 +55,10 @@ RUN_NAME = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 # A sidecar of a shard in a run folder (sidecar_name); not a converting shard's progress note
 # (shard_progress.progress_note_name: ".progress-<run>-<shard>.json"), which holds no settings.
 _SIDECAR = re.compile(rf"^\.(?!progress-{RUN_NAME.pattern.strip('^$')}-).+\.tfrecord\.json$")
+
+
+# A run's settings, written at its start (write_run_settings); hidden, and no shard's sidecar.
+RUN_SETTINGS_FILE = ".run.json"
 
 
 def sidecar_name(file_name: str) -> str:
@@ -149,6 +162,21 @@ def run_fingerprints(output_dir: str, run: str) -> dict[str | None, dict]:
                 key = None if fingerprint is None else resume_key(fingerprint, sidecar.get("made_for") or "")
                 found.setdefault(key, sidecar.get("preprocessing") or {})
     return found
+
+
+def write_run_settings(output_dir: str, run: str, preprocessing: dict) -> None:
+    """Records in the run's folder, before any work, the settings it converts with (as its
+    sidecars record them): see the module docstring."""
+    data = json.dumps({"preprocessing": preprocessing}, sort_keys=True).encode("utf-8")
+    write_atomically(FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE), data)
+
+
+def run_settings(output_dir: str, run: str) -> dict | None:
+    """The settings a run folder's record names (write_run_settings), or None: a folder of a
+    release before the record, or one whose record cannot be read."""
+    record = _read_json(FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE))
+    settings = None if record is None else record.get("preprocessing")
+    return settings if isinstance(settings, dict) else None
 
 
 def resumable_runs(output_dir: str, committed: set[str]) -> list[tuple[str, dict[str | None, dict]]]:
