@@ -126,7 +126,11 @@ def test_two_taskmanagers_with_parallelism_4_match_local(
     assert flink_cluster.taskmanagers_used(job["jid"]) == {"tm-0", "tm-1"}
     # One SDK worker per task slot for the whole job (2 TaskManagers x 2): they serve every stage.
     # Without Beam's runner on the cluster's classpath, each of the job's 9 stages started its own.
-    assert flink_cluster.sdk_workers_started(job["name"]) == 4
+    # A slot left idle between two of its stages for longer than --environment_cache_millis (10 s,
+    # submit_flink.sh) starts a fresh one: with the suite's other tests loading the machine, 6
+    # were counted once. Fewer than the stages still says the workers serve several stages.
+    started = flink_cluster.sdk_workers_started(job["name"])
+    assert 4 <= started < 9, started
     # The job's counters reach Flink as an accumulator, which the web UI shows per job.
     accumulators = rest_get(flink_cluster.rest_port, f"/jobs/{job['jid']}/accumulators")
     assert "images_written" in str(accumulators["user-task-accumulators"])
