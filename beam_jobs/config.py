@@ -12,11 +12,14 @@ from beam_jobs.imaging.example import ENCODINGS, FORMAT_NAMES
 from beam_jobs.imaging.geometry import KEEP
 from beam_jobs.imaging.isolation import ISOLATION_POLICIES
 from beam_jobs.imaging.preprocess import RESIZE_MODES
-from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, RESAMPLE_METHODS
+from beam_jobs.imaging.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, RESAMPLE_METHODS
 from beam_jobs.listing.names import clean_split_name
 from beam_jobs.typed_fields import check_field_types
 
-__all__ = ["ImageConfig", "checked_splits", "parse_image_size", "parse_splits"]
+__all__ = ["GREY_DECODES", "ImageConfig", "checked_splits", "parse_image_size", "parse_splits"]
+
+# Where a grey image's pixels come from on the array path (ImageConfig.grey_decode).
+GREY_DECODES = ("luma", "pillow")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class ImageConfig:
       annotation_frame: the frame boxes and masks are drawn in, for an image that EXIF turns:
         "auto" (a COCO file's width and height tell, an input list's are as stored, and an image
         whose turn keeps its size, so that neither tells, is refused), "stored" or "upright".
+      grey_decode: with channels=1 and an array resampling (ARRAY_METHODS), where the grey comes
+        from: "luma" (a JPEG's own luma plane, decoded on the array path with the method's DCT
+        scale and exact geometry) or "pillow" (Pillow's decode and its "L" conversion, which
+        datasets made before "luma" hold: --resume and --append keep it for them, byte for
+        byte); None (the default): "pillow" for such a dataset a run continues, else "luma".
     """
 
     width: int = 224
@@ -58,6 +66,7 @@ class ImageConfig:
     decode_timeout_s: float = 60.0
     max_side: int | None = None
     annotation_frame: str = "auto"
+    grey_decode: str | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -94,6 +103,8 @@ class ImageConfig:
             )
         if self.annotation_frame not in ANNOTATION_FRAMES:
             raise ValueError(f"annotation_frame must be one of {ANNOTATION_FRAMES} (got {self.annotation_frame!r})")
+        if self.grey_decode not in (None, *GREY_DECODES):
+            raise ValueError(f"grey_decode must be one of {GREY_DECODES} (got {self.grey_decode!r})")
         if self.max_file_bytes < 1:
             raise ValueError(f"max_file_mb must be positive (got {self.max_file_bytes!r} bytes)")
 
@@ -101,6 +112,11 @@ class ImageConfig:
     def resample_method(self) -> str:
         """The method images are resampled with: the one chosen, else the default of new datasets."""
         return self.resample if self.resample is not None else DEFAULT_RESAMPLE
+
+    @property
+    def decodes_luma(self) -> bool:
+        """True when grey images come from a JPEG's luma plane on the array path (grey_decode)."""
+        return self.channels == 1 and self.resample_method in ARRAY_METHODS and self.grey_decode != "pillow"
 
     @property
     def keeps_size(self) -> bool:
@@ -126,6 +142,11 @@ class ImageConfig:
             del settings["max_side"]
         if self.annotation_frame == "auto":
             del settings["annotation_frame"]
+        # Recorded only where it decides the pixels, and only as "luma": a dataset made before it
+        # existed (Pillow's grey) keeps its fingerprint.
+        del settings["grey_decode"]
+        if self.decodes_luma:
+            settings["grey_decode"] = "luma"
         if self.keeps_size:
             # No one size: --image_size has no effect, so it must not change the fingerprint either.
             for key in ("width", "height"):

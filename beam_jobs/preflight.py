@@ -476,8 +476,10 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
     resampling, a run that continues a dataset keeps the one the dataset was made with (--append:
     the current version's; --resume: the newest interrupted run folder's, else the current
     version's), so that a dataset made before the default changed still resumes and appends byte
-    for byte; any other run takes the default of new datasets. The near-copy signature is kept
-    the same way (a dataset made with group_rules.LEGACY_PERCEPTUAL_HASH compares without tone).
+    for byte; any other run takes the default of new datasets. A grey dataset made before its
+    grey came from the luma plane keeps Pillow's grey (ImageConfig.grey_decode), and the
+    near-copy signature is kept the same way (a dataset made with
+    group_rules.LEGACY_PERCEPTUAL_HASH compares without tone).
 
     Called once, under the output lock, before start_run, by every entry point (run.run_spec,
     ConvertImages): the fingerprints, the manifest and the workers then all see the one method."""
@@ -491,6 +493,9 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
             redact(spec.output_dir),
         )
     spec = spec.replace(image=dataclasses.replace(spec.image, resample=method))
+    if spec.image.grey_decode is None and made and "grey_decode" not in made[0]:
+        # Made before grey came from the luma plane (or in colour, where it decides nothing).
+        spec = spec.replace(image=dataclasses.replace(spec.image, grey_decode="pillow"))
     signature = ((made[0].get("split_groups") or {}).get("method") if made else None) or None
     if spec.splits.groups == "near_copies" and signature in PERCEPTUAL_HASHES and signature != PERCEPTUAL_HASH:
         _LOG.info("near-copy signatures by %r, the method %s was made with", signature, redact(spec.output_dir))

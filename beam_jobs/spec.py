@@ -508,7 +508,12 @@ def _image_config(values: Mapping[str, Any]) -> ImageConfig:
         )
     width, height = parse_image_size(size if size is not None else str(ImageConfig().width))
     return _part_from_flags(
-        ImageConfig, values, width=width, height=height, max_file_bytes=max(1, int(values["max_file_mb"] * 2**20))
+        ImageConfig,
+        values,
+        width=width,
+        height=height,
+        max_file_bytes=max(1, int(values["max_file_mb"] * 2**20)),
+        grey_decode=None,  # no flag: the dataset a run continues decides it (preflight.with_dataset_defaults)
     )
 
 

@@ -51,6 +51,8 @@ JOB = f"job at its defaults ({DEFAULT}, worker processes)"
 JOB_IN_PROCESS = "job at its defaults, --direct_running_mode in_memory"
 LOOP = "script: single-process loop"
 POOL = f"script: multiprocessing.Pool({os.cpu_count()})"
+GREY_LUMA = f"job --channels 1 ({DEFAULT}, the luma plane)"
+GREY_PILLOW = f"job --channels 1 ({DEFAULT}, Pillow's grey: datasets made before)"
 TARGETS = {"job / pool": 1.3, "job / loop": 2.0, "per image: job / script": 1.3, "demo: job / pool": 1 / 1.5}
 
 # The script, as a user would write it (it shares no code with the job). Its per-image function
@@ -192,6 +194,11 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
         paths_under_test[f"job --resample {method}" + (" (default)" if method == DEFAULT else "")] = (
             lambda data, f, config=config: convert_image(data, f, config)[0]
         )
+    # Grey at the default resampling: the luma plane on the array path, and Pillow's decode and
+    # "L" conversion, which grey datasets made before the luma plane keep. Scored in grey.
+    for grey, decode in ((GREY_LUMA, "luma"), (GREY_PILLOW, "pillow")):
+        config = ImageConfig(width=IMAGE_SIZE, height=IMAGE_SIZE, channels=1, grey_decode=decode)
+        paths_under_test[grey] = lambda data, f, config=config: convert_image(data, f, config)[0]
     timings: dict[str, list[float]] = {name: [] for name in paths_under_test}
     for _ in range(repeats):
         for name, run in paths_under_test.items():
@@ -216,7 +223,13 @@ def per_image(src: pathlib.Path, count: int, repeats: int) -> dict[str, tuple[fl
     results = {}
     for name, run in paths_under_test.items():
         method = name.split("--resample ")[1].split()[0] if "--resample" in name else None
-        psnr = statistics.mean(_psnr(pixels(run(data, f)), reference(data, method)) for data, f in quality_sample)
+        if name in (GREY_LUMA, GREY_PILLOW):
+            psnr = statistics.mean(
+                _psnr(pixels(run(data, f)).convert("L"), reference(data, DEFAULT).convert("L"))
+                for data, f in quality_sample
+            )
+        else:
+            psnr = statistics.mean(_psnr(pixels(run(data, f)), reference(data, method)) for data, f in quality_sample)
         results[name] = (statistics.median(timings[name]), psnr)
     return results
 

@@ -32,7 +32,7 @@ from beam_jobs.imaging.resample import (
 from beam_jobs.records import InputFile
 from beam_jobs.writing.convert_shards import convert_image
 from beam_jobs.writing.finalize import SCHEMA_VERSION, run_fingerprint
-from tests.photos import real_photo
+from tests.photos import encode, real_photo
 
 MAX_PIXELS = 100_000_000
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -374,7 +374,7 @@ from PIL import Image
 from beam_jobs.config import ImageConfig
 from beam_jobs.writing.convert_shards import convert_image
 from beam_jobs.records import InputFile
-from tests.photos import real_photo
+from tests.photos import encode, real_photo
 digest = hashlib.sha256()
 for name in ("astronaut", "chelsea", "coffee"):
     for size in ((500, 375), (1000, 1400)):
@@ -503,3 +503,88 @@ def test_without_a_chosen_resampling_an_append_keeps_the_versions_own(tmp_path, 
     manifest = {"version": 1, "fingerprint": "0" * 32, "preprocessing": {"image_size": "24x24", **recorded}}
     (out / "dataset_info.json").write_text(json.dumps(manifest))
     assert with_dataset_defaults(_spec(tmp_path, append=True)).image.resample == method
+
+
+def _raw_pixels(record: bytes, channels: int) -> np.ndarray:
+    feature = Example.FromString(record).features.feature
+    height, width = (feature[f"image/{key}"].int64_list.value[0] for key in ("height", "width"))
+    encoded = feature["image/encoded"].bytes_list.value[0]
+    return np.frombuffer(encoded, dtype=np.uint8).reshape(height, width, channels)
+
+
+@pytest.mark.parametrize("method", ["dct_sinc", "dct_bicubic", "antialias"])
+@pytest.mark.parametrize("size", [(333, 250), (500, 375), (61, 97)])
+def test_grey_comes_from_the_luma_plane_through_the_colour_paths_geometry(method, size):
+    """--channels 1 took Pillow's decode and its "L" conversion whatever the resampling: no DCT
+    reduction to the method's scale (twice the time of the colour path per image), and Pillow's
+    draft scale in place of the method's exact one. A grey JPEG now gives, pixel for pixel, the
+    channel the colour path repeats; a colour JPEG gives its luma plane, within a level or two of
+    the luma of the colour path's pixels (which went through the chroma and back)."""
+    photo = real_photo("chelsea", size)
+    grey_jpeg = encode(photo.convert("L"), "JPEG", quality=92)
+    colour_jpeg = encode(photo, "JPEG", quality=92)
+    input_file = InputFile("a/x.jpg", "x", label="a", label_id=0)
+
+    def pixels(data: bytes, channels: int) -> np.ndarray:
+        config = ImageConfig(width=48, height=40, channels=channels, resample=method, encoding="raw")
+        assert config.decodes_luma == (channels == 1)
+        return _raw_pixels(convert_image(data, input_file, config)[0], channels)
+
+    grey = pixels(grey_jpeg, 1)
+    assert np.array_equal(grey[:, :, 0], pixels(grey_jpeg, 3)[:, :, 0])
+    colour = pixels(colour_jpeg, 3).astype(np.float64)
+    luma = colour @ np.array([0.299, 0.587, 0.114])
+    difference = np.abs(pixels(colour_jpeg, 1)[:, :, 0] - luma)
+    assert difference.mean() < 1.0 and difference.max() <= 6, (difference.mean(), difference.max())
+
+
+def test_grey_decode_is_recorded_only_where_it_decides_the_pixels():
+    assert ImageConfig(channels=1).to_json()["grey_decode"] == "luma"
+    assert ImageConfig(channels=1, resample="antialias").to_json()["grey_decode"] == "luma"
+    for config in (
+        ImageConfig(),  # colour
+        ImageConfig(channels=1, resample="bicubic"),  # Pillow's resampling: Pillow's grey
+        ImageConfig(channels=1, grey_decode="pillow"),  # as every grey dataset made before "luma"
+    ):
+        assert "grey_decode" not in config.to_json(), config
+    with pytest.raises(ValueError, match="grey_decode must be one of"):
+        ImageConfig(grey_decode="y")
+
+
+def test_a_grey_dataset_made_with_pillows_grey_appends_as_it_was(tmp_path):
+    """A --channels 1 dataset made before grey came from the luma plane records no grey_decode:
+    an append with the same flags extends it with Pillow's grey, byte for byte as one run
+    making all of it, and a new dataset takes the luma plane."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    from beam_jobs.api import convert, spec_from_keywords  # pylint: disable=import-outside-toplevel
+    from beam_jobs.sample_data import make_photo_tree  # pylint: disable=import-outside-toplevel
+    from tests.lifecycle.test_append_rules import _encoded_by_filename  # pylint: disable=import-outside-toplevel
+
+    photos = tmp_path / "photos"
+    make_photo_tree(photos, num_images=6, seed=5, classes=["coffee", "china"])
+
+    def made_before(output_dir) -> None:
+        spec = spec_from_keywords(
+            {"input": str(photos), "output_dir": str(output_dir), "image_size": 24, "channels": 1}
+        )[0]
+        convert(spec=spec.replace(image=dataclasses.replace(spec.image, grey_decode="pillow")))
+
+    out = tmp_path / "out"
+    made_before(out)
+    assert "grey_decode" not in json.loads((out / "dataset_info.json").read_text())["preprocessing"]
+    for photo in make_photo_tree(tmp_path / "more", num_images=9, seed=5, classes=["coffee", "china"]):
+        if not (photos / photo.parent.name / photo.name).exists():  # the 3 new ones
+            photo.rename(photos / photo.parent.name / photo.name)
+    job = [sys.executable, "-m", "beam_jobs", "--input", str(photos), "--image_size", "24", "--channels", "1"]
+    appended = subprocess.run([*job, "--output_dir", str(out), "--append"], cwd=REPO, capture_output=True, text=True)
+    assert appended.returncode == 0, appended.stderr[-3000:]
+    assert json.loads((out / "dataset_info.json").read_text())["version"] == 2
+    whole = tmp_path / "whole"
+    made_before(whole)
+    assert _encoded_by_filename(out) == _encoded_by_filename(whole)  # all 9, the 3 appended included
+    new = tmp_path / "new"
+    subprocess.run([*job, "--output_dir", str(new)], cwd=REPO, check=True, capture_output=True)
+    assert json.loads((new / "dataset_info.json").read_text())["preprocessing"]["grey_decode"] == "luma"
+    assert _encoded_by_filename(new).keys() == _encoded_by_filename(whole).keys()
+    assert _encoded_by_filename(new) != _encoded_by_filename(whole)

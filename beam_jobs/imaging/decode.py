@@ -64,7 +64,8 @@ class DecodedImage:
 
 @dataclass
 class DecodedPixels:
-    """decode_rgb_pixels' answer: H x W x 3 uint8 pixels, upright, and what happened on the way."""
+    """decode_rgb_pixels' answer: H x W x 3 uint8 pixels (H x W for grey), upright, and what
+    happened on the way."""
 
     pixels: np.ndarray
     source_format: str
@@ -233,8 +234,9 @@ def decode_rgb_pixels(
     normalize: Callable[[Image.Image], Image.Image],
     draft_size_for: Callable[[tuple[int, int]], tuple[int, int]] | None = None,
     any_dct_scale: bool | str = False,
+    channels: int = 3,
 ) -> DecodedPixels:
-    """decode_image's checks and result, as an H x W x 3 uint8 array.
+    """decode_image's checks and result, as an H x W x 3 uint8 array (``channels=1``: H x W).
 
     A JPEG in RGB or grayscale is decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's
     draft picked or, with ``any_dct_scale``, at the smallest of libjpeg-turbo's scales M/8 (M =
@@ -242,8 +244,12 @@ def decode_rgb_pixels(
     whose exact size does, with the part-pixel row and column rounded to the nearest; see
     _scaled_exactly); its EXIF orientation is applied to the array. Anything else, and a JPEG that
     libjpeg-turbo reports any problem with (its strict mode), goes through decode_image and
-    ``normalize`` (the colour-mode normalisation to RGB), so that Pillow gives the verdict on a
-    damaged file exactly as before: accepted if Pillow reads it, dead-lettered if it does not.
+    ``normalize`` (the colour-mode normalisation to RGB, or to grey for ``channels=1``), so that
+    Pillow gives the verdict on a damaged file exactly as before: accepted if Pillow reads it,
+    dead-lettered if it does not. With ``channels=1`` a colour JPEG gives its own luma plane: the
+    Y that the encoder computed from the source's RGB, with the chroma neither decoded nor
+    upsampled (Pillow's "L" would recompute a luma from the decoded RGB instead, off by a level
+    here and there, and at the cost of the whole colour decode).
     """
     with pillow_checks(max_pixels) as exif_warned:
         opened = _open_for_decode(data, max_pixels=max_pixels, draft_size_for=draft_size_for)
@@ -251,7 +257,11 @@ def decode_rgb_pixels(
     nearest = any_dct_scale == NEAREST_EIGHTH
     scaled: list[int] = []  # the scale M (of M/8) the NEAREST_EIGHTH decode took
     pixels = _libjpeg_pixels(
-        data, opened, at_least=opened.need if any_dct_scale else None, nearest=scaled if nearest else None
+        data,
+        opened,
+        at_least=opened.need if any_dct_scale else None,
+        nearest=scaled if nearest else None,
+        grey=channels == 1,
     )
     extent = None
     if pixels is not None and scaled:
@@ -267,6 +277,8 @@ def decode_rgb_pixels(
     else:
         events = _with_exif_warning(list(opened.events), exif_warned)
         pixels = _ARRAY_ORIENTATIONS.get(opened.orientation, lambda array: array)(pixels)
+        if channels == 1:
+            pixels = pixels[:, :, 0]
     return DecodedPixels(
         pixels=pixels,
         source_format=opened.source_format,
@@ -334,9 +346,14 @@ def _load(opened: _Opened, *, max_pixels: int) -> DecodedImage:
 
 
 def _libjpeg_pixels(
-    data: bytes, opened: _Opened, at_least: tuple[int, int] | None = None, *, nearest: list[int] | None = None
+    data: bytes,
+    opened: _Opened,
+    at_least: tuple[int, int] | None = None,
+    *,
+    nearest: list[int] | None = None,
+    grey: bool = False,
 ) -> np.ndarray | None:
-    """The JPEG's pixels (H x W x 3) at the size Pillow's draft gave ``opened`` or, given
+    """The JPEG's pixels (H x W x 3; ``grey``: H x W x 1, its luma) at the size Pillow's draft gave ``opened`` or, given
     ``at_least`` (width, height), at libjpeg-turbo's smallest scale M/8 that is at least that
     large (given a ``nearest`` list: whose exact size W * M/8 is, with the part-pixel row and
     column rounded, see _scaled_exactly; M is appended to the list); None when this is not an
@@ -344,7 +361,7 @@ def _libjpeg_pixels(
     strict mode)."""
     if opened.source_format != "JPEG" or opened.image.mode not in ("RGB", "L"):
         return None
-    gray = opened.image.mode == "L"
+    gray = grey or opened.image.mode == "L"
     width, height = opened.image.size
     if at_least is not None:  # never above the source's own size: scales above 8/8 enlarge
         width, height = min(at_least[0], opened.source_size[0]), min(at_least[1], opened.source_size[1])
@@ -376,7 +393,7 @@ def _libjpeg_pixels(
         nearest.append(eighths)
     elif at_least is not None:
         pixels = _whole_blocks_only(pixels, opened.source_size)
-    return np.repeat(pixels, 3, axis=2) if gray else pixels
+    return np.repeat(pixels, 3, axis=2) if gray and not grey else pixels
 
 
 def _exact_eighths(source_size: tuple[int, int], need: tuple[int, int]) -> int:

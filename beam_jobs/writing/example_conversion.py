@@ -86,7 +86,7 @@ def _store_image(data: bytes, config: ImageConfig) -> _StoredImage:
         max_side=config.max_side,
         margin=DCT_MARGIN if method in DCT_REDUCED_METHODS else 1.0,
     )
-    if method in ARRAY_METHODS and config.channels == 3:
+    if method in ARRAY_METHODS and (config.channels == 3 or config.decodes_luma):
         return _store_as_arrays(data, config, draft_size_for)
     return _store_with_pillow(data, config, draft_size_for)
 
@@ -100,10 +100,11 @@ def _store_as_arrays(
         data,
         max_pixels=config.max_pixels,
         draft_size_for=draft_size_for,
-        normalize=partial(normalize_mode, channels=3),
+        normalize=partial(normalize_mode, channels=config.channels),
         any_dct_scale=(NEAREST_EIGHTH if method in EXACT_SCALE_METHODS else True)
         if method in DCT_REDUCED_METHODS
         else False,
+        channels=config.channels,
     )
     decoded_size: tuple[float, float] = (fast.pixels.shape[1], fast.pixels.shape[0])
     if fast.extent is not None and not config.keeps_size:
