@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.config import ImageConfig
 from beam_jobs.errors import UsageError
-from beam_jobs.imaging.resample import DEFAULT_RESAMPLE, LEGACY_RESAMPLE
+from beam_jobs.imaging.resample import ARRAY_METHODS, DEFAULT_RESAMPLE, LEGACY_RESAMPLE
 from beam_jobs.listing.discover import input_list_files
 from beam_jobs.paths import redact
 from beam_jobs.planning.group_rules import PERCEPTUAL_HASH, PERCEPTUAL_HASHES
@@ -37,6 +37,7 @@ from beam_jobs.writing.finalize import (
     run_fingerprint,
 )
 from beam_jobs.writing.run_folders import (
+    RUN_SETTINGS_FILE,
     listed_runs,
     new_run_name,
     resumable_runs,
@@ -387,11 +388,13 @@ def _resumed_run(
 ) -> str:
     """--resume: the newest uncommitted run folder with shards made with these settings, else a
     new run's name, with a warning that says why nothing is continued."""
-    unkept, differences = 0, set[str]()
+    unkept, differences, unstaged = 0, set[str](), None
     for run, found in resumable_runs(output_dir, committed):
         if _continuable(found, own):
             _LOG.info("--resume: continuing the run in %s", redact(run_dir(output_dir, run)))
             return run
+        if not found and unstaged is None and RUN_SETTINGS_FILE in _names_in(run_dir(output_dir, run)):
+            unstaged = run  # stopped before its first shard: its record named this run's settings
         if found:
             unkept += 1
             differences.update(
@@ -409,6 +412,14 @@ def _resumed_run(
             "; ".join(sorted(differences)),
             "its new inputs" if append else "everything",
         )
+    elif unstaged is not None:
+        _LOG.warning(
+            "--resume: the interrupted run in %s stopped before its first shard; this run converts %s "
+            "(resample %s) and commits the next version",
+            redact(run_dir(output_dir, unstaged)),
+            "the new inputs" if append else "everything",
+            preprocessing.get("resample"),
+        )
     elif current.manifest is not None and not append:
         # Said by default (the notice above is INFO): the user asked to finish a run, and this one
         # will replace a complete dataset instead.
@@ -419,6 +430,13 @@ def _resumed_run(
             current.version,
         )
     return new_run_name()
+
+
+def _names_in(folder: str) -> set[str]:
+    try:
+        return {meta.path.rsplit("/", 1)[-1] for meta in list_folder(folder)}
+    except Exception:  # pylint: disable=broad-exception-caught  # gone: nothing in it
+        return set()
 
 
 def _purpose_difference(key: str, own: str) -> str:
@@ -493,14 +511,20 @@ def with_dataset_defaults(spec: ConversionSpec) -> ConversionSpec:
             redact(spec.output_dir),
         )
     spec = spec.replace(image=dataclasses.replace(spec.image, resample=method))
-    if spec.image.grey_decode is None and made and "grey_decode" not in made[0]:
-        # Made before grey came from the luma plane (or in colour, where it decides nothing).
+    if spec.image.grey_decode is None and made and _made_with_pillows_grey(made[0]):
         spec = spec.replace(image=dataclasses.replace(spec.image, grey_decode="pillow"))
     signature = ((made[0].get("split_groups") or {}).get("method") if made else None) or None
     if spec.splits.groups == "near_copies" and signature in PERCEPTUAL_HASHES and signature != PERCEPTUAL_HASH:
         _LOG.info("near-copy signatures by %r, the method %s was made with", signature, redact(spec.output_dir))
         spec = spec.replace(splits=dataclasses.replace(spec.splits, near_copy_method=signature))
     return spec
+
+
+def _made_with_pillows_grey(settings: dict) -> bool:
+    """Whether settings are those of a grey dataset made with an array resampling before its grey
+    came from the luma plane: one made since records grey_decode, and one in colour or with a
+    Pillow resampling never had a luma plane to take (ImageConfig.to_json). Pure."""
+    return settings.get("channels") == 1 and settings.get("resample") in ARRAY_METHODS and "grey_decode" not in settings
 
 
 def _dataset_made_with(spec: ConversionSpec) -> list[dict]:
@@ -513,10 +537,26 @@ def _dataset_made_with(spec: ConversionSpec) -> list[dict]:
         for run, found in resumable_runs(spec.output_dir, committed):
             # Its sidecars' settings (a sidecar that names them), else what it recorded at its start.
             named = [settings for key, settings in found.items() if key is not None]
-            recorded = named[0] if named else run_settings(spec.output_dir, run)
+            recorded = named[0] if named else _recorded_settings(spec.output_dir, run)
             if recorded is not None:
                 return [{"resample": LEGACY_RESAMPLE, **recorded}, *made]
     return made
+
+
+def _recorded_settings(output_dir: str, run: str) -> dict | None:
+    """The settings an interrupted run recorded as it started (run_folders.run_settings), or None,
+    with a warning when its record is there but unusable (not JSON, not settings, or a resampling
+    this job does not have): a hand-edited or damaged record never chooses the settings."""
+    try:
+        settings = run_settings(output_dir, run)
+    except ValueError as error:
+        _LOG.warning(
+            "--resume: ignoring the settings record %s of an interrupted run (%s)",
+            redact(FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE)),
+            error,
+        )
+        return None
+    return settings
 
 
 def start_run(spec: ConversionSpec) -> RunContext:

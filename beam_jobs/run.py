@@ -268,7 +268,9 @@ def _undo(
         release_output_lock(lock)
     if run.run_id is not None:
         folder = run_dir(output_dir, run.run_id)
-        _forget_settings_if_nothing_staged(folder)
+        continues_a_dataset = run.expected is not None and run.expected.manifest is not None
+        if not (isinstance(error, KeyboardInterrupt) and continues_a_dataset):
+            _forget_settings_if_nothing_staged(folder)
         remove_created([folder, FileSystems.join(output_dir, SHARDS_DIR)])
     remove_created(created)
 
@@ -314,9 +316,11 @@ def _outcome(
 
 
 def _forget_settings_if_nothing_staged(folder: str) -> None:
-    """Deletes a failed or interrupted run's settings' record when it staged no shard: there is
-    no work to continue (the interrupted line says to rerun the same command), and the folder,
-    left empty, goes too. Only a run killed outright leaves it, for --resume (run_folders.py)."""
+    """Deletes the settings' record of a run that failed, or was interrupted in a folder holding
+    no dataset, when it staged no shard: there is no work to continue and no dataset whose
+    settings a --resume could take instead (the interrupted line says to rerun the same command),
+    and the folder, left empty, goes too. An interrupt over a dataset keeps it, as a kill does:
+    a --resume then takes the interrupted run's settings, not the dataset's (run_folders.py)."""
     try:
         names = {m.path.rsplit("/", 1)[-1]: m.path for m in list_folder(folder)}
         if RUN_SETTINGS_FILE in names and not any(SIDECAR.match(name) for name in names):

@@ -9,6 +9,7 @@ parts too, for the modules that import them from here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 from typing import Any
 
@@ -157,6 +158,11 @@ def finalize_outputs(
         run=run,
     )
     info, change = _next_version(info, summary, change_kind=change_kind, run=run, base=base)
+    # Before the commit, so that a kill between the commit and its clean-up leaves no record in a
+    # committed folder: from here on every shard's sidecar names the run's settings, which
+    # --resume reads first (run_folders.py).
+    with contextlib.suppress(Exception):
+        delete_exactly([path for path in _listing(folder) if path.rsplit("/", 1)[-1] == RUN_SETTINGS_FILE])
     committed = commit_version(output_dir, info, expected=expected, change=change)
     _clean_up_after_commit(output_dir, run=run, keep_versions=keep_versions, run_id=run_id)
     return committed
@@ -267,6 +273,10 @@ def _kept_message(results: list[ShardResult], *, folder: str, expected: Current)
     return kept
 
 
+def _listing(folder: str) -> list[str]:
+    return [meta.path for meta in list_folder(folder)]
+
+
 def _remove_unlisted_shards(folder: str, results: list[ShardResult]) -> None:
     """Deletes the shard files and sidecars in the run's folder that this run's results do not list.
 
@@ -298,7 +308,7 @@ def _clean_up_after_commit(output_dir: str, *, run: str, keep_versions: int, run
 
         remove_root_leftovers(output_dir, run_id=run_id)
         # ... and the progress notes of its shards that killed workers left (shard_progress.py),
-        # and its settings' record, which only an uncommitted run needs (run_folders.py); the
+        # and its settings' record if the delete before the commit failed (run_folders.py); the
         # run's own plan file stays until the launching process has had its last look.
         listing = [meta.path for meta in list_folder(run_dir(output_dir, run))]
         delete_exactly(

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs.imaging.resample import RESAMPLE_METHODS
 from beam_jobs.storage import list_folder, list_tree, write_atomically
 
 __all__ = [
@@ -172,11 +173,22 @@ def write_run_settings(output_dir: str, run: str, preprocessing: dict) -> None:
 
 
 def run_settings(output_dir: str, run: str) -> dict | None:
-    """The settings a run folder's record names (write_run_settings), or None: a folder of a
-    release before the record, or one whose record cannot be read."""
-    record = _read_json(FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE))
-    settings = None if record is None else record.get("preprocessing")
-    return settings if isinstance(settings, dict) else None
+    """The settings a run folder's record names (write_run_settings), or None for a folder
+    without one (a release's before the record). Raises ValueError, saying why, for a record that
+    is there but cannot be used: unreadable, not JSON, not settings, or naming a resampling that
+    does not exist."""
+    path = FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE)
+    if not any(meta.path == path for meta in list_folder(run_dir(output_dir, run))):
+        return None
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            record = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise ValueError(f"{type(error).__name__}: {error}"[:200]) from None
+    settings = record.get("preprocessing") if isinstance(record, dict) else None
+    if not isinstance(settings, dict) or settings.get("resample") not in RESAMPLE_METHODS:
+        raise ValueError("it names no settings this job makes (preprocessing.resample)")
+    return settings
 
 
 def resumable_runs(output_dir: str, committed: set[str]) -> list[tuple[str, dict[str | None, dict]]]:
