@@ -48,7 +48,7 @@ from beam_jobs.storage import delete_exactly, list_folder
 from beam_jobs.warm_workers import current as current_warm_workers
 from beam_jobs.writing.convert_shards import METRICS_NAMESPACE
 from beam_jobs.writing.finalize import DATASET_INFO, DEAD_LETTERS_FILE, PLAN_FILE
-from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, SHARDS_DIR, run_dir
+from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, SHARDS_DIR, forget_run_settings, run_dir
 from beam_jobs.writing.run_lock import acquire_output_lock, release_output_lock
 
 if TYPE_CHECKING:
@@ -305,8 +305,7 @@ def _outcome(
         # finalize found no new example and committed nothing: the new inputs, if any, are dead letters
         folder = run_dir(output_dir, run.run_id)
         info["nothing_appended"] = _dead_letter_reasons(FileSystems.join(folder, DEAD_LETTERS_FILE))
-        with contextlib.suppress(Exception):  # The run is over: its settings' record has no run to resume.
-            delete_exactly([FileSystems.join(folder, RUN_SETTINGS_FILE)])
+        forget_run_settings(output_dir, run.run_id)  # the run is over: nothing to resume
         if not info["nothing_appended"]["by_reason"]:
             # No shard and an empty dead_letters.jsonl: nothing will read the folder.
             if _remove_if_only(folder, {DEAD_LETTERS_FILE}) and "://" not in folder:

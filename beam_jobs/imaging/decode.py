@@ -353,15 +353,17 @@ def _libjpeg_pixels(
     nearest: list[int] | None = None,
     grey: bool = False,
 ) -> np.ndarray | None:
-    """The JPEG's pixels (H x W x 3; ``grey``: H x W x 1, its luma) at the size Pillow's draft gave ``opened`` or, given
-    ``at_least`` (width, height), at libjpeg-turbo's smallest scale M/8 that is at least that
+    """The JPEG's pixels (H x W x 3; ``grey``: H x W x 1, its luma) at the size Pillow's draft
+    gave ``opened`` or, given ``at_least`` (width, height), at libjpeg-turbo's smallest scale M/8 that is at least that
     large (given a ``nearest`` list: whose exact size W * M/8 is, with the part-pixel row and
     column rounded, see _scaled_exactly; M is appended to the list); None when this is not an
     RGB or grayscale JPEG, or libjpeg-turbo reports a problem (corrupt data, a premature end: its
     strict mode)."""
     if opened.source_format != "JPEG" or opened.image.mode not in ("RGB", "L"):
         return None
-    gray = grey or opened.image.mode == "L"
+    # One channel from libjpeg-turbo: the luma asked for, or a grey file's only one (repeated
+    # into RGB below unless grey was asked for).
+    luma_only = grey or opened.image.mode == "L"
     width, height = opened.image.size
     if at_least is not None:  # never above the source's own size: scales above 8/8 enlarge
         width, height = min(at_least[0], opened.source_size[0]), min(at_least[1], opened.source_size[1])
@@ -374,7 +376,7 @@ def _libjpeg_pixels(
         # The accurate integer IDCT and smooth upsampling, Pillow's choices (the fast ones differ).
         pixels = simplejpeg.decode_jpeg(
             data,
-            colorspace="GRAY" if gray else "RGB",
+            colorspace="GRAY" if luma_only else "RGB",
             fastdct=False,
             fastupsample=False,
             min_width=width,
@@ -393,7 +395,7 @@ def _libjpeg_pixels(
         nearest.append(eighths)
     elif at_least is not None:
         pixels = _whole_blocks_only(pixels, opened.source_size)
-    return np.repeat(pixels, 3, axis=2) if gray and not grey else pixels
+    return np.repeat(pixels, 3, axis=2) if luma_only and not grey else pixels
 
 
 def _exact_eighths(source_size: tuple[int, int], need: tuple[int, int]) -> int:

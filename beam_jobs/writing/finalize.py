@@ -9,7 +9,6 @@ parts too, for the modules that import them from here.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 from typing import Any
 
@@ -54,7 +53,7 @@ from beam_jobs.writing.plan_report import (
     plan_warning_lines,
     write_plan,
 )
-from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, run_dir, sidecar_name
+from beam_jobs.writing.run_folders import RUN_SETTINGS_FILE, forget_run_settings, run_dir, sidecar_name
 
 __all__ = [
     "DATASET_INFO",
@@ -161,8 +160,7 @@ def finalize_outputs(
     # Before the commit, so that a kill between the commit and its clean-up leaves no record in a
     # committed folder: from here on every shard's sidecar names the run's settings, which
     # --resume reads first (run_folders.py).
-    with contextlib.suppress(Exception):
-        delete_exactly([path for path in _listing(folder) if path.rsplit("/", 1)[-1] == RUN_SETTINGS_FILE])
+    forget_run_settings(output_dir, run)
     committed = commit_version(output_dir, info, expected=expected, change=change)
     _clean_up_after_commit(output_dir, run=run, keep_versions=keep_versions, run_id=run_id)
     return committed
@@ -271,10 +269,6 @@ def _kept_message(results: list[ShardResult], *, folder: str, expected: Current)
             f"a rerun with --resume reuses {'it' if len(written) == 1 else 'them'}, redoing only what changed"
         )
     return kept
-
-
-def _listing(folder: str) -> list[str]:
-    return [meta.path for meta in list_folder(folder)]
 
 
 def _remove_unlisted_shards(folder: str, results: list[ShardResult]) -> None:

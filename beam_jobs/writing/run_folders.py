@@ -18,6 +18,7 @@ the record: a committed folder holds its shards, their sidecars and its dead let
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import re
@@ -28,12 +29,13 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.imaging.resample import RESAMPLE_METHODS
-from beam_jobs.storage import list_folder, list_tree, write_atomically
+from beam_jobs.storage import delete_exactly, list_folder, list_tree, write_atomically
 
 __all__ = [
     "RUN_NAME",
     "RUN_SETTINGS_FILE",
     "SHARDS_DIR",
+    "forget_run_settings",
     "is_run_name",
     "listed_runs",
     "new_run_name",
@@ -170,6 +172,15 @@ def write_run_settings(output_dir: str, run: str, preprocessing: dict) -> None:
     sidecars record them): see the module docstring."""
     data = json.dumps({"preprocessing": preprocessing}, sort_keys=True).encode("utf-8")
     write_atomically(FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE), data)
+
+
+def forget_run_settings(output_dir: str, run: str) -> None:
+    """Deletes a run's settings record, if it has one: for a run that is over (committed, or an
+    append that found nothing). Best effort: a record left behind goes with its folder's gc."""
+    path = FileSystems.join(run_dir(output_dir, run), RUN_SETTINGS_FILE)
+    with contextlib.suppress(Exception):
+        if any(meta.path == path for meta in list_folder(run_dir(output_dir, run))):
+            delete_exactly([path])
 
 
 def run_settings(output_dir: str, run: str) -> dict | None:
